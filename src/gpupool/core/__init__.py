@@ -1,0 +1,1 @@
+"""The pure scheduling core: domain values, lifecycle, cluster state and the engine."""

@@ -1,0 +1,47 @@
+"""The job lifecycle as a transition table; every other move is refused."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from gpupool.errors import IllegalTransition
+
+
+class JobState(str, Enum):
+    PENDING = "pending"
+    RUNNING = "running"
+    PREEMPTING = "preempting"
+    SUSPENDED = "suspended"
+    FINISHED = "finished"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    UNPLACEABLE = "unplaceable"
+
+
+TRANSITIONS: dict[JobState, frozenset[JobState]] = {
+    JobState.PENDING: frozenset(
+        {JobState.RUNNING, JobState.CANCELLED, JobState.UNPLACEABLE}
+    ),
+    JobState.RUNNING: frozenset(
+        {JobState.FINISHED, JobState.FAILED, JobState.PREEMPTING, JobState.CANCELLED}
+    ),
+    JobState.PREEMPTING: frozenset({JobState.SUSPENDED, JobState.FAILED}),
+    JobState.SUSPENDED: frozenset({JobState.RUNNING, JobState.CANCELLED}),
+    JobState.FINISHED: frozenset(),
+    JobState.FAILED: frozenset(),
+    JobState.CANCELLED: frozenset(),
+    JobState.UNPLACEABLE: frozenset(),
+}
+
+TERMINAL: frozenset[JobState] = frozenset(s for s, nxt in TRANSITIONS.items() if not nxt)
+
+
+def check_transition(job_id: str, old: JobState, new: JobState) -> JobState:
+    """Return `new` if the table allows old -> new, else raise IllegalTransition."""
+    if new not in TRANSITIONS[old]:
+        allowed = ", ".join(sorted(s.value for s in TRANSITIONS[old])) or "nothing (terminal)"
+        raise IllegalTransition(
+            f"job {job_id}: cannot go from {old.value} to {new.value}; "
+            f"from {old.value} it may go to {allowed}"
+        )
+    return new

@@ -1,0 +1,119 @@
+"""Domain values. Frozen, with units in names; GPU shares are in thousandths (milli)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from gpupool.errors import SpecError
+
+MILLI_PER_GPU = 1000
+"""One whole GPU, in thousandths: a job asking for 460 milli shares a GPU."""
+
+
+class JobKind(str, Enum):
+    TRAINING = "training"
+    INFERENCE = "inference"
+    BATCH = "batch"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuType:
+    name: str
+    mem_mib: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    name: str
+    gpu_model: str
+    gpu_count: int
+    cpu_milli: int
+    mem_mib: int
+    cluster: str = "default"
+
+    def __post_init__(self) -> None:
+        if self.gpu_count < 0 or self.cpu_milli < 0 or self.mem_mib < 0:
+            raise SpecError(f"node {self.name}: counts must be >= 0")
+
+
+@dataclass(frozen=True, slots=True)
+class Cluster:
+    name: str
+    nodes: tuple[Node, ...]
+
+    @property
+    def gpu_count(self) -> int:
+        return sum(n.gpu_count for n in self.nodes)
+
+    @property
+    def max_gpus_per_node(self) -> int:
+        return max((n.gpu_count for n in self.nodes), default=0)
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """What a job asks for. `gpu_milli` is the share of each of its `gpu_count` GPUs."""
+
+    job_id: str
+    gpu_count: int = 1
+    gpu_milli: int = MILLI_PER_GPU
+    cpu_milli: int = 0
+    mem_mib: int = 0
+    gpu_models: frozenset[str] = field(default_factory=frozenset)
+    team: str = "default"
+    priority: int = 0
+    kind: JobKind = JobKind.TRAINING
+    submit_s: float = 0.0
+    duration_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.gpu_count < 0:
+            raise SpecError(f"job {self.job_id}: gpu_count must be >= 0, got {self.gpu_count}")
+        if self.gpu_count > 0 and not 0 < self.gpu_milli <= MILLI_PER_GPU:
+            raise SpecError(
+                f"job {self.job_id}: gpu_milli must be in 1..{MILLI_PER_GPU}, got {self.gpu_milli}"
+            )
+        if self.gpu_count > 1 and self.gpu_milli != MILLI_PER_GPU:
+            raise SpecError(f"job {self.job_id}: only a single-GPU job may share a GPU")
+        if self.cpu_milli < 0 or self.mem_mib < 0:
+            raise SpecError(f"job {self.job_id}: cpu_milli and mem_mib must be >= 0")
+        if self.duration_s is not None and self.duration_s < 0:
+            raise SpecError(f"job {self.job_id}: duration_s must be >= 0")
+
+    @property
+    def total_gpu_milli(self) -> int:
+        return self.gpu_count * self.gpu_milli if self.gpu_count else 0
+
+    @property
+    def shares_gpu(self) -> bool:
+        return self.gpu_count == 1 and self.gpu_milli < MILLI_PER_GPU
+
+    def allows_model(self, model: str) -> bool:
+        return not self.gpu_models or model in self.gpu_models
+
+
+@dataclass(frozen=True, slots=True)
+class NodeShare:
+    """The part of a job that sits on one node."""
+
+    node: int
+    gpus: tuple[int, ...]
+    gpu_milli: int
+    cpu_milli: int = 0
+    mem_mib: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where a job runs: one share per node it spans."""
+
+    shares: tuple[NodeShare, ...]
+
+    @property
+    def nodes(self) -> tuple[int, ...]:
+        return tuple(s.node for s in self.shares)
+
+    @property
+    def gpu_count(self) -> int:
+        return sum(len(s.gpus) for s in self.shares)

@@ -1,0 +1,172 @@
+"""Mutable cluster state with incremental indexes of free capacity.
+
+Policies read it; only the engine changes it, through `allocate` and `release`, after
+`validate` has accepted the plan. Arrays are indexed by node position in the cluster.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import numpy.typing as npt
+
+from gpupool.core.model import MILLI_PER_GPU, Cluster, JobSpec, NodeShare, Placement
+from gpupool.errors import ConflictError, PlanRejected
+
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+
+NO_GPU = -1
+"""Marks a GPU slot a node does not have, so that `left >= request` never holds there."""
+
+
+def affinity_tag(job: JobSpec) -> str | None:
+    """The kind of GPU demand a job has, as GPU-clustering groups them."""
+    if job.gpu_count == 0:
+        return None
+    if job.shares_gpu:
+        return "share-gpu"
+    return f"{job.gpu_count}-gpu"
+
+
+class ClusterState:
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        nodes = cluster.nodes
+        n = len(nodes)
+        width = max(1, cluster.max_gpus_per_node)
+        self.node_count = n
+        self.gpu_count: IntArray = np.array([nd.gpu_count for nd in nodes], dtype=np.int64)
+        self.cpu_capacity: IntArray = np.array([nd.cpu_milli for nd in nodes], dtype=np.int64)
+        self.mem_capacity: IntArray = np.array([nd.mem_mib for nd in nodes], dtype=np.int64)
+        self.cpu_left: IntArray = self.cpu_capacity.copy()
+        self.mem_left: IntArray = self.mem_capacity.copy()
+        self.gpu_left: IntArray = np.full((n, width), NO_GPU, dtype=np.int64)
+        for i, nd in enumerate(nodes):
+            self.gpu_left[i, : nd.gpu_count] = MILLI_PER_GPU
+        self.whole_free: IntArray = self.gpu_count.copy()
+        self.version: IntArray = np.zeros(n, dtype=np.int64)
+        self.tie_rank: IntArray = np.arange(n, dtype=np.int64)
+        """Order in which equally scored nodes win; a run may shuffle it with its seed."""
+        self.models: tuple[str, ...] = tuple(sorted({nd.gpu_model for nd in nodes}))
+        model_index = {m: k for k, m in enumerate(self.models)}
+        self.model_id: IntArray = np.array([model_index[nd.gpu_model] for nd in nodes], dtype=np.int64)
+        # Python mirrors of the per-node GPU rows: per-node scoring reads these, not numpy.
+        self.gpu_rows: list[tuple[int, ...]] = [
+            (MILLI_PER_GPU,) * nd.gpu_count for nd in nodes
+        ]
+        self.affinity: list[Counter[str]] = [Counter() for _ in nodes]
+        self.placements: dict[str, Placement] = {}
+        self.jobs: dict[str, JobSpec] = {}
+        self.total_gpu_milli = int(self.gpu_count.sum()) * MILLI_PER_GPU
+        self.used_gpu_milli = 0
+        self._model_masks: dict[frozenset[str], BoolArray] = {}
+
+    # ---- read side -------------------------------------------------------------------
+    def model_mask(self, models: frozenset[str]) -> BoolArray:
+        mask = self._model_masks.get(models)
+        if mask is None:
+            allowed = np.array([m in models for m in self.models], dtype=np.bool_)
+            mask = allowed[self.model_id] if models else np.ones(self.node_count, np.bool_)
+            self._model_masks[models] = mask
+        return mask
+
+    def fits_mask(self, job: JobSpec) -> BoolArray:
+        """Nodes that can host the whole job on their own."""
+        ok = (self.cpu_left >= job.cpu_milli) & (self.mem_left >= job.mem_mib)
+        if job.gpu_count == 0:
+            return ok
+        ok &= self.model_mask(job.gpu_models)
+        if job.gpu_milli == MILLI_PER_GPU:
+            return ok & (self.whole_free >= job.gpu_count)
+        return ok & ((self.gpu_left >= job.gpu_milli).sum(axis=1) >= job.gpu_count)
+
+    def node_model(self, node: int) -> str:
+        return self.models[int(self.model_id[node])]
+
+    @property
+    def idle_gpu_milli(self) -> int:
+        return self.total_gpu_milli - self.used_gpu_milli
+
+    # ---- write side (the engine only) ------------------------------------------------
+    def validate(self, job: JobSpec, placement: Placement) -> None:
+        """Refuse a plan that over-commits anything or does not match the job."""
+        if job.job_id in self.placements:
+            raise PlanRejected(f"job {job.job_id} is already placed")
+        if placement.gpu_count != job.gpu_count:
+            raise PlanRejected(
+                f"job {job.job_id}: plan gives {placement.gpu_count} GPUs, job wants {job.gpu_count}"
+            )
+        seen_nodes: set[int] = set()
+        cpu = mem = 0
+        for share in placement.shares:
+            i = share.node
+            if not 0 <= i < self.node_count:
+                raise PlanRejected(f"job {job.job_id}: no node #{i}")
+            if i in seen_nodes:
+                raise PlanRejected(f"job {job.job_id}: node #{i} appears twice in the plan")
+            seen_nodes.add(i)
+            if share.gpu_milli != job.gpu_milli:
+                raise PlanRejected(f"job {job.job_id}: plan gpu_milli differs from the job's")
+            if len(set(share.gpus)) != len(share.gpus):
+                raise PlanRejected(f"job {job.job_id}: a GPU is used twice on node #{i}")
+            if share.gpus and not job.allows_model(self.node_model(i)):
+                raise PlanRejected(
+                    f"job {job.job_id}: node {self.cluster.nodes[i].name} has "
+                    f"{self.node_model(i)}, job allows {sorted(job.gpu_models)}"
+                )
+            row = self.gpu_rows[i]
+            for g in share.gpus:
+                if not 0 <= g < len(row):
+                    raise PlanRejected(f"job {job.job_id}: node #{i} has no GPU {g}")
+                if row[g] < share.gpu_milli:
+                    raise PlanRejected(
+                        f"job {job.job_id}: GPU {g} of node #{i} has {row[g]} milli free, "
+                        f"plan wants {share.gpu_milli}"
+                    )
+            if self.cpu_left[i] < share.cpu_milli or self.mem_left[i] < share.mem_mib:
+                raise PlanRejected(f"job {job.job_id}: node #{i} lacks CPU or memory")
+            cpu += share.cpu_milli
+            mem += share.mem_mib
+        if cpu != job.cpu_milli or mem != job.mem_mib:
+            raise PlanRejected(f"job {job.job_id}: plan CPU/memory do not add up to the job's")
+
+    def allocate(self, job: JobSpec, placement: Placement) -> None:
+        for share in placement.shares:
+            self._apply(share, -1)
+            tag = affinity_tag(job)
+            if tag is not None and share.gpus:
+                self.affinity[share.node][tag] += 1
+        self.placements[job.job_id] = placement
+        self.jobs[job.job_id] = job
+        self.used_gpu_milli += job.total_gpu_milli
+
+    def release(self, job_id: str) -> Placement:
+        placement = self.placements.pop(job_id, None)
+        if placement is None:
+            raise ConflictError(f"job {job_id} holds no GPUs; nothing to release")
+        job = self.jobs.pop(job_id)
+        for share in placement.shares:
+            self._apply(share, +1)
+            tag = affinity_tag(job)
+            if tag is not None and share.gpus:
+                counts = self.affinity[share.node]
+                counts[tag] -= 1
+                if counts[tag] <= 0:
+                    del counts[tag]
+        self.used_gpu_milli -= job.total_gpu_milli
+        return placement
+
+    def _apply(self, share: NodeShare, sign: int) -> None:
+        i = share.node
+        self.cpu_left[i] += sign * share.cpu_milli
+        self.mem_left[i] += sign * share.mem_mib
+        if share.gpus:
+            row = list(self.gpu_rows[i])
+            for g in share.gpus:
+                row[g] += sign * share.gpu_milli
+                self.gpu_left[i, g] = row[g]
+            self.gpu_rows[i] = tuple(row)
+            self.whole_free[i] = sum(1 for v in row if v == MILLI_PER_GPU)
+        self.version[i] += 1

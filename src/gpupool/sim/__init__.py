@@ -1,0 +1,1 @@
+"""The trace-driven simulator: fill (the FGD paper's method) and replay experiments."""
