@@ -67,16 +67,26 @@ class Engine:
         self.rng = rng
         self.log = log if log is not None else DecisionLog()
 
-    def try_place(self, job: JobSpec, now_s: float = 0.0) -> Placement | None:
-        """Place the job now if the policy finds room; None leaves the state untouched."""
+    def try_place(
+        self, job: JobSpec, now_s: float = 0.0, log_miss: bool = True
+    ) -> Placement | None:
+        """Place the job now if the policy finds room; None leaves the state untouched.
+
+        `log_miss=False` is for queues that simply retry later: a miss is not a decision.
+        """
         plan = self.policy.place(self.state, job, self.rng)
         if plan is None:
-            self.log.add(now_s, "unplaced", job.job_id, None)
+            if log_miss:
+                self.log.add(now_s, "unplaced", job.job_id, None)
             return None
         self.state.validate(job, plan)
         self.state.allocate(job, plan)
         self.log.add(now_s, "start", job.job_id, plan)
         return plan
+
+    def note(self, job_id: str, now_s: float, action: str) -> None:
+        """Record a decision that moves no resources (e.g. a job that can never fit)."""
+        self.log.add(now_s, action, job_id, None)
 
     def release(self, job_id: str, now_s: float, action: str = "finish") -> Placement:
         placement = self.state.release(job_id)

@@ -40,7 +40,9 @@ class TypicalTask:
     popularity: float
 
 
-def typical_tasks(jobs: Iterable[JobSpec], popularity: float = DEFAULT_POPULARITY) -> tuple[TypicalTask, ...]:
+def typical_tasks(
+    jobs: Iterable[JobSpec], popularity: float = DEFAULT_POPULARITY
+) -> tuple[TypicalTask, ...]:
     """The most frequent task shapes covering `popularity` of all tasks, renormalised to 1."""
     counts = Counter(TaskShape.of(j) for j in jobs)
     total = sum(counts.values())

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 
 from gpupool.errors import IllegalTransition
 
 
-class JobState(str, Enum):
+class JobState(StrEnum):
     PENDING = "pending"
     RUNNING = "running"
     PREEMPTING = "preempting"
@@ -19,9 +19,7 @@ class JobState(str, Enum):
 
 
 TRANSITIONS: dict[JobState, frozenset[JobState]] = {
-    JobState.PENDING: frozenset(
-        {JobState.RUNNING, JobState.CANCELLED, JobState.UNPLACEABLE}
-    ),
+    JobState.PENDING: frozenset({JobState.RUNNING, JobState.CANCELLED, JobState.UNPLACEABLE}),
     JobState.RUNNING: frozenset(
         {JobState.FINISHED, JobState.FAILED, JobState.PREEMPTING, JobState.CANCELLED}
     ),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 
 from gpupool.errors import SpecError
 
@@ -11,7 +11,7 @@ MILLI_PER_GPU = 1000
 """One whole GPU, in thousandths: a job asking for 460 milli shares a GPU."""
 
 
-class JobKind(str, Enum):
+class JobKind(StrEnum):
     TRAINING = "training"
     INFERENCE = "inference"
     BATCH = "batch"

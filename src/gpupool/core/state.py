@@ -51,11 +51,11 @@ class ClusterState:
         """Order in which equally scored nodes win; a run may shuffle it with its seed."""
         self.models: tuple[str, ...] = tuple(sorted({nd.gpu_model for nd in nodes}))
         model_index = {m: k for k, m in enumerate(self.models)}
-        self.model_id: IntArray = np.array([model_index[nd.gpu_model] for nd in nodes], dtype=np.int64)
+        self.model_id: IntArray = np.array(
+            [model_index[nd.gpu_model] for nd in nodes], dtype=np.int64
+        )
         # Python mirrors of the per-node GPU rows: per-node scoring reads these, not numpy.
-        self.gpu_rows: list[tuple[int, ...]] = [
-            (MILLI_PER_GPU,) * nd.gpu_count for nd in nodes
-        ]
+        self.gpu_rows: list[tuple[int, ...]] = [(MILLI_PER_GPU,) * nd.gpu_count for nd in nodes]
         self.affinity: list[Counter[str]] = [Counter() for _ in nodes]
         self.placements: dict[str, Placement] = {}
         self.jobs: dict[str, JobSpec] = {}
@@ -80,7 +80,8 @@ class ClusterState:
         ok &= self.model_mask(job.gpu_models)
         if job.gpu_milli == MILLI_PER_GPU:
             return ok & (self.whole_free >= job.gpu_count)
-        return ok & ((self.gpu_left >= job.gpu_milli).sum(axis=1) >= job.gpu_count)
+        fitting: IntArray = (self.gpu_left >= job.gpu_milli).sum(axis=1)
+        return ok & (fitting >= job.gpu_count)
 
     def node_model(self, node: int) -> str:
         return self.models[int(self.model_id[node])]
@@ -96,7 +97,8 @@ class ClusterState:
             raise PlanRejected(f"job {job.job_id} is already placed")
         if placement.gpu_count != job.gpu_count:
             raise PlanRejected(
-                f"job {job.job_id}: plan gives {placement.gpu_count} GPUs, job wants {job.gpu_count}"
+                f"job {job.job_id}: plan gives {placement.gpu_count} GPUs, "
+                f"job wants {job.gpu_count}"
             )
         seen_nodes: set[int] = set()
         cpu = mem = 0

@@ -89,7 +89,9 @@ class ScoringPolicy:
             return None
         chosen = [int(i) for i in idle_nodes[:full]]
         shares = [
-            NodeShare(i, tuple(range(width)), MILLI_PER_GPU, per_gpu_cpu * width, per_gpu_mem * width)
+            NodeShare(
+                i, tuple(range(width)), MILLI_PER_GPU, per_gpu_cpu * width, per_gpu_mem * width
+            )
             for i in chosen
         ]
         if rest:
@@ -106,8 +108,13 @@ class ScoringPolicy:
             if node is None:
                 return None
             shares.append(
-                NodeShare(node, lowest_free_gpus(state.gpu_rows[node], rest), MILLI_PER_GPU,
-                          sub.cpu_milli, sub.mem_mib)
+                NodeShare(
+                    node,
+                    lowest_free_gpus(state.gpu_rows[node], rest),
+                    MILLI_PER_GPU,
+                    sub.cpu_milli,
+                    sub.mem_mib,
+                )
             )
         # Whatever integer division left over goes to the first share.
         cpu_gap = job.cpu_milli - sum(s.cpu_milli for s in shares)
@@ -118,8 +125,13 @@ class ScoringPolicy:
                 state.mem_left[first.node] < first.mem_mib + mem_gap
             ):
                 return None
-            shares[0] = NodeShare(first.node, first.gpus, first.gpu_milli,
-                                  first.cpu_milli + cpu_gap, first.mem_mib + mem_gap)
+            shares[0] = NodeShare(
+                first.node,
+                first.gpus,
+                first.gpu_milli,
+                first.cpu_milli + cpu_gap,
+                first.mem_mib + mem_gap,
+            )
         return Placement(tuple(shares))
 
 

@@ -27,7 +27,8 @@ class BestFitPolicy(ScoringPolicy):
         low, high = int(raw.min()), int(raw.max())
         if high == low:
             return np.zeros_like(raw)
-        return (raw - low) * 100 // (high - low)
+        scaled: IntArray = (raw - low) * 100 // (high - low)
+        return scaled
 
 
 @register_placement("best-fit")

@@ -28,7 +28,8 @@ class DotProductPolicy(ScoringPolicy):
         dot = cpu * (job.cpu_milli / MAX_SPEC_CPU_MILLI) + gpu * (
             job.total_gpu_milli / MAX_SPEC_GPU_MILLI
         )
-        return (100.0 * (1.0 - dot / 2.0)).astype(np.int64)
+        scores: IntArray = (100.0 * (1.0 - dot / 2.0)).astype(np.int64)
+        return scores
 
 
 @register_placement("dot-product")

@@ -44,7 +44,7 @@ class FgdPolicy(CachedScoringPolicy):
                 continue
             score = tried.get(left)
             if score is None:
-                after_row = row[:g] + (left - job.gpu_milli,) + row[g + 1 :]
+                after_row = (*row[:g], left - job.gpu_milli, *row[g + 1 :])
                 after = self.meter.node(model, cpu_left - job.cpu_milli, after_row)
                 score = tried[left] = _score(before - after)
             if score > best_score:
@@ -59,7 +59,9 @@ class FgdPolicy(CachedScoringPolicy):
         row = state.gpu_rows[node]
         before = self.meter.node(model, cpu_left, row)
         taken = set(lowest_free_gpus(row, job.gpu_count)) if job.gpu_count else set()
-        after_row = tuple(left - job.gpu_milli if g in taken else left for g, left in enumerate(row))
+        after_row = tuple(
+            left - job.gpu_milli if g in taken else left for g, left in enumerate(row)
+        )
         after = self.meter.node(model, cpu_left - job.cpu_milli, after_row)
         return _score(before - after)
 

@@ -69,7 +69,10 @@ def read_pods(path: str | Path) -> tuple[list[JobSpec], ReadReport]:
         models = frozenset(m for m in spec.split("|") if m) if count else frozenset()
         submit = 0.0
         duration: float | None = None
-        created, deleted = row.get("creation_time", "").strip(), row.get("deletion_time", "").strip()
+        created, deleted = (
+            row.get("creation_time", "").strip(),
+            row.get("deletion_time", "").strip(),
+        )
         if created:
             submit = float(int_field(row, "creation_time", path, line))
             if deleted:

@@ -1,0 +1,37 @@
+# Two commands do the whole setup on a fresh machine: `make run` and `make test`.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell $(PY) -c 'import hashlib,sys; print(hashlib.sha1(open("pyproject.toml","rb").read()).hexdigest()[:12])')
+
+.PHONY: run test lint bench clean venv
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --upgrade pip
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	rm -f $(VENV)/.installed-*
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+## run: the six-policy comparison of the FGD paper on the embedded openb workload, one seed
+run: $(STAMP)
+	$(BIN)/gpupool simulate fill --policies all --seed 42
+
+## lint: ruff and mypy (strict on the core)
+lint: $(STAMP)
+	$(BIN)/ruff check src tests bench
+	$(BIN)/mypy
+
+## test: lint, then the whole test suite
+test: lint
+	$(BIN)/pytest
+
+## bench: speed targets, results written to bench/results/
+bench: $(STAMP)
+	$(BIN)/python bench/bench_fill.py
+	$(BIN)/python bench/bench_replay.py
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis build src/*.egg-info

@@ -1,0 +1,320 @@
+"""gpupool's command line: `gpupool simulate fill|replay`, `gpupool policies`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from gpupool import __version__
+from gpupool.errors import GpupoolError, SpecError
+from gpupool.policies import placement_names, queue_names
+from gpupool.progress import ProgressBar
+from gpupool.reports.table import render
+from gpupool.sim.experiments import (
+    DEFAULT_NODES,
+    DEFAULT_PODS,
+    FIGURE_POINTS,
+    embedded,
+    fill_batch,
+    median_curves,
+)
+
+FILL_POLICIES = ("random", "dot-product", "gpu-clustering", "gpu-packing", "best-fit", "fgd")
+
+
+def parse_seeds(text: str) -> list[int]:
+    """'42', '42-51' or '1,5,9'."""
+    seeds: list[int] = []
+    try:
+        for part in text.split(","):
+            part = part.strip()
+            if "-" in part[1:]:
+                lo, hi = part.split("-", 1)
+                if int(hi) < int(lo):
+                    raise SpecError(f"--seeds {text!r}: range {part} runs backwards")
+                seeds.extend(range(int(lo), int(hi) + 1))
+            elif part:
+                seeds.append(int(part))
+    except ValueError:
+        raise SpecError(f"--seeds {text!r}: use N, N-M or N,M,...") from None
+    if not seeds:
+        raise SpecError("--seeds is empty")
+    return seeds
+
+
+def parse_policies(text: str) -> list[str]:
+    if text == "all":
+        return list(FILL_POLICIES)
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    known = placement_names()
+    for n in names:
+        if n not in known:
+            raise SpecError(f"unknown policy {n!r}; choose from {', '.join(known)} or 'all'")
+    return names
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpupool",
+        description="Pool GPUs and decide which job runs on which GPU, and when. "
+        "The simulator proves placement and queue policies on real traces.",
+    )
+    parser.add_argument("--version", action="version", version=f"gpupool {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    sim = sub.add_parser("simulate", help="run a trace-driven experiment")
+    kinds = sim.add_subparsers(dest="kind", required=True)
+
+    fill = kinds.add_parser(
+        "fill",
+        help="tasks arrive and never leave (the FGD paper's method)",
+        description="Place tasks one by one until the workload reaches --tune x the cluster's "
+        "GPU capacity; report allocation and fragmentation against arrived workload. "
+        "Defaults to the embedded openb cluster and default task list.",
+    )
+    fill.add_argument("--nodes", help="openb node list CSV (default: embedded 1,213-node cluster)")
+    fill.add_argument("--pods", help="openb pod list CSV (default: embedded default list)")
+    fill.add_argument(
+        "--policy", help=f"one placement policy: {', '.join(FILL_POLICIES)} (default fgd)"
+    )
+    fill.add_argument("--policies", help="comma-separated policies, or 'all' for the paper's six")
+    fill.add_argument("--tune", type=float, default=1.3, help="workload / capacity (default 1.3)")
+    fill.add_argument("--seed", type=int, default=42, help="seed for shuffle, tuning and ties")
+    fill.add_argument("--seeds", help="several seeds, e.g. 42-51; medians are reported")
+    fill.add_argument("--workers", type=int, default=None, help="parallel runs (default: cores)")
+    fill.add_argument("--json", type=Path, help="write machine-readable results here")
+
+    rep = kinds.add_parser(
+        "replay",
+        help="jobs arrive at submit times, queue, run and leave",
+        description="Replay a job trace on a homogeneous cluster. A directory of cluster "
+        "CSVs (e.g. the ITP raw-traces folder) replays each cluster on its own.",
+    )
+    rep.add_argument("--trace", required=True, type=Path, help="trace CSV file or directory")
+    rep.add_argument(
+        "--format",
+        default="itp",
+        choices=("itp", "elasticflow"),
+        help="itp: ITP raw (job_id,submission_time,duration,num_gpu); elasticflow: ElasticFlow "
+        "lists (ITP elasticflow-traces or the Philly VC list)",
+    )
+    rep.add_argument("--nodes", default="auto", help="node count, or 'auto' (70%% mean load)")
+    rep.add_argument("--gpus-per-node", type=int, default=8)
+    rep.add_argument("--queue", default="fifo", help=f"queue policy: {', '.join(queue_names())}")
+    rep.add_argument(
+        "--policy", default="consolidate", help="placement policy (default consolidate)"
+    )
+    rep.add_argument("--seed", type=int, default=0)
+    rep.add_argument("--json", type=Path, help="write machine-readable results here")
+    rep.add_argument("--log", type=Path, help="write the decision log here")
+
+    sub.add_parser("policies", help="list placement and queue policies")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "policies":
+            print("placement:", ", ".join(placement_names()))
+            print("queue:    ", ", ".join(queue_names()))
+            return 0
+        if args.kind == "fill":
+            return cmd_fill(args)
+        return cmd_replay(args)
+    except GpupoolError as exc:
+        print(f"gpupool: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("gpupool: interrupted", file=sys.stderr)
+        return 130
+
+
+def cmd_fill(args: argparse.Namespace) -> int:
+    if args.policy and args.policies:
+        raise SpecError("give --policy or --policies, not both")
+    policies = parse_policies(args.policies or args.policy or "fgd")
+    seeds = parse_seeds(args.seeds) if args.seeds else [args.seed]
+    if args.tune <= 0:
+        raise SpecError("--tune must be > 0 (1.3 fills to 130% of GPU capacity)")
+    nodes = Path(args.nodes) if args.nodes else embedded(DEFAULT_NODES)
+    pods = Path(args.pods) if args.pods else embedded(DEFAULT_PODS)
+    started = time.perf_counter()
+    runs = fill_batch(
+        nodes,
+        pods,
+        policies,
+        seeds,
+        args.tune,
+        args.workers,
+        ProgressBar(f"fill {len(policies)}x{len(seeds)} runs"),
+    )
+    wall = time.perf_counter() - started
+    rows = []
+    summary: dict[str, dict[str, list[float]]] = {}
+    for policy in policies:
+        mine = [r for r in runs if r.policy == policy]
+        curves = median_curves(mine)
+        summary[policy] = curves
+        idx = {int(a): k for k, a in enumerate(curves["arrived_pct"])}
+        rows.append(
+            [policy]
+            + [curves["unallocated_pct"][idx[p]] if p in idx else "-" for p in FIGURE_POINTS]
+            + [curves["frag_rate_pct"][idx[100]] if 100 in idx else "-"]
+            + [round(statistics.median(r.wall_s for r in mine), 2)]
+        )
+    what = "median of seeds " + args.seeds if len(seeds) > 1 else f"seed {seeds[0]}"
+    print(
+        render(
+            ["policy"] + [f"unalloc@{p}%" for p in FIGURE_POINTS] + ["frag rate@100%", "run s"],
+            rows,
+            title=f"Unallocated GPU % by arrived workload — {pods.name} on {nodes.name}, "
+            f"tune {args.tune}, {what}",
+        )
+    )
+    print(f"\n{len(runs)} runs in {wall:.1f}s. Lower is better; fgd should lead past 95%.")
+    if args.json:
+        payload: dict[str, object]
+        if len(runs) == 1:
+            payload = runs[0].as_dict()
+        else:
+            payload = {"runs": [r.as_dict() for r in runs], "median": summary, "wall_s": wall}
+        _write_json(args.json, payload)
+    return 0
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from gpupool.sim.replay import auto_nodes, run_replay
+    from gpupool.traces.loaders import load_replay_trace
+
+    if args.gpus_per_node <= 0:
+        raise SpecError("--gpus-per-node must be at least 1")
+    if args.queue not in queue_names():
+        raise SpecError(f"unknown queue {args.queue!r}; choose from {', '.join(queue_names())}")
+    traces = load_replay_trace(args.trace, args.format)
+    rows = []
+    per_cluster: list[dict[str, float | int | str]] = []
+    all_jct: list[np.ndarray] = []
+    all_queue: list[np.ndarray] = []
+    total_wall = 0.0
+    busy = capacity = 0.0
+    logs: list[str] = []
+    for name, jobs, report in traces:
+        if report.skipped:
+            print(report.summary(), file=sys.stderr)
+        if args.nodes == "auto":
+            nodes = auto_nodes(jobs, args.gpus_per_node)
+        else:
+            try:
+                nodes = int(args.nodes)
+            except ValueError:
+                raise SpecError(f"--nodes must be a number or 'auto', got {args.nodes!r}") from None
+        result = run_replay(
+            jobs,
+            nodes,
+            args.gpus_per_node,
+            args.queue,
+            args.policy,
+            args.seed,
+            name,
+            ProgressBar(f"replay {name}"),
+        )
+        m = result.metrics
+        total_wall += result.wall_s
+        all_jct.append(m.jct_s)
+        all_queue.append(m.queue_s)
+        busy += m.utilization * nodes * args.gpus_per_node * m.makespan_s
+        capacity += nodes * args.gpus_per_node * m.makespan_s
+        row = {**m.as_dict(), "cluster": name, "nodes": nodes, "wall_s": round(result.wall_s, 3)}
+        per_cluster.append(row)
+        rows.append(
+            [
+                name,
+                nodes,
+                m.jobs,
+                m.avg_jct_s / 3600,
+                m.p50_jct_s / 3600,
+                m.p99_jct_s / 3600,
+                m.avg_queue_s / 3600,
+                100 * m.utilization,
+                m.makespan_s / 86400,
+                result.wall_s,
+            ]
+        )
+        if args.log:
+            logs.append(result.log.render(result.node_names))
+    jct = np.concatenate(all_jct) if all_jct else np.zeros(0)
+    queue = np.concatenate(all_queue) if all_queue else np.zeros(0)
+    total = {
+        "jobs": sum(int(r["jobs"]) for r in per_cluster),
+        "avg_jct_s": float(jct.mean()) if jct.size else float("nan"),
+        "p50_jct_s": float(np.percentile(jct, 50)) if jct.size else float("nan"),
+        "p99_jct_s": float(np.percentile(jct, 99)) if jct.size else float("nan"),
+        "avg_queue_s": float(queue.mean()) if queue.size else float("nan"),
+        "utilization": busy / capacity if capacity else 0.0,
+        "makespan_s": max((float(r["makespan_s"]) for r in per_cluster), default=0.0),
+        "wall_s": round(total_wall, 3),
+    }
+    headers = [
+        "cluster",
+        "nodes",
+        "jobs",
+        "avg JCT h",
+        "p50 JCT h",
+        "p99 JCT h",
+        "avg queue h",
+        "util %",
+        "makespan d",
+        "run s",
+    ]
+    if len(rows) > 1:
+        rows.append(
+            [
+                "all",
+                "",
+                total["jobs"],
+                total["avg_jct_s"] / 3600,
+                total["p50_jct_s"] / 3600,
+                total["p99_jct_s"] / 3600,
+                total["avg_queue_s"] / 3600,
+                100 * total["utilization"],
+                "",
+                total["wall_s"],
+            ]
+        )
+    print(
+        render(
+            headers,
+            rows,
+            title=f"Replay: queue {args.queue}, placement {args.policy}, "
+            f"{args.gpus_per_node} GPUs/node",
+        )
+    )
+    if args.json:
+        payload: dict[str, object] = dict(total)
+        if len(per_cluster) > 1:
+            payload["clusters"] = per_cluster
+        _write_json(args.json, payload)
+    if args.log:
+        args.log.write_text("".join(logs), encoding="utf-8")
+    return 0
+
+
+def _write_json(path: Path, payload: object) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(payload, indent=2, allow_nan=True) + "\n", encoding="utf-8")
+    except OSError as exc:
+        raise SpecError(f"cannot write {path}: {exc.strerror}; choose a writable path") from None
+    print(f"wrote {path}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Reports: readable tables for the terminal (and, later, HTML with plots)."""

@@ -1,0 +1,154 @@
+"""Job lists derived from the Microsoft Philly trace (the raw trace is not public in full).
+
+ElasticFlow's VC 103959 list: job_id,submit_time,real_iteration,model_name,ddl,batch_size,
+num_gpu,real_duration,duration,iteration. Gavel's old msr traces: 7 tab-separated fields,
+no header: job_type, command, num_steps_arg, needs_data_dir, total_steps, arrival_time,
+scale_factor.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+from pathlib import Path
+
+from gpupool.core.model import MILLI_PER_GPU, JobKind, JobSpec
+from gpupool.errors import NotFoundError, TraceFormatError
+from gpupool.traces.common import ReadReport, float_field, int_field, open_rows
+from gpupool.traces.itp import skip_reason
+
+ELASTICFLOW_COLUMNS = (
+    "job_id",
+    "submit_time",
+    "real_iteration",
+    "model_name",
+    "ddl",
+    "batch_size",
+    "num_gpu",
+    "real_duration",
+    "duration",
+    "iteration",
+)
+GAVEL_MSR_FIELDS = (
+    "job_type",
+    "command",
+    "num_steps_arg",
+    "needs_data_dir",
+    "total_steps",
+    "arrival_time",
+    "scale_factor",
+)
+
+_PHILLY_VC = re.compile(r"philly_(\w+)")
+
+
+def _philly_team(path: Path) -> str:
+    """ElasticFlow names the file after the VC; a team per VC keeps merged lists apart."""
+    match = _PHILLY_VC.search(path.stem)
+    return f"philly-{match.group(1)}" if match else path.stem
+
+
+def read_elasticflow_philly(
+    path: str | Path, team: str | None = None
+) -> tuple[list[JobSpec], ReadReport]:
+    """Use the `duration` column, the one ElasticFlow's simulator replays."""
+    p = Path(path)
+    team_name = team if team is not None else _philly_team(p)
+    report = ReadReport(str(path))
+    jobs: list[JobSpec] = []
+    seen: set[str] = set()
+    for line, row in open_rows(path, ELASTICFLOW_COLUMNS):
+        report.rows += 1
+        job_id = row["job_id"].strip()
+        if not job_id:
+            raise TraceFormatError(path, line, "empty job_id")
+        gpus = int_field(row, "num_gpu", path, line)
+        submit = float_field(row, "submit_time", path, line)
+        duration = float_field(row, "duration", path, line)
+        reason = skip_reason(job_id, seen, gpus, submit, duration)
+        if reason:
+            report.skip(reason)
+            continue
+        jobs.append(
+            JobSpec(
+                job_id=job_id,
+                gpu_count=gpus,
+                gpu_milli=MILLI_PER_GPU,
+                team=team_name,
+                kind=JobKind.TRAINING,
+                submit_s=submit,
+                duration_s=duration,
+            )
+        )
+        report.used += 1
+    jobs.sort(key=lambda j: j.submit_s)  # stable: ties keep file order
+    return jobs, report
+
+
+def _gavel_stem(path: Path) -> str:
+    """'103959.trace.txt' -> '103959': the VC name, without either suffix."""
+    name = path.name
+    for suffix in (".txt", ".trace"):
+        name = name.removesuffix(suffix)
+    return name or path.stem
+
+
+def read_gavel_msr(path: str | Path) -> tuple[list[JobSpec], ReadReport]:
+    """Read one per-VC Gavel msr trace; duration_s stays None.
+
+    Gavel derives a job's run time from total_steps and its per-model throughput, which this
+    file does not carry, so no duration is invented here.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise NotFoundError(f"trace file {p} does not exist; check the path")
+    vc = _gavel_stem(p)
+    report = ReadReport(str(path))
+    jobs: list[JobSpec] = []
+    with p.open(newline="", encoding="utf-8") as handle:
+        # QUOTE_NONE: the command field is shell text, and a stray quote must not swallow tabs.
+        reader = csv.reader(handle, delimiter="\t", quoting=csv.QUOTE_NONE)
+        for values in reader:
+            line = reader.line_num
+            if not values or all(not v.strip() for v in values):
+                continue
+            if len(values) != len(GAVEL_MSR_FIELDS):
+                raise TraceFormatError(
+                    path,
+                    line,
+                    f"expected {len(GAVEL_MSR_FIELDS)} tab-separated fields, found {len(values)}",
+                )
+            row = dict(zip(GAVEL_MSR_FIELDS, values, strict=True))
+            index = report.rows
+            report.rows += 1
+            if not row["job_type"].strip():
+                raise TraceFormatError(path, line, "empty job_type")
+            int_field(row, "needs_data_dir", path, line)
+            steps = int_field(row, "total_steps", path, line)
+            arrival = float_field(row, "arrival_time", path, line)
+            gpus = int_field(row, "scale_factor", path, line)
+            if gpus <= 0:
+                report.skip("no GPU requested")
+                continue
+            if steps <= 0:
+                report.skip("non-positive step count")
+                continue
+            if arrival < 0:
+                report.skip("negative submit time")
+                continue
+            jobs.append(
+                JobSpec(
+                    job_id=f"{vc}-{index}",
+                    gpu_count=gpus,
+                    gpu_milli=MILLI_PER_GPU,
+                    team=vc,
+                    kind=JobKind.TRAINING,
+                    submit_s=arrival,
+                    duration_s=None,
+                )
+            )
+            report.used += 1
+    if report.rows == 0:
+        raise TraceFormatError(path, 1, "empty file: expected tab-separated job rows")
+    jobs.sort(key=lambda j: j.submit_s)  # stable: ties keep file order
+    return jobs, report
