@@ -24,7 +24,9 @@ def test_seed_ranges() -> None:
 
 def test_fill_json_has_the_paper_keys(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "fill.json"
-    assert main(["simulate", "fill", "--policy", "best-fit", "--seed", "42", "--json", str(out)]) == 0
+    assert (
+        main(["simulate", "fill", "--policy", "best-fit", "--seed", "42", "--json", str(out)]) == 0
+    )
     data = json.loads(out.read_text())
     for key in ("arrived_pct", "alloc_pct", "unallocated_pct", "frag_amount_pct", "frag_rate_pct"):
         assert len(data[key]) == 131, key
@@ -45,11 +47,7 @@ def test_bad_input_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
 
 def write_itp(path: Path) -> None:
     path.write_text(
-        "job_id,submission_time,duration,num_gpu\n"
-        "a,0,100,8\n"
-        "b,10,50,8\n"
-        "c,20,5,1\n"
-        "z,30,0,1\n",
+        "job_id,submission_time,duration,num_gpu\na,0,100,8\nb,10,50,8\nc,20,5,1\nz,30,0,1\n",
         encoding="utf-8",
     )
 
@@ -61,8 +59,16 @@ def test_replay_json_and_log(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     argv = ["simulate", "replay", "--trace", str(trace), "--nodes", "1", "--json", str(out)]
     assert main([*argv, "--log", str(log)]) == 0
     data = json.loads(out.read_text())
-    for key in ("jobs", "avg_jct_s", "p50_jct_s", "p99_jct_s", "avg_queue_s", "utilization",
-                "makespan_s", "wall_s"):
+    for key in (
+        "jobs",
+        "avg_jct_s",
+        "p50_jct_s",
+        "p99_jct_s",
+        "avg_queue_s",
+        "utilization",
+        "makespan_s",
+        "wall_s",
+    ):
         assert key in data, key
     assert data["jobs"] == 3
     assert data["avg_jct_s"] == pytest.approx((100 + 140 + 135) / 3)
@@ -74,6 +80,8 @@ def test_replay_json_and_log(tmp_path: Path, capsys: pytest.CaptureFixture[str])
 def test_module_entry_point_help() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "gpupool", "simulate", "replay", "--help"],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     assert "--gpus-per-node" in done.stdout and "--queue" in done.stdout

@@ -33,7 +33,9 @@ def authors_unallocated(expected: Path) -> dict[str, dict[int, float]]:
     for ours, theirs in AUTHORS.items():
         mine = [r for r in rows if r["sc_policy"] == theirs and r["workload"].endswith("default")]
         assert len(mine) == 10, f"expected 10 seeds for {theirs}"
-        out[ours] = {p: statistics.median(p - float(r[str(p)]) for r in mine) for p in FIGURE_POINTS}
+        out[ours] = {
+            p: statistics.median(p - float(r[str(p)]) for r in mine) for p in FIGURE_POINTS
+        }
     return out
 
 
