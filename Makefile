@@ -22,6 +22,7 @@ run: $(STAMP)
 ## lint: ruff and mypy (strict on the core)
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
 	$(BIN)/mypy
 
 ## test: lint, then the whole test suite
@@ -32,6 +33,7 @@ test: lint
 bench: $(STAMP)
 	$(BIN)/python bench/bench_fill.py
 	$(BIN)/python bench/bench_replay.py
+	$(BIN)/python bench/fgd_reproduction.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis build src/*.egg-info
