@@ -12,16 +12,8 @@ import sys
 import time
 from pathlib import Path
 
-from gpupool.sim.experiments import fill_batch, median_curves
+from gpupool.sim.experiments import PAPER_POLICY_NAMES, fill_batch, median_curves
 
-AUTHORS = {
-    "random": "01-Random",
-    "dot-product": "02-DotProd",
-    "gpu-clustering": "03-GpuClustering",
-    "gpu-packing": "04-GpuPacking",
-    "best-fit": "05-BestFit",
-    "fgd": "06-FGD",
-}
 POINTS = (50, 90, 95, 100, 110, 130)
 
 
@@ -36,7 +28,7 @@ def shared_fgd() -> Path:
 def paper(expected: Path, name: str, column_to_value: str) -> dict[str, dict[int, float]]:
     rows = list(csv.DictReader((expected / name).open()))
     out: dict[str, dict[int, float]] = {}
-    for ours, theirs in AUTHORS.items():
+    for ours, theirs in PAPER_POLICY_NAMES.items():
         mine = [r for r in rows if r["sc_policy"] == theirs]
         if column_to_value == "unallocated":
             out[ours] = {p: statistics.median(p - float(r[str(p)]) for r in mine) for p in POINTS}
@@ -51,7 +43,7 @@ def main() -> int:
     runs = fill_batch(
         base / "csv" / "openb_node_list_gpu_node.csv",
         base / "csv" / "openb_pod_list_default.csv",
-        list(AUTHORS),
+        list(PAPER_POLICY_NAMES),
         list(range(42, 52)),
         tune=1.3,
     )
@@ -76,7 +68,7 @@ def main() -> int:
     ):
         lines += [f"## {title}", "", "| policy | " + " | ".join(f"{p}%" for p in POINTS) + " |"]
         lines.append("|---" * (len(POINTS) + 1) + "|")
-        for policy in AUTHORS:
+        for policy in PAPER_POLICY_NAMES:
             med = median_curves([r for r in runs if r.policy == policy])
             idx = {int(a): i for i, a in enumerate(med["arrived_pct"])}
             cells = [f"{med[key][idx[p]]:.2f} / {theirs[key][policy][p]:.2f}" for p in POINTS]

@@ -13,16 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from gpupool.sim.experiments import FIGURE_POINTS, fill_batch
+from gpupool.sim.experiments import FIGURE_POINTS, PAPER_POLICY_NAMES, fill_batch
 
-AUTHORS = {
-    "random": "01-Random",
-    "dot-product": "02-DotProd",
-    "gpu-clustering": "03-GpuClustering",
-    "gpu-packing": "04-GpuPacking",
-    "best-fit": "05-BestFit",
-    "fgd": "06-FGD",
-}
 TOLERANCE = {"best-fit": 0.5, "fgd": 0.5}
 SEEDS = range(42, 52)
 
@@ -30,7 +22,7 @@ SEEDS = range(42, 52)
 def authors_unallocated(expected: Path) -> dict[str, dict[int, float]]:
     rows = list(csv.DictReader((expected / "analysis_allo_discrete.csv").open()))
     out: dict[str, dict[int, float]] = {}
-    for ours, theirs in AUTHORS.items():
+    for ours, theirs in PAPER_POLICY_NAMES.items():
         mine = [r for r in rows if r["sc_policy"] == theirs and r["workload"].endswith("default")]
         assert len(mine) == 10, f"expected 10 seeds for {theirs}"
         out[ours] = {
@@ -46,13 +38,13 @@ def test_fig9a_within_tolerance(traces: Path) -> None:
     runs = fill_batch(
         base / "csv" / "openb_node_list_gpu_node.csv",
         base / "csv" / "openb_pod_list_default.csv",
-        list(AUTHORS),
+        list(PAPER_POLICY_NAMES),
         list(SEEDS),
         tune=1.3,
     )
     failures = []
     lines = []
-    for policy in AUTHORS:
+    for policy in PAPER_POLICY_NAMES:
         mine = [r for r in runs if r.policy == policy]
         assert sorted(r.seed for r in mine) == list(SEEDS)
         for p in FIGURE_POINTS:

@@ -21,12 +21,13 @@ from gpupool.sim.experiments import (
     DEFAULT_NODES,
     DEFAULT_PODS,
     FIGURE_POINTS,
+    PAPER_POLICY_NAMES,
     embedded,
     fill_batch,
     median_curves,
 )
 
-FILL_POLICIES = ("random", "dot-product", "gpu-clustering", "gpu-packing", "best-fit", "fgd")
+FILL_POLICIES = tuple(PAPER_POLICY_NAMES)
 
 
 def parse_seeds(text: str) -> list[int]:

@@ -24,6 +24,16 @@ def embedded(name: str) -> Path:
     return Path(str(resources.files("gpupool") / "data" / name))
 
 
+PAPER_POLICY_NAMES = {
+    "random": "01-Random",
+    "dot-product": "02-DotProd",
+    "gpu-clustering": "03-GpuClustering",
+    "gpu-packing": "04-GpuPacking",
+    "best-fit": "05-BestFit",
+    "fgd": "06-FGD",
+}
+"""gpupool's names for the six policies compared in the FGD paper -> the authors' labels."""
+
 DEFAULT_NODES = "openb_node_list_gpu_node.csv"
 DEFAULT_PODS = "openb_pod_list_default.csv"
 

@@ -8,6 +8,7 @@ elasticflow: job_id,submission_time,num_iteration,model_name,deadline,batch_size
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
 from gpupool.core.model import MILLI_PER_GPU, JobKind, JobSpec
@@ -67,6 +68,16 @@ def read_itp(
     """Read one clusterNN.csv; the team defaults to the file stem so clusters stay apart."""
     required = _check_format(fmt)
     team = cluster if cluster is not None else Path(path).stem
+    return read_gpu_job_csv(path, required, "submission_time", team)
+
+
+def read_gpu_job_csv(
+    path: str | Path, required: Sequence[str], submit_column: str, team: str
+) -> tuple[list[JobSpec], ReadReport]:
+    """Whole-GPU training jobs from a CSV with job_id, num_gpu, duration and a submit column.
+
+    Shared by the ITP and the Philly-derived ElasticFlow lists, so both skip rows alike.
+    """
     report = ReadReport(str(path))
     jobs: list[JobSpec] = []
     seen: set[str] = set()
@@ -76,7 +87,7 @@ def read_itp(
         if not job_id:
             raise TraceFormatError(path, line, "empty job_id")
         gpus = int_field(row, "num_gpu", path, line)
-        submit = float_field(row, "submission_time", path, line)
+        submit = float_field(row, submit_column, path, line)
         duration = float_field(row, "duration", path, line)
         reason = skip_reason(job_id, seen, gpus, submit, duration)
         if reason:

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from gpupool.core.model import MILLI_PER_GPU, JobKind, JobSpec
 from gpupool.errors import NotFoundError, TraceFormatError
-from gpupool.traces.common import ReadReport, float_field, int_field, open_rows
-from gpupool.traces.itp import skip_reason
+from gpupool.traces.common import ReadReport, float_field, int_field
+from gpupool.traces.itp import read_gpu_job_csv
 
 ELASTICFLOW_COLUMNS = (
     "job_id",
@@ -52,37 +52,8 @@ def read_elasticflow_philly(
     path: str | Path, team: str | None = None
 ) -> tuple[list[JobSpec], ReadReport]:
     """Use the `duration` column, the one ElasticFlow's simulator replays."""
-    p = Path(path)
-    team_name = team if team is not None else _philly_team(p)
-    report = ReadReport(str(path))
-    jobs: list[JobSpec] = []
-    seen: set[str] = set()
-    for line, row in open_rows(path, ELASTICFLOW_COLUMNS):
-        report.rows += 1
-        job_id = row["job_id"].strip()
-        if not job_id:
-            raise TraceFormatError(path, line, "empty job_id")
-        gpus = int_field(row, "num_gpu", path, line)
-        submit = float_field(row, "submit_time", path, line)
-        duration = float_field(row, "duration", path, line)
-        reason = skip_reason(job_id, seen, gpus, submit, duration)
-        if reason:
-            report.skip(reason)
-            continue
-        jobs.append(
-            JobSpec(
-                job_id=job_id,
-                gpu_count=gpus,
-                gpu_milli=MILLI_PER_GPU,
-                team=team_name,
-                kind=JobKind.TRAINING,
-                submit_s=submit,
-                duration_s=duration,
-            )
-        )
-        report.used += 1
-    jobs.sort(key=lambda j: j.submit_s)  # stable: ties keep file order
-    return jobs, report
+    team_name = team if team is not None else _philly_team(Path(path))
+    return read_gpu_job_csv(path, ELASTICFLOW_COLUMNS, "submit_time", team_name)
 
 
 def _gavel_stem(path: Path) -> str:
