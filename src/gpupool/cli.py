@@ -116,6 +116,23 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--json", type=Path, help="write machine-readable results here")
     rep.add_argument("--log", type=Path, help="write the decision log here")
 
+    sc = kinds.add_parser(
+        "scenario",
+        help="teams, quotas, services and preemption on a shared pool (YAML scenario)",
+        description="Run scenario files (see scenarios/README.md). Several files print a "
+        "side-by-side comparison. Traces are looked up in GPUPOOL_TRACES or a shared/traces "
+        "folder beside or above the scenario.",
+    )
+    sc.add_argument("files", nargs="+", type=Path, help="scenario YAML file(s)")
+    sc.add_argument("--json", type=Path, help="write results here (one file: its summary)")
+    sc.add_argument("--log", type=Path, help="write the decision log here (one file only)")
+    sc.add_argument("--traces", type=Path, help="folder with the public traces")
+    sc.add_argument(
+        "--policies",
+        help="run each file under these cycle policies instead of its own "
+        "(comma-separated: fifo, backfill, priority-quota) and compare them",
+    )
+
     sub.add_parser("policies", help="list placement and queue policies")
     return parser
 
@@ -129,6 +146,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         if args.kind == "fill":
             return cmd_fill(args)
+        if args.kind == "scenario":
+            return cmd_scenario(args)
         return cmd_replay(args)
     except GpupoolError as exc:
         print(f"gpupool: error: {exc}", file=sys.stderr)
@@ -305,6 +324,159 @@ def cmd_replay(args: argparse.Namespace) -> int:
         _write_json(args.json, payload)
     if args.log:
         args.log.write_text("".join(logs), encoding="utf-8")
+    return 0
+
+
+def _h(value: object) -> object:
+    return "-" if value is None else value
+
+
+def cmd_scenario(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from gpupool.policies.cycle import CYCLE_POLICIES
+    from gpupool.sim.scenario import run_scenario
+    from gpupool.sim.scenario_config import load_scenario
+
+    overrides = [p.strip() for p in args.policies.split(",")] if args.policies else [None]
+    for name in overrides:
+        if name is not None and name not in CYCLE_POLICIES:
+            raise SpecError(
+                f"unknown cycle policy {name!r}; choose from {', '.join(CYCLE_POLICIES)}"
+            )
+    configs = []
+    for path in args.files:
+        base = load_scenario(path)
+        for name in overrides:
+            configs.append(
+                base if name is None else replace(base, policy=name, name=f"{base.name}/{name}")
+            )
+    if args.log and len(configs) > 1:
+        raise SpecError("--log takes one scenario run at a time")
+    results = []
+    for cfg in configs:
+        result = run_scenario(cfg, args.traces, ProgressBar(f"scenario {cfg.name}"))
+        results.append(result)
+        s = result.summary
+        rows = []
+        for team, t in s["teams"].items():
+            rows.append(
+                [
+                    team,
+                    t["gpu_hours"],
+                    100 * t["utilization"],
+                    t["jobs"],
+                    t["finished"],
+                    _h(t["avg_jct_h"]),
+                    _h(t["p99_jct_h"]),
+                    _h(t["avg_queue_h"]),
+                    "-" if t["online_slo_attainment"] is None else 100 * t["online_slo_attainment"],
+                    t["preemptions"],
+                    t["lost_work_gpu_h"],
+                    t["guarantee_violation_s"],
+                ]
+            )
+        slo = s["online_slo_attainment"]
+        print(
+            render(
+                [
+                    "team",
+                    "GPU-h",
+                    "util %",
+                    "jobs",
+                    "done",
+                    "avg JCT h",
+                    "p99 JCT h",
+                    "avg queue h",
+                    "SLO %",
+                    "preempt",
+                    "lost GPU-h",
+                    "below guar. s",
+                ],
+                rows,
+                title=f"{cfg.name} ({cfg.mode}, {cfg.policy}): GPU-hours used "
+                f"{100 * s['gpu_hours_utilization']:.1f}%, online SLO "
+                f"{'-' if slo is None else f'{100 * slo:.3f}%'}, jobs {s['jobs_finished']}/"
+                f"{s['jobs_submitted']} finished, {s['jobs_lost']} lost",
+            )
+        )
+        print()
+    if len(results) > 1:
+        kinds = sorted({k for r in results for k in r.summary["kinds"]})
+        krows = []
+        for r in results:
+            for k in kinds:
+                ks = r.summary["kinds"].get(k)
+                if ks:
+                    krows.append(
+                        [
+                            r.name,
+                            k,
+                            ks["jobs"],
+                            ks["finished"],
+                            _h(ks["avg_jct_h"]),
+                            _h(ks["p99_jct_h"]),
+                            _h(ks["avg_queue_h"]),
+                            ks["preemptions"],
+                        ]
+                    )
+        print(
+            render(
+                [
+                    "scenario",
+                    "kind",
+                    "jobs",
+                    "done",
+                    "avg JCT h",
+                    "p99 JCT h",
+                    "avg queue h",
+                    "preempt",
+                ],
+                krows,
+                title="By kind",
+            )
+        )
+        print()
+        rows = [
+            [
+                r.name,
+                100 * r.summary["gpu_hours_utilization"],
+                "-"
+                if r.summary["online_slo_attainment"] is None
+                else 100 * r.summary["online_slo_attainment"],
+                r.summary["training_gpu_hours"],
+                r.summary["preemptions"],
+                r.summary["guarantee_violation_s"],
+                r.summary["jobs_finished"],
+                r.summary["jobs_lost"],
+                r.wall_s,
+            ]
+            for r in results
+        ]
+        print(
+            render(
+                [
+                    "scenario",
+                    "util %",
+                    "SLO %",
+                    "training GPU-h",
+                    "preempt",
+                    "below guar. s",
+                    "finished",
+                    "lost",
+                    "run s",
+                ],
+                rows,
+                title="Comparison",
+            )
+        )
+    if args.json:
+        payload: object = (
+            results[0].summary if len(results) == 1 else {"scenarios": [r.summary for r in results]}
+        )
+        _write_json(args.json, payload)
+    if args.log:
+        args.log.write_text(results[0].log.render(results[0].node_names), encoding="utf-8")
     return 0
 
 

@@ -8,7 +8,7 @@ from typing import Protocol
 import numpy as np
 
 from gpupool.core.model import JobSpec, Placement
-from gpupool.core.state import ClusterState
+from gpupool.core.state import BoolArray, ClusterState
 
 
 class PlacementPolicy(Protocol):
@@ -17,7 +17,11 @@ class PlacementPolicy(Protocol):
     name: str
 
     def place(
-        self, state: ClusterState, job: JobSpec, rng: np.random.Generator
+        self,
+        state: ClusterState,
+        job: JobSpec,
+        rng: np.random.Generator,
+        allowed: BoolArray | None = None,
     ) -> Placement | None: ...
 
 
@@ -87,6 +91,12 @@ class Engine:
     def note(self, job_id: str, now_s: float, action: str) -> None:
         """Record a decision that moves no resources (e.g. a job that can never fit)."""
         self.log.add(now_s, action, job_id, None)
+
+    def apply(self, job: JobSpec, plan: Placement, now_s: float, action: str = "start") -> None:
+        """Apply a plan made elsewhere (a cycle policy's Start command), after validation."""
+        self.state.validate(job, plan)
+        self.state.allocate(job, plan)
+        self.log.add(now_s, action, job.job_id, plan)
 
     def release(self, job_id: str, now_s: float, action: str = "finish") -> Placement:
         placement = self.state.release(job_id)

@@ -12,8 +12,12 @@ MILLI_PER_GPU = 1000
 
 
 class JobKind(StrEnum):
+    """What a job promises. Online inference has a latency SLO and is never preempted;
+    offline inference tolerates seconds and may be preempted; training checkpoints."""
+
     TRAINING = "training"
-    INFERENCE = "inference"
+    ONLINE = "online-inference"
+    OFFLINE = "offline-inference"
     BATCH = "batch"
 
 
@@ -66,6 +70,11 @@ class JobSpec:
     kind: JobKind = JobKind.TRAINING
     submit_s: float = 0.0
     duration_s: float | None = None
+    """Run time at full speed on an unshared GPU (the work), when known."""
+    checkpoint_interval_s: float = 3600.0
+    """How often the job checkpoints itself while running; preemption loses at most this."""
+    state_gib_per_gpu: float = 0.0
+    """Checkpoint size per GPU process: what preemption writes and resume reads back."""
 
     def __post_init__(self) -> None:
         if self.gpu_count < 0:
@@ -80,6 +89,14 @@ class JobSpec:
             raise SpecError(f"job {self.job_id}: cpu_milli and mem_mib must be >= 0")
         if self.duration_s is not None and self.duration_s < 0:
             raise SpecError(f"job {self.job_id}: duration_s must be >= 0")
+        if self.checkpoint_interval_s <= 0 or self.state_gib_per_gpu < 0:
+            raise SpecError(
+                f"job {self.job_id}: checkpoint_interval_s must be > 0 and state_gib_per_gpu >= 0"
+            )
+
+    @property
+    def preemptible(self) -> bool:
+        return self.kind is not JobKind.ONLINE
 
     @property
     def total_gpu_milli(self) -> int:

@@ -11,7 +11,7 @@ from collections import Counter
 import numpy as np
 import numpy.typing as npt
 
-from gpupool.core.model import MILLI_PER_GPU, Cluster, JobSpec, NodeShare, Placement
+from gpupool.core.model import MILLI_PER_GPU, Cluster, JobKind, JobSpec, NodeShare, Placement
 from gpupool.errors import ConflictError, PlanRejected
 
 IntArray = npt.NDArray[np.int64]
@@ -37,6 +37,7 @@ class ClusterState:
         n = len(nodes)
         width = max(1, cluster.max_gpus_per_node)
         self.node_count = n
+        self.max_gpus_per_node = cluster.max_gpus_per_node
         self.gpu_count: IntArray = np.array([nd.gpu_count for nd in nodes], dtype=np.int64)
         self.cpu_capacity: IntArray = np.array([nd.cpu_milli for nd in nodes], dtype=np.int64)
         self.mem_capacity: IntArray = np.array([nd.mem_mib for nd in nodes], dtype=np.int64)
@@ -62,6 +63,32 @@ class ClusterState:
         self.total_gpu_milli = int(self.gpu_count.sum()) * MILLI_PER_GPU
         self.used_gpu_milli = 0
         self._model_masks: dict[frozenset[str], BoolArray] = {}
+        # Co-location: how many online-inference and other jobs share each GPU.
+        self.online_on_gpu: IntArray = np.zeros_like(self.gpu_left)
+        self.other_on_gpu: IntArray = np.zeros_like(self.gpu_left)
+        self.share_cap: int | None = None
+        """When set, the co-location rule holds: online inference shares a GPU only with
+        online inference, at most `share_cap` replicas per GPU; nothing else joins it."""
+
+    def copy(self) -> ClusterState:
+        """A scratch copy a policy may allocate on while it plans; the real state is untouched."""
+        other = object.__new__(ClusterState)
+        other.__dict__.update(self.__dict__)
+        for name in (
+            "cpu_left",
+            "mem_left",
+            "gpu_left",
+            "whole_free",
+            "version",
+            "online_on_gpu",
+            "other_on_gpu",
+        ):
+            setattr(other, name, getattr(self, name).copy())
+        other.gpu_rows = list(self.gpu_rows)
+        other.affinity = list(self.affinity)  # copy-on-write: allocate/release replace them
+        other.placements = dict(self.placements)
+        other.jobs = dict(self.jobs)
+        return other
 
     # ---- read side -------------------------------------------------------------------
     def model_mask(self, models: frozenset[str]) -> BoolArray:
@@ -80,8 +107,30 @@ class ClusterState:
         ok &= self.model_mask(job.gpu_models)
         if job.gpu_milli == MILLI_PER_GPU:
             return ok & (self.whole_free >= job.gpu_count)
-        fitting: IntArray = (self.gpu_left >= job.gpu_milli).sum(axis=1)
+        fitting: IntArray = self.usable_gpus(job).sum(axis=1)
         return ok & (fitting >= job.gpu_count)
+
+    def usable_gpus(self, job: JobSpec) -> BoolArray:
+        """GPUs with room for one share of the job, co-location rule included."""
+        usable: BoolArray = self.gpu_left >= job.gpu_milli
+        if self.share_cap is not None and job.gpu_milli < MILLI_PER_GPU:
+            if job.kind is JobKind.ONLINE:
+                usable &= (self.other_on_gpu == 0) & (self.online_on_gpu < self.share_cap)
+            else:
+                usable &= self.online_on_gpu == 0
+        return usable
+
+    def colocation_problem(self, job: JobSpec, node: int, gpu: int) -> str | None:
+        if self.share_cap is None:
+            return None
+        online, other = int(self.online_on_gpu[node, gpu]), int(self.other_on_gpu[node, gpu])
+        if job.kind is JobKind.ONLINE and other:
+            return "online inference may share a GPU only with online inference"
+        if job.kind is JobKind.ONLINE and online >= self.share_cap:
+            return f"at most {self.share_cap} online replicas per GPU"
+        if job.kind is not JobKind.ONLINE and online:
+            return f"{job.kind.value} may not share a GPU with online inference"
+        return None
 
     def node_model(self, node: int) -> str:
         return self.models[int(self.model_id[node])]
@@ -127,6 +176,9 @@ class ClusterState:
                         f"job {job.job_id}: GPU {g} of node #{i} has {row[g]} milli free, "
                         f"plan wants {share.gpu_milli}"
                     )
+                problem = self.colocation_problem(job, i, g)
+                if problem is not None:
+                    raise PlanRejected(f"job {job.job_id}: GPU {g} of node #{i}: {problem}")
             if self.cpu_left[i] < share.cpu_milli or self.mem_left[i] < share.mem_mib:
                 raise PlanRejected(f"job {job.job_id}: node #{i} lacks CPU or memory")
             cpu += share.cpu_milli
@@ -137,9 +189,12 @@ class ClusterState:
     def allocate(self, job: JobSpec, placement: Placement) -> None:
         for share in placement.shares:
             self._apply(share, -1)
+            self._count(job, share, +1)
             tag = affinity_tag(job)
             if tag is not None and share.gpus:
-                self.affinity[share.node][tag] += 1
+                counts = Counter(self.affinity[share.node])
+                counts[tag] += 1
+                self.affinity[share.node] = counts
         self.placements[job.job_id] = placement
         self.jobs[job.job_id] = job
         self.used_gpu_milli += job.total_gpu_milli
@@ -151,14 +206,21 @@ class ClusterState:
         job = self.jobs.pop(job_id)
         for share in placement.shares:
             self._apply(share, +1)
+            self._count(job, share, -1)
             tag = affinity_tag(job)
             if tag is not None and share.gpus:
-                counts = self.affinity[share.node]
+                counts = Counter(self.affinity[share.node])
                 counts[tag] -= 1
                 if counts[tag] <= 0:
                     del counts[tag]
+                self.affinity[share.node] = counts
         self.used_gpu_milli -= job.total_gpu_milli
         return placement
+
+    def _count(self, job: JobSpec, share: NodeShare, sign: int) -> None:
+        counts = self.online_on_gpu if job.kind is JobKind.ONLINE else self.other_on_gpu
+        for g in share.gpus:
+            counts[share.node, g] += sign
 
     def _apply(self, share: NodeShare, sign: int) -> None:
         i = share.node

@@ -14,7 +14,7 @@ import numpy as np
 
 from gpupool.core.fragmentation import TaskShape
 from gpupool.core.model import MILLI_PER_GPU, JobSpec, NodeShare, Placement
-from gpupool.core.state import ClusterState, IntArray
+from gpupool.core.state import BoolArray, ClusterState, IntArray
 
 
 class ScoringPolicy:
@@ -23,11 +23,19 @@ class ScoringPolicy:
     """How a GPU-sharing job picks its GPU inside the node: best-fit or random."""
 
     def place(
-        self, state: ClusterState, job: JobSpec, rng: np.random.Generator
+        self,
+        state: ClusterState,
+        job: JobSpec,
+        rng: np.random.Generator,
+        allowed: BoolArray | None = None,
     ) -> Placement | None:
-        if job.gpu_count > state.cluster.max_gpus_per_node:
-            return self.place_spanning(state, job, rng)
-        candidates = np.flatnonzero(state.fits_mask(job))
+        """`allowed` narrows the nodes (a team's island, nodes held for another job)."""
+        if job.gpu_count > state.max_gpus_per_node:
+            return self.place_spanning(state, job, rng, allowed)
+        mask = state.fits_mask(job)
+        if allowed is not None:
+            mask &= allowed
+        candidates = np.flatnonzero(mask)
         node = self.pick(state, job, candidates, rng)
         if node is None:
             return None
@@ -60,19 +68,24 @@ class ScoringPolicy:
             return ()
         if not job.shares_gpu:
             return lowest_free_gpus(row, job.gpu_count)
-        fitting = [g for g, left in enumerate(row) if left >= job.gpu_milli]
+        usable = state.usable_gpus(job)[node]
+        fitting = [g for g in range(len(row)) if usable[g]]
         if self.share_choice == "random":
             return (fitting[int(rng.integers(len(fitting)))],)
         return (min(fitting, key=lambda g: (row[g], g)),)
 
     def place_spanning(
-        self, state: ClusterState, job: JobSpec, rng: np.random.Generator
+        self,
+        state: ClusterState,
+        job: JobSpec,
+        rng: np.random.Generator,
+        allowed: BoolArray | None = None,
     ) -> Placement | None:
         """A job wider than any node: whole idle nodes, then the remainder on one node.
 
         Only whole-GPU jobs may span nodes. CPU and memory are split in proportion to GPUs.
         """
-        width = state.cluster.max_gpus_per_node
+        width = state.max_gpus_per_node
         if job.shares_gpu or width == 0:
             return None
         full, rest = divmod(job.gpu_count, width)
@@ -84,6 +97,8 @@ class ScoringPolicy:
             & (state.mem_left >= per_gpu_mem * width)
             & state.model_mask(job.gpu_models)
         )
+        if allowed is not None:
+            idle &= allowed
         idle_nodes = np.flatnonzero(idle)
         if idle_nodes.size < full:
             return None
@@ -103,6 +118,8 @@ class ScoringPolicy:
                 gpu_models=job.gpu_models,
             )
             mask = state.fits_mask(sub)
+            if allowed is not None:
+                mask &= allowed
             mask[chosen] = False
             node = self.pick(state, sub, np.flatnonzero(mask), rng)
             if node is None:

@@ -39,8 +39,9 @@ class FgdPolicy(CachedScoringPolicy):
         before = self.meter.node(model, cpu_left, row)
         best_score, best_gpu = -1, -1
         tried: dict[int, int] = {}
+        usable = state.usable_gpus(job)[node] if state.share_cap is not None else None
         for g, left in enumerate(row):
-            if left < job.gpu_milli:
+            if left < job.gpu_milli or (usable is not None and not usable[g]):
                 continue
             score = tried.get(left)
             if score is None:

@@ -85,7 +85,7 @@ def read_pods(path: str | Path) -> tuple[list[JobSpec], ReadReport]:
                 cpu_milli=cpu,
                 mem_mib=mem,
                 gpu_models=models,
-                kind=JobKind.INFERENCE if row.get("qos", "").strip() == "LS" else JobKind.BATCH,
+                kind=JobKind.ONLINE if row.get("qos", "").strip() == "LS" else JobKind.BATCH,
                 submit_s=submit,
                 duration_s=duration,
             )

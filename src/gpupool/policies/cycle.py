@@ -1,0 +1,490 @@
+"""Cycle policies: once per scheduling cycle, look at the whole queue and return a plan.
+
+A plan is a list of commands: Start (a job on a placement), Preempt (a running job, with
+a reason) and Claim (start this job as soon as these victims have vacated). The policy
+plans on a scratch copy of the cluster state; the scenario driver validates every
+command against the real state (capacity, co-location, quota maxima, lifecycle,
+preemption rules) before applying it.
+
+* fifo      strict submit order; the head blocks the queue.
+* backfill  fifo with EASY backfill: the blocked head gets a reservation, and a later
+            job may start now only if it ends before that reservation or uses GPUs the
+            head will not need then. Starvation is bounded by the head's reservation.
+* priority-quota  online inference first (never preempted; reclaims by preemption),
+            then jobs within their team's guarantee (reclaiming borrowed GPUs by
+            preemption), then borrowing by fair share; EASY backfill around the first
+            blocked job; the online reserve stays available within one cycle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from gpupool.core.model import JobKind, JobSpec, Placement
+from gpupool.core.quota import QuotaBook
+from gpupool.core.state import BoolArray, ClusterState
+from gpupool.policies.base import ScoringPolicy
+from gpupool.policies.consolidate import ConsolidatePolicy
+
+
+@dataclass(frozen=True)
+class Start:
+    job_id: str
+    placement: Placement
+
+
+@dataclass(frozen=True)
+class Preempt:
+    job_id: str
+    reason: str
+    reclaim: bool = False
+    """True when the GPUs go back to a team under its guarantee: the victim must be
+    borrowing, and the minimum runtime does not protect it."""
+
+
+@dataclass(frozen=True)
+class Claim:
+    """Start `job_id` the moment `victims` have written their checkpoints and left."""
+
+    job_id: str
+    victims: tuple[str, ...]
+    nodes: tuple[int, ...] = ()
+    """Where the job will go: the nodes its victims free (held for it meanwhile)."""
+
+
+Command = Start | Preempt | Claim
+
+
+@dataclass(frozen=True)
+class PreemptionRules:
+    min_runtime_s: float = 900.0
+    """A job runs at least this long (since its last start) before it can be preempted,
+    except to give a team back its guarantee: borrowed GPUs are always reclaimable."""
+    max_per_job: int = 3
+    """After this many preemptions a job runs to completion: it then starts only inside
+    its team's guarantee, where nothing reclaims it."""
+
+
+@dataclass(frozen=True)
+class RunningView:
+    spec: JobSpec
+    gpu_type: str
+    run_started_s: float
+    preemptions: int
+    borrowed: bool
+    vacate_s: float
+    """Checkpoint write time if preempted now."""
+    lost_work_s: float
+    """Work since the last checkpoint, lost if preempted now."""
+    resume_s: float
+    est_end_s: float
+
+
+@dataclass(frozen=True)
+class PendingView:
+    spec: JobSpec
+    gpu_type: str
+    ready_s: float
+    """When it (last) became runnable: submit, or the end of its last preemption."""
+    vacate_s: float = 0.0
+    """What preempting it would cost in checkpoint time once it runs."""
+    preemptions: int = 0
+
+
+@dataclass
+class CycleView:
+    now_s: float
+    cycle_s: float
+    state: ClusterState
+    running: Mapping[str, RunningView]
+    pending: Sequence[PendingView]
+    claimed: frozenset[str]
+    """Jobs already waiting for their victims to vacate; do not plan them again."""
+    vacating: frozenset[str]
+    quotas: QuotaBook
+    pool_nodes: Mapping[str, BoolArray]
+    team_nodes: Mapping[str, BoolArray] | None
+    """Static islands: the nodes each team may use. None: one shared pool."""
+    reserve: Mapping[str, int]
+    rules: PreemptionRules
+    rng: np.random.Generator
+    placement: ScoringPolicy = field(default_factory=ConsolidatePolicy)
+    _allowed: dict[tuple[str, str], BoolArray] = field(default_factory=dict)
+
+    def allowed(self, job: JobSpec, gpu_type: str, held: BoolArray | None = None) -> BoolArray:
+        key = (gpu_type, job.team if self.team_nodes is not None else "")
+        base = self._allowed.get(key)
+        if base is None:
+            base = self.pool_nodes[gpu_type].copy()
+            if self.team_nodes is not None:
+                base &= self.team_nodes.get(job.team, np.zeros_like(base))
+            self._allowed[key] = base
+        if held is not None and held.any():
+            return base & ~held
+        return base
+
+
+class CyclePolicy:
+    name = "cycle"
+
+    def queue_key(self, job: JobSpec, ready_s: float) -> tuple[object, ...]:
+        """Order of each team's queue; the driver shows a policy the head of each queue."""
+        return (job.kind is not JobKind.ONLINE, -job.priority, ready_s, job.job_id)
+
+    def plan(self, view: CycleView) -> list[Command]:
+        raise NotImplementedError
+
+
+def _usage(view: CycleView) -> dict[tuple[str, str], int]:
+    """GPUs each (team, GPU type) holds in running jobs, vacating ones excluded."""
+    out: dict[tuple[str, str], int] = {}
+    for job_id, r in view.running.items():
+        if job_id in view.vacating:
+            continue
+        key = (r.spec.team, r.gpu_type)
+        out[key] = out.get(key, 0) + r.spec.gpu_count
+    return out
+
+
+def _shadow(
+    view: CycleView, scratch: ClusterState, job: JobSpec, gpu_type: str
+) -> tuple[float, int]:
+    """EASY reservation for a blocked job: (start time, GPUs spare at that time)."""
+    pool = view.pool_nodes[gpu_type]
+    free = int(np.where(scratch.gpu_left[pool] == 1000, 1, 0).sum())
+    ends = sorted(
+        (r.est_end_s, r.spec.gpu_count) for r in view.running.values() if r.gpu_type == gpu_type
+    )
+    t = view.now_s
+    for end, gpus in ends:
+        if free >= job.gpu_count:
+            break
+        free += gpus
+        t = end
+    return t, max(0, free - job.gpu_count)
+
+
+class FifoPolicy(CyclePolicy):
+    name = "fifo"
+    backfill = False
+
+    def queue_key(self, job: JobSpec, ready_s: float) -> tuple[object, ...]:
+        return (job.submit_s, job.job_id)
+
+    def plan(self, view: CycleView) -> list[Command]:
+        scratch = view.state.copy()
+        commands: list[Command] = []
+        queue = sorted(view.pending, key=lambda p: (p.spec.submit_s, p.spec.job_id))
+        shadow: tuple[float, int] | None = None
+        for p in queue:
+            job = p.spec
+            plan = view.placement.place(scratch, job, view.rng, view.allowed(job, p.gpu_type))
+            if shadow is not None and plan is not None:
+                end = view.now_s + (job.duration_s or 0.0)
+                if end > shadow[0]:
+                    if job.gpu_count > shadow[1]:
+                        continue
+                    shadow = (shadow[0], shadow[1] - job.gpu_count)
+            if plan is None:
+                if not self.backfill:
+                    break
+                if shadow is None:
+                    shadow = _shadow(view, scratch, job, p.gpu_type)
+                continue
+            scratch.allocate(job, plan)
+            commands.append(Start(job.job_id, plan))
+        return commands
+
+
+class BackfillPolicy(FifoPolicy):
+    name = "backfill"
+    backfill = True
+
+
+class PriorityQuotaPolicy(CyclePolicy):
+    name = "priority-quota"
+
+    def plan(self, view: CycleView) -> list[Command]:
+        scratch = view.state.copy()
+        usage = _usage(view)
+        commands: list[Command] = []
+        taken: set[str] = set()  # victims already chosen this cycle
+        # GPUs each team holds above its guarantee: what reclaim may take from it.
+        excess = {
+            key: held - view.quotas.guaranteed(key[0], key[1], view.now_s)
+            for key, held in usage.items()
+        }
+        held = {t: np.zeros(view.state.node_count, dtype=np.bool_) for t in view.pool_nodes}
+
+        def start(job: JobSpec, gpu_type: str, plan: Placement) -> None:
+            scratch.allocate(job, plan)
+            commands.append(Start(job.job_id, plan))
+            key = (job.team, gpu_type)
+            usage[key] = usage.get(key, 0) + job.gpu_count
+
+        def reclaim(job: JobSpec, gpu_type: str) -> bool:
+            victims = self._victims(view, scratch, job, gpu_type, taken, excess)
+            if victims is None:
+                return False
+            nodes, chosen = victims
+            for v, via_reclaim in chosen:
+                taken.add(v)
+                r = view.running[v]
+                if via_reclaim:
+                    excess[(r.spec.team, r.gpu_type)] -= r.spec.gpu_count
+                commands.append(
+                    Preempt(v, f"reclaimed for {job.job_id} ({job.kind.value})", via_reclaim)
+                )
+            chosen_ids = [v for v, _ in chosen]
+            commands.append(Claim(job.job_id, tuple(chosen_ids), tuple(sorted(nodes))))
+            held[gpu_type][list(nodes)] = True
+            key = (job.team, gpu_type)
+            usage[key] = usage.get(key, 0) + job.gpu_count
+            return True
+
+        waiting = [p for p in view.pending if p.spec.job_id not in view.claimed]
+        online_held = {
+            t: sum(
+                r.spec.gpu_count
+                for r in view.running.values()
+                if r.gpu_type == t and r.spec.kind is JobKind.ONLINE
+            )
+            for t in view.pool_nodes
+        }
+        # Within each team, online first, then by priority and age; what fits inside the
+        # team's guarantee is entitled (and may reclaim), the rest borrows by fair share.
+        waiting.sort(
+            key=lambda p: (
+                p.spec.kind is not JobKind.ONLINE,
+                -p.spec.priority,
+                p.ready_s,
+                p.spec.job_id,
+            )
+        )
+        entitled: list[PendingView] = []
+        borrowing: list[PendingView] = []
+        planned = dict(usage)
+        for p in waiting:
+            key = (p.spec.team, p.gpu_type)
+            if planned.get(key, 0) + p.spec.gpu_count <= view.quotas.guaranteed(
+                p.spec.team, p.gpu_type, view.now_s
+            ):
+                planned[key] = planned.get(key, 0) + p.spec.gpu_count
+                entitled.append(p)
+            else:
+                borrowing.append(p)
+        borrowing.sort(
+            key=lambda p: (
+                p.spec.kind is not JobKind.ONLINE,
+                view.quotas.fair_rank(p.spec.team),
+                -p.spec.priority,
+                p.ready_s,
+                p.spec.job_id,
+            )
+        )
+        fast_held = self._fast_held(view)
+        shadow: tuple[float, int] | None = None
+        # The scratch state only fills up while planning: once a shape fails to fit in a
+        # set of nodes, anything at least as big fails there too.
+        failed: dict[tuple[object, ...], int] = {}
+        for within, group in ((True, entitled), (False, borrowing)):
+            for p in group:
+                job, t = p.spec, p.gpu_type
+                online = job.kind is JobKind.ONLINE
+                shape = (
+                    t,
+                    job.team if view.team_nodes is not None else "",
+                    job.gpu_milli,
+                    job.kind is JobKind.ONLINE,
+                    job.cpu_milli // max(1, job.gpu_count),
+                    job.mem_mib // max(1, job.gpu_count),
+                    job.gpu_models,
+                )
+                if job.gpu_count >= failed.get(shape, 1 << 30) and not within:
+                    continue
+                key = (job.team, t)
+                if usage.get(key, 0) + job.gpu_count > view.quotas.maximum(job.team, t, view.now_s):
+                    continue
+                if not within and p.preemptions >= view.rules.max_per_job:
+                    continue  # preempted enough: it waits for room inside its guarantee
+                if online and not within and not self._unguaranteed_room(view, usage, job, t):
+                    continue
+                if not online and not self._reserve_ok(view, scratch, p, online_held[t], fast_held):
+                    continue
+                plan = view.placement.place(scratch, job, view.rng, view.allowed(job, t, held[t]))
+                if plan is not None and shadow is not None and not online:
+                    end = view.now_s + (job.duration_s or 0.0)
+                    if end > shadow[0]:
+                        if job.gpu_count > shadow[1]:
+                            continue
+                        shadow = (shadow[0], shadow[1] - job.gpu_count)
+                if plan is not None:
+                    start(job, t, plan)
+                    if online:
+                        online_held[t] += job.gpu_count
+                    continue
+                if not held[t].any():
+                    failed[shape] = min(failed.get(shape, 1 << 30), job.gpu_count)
+                if within and reclaim(job, t):
+                    if online:
+                        online_held[t] += job.gpu_count
+                    continue
+                if shadow is None:
+                    shadow = _shadow(view, scratch, job, t)
+        return commands
+
+    @staticmethod
+    def _unguaranteed_room(
+        view: CycleView, usage: Mapping[tuple[str, str], int], job: JobSpec, gpu_type: str
+    ) -> bool:
+        """Online inference is never preempted, so it borrows only capacity no other team
+        is guaranteed: otherwise that team could not get its guarantee back."""
+        others = sum(
+            view.quotas.guaranteed(team, gpu_type, view.now_s)
+            for team in view.quotas.teams
+            if team != job.team
+        )
+        total = int(view.state.gpu_count[view.pool_nodes[gpu_type]].sum())
+        return usage.get((job.team, gpu_type), 0) + job.gpu_count <= total - others
+
+    def _fast_held(self, view: CycleView) -> dict[str, int]:
+        out = {t: 0 for t in view.pool_nodes}
+        for r in view.running.values():
+            if r.spec.preemptible and r.vacate_s <= view.cycle_s:
+                out[r.gpu_type] += r.spec.gpu_count
+        return out
+
+    def _reserve_ok(
+        self,
+        view: CycleView,
+        scratch: ClusterState,
+        p: PendingView,
+        online_held: int,
+        fast_held: dict[str, int],
+    ) -> bool:
+        """The online reserve must stay idle or held by jobs that vacate within a cycle."""
+        needed = view.reserve.get(p.gpu_type, 0) - online_held
+        if needed <= 0 or p.vacate_s <= view.cycle_s:
+            return True
+        pool = view.pool_nodes[p.gpu_type]
+        idle = int((scratch.gpu_left[pool] == 1000).sum())
+        return idle - p.spec.gpu_count + fast_held[p.gpu_type] >= needed
+
+    def _victims(
+        self,
+        view: CycleView,
+        scratch: ClusterState,
+        job: JobSpec,
+        gpu_type: str,
+        taken: set[str],
+        excess: dict[tuple[str, str], int],
+    ) -> tuple[set[int], list[tuple[str, bool]]] | None:
+        """Cheapest set of borrowed jobs whose GPUs, with idle ones, make room for `job`.
+
+        A victim's team must hold GPUs above its guarantee; borrowed GPUs are reclaimable
+        whatever their minimum runtime. Cheapest: lowest priority first,
+        then least (lost work + checkpoint + resume) x GPUs. A job that fits in one node
+        takes victims from one node (a victim spanning nodes leaves them all); a wider
+        job takes whole nodes. Returns the nodes and (victim, reclaimed?) pairs.
+        """
+        allowed = view.allowed(job, gpu_type)
+        by_node: dict[int, list[tuple[tuple[float, float], str, int]]] = {}
+        for job_id, r in view.running.items():
+            if (
+                job_id in taken
+                or job_id in view.vacating
+                or r.gpu_type != gpu_type
+                or not r.spec.preemptible
+                or r.preemptions >= view.rules.max_per_job
+            ):
+                continue
+            placement = view.state.placements.get(job_id)
+            if placement is None:
+                continue
+            cost = (r.lost_work_s + r.vacate_s + r.resume_s) * r.spec.gpu_count
+            for share in placement.shares:
+                by_node.setdefault(share.node, []).append(
+                    ((r.spec.priority, cost), job_id, len(share.gpus))
+                )
+
+        def admit(job_id: str, left: dict[tuple[str, str], int]) -> bool | None:
+            """True if its team still holds GPUs above its guarantee (a job straddling the
+            line goes whole: its team then waits with less room than the job needs)."""
+            r = view.running[job_id]
+            key = (r.spec.team, r.gpu_type)
+            if left.get(key, 0) > 0:
+                left[key] = left.get(key, 0) - r.spec.gpu_count
+                return True
+            return None
+
+        width = view.state.cluster.max_gpus_per_node
+        if job.gpu_count <= width:
+            best: tuple[tuple[float, float], int, list[tuple[str, bool]]] | None = None
+            for node, items in by_node.items():
+                if not allowed[node]:
+                    continue
+                free = int(scratch.whole_free[node])
+                left = dict(excess)
+                chosen: list[tuple[str, bool]] = []
+                worst = (0.0, 0.0)
+                total = 0.0
+                for key, job_id, gpus in sorted(items):
+                    if free >= job.gpu_count:
+                        break
+                    how = admit(job_id, left)
+                    if how is None:
+                        continue
+                    chosen.append((job_id, how))
+                    free += gpus
+                    worst = max(worst, key)
+                    total += key[1]
+                if free >= job.gpu_count and chosen:
+                    score = (worst[0], total)
+                    if best is None or score < best[0]:
+                        best = (score, node, chosen)
+            return None if best is None else ({best[1]}, best[2])
+        # Wider than a node: whole nodes, every job on them a victim.
+        need_nodes = -(-job.gpu_count // width)
+        options: list[tuple[tuple[float, float], int, list[str]]] = []
+        for node in np.flatnonzero(allowed).tolist():
+            items = by_node.get(node, [])
+            if int(scratch.whole_free[node]) + sum(g for _, _, g in items) < width:
+                continue
+            node_cost: tuple[float, float] = (
+                max((k[0] for k, _, _ in items), default=0.0),
+                float(sum(k[1] for k, _, _ in items)),
+            )
+            options.append((node_cost, node, [j for _, j, _ in items]))
+        options.sort()
+        left = dict(excess)
+        picked: set[int] = set()
+        victims: dict[str, bool] = {}
+        for _, node, node_victims in options:
+            trial = dict(left)
+            how_all: dict[str, bool] = {}
+            for job_id in node_victims:
+                if job_id in victims:
+                    continue
+                how = admit(job_id, trial)
+                if how is None:
+                    break
+                how_all[job_id] = how
+            else:
+                left = trial
+                victims.update(how_all)
+                picked.add(node)
+                if len(picked) == need_nodes:
+                    break
+        if len(picked) < need_nodes or not victims:
+            return None
+        return picked, sorted(victims.items())
+
+
+CYCLE_POLICIES: dict[str, Callable[[], CyclePolicy]] = {
+    "fifo": FifoPolicy,
+    "backfill": BackfillPolicy,
+    "priority-quota": PriorityQuotaPolicy,
+}

@@ -1,0 +1,221 @@
+"""Scenario files: a cluster, teams and quotas, a policy and a workload, in YAML.
+
+Every key is checked; an unknown or malformed one is a SpecError naming the file and key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpupool.core.calibration import CheckpointModel, ColocationModel
+from gpupool.core.quota import QuotaWindow, TeamQuota, clock_s
+from gpupool.errors import NotFoundError, SpecError
+from gpupool.policies.cycle import CYCLE_POLICIES, PreemptionRules
+
+MODES = ("pool", "static")
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    gpu_type: str
+    nodes: int
+    gpus_per_node: int
+    cpu_milli: int = 256_000
+    mem_mib: int = 2_097_152
+
+
+@dataclass(frozen=True)
+class ScenarioConfig:
+    name: str
+    seed: int
+    horizon_s: float
+    cycle_s: float
+    pools: tuple[PoolSpec, ...]
+    teams: tuple[TeamQuota, ...]
+    workload: tuple[Mapping[str, Any], ...]
+    mode: str = "pool"
+    policy: str = "priority-quota"
+    description: str = ""
+    windows: tuple[QuotaWindow, ...] = ()
+    online_reserve: float = 0.2
+    share_cap: int = 2
+    autoscale_lookahead_s: float = 600.0
+    autoscale_headroom: float = 1.1
+    preemption: PreemptionRules = field(default_factory=PreemptionRules)
+    checkpoint: CheckpointModel = field(default_factory=CheckpointModel.calibrated)
+    colocation: ColocationModel = field(default_factory=ColocationModel.calibrated)
+    path: str = ""
+
+
+TOP_KEYS = {
+    "name",
+    "description",
+    "seed",
+    "horizon_h",
+    "cycle_s",
+    "mode",
+    "policy",
+    "cluster",
+    "teams",
+    "windows",
+    "workload",
+    "online_reserve",
+    "share_cap",
+    "autoscale",
+    "preemption",
+    "checkpoint",
+}
+
+
+class _Reader:
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def fail(self, where: str, problem: str) -> SpecError:
+        return SpecError(f"{self.path}: {where}: {problem}")
+
+    def mapping(self, value: Any, where: str, allowed: set[str]) -> Mapping[str, Any]:
+        if not isinstance(value, Mapping):
+            raise self.fail(where, "expected a mapping (key: value)")
+        unknown = set(value) - allowed
+        if unknown:
+            raise self.fail(
+                where,
+                f"unknown key(s) {', '.join(sorted(map(str, unknown)))}; "
+                f"allowed: {', '.join(sorted(allowed))}",
+            )
+        return value
+
+    def number(self, value: Any, where: str, low: float = 0.0, positive: bool = False) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise self.fail(where, f"expected a number, got {value!r}")
+        if value < low or (positive and value <= 0):
+            raise self.fail(
+                where, f"{value} is out of range (must be {'>' if positive else '>='} {low})"
+            )
+        return float(value)
+
+    def integer(self, value: Any, where: str, low: int = 0) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.fail(where, f"expected a whole number, got {value!r}")
+        if value < low:
+            raise self.fail(where, f"{value} must be >= {low}")
+        return value
+
+    def gpu_counts(self, value: Any, where: str) -> dict[str, int]:
+        if not isinstance(value, Mapping):
+            raise self.fail(where, "expected {GPU type: count}")
+        return {str(k): self.integer(v, f"{where}.{k}") for k, v in value.items()}
+
+
+def load_scenario(path: str | Path) -> ScenarioConfig:
+    p = Path(path)
+    if not p.is_file():
+        raise NotFoundError(f"scenario file {p} does not exist; see scenarios/README.md")
+    try:
+        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise SpecError(f"{p}: not valid YAML: {exc}") from None
+    return parse_scenario(raw, str(p))
+
+
+def parse_scenario(raw: Any, path: str = "<scenario>") -> ScenarioConfig:
+    r = _Reader(path)
+    top = r.mapping(raw, "top level", TOP_KEYS)
+    for key in ("name", "cluster", "teams", "workload", "horizon_h"):
+        if key not in top:
+            raise r.fail("top level", f"missing required key {key!r}")
+    pools = []
+    if not isinstance(top["cluster"], Sequence) or not top["cluster"]:
+        raise r.fail("cluster", "expected a list of pools")
+    for k, item in enumerate(top["cluster"]):
+        m = r.mapping(
+            item, f"cluster[{k}]", {"gpu_type", "nodes", "gpus_per_node", "cpu_milli", "mem_mib"}
+        )
+        if "gpu_type" not in m:
+            raise r.fail(f"cluster[{k}]", "missing gpu_type")
+        pools.append(
+            PoolSpec(
+                str(m["gpu_type"]),
+                r.integer(m.get("nodes", 1), f"cluster[{k}].nodes", 1),
+                r.integer(m.get("gpus_per_node", 8), f"cluster[{k}].gpus_per_node", 1),
+                r.integer(m.get("cpu_milli", 256_000), f"cluster[{k}].cpu_milli"),
+                r.integer(m.get("mem_mib", 2_097_152), f"cluster[{k}].mem_mib"),
+            )
+        )
+    if len({pl.gpu_type for pl in pools}) != len(pools):
+        raise r.fail("cluster", "each GPU type may appear once")
+    teams = []
+    for k, item in enumerate(top["teams"] or []):
+        m = r.mapping(item, f"teams[{k}]", {"name", "guaranteed", "max"})
+        if "name" not in m:
+            raise r.fail(f"teams[{k}]", "missing name")
+        guaranteed = r.gpu_counts(m.get("guaranteed", {}), f"teams[{k}].guaranteed")
+        maximum = r.gpu_counts(m.get("max", {}), f"teams[{k}].max")
+        teams.append(TeamQuota(str(m["name"]), guaranteed, maximum))
+    windows = []
+    for k, item in enumerate(top.get("windows") or []):
+        m = r.mapping(item, f"windows[{k}]", {"from", "to", "teams"})
+        shares = r.mapping(m.get("teams", {}), f"windows[{k}].teams", {t.team for t in teams})
+        g: dict[str, float] = {}
+        mx: dict[str, float] = {}
+        for team, spec in shares.items():
+            s = r.mapping(spec, f"windows[{k}].teams.{team}", {"guaranteed", "max"})
+            if "guaranteed" in s:
+                g[team] = r.number(s["guaranteed"], f"windows[{k}].teams.{team}.guaranteed")
+            if "max" in s:
+                mx[team] = r.number(s["max"], f"windows[{k}].teams.{team}.max")
+        windows.append(
+            QuotaWindow(
+                clock_s(str(m.get("from", "00:00"))), clock_s(str(m.get("to", "24:00"))), g, mx
+            )
+        )
+    mode = str(top.get("mode", "pool"))
+    if mode not in MODES:
+        raise r.fail("mode", f"{mode!r}; choose {' or '.join(MODES)}")
+    policy = str(top.get("policy", "priority-quota"))
+    if policy not in CYCLE_POLICIES:
+        raise r.fail("policy", f"{policy!r}; choose one of {', '.join(CYCLE_POLICIES)}")
+    pre = r.mapping(top.get("preemption", {}), "preemption", {"min_runtime_s", "max_per_job"})
+    ck = r.mapping(
+        top.get("checkpoint", {}), "checkpoint", {"write_gbps", "restore_gbps", "process_start_s"}
+    )
+    base = CheckpointModel.calibrated()
+    auto = r.mapping(top.get("autoscale", {}), "autoscale", {"lookahead_s", "headroom"})
+    workload = top["workload"]
+    if not isinstance(workload, Sequence) or not all(isinstance(w, Mapping) for w in workload):
+        raise r.fail("workload", "expected a list of generator entries")
+    return ScenarioConfig(
+        name=str(top["name"]),
+        description=str(top.get("description", "")),
+        seed=r.integer(top.get("seed", 0), "seed"),
+        horizon_s=r.number(top["horizon_h"], "horizon_h", positive=True) * 3600.0,
+        cycle_s=r.number(top.get("cycle_s", 60), "cycle_s", positive=True),
+        pools=tuple(pools),
+        teams=tuple(teams),
+        workload=tuple(workload),
+        mode=mode,
+        policy=policy,
+        windows=tuple(windows),
+        online_reserve=r.number(top.get("online_reserve", 0.2), "online_reserve"),
+        share_cap=r.integer(top.get("share_cap", 2), "share_cap", 1),
+        autoscale_lookahead_s=r.number(auto.get("lookahead_s", 600), "autoscale.lookahead_s"),
+        autoscale_headroom=r.number(auto.get("headroom", 1.1), "autoscale.headroom", positive=True),
+        preemption=PreemptionRules(
+            r.number(pre.get("min_runtime_s", 900), "preemption.min_runtime_s"),
+            r.integer(pre.get("max_per_job", 3), "preemption.max_per_job"),
+        ),
+        checkpoint=CheckpointModel(
+            r.number(ck.get("write_gbps", base.write_gbps), "checkpoint.write_gbps", positive=True),
+            r.number(
+                ck.get("restore_gbps", base.restore_gbps), "checkpoint.restore_gbps", positive=True
+            ),
+            r.number(ck.get("process_start_s", base.process_start_s), "checkpoint.process_start_s"),
+        ),
+        path=path,
+    )
