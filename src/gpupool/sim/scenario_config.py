@@ -44,6 +44,8 @@ class ScenarioConfig:
     windows: tuple[QuotaWindow, ...] = ()
     online_reserve: float = 0.2
     share_cap: int = 2
+    queue_depth: int = 32
+    """The policy sees the first this-many waiting jobs of each team per cycle."""
     autoscale_lookahead_s: float = 600.0
     autoscale_headroom: float = 1.1
     preemption: PreemptionRules = field(default_factory=PreemptionRules)
@@ -68,6 +70,7 @@ TOP_KEYS = {
     "share_cap",
     "autoscale",
     "preemption",
+    "queue_depth",
     "checkpoint",
 }
 
@@ -204,6 +207,7 @@ def parse_scenario(raw: Any, path: str = "<scenario>") -> ScenarioConfig:
         windows=tuple(windows),
         online_reserve=r.number(top.get("online_reserve", 0.2), "online_reserve"),
         share_cap=r.integer(top.get("share_cap", 2), "share_cap", 1),
+        queue_depth=r.integer(top.get("queue_depth", 32), "queue_depth", 1),
         autoscale_lookahead_s=r.number(auto.get("lookahead_s", 600), "autoscale.lookahead_s"),
         autoscale_headroom=r.number(auto.get("headroom", 1.1), "autoscale.headroom", positive=True),
         preemption=PreemptionRules(
