@@ -225,8 +225,10 @@ class PriorityQuotaPolicy(CyclePolicy):
             key = (job.team, gpu_type)
             usage[key] = usage.get(key, 0) + job.gpu_count
 
-        def reclaim(job: JobSpec, gpu_type: str) -> bool:
-            victims = self._victims(view, scratch, job, gpu_type, taken, excess)
+        def reclaim(job: JobSpec, gpu_type: str, own_team: bool = False) -> bool:
+            victims = self._victims(
+                view, scratch, job, gpu_type, taken, excess, job.team if own_team else None
+            )
             if victims is None:
                 return False
             nodes, chosen = victims
@@ -311,6 +313,11 @@ class PriorityQuotaPolicy(CyclePolicy):
                 if not within and p.preemptions >= view.rules.max_per_job:
                     continue  # preempted enough: it waits for room inside its guarantee
                 if online and not within and not self._unguaranteed_room(view, usage, job, t):
+                    # No capacity nobody is guaranteed: it may still displace its own
+                    # team's batch work (borrowed, or past its minimum runtime), which
+                    # changes no other team's share.
+                    if reclaim(job, t, own_team=True):
+                        online_held[t] += job.gpu_count
                     continue
                 if not online and not self._reserve_ok(view, scratch, p, online_held[t], fast_held):
                     continue
@@ -381,6 +388,7 @@ class PriorityQuotaPolicy(CyclePolicy):
         gpu_type: str,
         taken: set[str],
         excess: dict[tuple[str, str], int],
+        team: str | None = None,
     ) -> tuple[set[int], list[tuple[str, bool]]] | None:
         """Cheapest set of borrowed jobs whose GPUs, with idle ones, make room for `job`.
 
@@ -399,6 +407,7 @@ class PriorityQuotaPolicy(CyclePolicy):
                 or r.gpu_type != gpu_type
                 or not r.spec.preemptible
                 or r.preemptions >= view.rules.max_per_job
+                or (team is not None and r.spec.team != team)
             ):
                 continue
             placement = view.state.placements.get(job_id)
@@ -418,6 +427,8 @@ class PriorityQuotaPolicy(CyclePolicy):
             if left.get(key, 0) > 0:
                 left[key] = left.get(key, 0) - r.spec.gpu_count
                 return True
+            if team is not None and view.now_s - r.run_started_s >= view.rules.min_runtime_s:
+                return False  # its own team's lower-priority work, past its minimum runtime
             return None
 
         width = view.state.cluster.max_gpus_per_node

@@ -453,24 +453,23 @@ class ScenarioSim:
         a start by: one cycle plus its victims' checkpoint time after it became runnable."""
         owed: dict[str, list[tuple[float, Run]]] = defaultdict(list)
         waiting: dict[tuple[str, str], list[Run]] = defaultdict(list)
-        for queue in self.queues.values():
-            for _, job_id in queue[: self.queue_depth]:
-                r = self.runs[job_id]
-                waiting[(r.spec.team, r.gpu_type)].append(r)
+        for r in self.visible(now):
+            waiting[(r.spec.team, r.gpu_type)].append(r)
+        previous, self.owed_since = self.owed_since, {}
         for (team, gpu_type), runs in waiting.items():
             room = self.quotas.guaranteed(team, gpu_type, now) - self.usage(team, gpu_type)
-            for r in runs:
+            for r in runs:  # queue order: what the team would run first is owed first
                 job_id = r.spec.job_id
                 if r.spec.gpu_count > room:
-                    self.owed_since.pop(job_id, None)
                     continue
-                since = self.owed_since.get(job_id)
+                room -= r.spec.gpu_count
+                since = previous.get(job_id)
                 if since is None:
                     # owed from when it was runnable and its team had room for it
                     since = max(
                         r.ready_s, self.room_since.get((team, gpu_type), 0.0), self.window_since
                     )
-                    self.owed_since[job_id] = since
+                self.owed_since[job_id] = since
                 grace = self.cfg.cycle_s + self.claim_grace.get(job_id, 0.0)
                 owed[team].append((since + grace, r))
         return owed
@@ -566,6 +565,26 @@ class ScenarioSim:
             elif kind == 1 and r.state is JobState.RUNNING:
                 self.finish(r, at, JobState.FINISHED, "completed")
 
+    def visible(self, now: float) -> list[Run]:
+        """The waiting jobs a cycle considers: the head of each team's queue, plus (further
+        back) jobs small enough for the room left under the team's guarantee, so that a
+        queue headed by big borrowing jobs cannot hide what the team is owed."""
+        out: list[Run] = []
+        depth = self.queue_depth
+        for team, queue in self.queues.items():
+            head = [self.runs[job_id] for _, job_id in queue[:depth]]
+            out += head
+            extra = 0
+            for _, job_id in queue[depth : depth * 16]:
+                r = self.runs[job_id]
+                room = self.quotas.guaranteed(team, r.gpu_type, now) - self.usage(team, r.gpu_type)
+                if r.spec.gpu_count <= room:
+                    out.append(r)
+                    extra += 1
+                    if extra >= depth:
+                        break
+        return out
+
     def view(self, now: float) -> CycleView:
         running: dict[str, RunningView] = {}
         pending: list[PendingView] = []
@@ -590,12 +609,10 @@ class ScenarioSim:
                 resume_s=self.cfg.checkpoint.resume_s(r.spec.state_gib_per_gpu),
                 est_end_s=now + left,
             )
-        for queue in self.queues.values():
-            for _, job_id in queue[: self.queue_depth]:
-                r = self.runs[job_id]
-                pending.append(
-                    PendingView(r.spec, r.gpu_type, r.ready_s, self.write_s(r.spec), r.preemptions)
-                )
+        for r in self.visible(now):
+            pending.append(
+                PendingView(r.spec, r.gpu_type, r.ready_s, self.write_s(r.spec), r.preemptions)
+            )
         return CycleView(
             now_s=now,
             cycle_s=self.cfg.cycle_s,
@@ -719,8 +736,8 @@ class ScenarioSim:
         }
 
     def online_job_slo(self, online: list[Run]) -> float | None:
-        """Online jobs (tagged services in a job trace): share of their life spent serving,
-        with one scheduling cycle allowed to start."""
+        """Online jobs (tagged services in a job trace): share of their life spent deployed
+        on GPUs, with one scheduling cycle allowed to start."""
         wanted = served = 0.0
         for r in online:
             end = r.end_s if r.end_s is not None else self.cfg.horizon_s
@@ -728,7 +745,7 @@ class ScenarioSim:
             if life <= 0:
                 continue
             wanted += life
-            served += min(life, r.run_time_s + self.cfg.cycle_s)
+            served += min(life, r.held_s + self.cfg.cycle_s)
         return served / wanted if wanted else None
 
 

@@ -1,0 +1,111 @@
+"""Issue 3 scenarios: islands vs pool, day/night windows, real ITP arrivals by policy.
+
+Runs every scenario under scenarios/ (ITP ones under fifo, backfill and priority-quota),
+two at a time, and writes bench/results/scenarios.json and scenarios.md.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+
+from gpupool.sim.scenario import run_scenario
+from gpupool.sim.scenario_config import load_scenario
+from machine import describe
+
+ROOT = Path(__file__).resolve().parents[1]
+RUNS = [
+    ("islands-static.yaml", None),
+    ("islands-pool.yaml", None),
+    ("daynight-off.yaml", None),
+    ("daynight-on.yaml", None),
+] + [
+    (f"itp-{c}.yaml", p)
+    for c in ("cluster02", "cluster08", "cluster09")
+    for p in ("fifo", "backfill", "priority-quota")
+]
+
+
+def one(item: tuple[str, str | None]) -> dict[str, object]:
+    name, policy = item
+    cfg = load_scenario(ROOT / "scenarios" / name)
+    if policy is not None:
+        cfg = replace(cfg, policy=policy, name=f"{cfg.name}/{policy}")
+    result = run_scenario(cfg)
+    return result.summary
+
+
+def pct(x: object) -> str:
+    return "-" if x is None else f"{100 * float(x):.2f}"  # type: ignore[arg-type]
+
+
+def main() -> int:
+    started = time.perf_counter()
+    with ProcessPoolExecutor(2) as pool:
+        results = list(pool.map(one, RUNS))
+    wall = time.perf_counter() - started
+    by = {r["scenario"]: r for r in results}
+    lines = [
+        "# Scenario results (issue 3)",
+        "",
+        f"{len(results)} runs in {wall:.0f} s on {describe()['cpu']} "
+        f"({describe()['cores']} cores). Reproduce: `make bench` or "
+        "`gpupool simulate scenario scenarios/FILE.yaml`.",
+        "",
+        "| scenario | GPU-hours used % | online SLO % | training GPU-h | preemptions | "
+        "below guarantee s | finished / submitted | lost |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        lines.append(
+            f"| {r['scenario']} | {pct(r['gpu_hours_utilization'])} | "
+            f"{pct(r['online_slo_attainment'])} | {r['training_gpu_hours']:,} | "
+            f"{r['preemptions']} | {r['guarantee_violation_s']} | "
+            f"{r['jobs_finished']} / {r['jobs_submitted']} | {r['jobs_lost']} |"
+        )
+    for name in ("islands-static", "islands-pool"):
+        r = by[name]
+        lines += [
+            "",
+            f"## {name}: per team",
+            "",
+            "| team | GPU-h | util % | jobs | done | avg JCT h | p99 JCT h | avg queue h | "
+            "SLO % | preempt | lost GPU-h | below guar. s |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for team, t in r["teams"].items():  # type: ignore[attr-defined]
+            lines.append(
+                f"| {team} | {t['gpu_hours']:,} | {pct(t['utilization'])} | {t['jobs']} | "
+                f"{t['finished']} | {t['avg_jct_h']} | {t['p99_jct_h']} | {t['avg_queue_h']} | "
+                f"{pct(t['online_slo_attainment'])} | {t['preemptions']} | "
+                f"{t['lost_work_gpu_h']} | {t['guarantee_violation_s']} |"
+            )
+    lines += [
+        "",
+        "## Real ITP arrivals: JCT by kind and policy",
+        "",
+        "| scenario | kind | jobs | done | avg JCT h | p99 JCT h | avg queue h |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        if not str(r["scenario"]).startswith("itp-"):
+            continue
+        for kind, k in r["kinds"].items():  # type: ignore[attr-defined]
+            lines.append(
+                f"| {r['scenario']} | {kind} | {k['jobs']} | {k['finished']} | "
+                f"{k['avg_jct_h']} | {k['p99_jct_h']} | {k['avg_queue_h']} |"
+            )
+    out = Path(__file__).parent / "results"
+    (out / "scenarios.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    payload = {"wall_s": round(wall, 1), "machine": describe(), "scenarios": results}
+    (out / "scenarios.json").write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
