@@ -213,7 +213,7 @@ KINDS = (JobKind.TRAINING, JobKind.OFFLINE, JobKind.BATCH)
 
 @st.composite
 def quota_scenarios(
-    draw: st.DrawFn, whole_nodes: bool = False
+    draw: st.DrawFn, whole_nodes: bool = False, online_reserve: float = 0.2
 ) -> tuple[ScenarioConfig, Workload, dict[str, tuple[int, int]]]:
     nodes = draw(st.integers(1, 3))
     pool = nodes * 8
@@ -244,7 +244,13 @@ def quota_scenarios(
                 state_gib_per_gpu=float(draw(st.sampled_from((0, 4, 16, 60)))),
             )
         )
-    cfg = config(teams, nodes=nodes, horizon_h=12, seed=draw(st.integers(0, 1000)))
+    cfg = config(
+        teams,
+        nodes=nodes,
+        horizon_h=12,
+        seed=draw(st.integers(0, 1000)),
+        online_reserve=online_reserve,
+    )
     return cfg, Workload(jobs=tuple(jobs)), quotas
 
 
@@ -334,7 +340,7 @@ def test_quota_invariants_hold_every_cycle(
 
 
 @settings(max_examples=30, deadline=None)
-@given(quota_scenarios(whole_nodes=True))
+@given(quota_scenarios(whole_nodes=True, online_reserve=0.0))
 def test_whole_node_jobs_get_their_guarantee_back(
     case: tuple[ScenarioConfig, Workload, dict[str, tuple[int, int]]],
 ) -> None:
@@ -343,8 +349,48 @@ def test_whole_node_jobs_get_their_guarantee_back(
     replay_reclaims(decisions(sim), {j.job_id: j for j in wl.jobs}, quotas)
     check_endings(sim, summary, wl)
     # (v) guarantees fit the pool, jobs are whole nodes: borrowing is always returned
+    # (without an online reserve; with one, see the xfail test below)
     assert summary["guarantee_violation_s"] == 0
     assert all(t["guarantee_violation_s"] == 0 for t in summary["teams"].values())
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="src bug: PriorityQuotaPolicy.plan computes fast_held once per cycle "
+    "(policies/cycle.py, fast_held = self._fast_held(view)); jobs the plan starts in the same "
+    "cycle are not counted, so _reserve_ok refuses an entitled job with a slow checkpoint, "
+    "lends its node to another team's borrower and reclaims it a cycle later",
+)
+def test_online_reserve_does_not_hand_an_entitled_node_to_a_borrower() -> None:
+    """Found by the property above (default online_reserve 0.2, no online work at all)."""
+    cfg = config([team("t0", 16), team("t1", 0)], nodes=2, horizon_h=1)
+
+    def job(job_id: str, owner: str, submit_s: float, state_gib: float) -> JobSpec:
+        return JobSpec(
+            job_id,
+            gpu_count=8,
+            team=owner,
+            submit_s=submit_s,
+            duration_s=60.0,
+            checkpoint_interval_s=600.0,
+            state_gib_per_gpu=state_gib,
+        )
+
+    jobs = (
+        job("j00", "t0", 0.0, 0.0),
+        job("j01", "t0", 1.0, 60.0),  # 60 GiB: a 143 s checkpoint, more than a cycle
+        job("j02", "t0", 0.0, 0.0),
+        job("j03", "t0", 0.0, 0.0),
+        job("j04", "t1", 0.0, 0.0),
+    )
+    result = run_scenario(cfg, workload=Workload(jobs=jobs))
+    log = decisions(result)
+    # j00, j02 run 0-65 on both nodes; at the 120 s cycle t0 (guaranteed the whole pool)
+    # wants two nodes for j03 and j01: both are owed, t1 only borrows
+    assert by_action(log, "start", "j03")[0].time_s == 120.0
+    assert by_action(log, "start", "j01")[0].time_s == 120.0  # actual: 180, after a reclaim
+    assert result.summary["preemptions"] == 0  # actual: j04 preempted at 180
+    assert result.summary["guarantee_violation_s"] == 0  # actual: 55 s
 
 
 def test_reclaim_property_has_teeth() -> None:

@@ -43,6 +43,9 @@ class Preempt:
     reclaim: bool = False
     """True when the GPUs go back to a team under its guarantee: the victim must be
     borrowing, and the minimum runtime does not protect it."""
+    for_online_of: str | None = None
+    """Set when online inference displaces its own team's batch work: the victim must be
+    of that team; online outranks the minimum runtime of its own team's jobs."""
 
 
 @dataclass(frozen=True)
@@ -238,7 +241,12 @@ class PriorityQuotaPolicy(CyclePolicy):
                 if via_reclaim:
                     excess[(r.spec.team, r.gpu_type)] -= r.spec.gpu_count
                 commands.append(
-                    Preempt(v, f"reclaimed for {job.job_id} ({job.kind.value})", via_reclaim)
+                    Preempt(
+                        v,
+                        f"reclaimed for {job.job_id} ({job.kind.value})",
+                        via_reclaim,
+                        job.team if own_team and not via_reclaim else None,
+                    )
                 )
             chosen_ids = [v for v, _ in chosen]
             commands.append(Claim(job.job_id, tuple(chosen_ids), tuple(sorted(nodes))))
@@ -305,8 +313,8 @@ class PriorityQuotaPolicy(CyclePolicy):
                     job.mem_mib // max(1, job.gpu_count),
                     job.gpu_models,
                 )
-                if job.gpu_count >= failed.get(shape, 1 << 30) and not within:
-                    continue
+                if job.gpu_count >= failed.get(shape, 1 << 30) and not within and not online:
+                    continue  # a borrowing batch job has no other way in than free GPUs
                 key = (job.team, t)
                 if usage.get(key, 0) + job.gpu_count > view.quotas.maximum(job.team, t, view.now_s):
                     continue
@@ -314,8 +322,7 @@ class PriorityQuotaPolicy(CyclePolicy):
                     continue  # preempted enough: it waits for room inside its guarantee
                 if online and not within and not self._unguaranteed_room(view, usage, job, t):
                     # No capacity nobody is guaranteed: it may still displace its own
-                    # team's batch work (borrowed, or past its minimum runtime), which
-                    # changes no other team's share.
+                    # team's batch work, which changes no other team's share.
                     if reclaim(job, t, own_team=True):
                         online_held[t] += job.gpu_count
                     continue
@@ -427,8 +434,8 @@ class PriorityQuotaPolicy(CyclePolicy):
             if left.get(key, 0) > 0:
                 left[key] = left.get(key, 0) - r.spec.gpu_count
                 return True
-            if team is not None and view.now_s - r.run_started_s >= view.rules.min_runtime_s:
-                return False  # its own team's lower-priority work, past its minimum runtime
+            if team is not None:
+                return False  # its own team's batch work, displaced by its online inference
             return None
 
         width = view.state.cluster.max_gpus_per_node

@@ -268,7 +268,14 @@ class ScenarioSim:
     def usage(self, team: str, gpu_type: str) -> int:
         return self.held.get((team, gpu_type), 0)
 
-    def preempt(self, run: Run, reason: str, now: float, reclaim: bool = False) -> None:
+    def preempt(
+        self,
+        run: Run,
+        reason: str,
+        now: float,
+        reclaim: bool = False,
+        for_online_of: str | None = None,
+    ) -> None:
         job = run.spec
         if not job.preemptible:
             raise PlanRejected(f"job {job.job_id} is {job.kind.value}: never preempted")
@@ -281,7 +288,10 @@ class ScenarioSim:
             raise PlanRejected(
                 f"job {job.job_id}: team {job.team} is within its guarantee; nothing to reclaim"
             )
-        if not reclaim and now - run.run_started_s < self.cfg.preemption.min_runtime_s:
+        if for_online_of is not None and for_online_of != job.team:
+            raise PlanRejected(f"job {job.job_id}: online work displaces only its own team's jobs")
+        young = now - run.run_started_s < self.cfg.preemption.min_runtime_s
+        if not reclaim and for_online_of is None and young:
             raise PlanRejected(f"job {job.job_id} has not run its minimum time yet")
         run.state = check_transition(job.job_id, run.state, JobState.PREEMPTING)
         self.held[(job.team, run.gpu_type)] -= job.gpu_count
@@ -637,7 +647,7 @@ class ScenarioSim:
             if isinstance(c, Start):
                 self.start(run, c, now)
             elif isinstance(c, Preempt):
-                self.preempt(run, c.reason, now, c.reclaim)
+                self.preempt(run, c.reason, now, c.reclaim, c.for_online_of)
             else:
                 victims = {v for v in c.victims if self.runs[v].state is JobState.PREEMPTING}
                 if victims:
@@ -737,7 +747,7 @@ class ScenarioSim:
 
     def online_job_slo(self, online: list[Run]) -> float | None:
         """Online jobs (tagged services in a job trace): share of their life spent deployed
-        on GPUs, with one scheduling cycle allowed to start."""
+        on GPUs, allowing one scheduling cycle plus its victims' checkpoint time to start."""
         wanted = served = 0.0
         for r in online:
             end = r.end_s if r.end_s is not None else self.cfg.horizon_s
@@ -745,7 +755,8 @@ class ScenarioSim:
             if life <= 0:
                 continue
             wanted += life
-            served += min(life, r.held_s + self.cfg.cycle_s)
+            allowed = self.cfg.cycle_s + self.claim_grace.get(r.spec.job_id, 0.0)
+            served += min(life, r.held_s + allowed)
         return served / wanted if wanted else None
 
 
