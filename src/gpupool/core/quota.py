@@ -105,7 +105,7 @@ class QuotaBook:
     def guaranteed(self, team: str, gpu_type: str, t_s: float) -> int:
         w = self.window(t_s)
         if w is not None and team in w.guaranteed_share:
-            return math.floor(w.guaranteed_share[team] * self.pool_gpus.get(gpu_type, 0))
+            return math.floor(w.guaranteed_share[team] * self.pool_gpus.get(gpu_type, 0) + 1e-9)
         q = self._by_team.get(team)
         return 0 if q is None else q.guaranteed.get(gpu_type, 0)
 
@@ -113,7 +113,9 @@ class QuotaBook:
         w = self.window(t_s)
         total = self.pool_gpus.get(gpu_type, 0)
         if w is not None and team in w.max_share:
-            return max(self.guaranteed(team, gpu_type, t_s), math.floor(w.max_share[team] * total))
+            return max(
+                self.guaranteed(team, gpu_type, t_s), math.floor(w.max_share[team] * total + 1e-9)
+            )
         q = self._by_team.get(team)
         if q is None:
             return total

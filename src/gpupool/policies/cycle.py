@@ -212,13 +212,18 @@ class PriorityQuotaPolicy(CyclePolicy):
 
     def plan(self, view: CycleView) -> list[Command]:
         scratch = view.state.copy()
-        usage = _usage(view)
+        running_usage = _usage(view)
+        usage = dict(running_usage)
+        for p in view.pending:  # a job waiting on its victims already counts for its team
+            if p.spec.job_id in view.claimed:
+                key = (p.spec.team, p.gpu_type)
+                usage[key] = usage.get(key, 0) + p.spec.gpu_count
         commands: list[Command] = []
         taken: set[str] = set()  # victims already chosen this cycle
         # GPUs each team holds above its guarantee: what reclaim may take from it.
         excess = {
             key: held - view.quotas.guaranteed(key[0], key[1], view.now_s)
-            for key, held in usage.items()
+            for key, held in running_usage.items()
         }
         held = {t: np.zeros(view.state.node_count, dtype=np.bool_) for t in view.pool_nodes}
 
@@ -326,8 +331,12 @@ class PriorityQuotaPolicy(CyclePolicy):
                     if reclaim(job, t, own_team=True):
                         online_held[t] += job.gpu_count
                     continue
-                if not online and not self._reserve_ok(view, scratch, p, online_held[t], fast_held):
-                    continue
+                if (
+                    not online
+                    and not within
+                    and not self._reserve_ok(view, scratch, p, online_held[t], fast_held)
+                ):
+                    continue  # borrowing must leave the online reserve quick to free
                 plan = view.placement.place(scratch, job, view.rng, view.allowed(job, t, held[t]))
                 if plan is not None and shadow is not None and not online:
                     end = view.now_s + (job.duration_s or 0.0)
@@ -339,6 +348,8 @@ class PriorityQuotaPolicy(CyclePolicy):
                     start(job, t, plan)
                     if online:
                         online_held[t] += job.gpu_count
+                    elif p.vacate_s <= view.cycle_s:
+                        fast_held[t] += job.gpu_count
                     continue
                 if not held[t].any():
                     failed[shape] = min(failed.get(shape, 1 << 30), job.gpu_count)
