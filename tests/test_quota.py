@@ -135,11 +135,7 @@ def test_window_share_is_floored(share: float, pool: int, expected: int) -> None
     assert book.maximum("a", "H200", 60.0) == expected
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="src bug: QuotaBook.guaranteed floors share*pool in floating point, so 0.29 of "
-    "100 GPUs (28.999999999999996) gives 28, not 29",
-)
+# regression: 0.29 * 100 is 28.999999999999996 in floating point, and was floored to 28
 @pytest.mark.parametrize(("share", "pool", "expected"), [(0.29, 100, 29), (0.57, 100, 57)])
 def test_window_share_floor_is_exact_for_decimal_shares(
     share: float, pool: int, expected: int
@@ -236,7 +232,7 @@ def test_guarantees_exactly_filling_the_pool_are_fine() -> None:
 
 def test_unknown_team_in_a_window() -> None:
     w = QuotaWindow(0.0, 3600.0, {"a": 0.5}, {"ghost": 1.0})
-    with pytest.raises(SpecError, match="unknown team.*ghost"):
+    with pytest.raises(SpecError, match=r"unknown team.*ghost"):
         QuotaBook([TeamQuota("a", {}, {})], {"H200": 8}, [w])
 
 
@@ -324,7 +320,9 @@ def test_fair_rank_without_guarantee_weighs_one() -> None:
 
 def test_record_usage_decay_halves_after_one_half_life() -> None:
     half = 2 * H
-    book = QuotaBook([TeamQuota("a", {}, {}), TeamQuota("b", {}, {})], {"H200": 8}, half_life_s=half)
+    book = QuotaBook(
+        [TeamQuota("a", {}, {}), TeamQuota("b", {}, {})], {"H200": 8}, half_life_s=half
+    )
     book.record_usage({"a": 4.0}, 60.0)
     assert book.decayed == {"a": 240.0, "b": 0.0}
     book.record_usage({}, half)
