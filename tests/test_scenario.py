@@ -448,7 +448,16 @@ def test_colocation_rule_holds_every_cycle() -> None:
         online_reserve=0.0,
     )
     load = LoadCurve((0.0, 2 * H, 4 * H, 6 * H), (10.0, 60.0, 30.0, 70.0))
-    svc = ServiceSpec("chat", "web", load, replica_rps=40.0, replica_gpu_milli=500)
+    # small replicas with a low p99 and a floor of 4: sharing pays (fewer GPUs, SLO kept)
+    svc = ServiceSpec(
+        "chat",
+        "web",
+        load,
+        replica_rps=40.0,
+        replica_gpu_milli=500,
+        base_p99_ms=40.0,
+        min_replicas=4,
+    )
     rng = np.random.default_rng(5)
     jobs = tuple(
         JobSpec(

@@ -45,7 +45,7 @@ from gpupool.policies.cycle import (
 )
 from gpupool.sim.generators import GenContext, build_workload, find_traces_dir
 from gpupool.sim.scenario_config import ScenarioConfig
-from gpupool.sim.workload import Workload
+from gpupool.sim.workload import ServiceSpec, Workload
 
 Progress = Callable[[int, int], None]
 
@@ -390,13 +390,30 @@ class ScenarioSim:
             run.gpu_s += run.spec.gpu_count * (hi - lo) * run.spec.gpu_milli / MILLI_PER_GPU
 
     # ---- services ---------------------------------------------------------------------------
+    def replicas_needed(self, svc: ServiceSpec, load_rps: float, shared: bool) -> int:
+        speed = self.cfg.colocation.speed(JobKind.ONLINE, self.cfg.share_cap) if shared else 1.0
+        want = math.ceil(load_rps * self.cfg.autoscale_headroom / (svc.replica_rps * speed) - 1e-9)
+        return min(max(want, svc.min_replicas), svc.max_replicas)
+
+    def sharing_pays(self, svc: ServiceSpec, load_rps: float) -> bool:
+        """Pack a service's replicas onto shared GPUs only where the model says it helps:
+        the p99 next to `share_cap - 1` neighbours still meets the SLO, and the GPUs the
+        shared replicas take (slowed by time-slicing) are fewer than whole-GPU replicas."""
+        if svc.replica_gpu_milli >= MILLI_PER_GPU:
+            return False
+        p99 = svc.base_p99_ms * self.cfg.colocation.online_p99_factor(
+            [JobKind.ONLINE] * (self.cfg.share_cap - 1)
+        )
+        if p99 > svc.slo_p99_ms:
+            return False
+        shared_gpus = self.replicas_needed(svc, load_rps, True) * svc.replica_gpu_milli / 1000
+        return shared_gpus < self.replicas_needed(svc, load_rps, False)
+
     def autoscale(self, now: float) -> None:
-        cap_speed = self.cfg.colocation.speed(JobKind.ONLINE, self.cfg.share_cap)
         for svc in self.services.values():
-            eff = 1.0 if svc.replica_gpu_milli == MILLI_PER_GPU else cap_speed
             peak = svc.load.peak(now, now + self.cfg.autoscale_lookahead_s, self.cfg.cycle_s)
-            want = math.ceil(peak * self.cfg.autoscale_headroom / (svc.replica_rps * eff) - 1e-9)
-            want = min(max(want, svc.min_replicas), svc.max_replicas)
+            shared = self.sharing_pays(svc, peak)
+            want = self.replicas_needed(svc, peak, shared)
             mine = list(self.replicas[svc.name].values())
             if len(mine) < want:
                 for _ in range(want - len(mine)):
@@ -404,7 +421,7 @@ class ScenarioSim:
                     job = JobSpec(
                         job_id=f"{svc.name}-r{self.replica_seq[svc.name]}",
                         gpu_count=1,
-                        gpu_milli=svc.replica_gpu_milli,
+                        gpu_milli=svc.replica_gpu_milli if shared else MILLI_PER_GPU,
                         gpu_models=svc.gpu_models,
                         team=svc.team,
                         priority=svc.priority,
