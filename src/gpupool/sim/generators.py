@@ -21,6 +21,7 @@ from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 
 from gpupool.core.model import MILLI_PER_GPU, JobKind, JobSpec
 from gpupool.errors import SpecError
@@ -603,23 +604,10 @@ def mixed(params: Mapping[str, object], rng: np.random.Generator, ctx: GenContex
     work = np.where(offline, np.minimum(work, max_off * HOUR_S), work)
     gpus = np.where(offline, 1, gpus)
 
-    jobs = tuple(
-        JobSpec(
-            job_id=f"{name}-{i}",
-            gpu_count=int(gpus[i]),
-            cpu_milli=cpu * int(gpus[i]),
-            mem_mib=mem * int(gpus[i]),
-            team=team,
-            priority=priority,
-            kind=JobKind.OFFLINE if offline[i] else JobKind.TRAINING,
-            submit_s=float(times[i]),
-            duration_s=float(work[i]),
-            checkpoint_interval_s=ckpt,
-            state_gib_per_gpu=float(state[i]),
-        )
-        for i in range(n)
+    kinds = [JobKind.OFFLINE if off else JobKind.TRAINING for off in offline]
+    return Workload(
+        jobs=_gpu_jobs(name, team, priority, kinds, gpus, times, work, ckpt, state, cpu, mem)
     )
-    return Workload(jobs=jobs)
 
 
 def backlog(params: Mapping[str, object], rng: np.random.Generator, ctx: GenContext) -> Workload:
@@ -642,23 +630,44 @@ def backlog(params: Mapping[str, object], rng: np.random.Generator, ctx: GenCont
     times = np.sort(submit_s + rng.uniform(0.0, spread_s, size=count))
     gpus = rng.choice(gpu_values, size=count, p=gpu_probs)
     work = np.exp(rng.uniform(math.log(w_min), math.log(w_max), size=count)) * HOUR_S
-    jobs = tuple(
+    states = np.full(count, state)
+    return Workload(
+        jobs=_gpu_jobs(
+            name, team, priority, [kind] * count, gpus, times, work, ckpt, states, cpu, mem
+        )
+    )
+
+
+def _gpu_jobs(
+    name: str,
+    team: str,
+    priority: int,
+    kinds: Sequence[JobKind],
+    gpus: npt.NDArray[np.int64],
+    times: npt.NDArray[np.float64],
+    work: npt.NDArray[np.float64],
+    ckpt: float,
+    states: npt.NDArray[np.float64],
+    cpu_per_gpu: int,
+    mem_per_gpu: int,
+) -> tuple[JobSpec, ...]:
+    """Whole-GPU jobs, CPU and memory in proportion to their GPUs."""
+    return tuple(
         JobSpec(
             job_id=f"{name}-{i}",
             gpu_count=int(gpus[i]),
-            cpu_milli=cpu * int(gpus[i]),
-            mem_mib=mem * int(gpus[i]),
+            cpu_milli=cpu_per_gpu * int(gpus[i]),
+            mem_mib=mem_per_gpu * int(gpus[i]),
             team=team,
             priority=priority,
-            kind=kind,
+            kind=kinds[i],
             submit_s=float(times[i]),
             duration_s=float(work[i]),
             checkpoint_interval_s=ckpt,
-            state_gib_per_gpu=state,
+            state_gib_per_gpu=float(states[i]),
         )
-        for i in range(count)
+        for i in range(len(kinds))
     )
-    return Workload(jobs=jobs)
 
 
 def itp(params: Mapping[str, object], rng: np.random.Generator, ctx: GenContext) -> Workload:

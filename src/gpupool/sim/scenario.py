@@ -21,7 +21,7 @@ import math
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +72,6 @@ class Run:
     vacate_at: float | None = None
     service: str | None = None
     speed: float = 1.0
-    claimant_of: str | None = None
 
 
 @dataclass
@@ -809,7 +808,3 @@ def run_scenario(
         wall_s=wall,
         utilization_by_hour=[round(g / (gpus * 3600), 4) for g in sim.hour_gpu_s],
     )
-
-
-def with_overrides(cfg: ScenarioConfig, **changes: Any) -> ScenarioConfig:
-    return replace(cfg, **changes)
