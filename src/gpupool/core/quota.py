@@ -30,9 +30,14 @@ class TeamQuota:
     def __post_init__(self) -> None:
         for gpu_type, g in self.guaranteed.items():
             m = self.maximum.get(gpu_type, g)
-            if g < 0 or m < g:
+            if g < 0:
                 raise SpecError(
-                    f"team {self.team}: need 0 <= guaranteed <= max for {gpu_type}, got {g} > {m}"
+                    f"team {self.team}: guaranteed {gpu_type} GPUs must be >= 0, got {g}"
+                )
+            if m < g:
+                raise SpecError(
+                    f"team {self.team}: need 0 <= guaranteed <= max for {gpu_type}, "
+                    f"got {g} > {m}; raise max or lower guaranteed"
                 )
 
 
