@@ -67,8 +67,9 @@ class ClusterState:
         self.online_on_gpu: IntArray = np.zeros_like(self.gpu_left)
         self.other_on_gpu: IntArray = np.zeros_like(self.gpu_left)
         self.share_cap: int | None = None
-        """When set, the co-location rule holds: online inference shares a GPU only with
-        online inference, at most `share_cap` replicas per GPU; nothing else joins it."""
+        """When set (before anything is placed), the co-location rule holds: online
+        inference shares a GPU only with online inference, at most `share_cap` replicas per
+        GPU; nothing else joins it. Unset, the per-GPU job counts are not kept."""
 
     def copy(self) -> ClusterState:
         """A scratch copy a policy may allocate on while it plans; the real state is untouched."""
@@ -176,9 +177,10 @@ class ClusterState:
                         f"job {job.job_id}: GPU {g} of node #{i} has {row[g]} milli free, "
                         f"plan wants {share.gpu_milli}"
                     )
-                problem = self.colocation_problem(job, i, g)
-                if problem is not None:
-                    raise PlanRejected(f"job {job.job_id}: GPU {g} of node #{i}: {problem}")
+                if self.share_cap is not None:
+                    problem = self.colocation_problem(job, i, g)
+                    if problem is not None:
+                        raise PlanRejected(f"job {job.job_id}: GPU {g} of node #{i}: {problem}")
             if self.cpu_left[i] < share.cpu_milli or self.mem_left[i] < share.mem_mib:
                 raise PlanRejected(f"job {job.job_id}: node #{i} lacks CPU or memory")
             cpu += share.cpu_milli
@@ -218,6 +220,8 @@ class ClusterState:
         return placement
 
     def _count(self, job: JobSpec, share: NodeShare, sign: int) -> None:
+        if self.share_cap is None:
+            return  # no co-location rule: nobody reads the counts
         counts = self.online_on_gpu if job.kind is JobKind.ONLINE else self.other_on_gpu
         for g in share.gpus:
             counts[share.node, g] += sign
