@@ -77,7 +77,6 @@ class RunningView:
     gpu_type: str
     run_started_s: float
     preemptions: int
-    borrowed: bool
     vacate_s: float
     """Checkpoint write time if preempted now."""
     lost_work_s: float
@@ -152,6 +151,19 @@ def _usage(view: CycleView) -> dict[tuple[str, str], int]:
     return out
 
 
+def _backfills(
+    view: CycleView, job: JobSpec, shadow: tuple[float, int] | None
+) -> tuple[bool, tuple[float, int] | None]:
+    """EASY rule for a job that fits now while an earlier job holds a reservation:
+    it may start if it ends before the reservation or fits in the GPUs spare then.
+    Returns (may start, the reservation with those spare GPUs updated)."""
+    if shadow is None or view.now_s + (job.duration_s or 0.0) <= shadow[0]:
+        return True, shadow
+    if job.gpu_count > shadow[1]:
+        return False, shadow
+    return True, (shadow[0], shadow[1] - job.gpu_count)
+
+
 def _shadow(
     view: CycleView, scratch: ClusterState, job: JobSpec, gpu_type: str
 ) -> tuple[float, int]:
@@ -185,12 +197,10 @@ class FifoPolicy(CyclePolicy):
         for p in queue:
             job = p.spec
             plan = view.placement.place(scratch, job, view.rng, view.allowed(job, p.gpu_type))
-            if shadow is not None and plan is not None:
-                end = view.now_s + (job.duration_s or 0.0)
-                if end > shadow[0]:
-                    if job.gpu_count > shadow[1]:
-                        continue
-                    shadow = (shadow[0], shadow[1] - job.gpu_count)
+            if plan is not None:
+                ok, shadow = _backfills(view, job, shadow)
+                if not ok:
+                    continue
             if plan is None:
                 if not self.backfill:
                     break
@@ -338,12 +348,10 @@ class PriorityQuotaPolicy(CyclePolicy):
                 ):
                     continue  # borrowing must leave the online reserve quick to free
                 plan = view.placement.place(scratch, job, view.rng, view.allowed(job, t, held[t]))
-                if plan is not None and shadow is not None and not online:
-                    end = view.now_s + (job.duration_s or 0.0)
-                    if end > shadow[0]:
-                        if job.gpu_count > shadow[1]:
-                            continue
-                        shadow = (shadow[0], shadow[1] - job.gpu_count)
+                if plan is not None and not online:
+                    ok, shadow = _backfills(view, job, shadow)
+                    if not ok:
+                        continue
                 if plan is not None:
                     start(job, t, plan)
                     if online:

@@ -137,7 +137,9 @@ class ScenarioSim:
         self.state = ClusterState(self.cluster)
         self.state.share_cap = cfg.share_cap
         self.rng = np.random.default_rng(cfg.seed)
-        self.engine = Engine(self.state, ConsolidatePolicy(), self.rng)
+        self.placement = ConsolidatePolicy()
+        """Where a claimant goes when its victims leave (policies plan the rest)."""
+        self.engine = Engine(self.state, self.placement, self.rng)
         self.policy = CYCLE_POLICIES[cfg.policy]()
         pool_gpus = {p.gpu_type: p.nodes * p.gpus_per_node for p in cfg.pools}
         self.pool_gpus = pool_gpus
@@ -234,9 +236,9 @@ class ScenarioSim:
             if nodes:
                 held = np.zeros_like(allowed)
                 held[list(nodes)] = True
-                placement = ConsolidatePolicy().place(self.state, job, self.rng, allowed & held)
+                placement = self.placement.place(self.state, job, self.rng, allowed & held)
             if placement is None:
-                placement = ConsolidatePolicy().place(self.state, job, self.rng, allowed)
+                placement = self.placement.place(self.state, job, self.rng, allowed)
             if placement is None:
                 return False
         else:
@@ -615,10 +617,6 @@ class ScenarioSim:
         running: dict[str, RunningView] = {}
         pending: list[PendingView] = []
         vacating: set[str] = set()
-        borrowing = {
-            key: held > self.quotas.guaranteed(key[0], key[1], now)
-            for key, held in self.held.items()
-        }
         for job_id, r in self.running.items():
             if r.state is JobState.PREEMPTING:
                 vacating.add(job_id)
@@ -629,7 +627,6 @@ class ScenarioSim:
                 gpu_type=r.gpu_type,
                 run_started_s=r.run_started_s,
                 preemptions=r.preemptions,
-                borrowed=borrowing.get((r.spec.team, r.gpu_type), False),
                 vacate_s=self.write_s(r.spec),
                 lost_work_s=r.done_s - r.saved_s,
                 resume_s=self.cfg.checkpoint.resume_s(r.spec.state_gib_per_gpu),
