@@ -192,11 +192,19 @@ class FifoPolicy(CyclePolicy):
     def plan(self, view: CycleView) -> list[Command]:
         scratch = view.state.copy()
         commands: list[Command] = []
+        usage = _usage(view)
         queue = sorted(view.pending, key=lambda p: (p.spec.submit_s, p.spec.job_id))
         shadow: tuple[float, int] | None = None
         for p in queue:
             job = p.spec
+            key = (job.team, p.gpu_type)
             plan = view.placement.place(scratch, job, view.rng, view.allowed(job, p.gpu_type))
+            if plan is not None and usage.get(key, 0) + job.gpu_count > view.quotas.maximum(
+                job.team, p.gpu_type, view.now_s
+            ):
+                # Held by its team's maximum, not by capacity: like a job held by a QOS
+                # limit, it waits without blocking the queue.
+                continue
             if plan is not None:
                 ok, shadow = _backfills(view, job, shadow)
                 if not ok:
@@ -209,6 +217,7 @@ class FifoPolicy(CyclePolicy):
                 continue
             scratch.allocate(job, plan)
             commands.append(Start(job.job_id, plan))
+            usage[key] = usage.get(key, 0) + job.gpu_count
         return commands
 
 
