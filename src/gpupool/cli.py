@@ -14,6 +14,7 @@ import numpy as np
 
 from gpupool import __version__
 from gpupool.errors import GpupoolError, SpecError
+from gpupool.plan_cli import add_plan_parser, run_plan
 from gpupool.policies import placement_names, queue_names
 from gpupool.progress import ProgressBar
 from gpupool.reports.table import render
@@ -126,6 +127,12 @@ def build_parser() -> argparse.ArgumentParser:
     sc.add_argument("files", nargs="+", type=Path, help="scenario YAML file(s)")
     sc.add_argument("--json", type=Path, help="write results here (one file: its summary)")
     sc.add_argument("--log", type=Path, help="write the decision log here (one file only)")
+    sc.add_argument(
+        "--jobs-csv",
+        type=Path,
+        help="write one row per job here (pool, times, GPU-hours, cost, energy, electricity "
+        "cost, carbon); one file only",
+    )
     sc.add_argument("--traces", type=Path, help="folder with the public traces")
     sc.add_argument(
         "--policies",
@@ -134,6 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     sub.add_parser("policies", help="list placement and queue policies")
+    add_plan_parser(sub)
     return parser
 
 
@@ -144,6 +152,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("placement:", ", ".join(placement_names()))
             print("queue:    ", ", ".join(queue_names()))
             return 0
+        if args.command == "plan":
+            return run_plan(args)
         if args.kind == "fill":
             return cmd_fill(args)
         if args.kind == "scenario":
@@ -351,8 +361,8 @@ def cmd_scenario(args: argparse.Namespace) -> int:
             configs.append(
                 base if name is None else replace(base, policy=name, name=f"{base.name}/{name}")
             )
-    if args.log and len(configs) > 1:
-        raise SpecError("--log takes one scenario run at a time")
+    if (args.log or args.jobs_csv) and len(configs) > 1:
+        raise SpecError("--log and --jobs-csv take one scenario run at a time")
     results = []
     for cfg in configs:
         result = run_scenario(cfg, args.traces, ProgressBar(f"scenario {cfg.name}"))
@@ -400,6 +410,7 @@ def cmd_scenario(args: argparse.Namespace) -> int:
                 f"{s['jobs_submitted']} finished, {s['jobs_lost']} lost",
             )
         )
+        print(_resource_line(s))
         print()
     if len(results) > 1:
         kinds = sorted({k for r in results for k in r.summary["kinds"]})
@@ -470,6 +481,43 @@ def cmd_scenario(args: argparse.Namespace) -> int:
                 title="Comparison",
             )
         )
+        print()
+        print(
+            render(
+                [
+                    "scenario",
+                    "cost $",
+                    "avg JCT h",
+                    "deadline miss",
+                    "energy kWh",
+                    "electricity",
+                    "carbon kg",
+                    "bursts",
+                    "reclaims",
+                    "remote refused",
+                ],
+                [
+                    [
+                        r.name,
+                        r.summary["cost_usd"],
+                        _h(
+                            None
+                            if r.summary["avg_jct_s"] is None
+                            else r.summary["avg_jct_s"] / 3600
+                        ),
+                        r.summary["deadline_misses"],
+                        r.summary["energy_kwh"],
+                        f"{r.summary['electricity_cost']:.2f} {r.summary['electricity_currency']}",
+                        "-" if r.summary["carbon_kg"] is None else r.summary["carbon_kg"],
+                        r.summary["bursts"],
+                        r.summary["reclaims"],
+                        r.summary["rejected_remote_placements"],
+                    ]
+                    for r in results
+                ],
+                title="Cost, energy and placement",
+            )
+        )
     if args.json:
         payload: object = (
             results[0].summary if len(results) == 1 else {"scenarios": [r.summary for r in results]}
@@ -477,7 +525,40 @@ def cmd_scenario(args: argparse.Namespace) -> int:
         _write_json(args.json, payload)
     if args.log:
         args.log.write_text(results[0].log.render(results[0].node_names), encoding="utf-8")
+    if args.jobs_csv:
+        _write_rows(args.jobs_csv, results[0].jobs)
     return 0
+
+
+def _resource_line(s: dict[str, object]) -> str:
+    jct = s["avg_jct_s"]
+    parts = [
+        f"cost ${s['cost_usd']:,.2f}",
+        f"avg JCT {'-' if jct is None else f'{float(jct) / 3600:.2f} h'}",  # type: ignore[arg-type]
+        f"deadline misses {s['deadline_misses']}/{s['jobs_with_deadline']}",
+        f"energy {s['energy_kwh']:,.1f} kWh",
+        f"electricity {s['electricity_cost']:,.2f} {s['electricity_currency'] or ''}".rstrip(),
+        "carbon -" if s["carbon_kg"] is None else f"carbon {s['carbon_kg']:,.1f} kg",
+    ]
+    if s["bursts"] or s["reclaims"]:
+        parts.append(f"bursts {s['bursts']}, reclaims {s['reclaims']}")
+    if s["rejected_remote_placements"]:
+        parts.append(f"remote placements refused {s['rejected_remote_placements']}")
+    return "  " + "; ".join(parts)
+
+
+def _write_rows(path: Path, rows: list[dict[str, object]]) -> None:
+    import csv
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("w", newline="", encoding="utf-8") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["job_id"])
+            writer.writeheader()
+            writer.writerows(rows)
+    except OSError as exc:
+        raise SpecError(f"cannot write {path}: {exc.strerror}; choose a writable path") from None
+    print(f"wrote {path}", file=sys.stderr)
 
 
 def _write_json(path: Path, payload: object) -> None:

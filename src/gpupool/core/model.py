@@ -22,12 +22,6 @@ class JobKind(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
-class GpuType:
-    name: str
-    mem_mib: int = 0
-
-
-@dataclass(frozen=True, slots=True)
 class Node:
     name: str
     gpu_model: str
@@ -75,6 +69,11 @@ class JobSpec:
     """How often the job checkpoints itself while running; preemption loses at most this."""
     state_gib_per_gpu: float = 0.0
     """Checkpoint size per GPU process: what preemption writes and resume reads back."""
+    deadline_s: float | None = None
+    """When the job must be finished (scenario time); None: as soon as it can."""
+    dataset: str | None = None
+    """Where the job's input lives (a data location of the federation), if anywhere."""
+    dataset_gb: float = 0.0
 
     def __post_init__(self) -> None:
         if self.gpu_count < 0:
@@ -89,6 +88,12 @@ class JobSpec:
             raise SpecError(f"job {self.job_id}: cpu_milli and mem_mib must be >= 0")
         if self.duration_s is not None and self.duration_s < 0:
             raise SpecError(f"job {self.job_id}: duration_s must be >= 0")
+        if self.dataset_gb < 0:
+            raise SpecError(f"job {self.job_id}: dataset_gb must be >= 0")
+        if self.deadline_s is not None and self.deadline_s < self.submit_s:
+            raise SpecError(
+                f"job {self.job_id}: deadline_s {self.deadline_s} is before its submit time"
+            )
         if self.checkpoint_interval_s <= 0 or self.state_gib_per_gpu < 0:
             raise SpecError(
                 f"job {self.job_id}: checkpoint_interval_s must be > 0 and state_gib_per_gpu >= 0"

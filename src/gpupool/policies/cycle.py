@@ -194,7 +194,9 @@ class FifoPolicy(CyclePolicy):
         commands: list[Command] = []
         usage = _usage(view)
         queue = sorted(view.pending, key=lambda p: (p.spec.submit_s, p.spec.job_id))
-        shadow: tuple[float, int] | None = None
+        # EASY reservations, one per pool: a job blocked in one pool holds back nothing in
+        # another (their GPUs are disjoint).
+        shadows: dict[str, tuple[float, int] | None] = {}
         for p in queue:
             job = p.spec
             key = (job.team, p.gpu_type)
@@ -206,14 +208,14 @@ class FifoPolicy(CyclePolicy):
                 # limit, it waits without blocking the queue.
                 continue
             if plan is not None:
-                ok, shadow = _backfills(view, job, shadow)
+                ok, shadows[p.gpu_type] = _backfills(view, job, shadows.get(p.gpu_type))
                 if not ok:
                     continue
             if plan is None:
                 if not self.backfill:
                     break
-                if shadow is None:
-                    shadow = _shadow(view, scratch, job, p.gpu_type)
+                if shadows.get(p.gpu_type) is None:
+                    shadows[p.gpu_type] = _shadow(view, scratch, job, p.gpu_type)
                 continue
             scratch.allocate(job, plan)
             commands.append(Start(job.job_id, plan))
@@ -320,7 +322,7 @@ class PriorityQuotaPolicy(CyclePolicy):
             )
         )
         fast_held = self._fast_held(view)
-        shadow: tuple[float, int] | None = None
+        shadows: dict[str, tuple[float, int] | None] = {}
         # The scratch state only fills up while planning: once a shape fails to fit in a
         # set of nodes, anything at least as big fails there too.
         failed: dict[tuple[object, ...], int] = {}
@@ -358,7 +360,7 @@ class PriorityQuotaPolicy(CyclePolicy):
                     continue  # borrowing must leave the online reserve quick to free
                 plan = view.placement.place(scratch, job, view.rng, view.allowed(job, t, held[t]))
                 if plan is not None and not online:
-                    ok, shadow = _backfills(view, job, shadow)
+                    ok, shadows[t] = _backfills(view, job, shadows.get(t))
                     if not ok:
                         continue
                 if plan is not None:
@@ -374,8 +376,8 @@ class PriorityQuotaPolicy(CyclePolicy):
                     if online:
                         online_held[t] += job.gpu_count
                     continue
-                if shadow is None:
-                    shadow = _shadow(view, scratch, job, t)
+                if shadows.get(t) is None:
+                    shadows[t] = _shadow(view, scratch, job, t)
         return commands
 
     @staticmethod

@@ -34,6 +34,7 @@ _BUILTIN_MODULES = (
     "gpupool.policies.best_fit",
     "gpupool.policies.fgd",
     "gpupool.policies.consolidate",
+    "gpupool.policies.thermal",
     "gpupool.policies.queueing",
 )
 

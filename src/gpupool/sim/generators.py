@@ -89,6 +89,19 @@ _SERVICE: dict[str, object] = {
     "min_replicas": 1,
     "max_replicas": 10_000,
     "gpu_models": [],
+    "user_region": None,
+    "latency_bound_ms": None,
+}
+_PLACEMENT: dict[str, object] = {
+    # deadline = submit + work x a factor drawn uniformly from deadline_slack ([] : none)
+    "deadline_slack": [],
+    "min_deadline_h": 0.0,
+    # where the input lives: data locations drawn by weight, sizes log-uniform in GB
+    "datasets": [],
+    "dataset_weights": [],
+    "dataset_gb_min": 0.0,
+    "dataset_gb_max": 0.0,
+    "gpu_models": [],
 }
 
 PARAMETERS: dict[str, dict[str, object]] = {
@@ -147,6 +160,39 @@ PARAMETERS: dict[str, dict[str, object]] = {
         "state_gib_per_gpu": 8.0,
         "checkpoint_interval_s": 1800.0,
         "kind": "training",
+        **_PER_GPU,
+        **_PLACEMENT,
+    },
+    "model-jobs": {
+        **_COMMON,
+        "count": 100,
+        "submit_h": 0.0,
+        "spread_h": 0.0,
+        "model": REQUIRED,
+        "task": "inference",
+        "precision": "bf16",
+        "context": 4096,
+        "seq_len": 4096,
+        "batch": 8,
+        "grad_accum": 1,
+        "tokens_min": REQUIRED,
+        "tokens_max": REQUIRED,
+        "deadline_h": [],
+        "state_gib_per_gpu": 8.0,
+        "checkpoint_interval_s": 1800.0,
+    },
+    "job": {
+        **_COMMON,
+        "gpus": 1,
+        "submit_h": 0.0,
+        "work_min": REQUIRED,
+        "kind": "training",
+        "deadline_h": None,
+        "dataset": None,
+        "dataset_gb": 0.0,
+        "gpu_models": [],
+        "state_gib_per_gpu": 8.0,
+        "checkpoint_interval_s": 1800.0,
         **_PER_GPU,
     },
     "itp": {
@@ -471,6 +517,8 @@ def _service(p: _Params, load: LoadCurve) -> ServiceSpec:
         max_replicas=p.int_("max_replicas", lo=lo),
         gpu_models=frozenset(p.texts("gpu_models")),
         priority=p.int_("priority"),
+        user_region=p.text("user_region") if p.given("user_region") else None,
+        latency_bound_ms=p.pos("latency_bound_ms") if p.given("latency_bound_ms") else None,
     )
 
 
@@ -631,11 +679,52 @@ def backlog(params: Mapping[str, object], rng: np.random.Generator, ctx: GenCont
     gpus = rng.choice(gpu_values, size=count, p=gpu_probs)
     work = np.exp(rng.uniform(math.log(w_min), math.log(w_max), size=count)) * HOUR_S
     states = np.full(count, state)
-    return Workload(
-        jobs=_gpu_jobs(
-            name, team, priority, [kind] * count, gpus, times, work, ckpt, states, cpu, mem
-        )
+    jobs = _gpu_jobs(
+        name, team, priority, [kind] * count, gpus, times, work, ckpt, states, cpu, mem
     )
+    return Workload(jobs=_placed(p, rng, jobs))
+
+
+def _placed(p: _Params, rng: np.random.Generator, jobs: Sequence[JobSpec]) -> tuple[JobSpec, ...]:
+    """Deadlines, datasets and allowed GPU types (the _PLACEMENT parameters). Draws come
+    after the jobs' own, so entries without them keep their jobs unchanged."""
+    slack = p.nums("deadline_slack", lo=1.0)
+    if slack and len(slack) != 2:
+        raise SpecError(f"generator {p.generator!r}: deadline_slack is [min, max], got {slack}")
+    min_deadline_s = p.num("min_deadline_h", lo=0) * HOUR_S
+    datasets = p.texts("datasets")
+    models = frozenset(p.texts("gpu_models"))
+    n = len(jobs)
+    factors = rng.uniform(min(slack), max(slack), size=n) if slack else None
+    where = None
+    sizes = None
+    if datasets:
+        weights = p.nums("dataset_weights", lo=0) or [1.0] * len(datasets)
+        if len(weights) != len(datasets) or sum(weights) <= 0:
+            raise SpecError(
+                f"generator {p.generator!r}: dataset_weights needs one weight per dataset"
+            )
+        probs = np.array(weights) / sum(weights)
+        where = rng.choice(len(datasets), size=n, p=probs)
+        lo, hi = p.num("dataset_gb_min", lo=0), p.num("dataset_gb_max", lo=0)
+        if lo > hi:
+            raise SpecError(f"generator {p.generator!r}: need dataset_gb_min <= dataset_gb_max")
+        sizes = (
+            np.exp(rng.uniform(math.log(lo), math.log(hi), size=n)) if lo > 0 else np.full(n, hi)
+        )
+    out = []
+    for i, job in enumerate(jobs):
+        changes: dict[str, object] = {}
+        if factors is not None and job.duration_s is not None:
+            span = max(job.duration_s * float(factors[i]), min_deadline_s)
+            changes["deadline_s"] = job.submit_s + span
+        if where is not None and sizes is not None:
+            changes["dataset"] = datasets[int(where[i])]
+            changes["dataset_gb"] = float(sizes[i])
+        if models:
+            changes["gpu_models"] = models
+        out.append(replace(job, **changes) if changes else job)  # type: ignore[arg-type]
+    return tuple(out)
 
 
 def _gpu_jobs(
@@ -741,7 +830,90 @@ def itp(params: Mapping[str, object], rng: np.random.Generator, ctx: GenContext)
     return Workload(jobs=tuple(jobs))
 
 
+def single_job(params: Mapping[str, object], rng: np.random.Generator, ctx: GenContext) -> Workload:
+    """One job given in full: a named case a scenario must get right (e.g. a short job
+    whose data sits far away)."""
+    p = _Params(params, "job")
+    gpus = p.int_("gpus", lo=1)
+    cpu, mem = _job_resources(p)
+    submit_s = p.num("submit_h", lo=0) * HOUR_S
+    deadline = p.num("deadline_h", lo=0) * HOUR_S if p.given("deadline_h") else None
+    job = JobSpec(
+        job_id=p.name(),
+        gpu_count=gpus,
+        cpu_milli=cpu * gpus,
+        mem_mib=mem * gpus,
+        team=p.text("team"),
+        priority=p.int_("priority"),
+        kind=JobKind(p.text("kind", [k.value for k in JobKind if k is not JobKind.ONLINE])),
+        submit_s=submit_s,
+        duration_s=p.pos("work_min") * 60.0,
+        checkpoint_interval_s=p.pos("checkpoint_interval_s"),
+        state_gib_per_gpu=p.num("state_gib_per_gpu", lo=0),
+        deadline_s=None if deadline is None else submit_s + deadline,
+        dataset=p.text("dataset") if p.given("dataset") else None,
+        dataset_gb=p.num("dataset_gb", lo=0),
+        gpu_models=frozenset(p.texts("gpu_models")),
+    )
+    return Workload(jobs=(job,))
+
+
+def model_jobs(params: Mapping[str, object], rng: np.random.Generator, ctx: GenContext) -> Workload:
+    """Jobs given by a model instead of a GPU count: `count` of them, submitted uniformly
+    over [submit_h, submit_h + spread_h), each with log-uniform work in [tokens_min,
+    tokens_max] tokens (to generate, or to train on). The scheduler sizes each one per GPU
+    type with the planner (gpupool.sizing) when it is submitted."""
+    from gpupool.sizing.planner import PlanRequest
+    from gpupool.sizing.shapes import get_shape
+
+    p = _Params(params, "model-jobs")
+    name, team, priority = p.name(), p.text("team"), p.int_("priority")
+    count = p.int_("count", lo=0)
+    task = p.text("task", ["inference", "training"])
+    submit_s, spread_s = p.num("submit_h", lo=0) * HOUR_S, p.num("spread_h", lo=0) * HOUR_S
+    t_min, t_max = p.pos("tokens_min"), p.pos("tokens_max")
+    if t_min > t_max:
+        raise SpecError("generator 'model-jobs': need tokens_min <= tokens_max")
+    deadline = p.nums("deadline_h", lo=0)
+    if deadline and len(deadline) != 2:
+        raise SpecError(f"generator 'model-jobs': deadline_h is [min, max], got {deadline}")
+    shape = get_shape(p.text("model"))
+    times = np.sort(submit_s + rng.uniform(0.0, spread_s, size=count))
+    tokens = np.exp(rng.uniform(math.log(t_min), math.log(t_max), size=count))
+    spans = rng.uniform(min(deadline), max(deadline), size=count) * HOUR_S if deadline else None
+    kind = JobKind.TRAINING if task == "training" else JobKind.OFFLINE
+    jobs = []
+    sized = {}
+    for i in range(count):
+        job_id = f"{name}-{i}"
+        jobs.append(
+            JobSpec(
+                job_id=job_id,
+                team=team,
+                priority=priority,
+                kind=kind,
+                submit_s=float(times[i]),
+                checkpoint_interval_s=p.pos("checkpoint_interval_s"),
+                state_gib_per_gpu=p.num("state_gib_per_gpu", lo=0),
+                deadline_s=None if spans is None else float(times[i] + spans[i]),
+            )
+        )
+        sized[job_id] = PlanRequest(
+            shape=shape,
+            task=task,
+            precision=p.text("precision"),
+            context=p.int_("context", lo=1),
+            seq_len=p.int_("seq_len", lo=1),
+            batch=p.int_("batch", lo=1),
+            grad_accum=p.int_("grad_accum", lo=1),
+            tokens=float(tokens[i]),
+        )
+    return Workload(jobs=tuple(jobs), sized=sized)
+
+
 GENERATORS: dict[str, Generator] = {
+    "model-jobs": model_jobs,
+    "job": single_job,
     "finetune": finetune,
     "diurnal-service": diurnal_service,
     "azure-service": azure_service,

@@ -21,7 +21,7 @@ import math
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,14 @@ from gpupool.core.lifecycle import TERMINAL, JobState, check_transition
 from gpupool.core.model import MILLI_PER_GPU, Cluster, JobKind, JobSpec, Node
 from gpupool.core.quota import QuotaBook
 from gpupool.core.state import BoolArray, ClusterState
+from gpupool.energy.deferral import DeferrableJob, plan_starts
+from gpupool.energy.power import Load, load_of
+from gpupool.energy.powercap import SetPowerCap, speed_at
+from gpupool.energy.tariff import Tariff, load_tariff
+from gpupool.energy.thermal import ThermalModel
 from gpupool.errors import PlanRejected, SpecError
+from gpupool.federation.burst import BurstController, BurstRules
+from gpupool.federation.topology import Topology, parse_topology
 from gpupool.policies.consolidate import ConsolidatePolicy
 from gpupool.policies.cycle import (
     CYCLE_POLICIES,
@@ -43,9 +50,23 @@ from gpupool.policies.cycle import (
     RunningView,
     Start,
 )
+from gpupool.policies.power import CapJob, cap_fraction, plan_power_caps
+from gpupool.policies.thermal import CoolestFirstPolicy
+from gpupool.sim.choice import (
+    PoolLoad,
+    PoolOption,
+    choose_across_sites,
+    choose_blind,
+    choose_cost_aware,
+    choose_first,
+)
+from gpupool.sim.cloud import CloudFleet
+from gpupool.sim.energy_meter import EnergyMeter, HeatMap
 from gpupool.sim.generators import GenContext, build_workload, find_traces_dir
 from gpupool.sim.scenario_config import ScenarioConfig
 from gpupool.sim.workload import ServiceSpec, Workload
+from gpupool.sizing.catalog import load_catalog
+from gpupool.sizing.planner import sized_options
 
 Progress = Callable[[int, int], None]
 
@@ -72,6 +93,14 @@ class Run:
     vacate_at: float | None = None
     service: str | None = None
     speed: float = 1.0
+    """Work done per second: co-location slowdown times the power cap's."""
+    options: tuple[PoolOption, ...] = ()
+    """Pools the job could run on (one, unless it may choose a GPU type or site)."""
+    cap_frac: float | None = None
+    """Power cap as a fraction of TDP while it runs; None: uncapped."""
+    cap_speed: float = 1.0
+    transfer_s: float = 0.0
+    """Time spent moving its dataset to the site it ran at."""
 
 
 @dataclass
@@ -88,37 +117,45 @@ class ScenarioResult:
     node_names: tuple[str, ...]
     wall_s: float
     utilization_by_hour: list[float] = field(default_factory=list)
+    jobs: list[dict[str, Any]] = field(default_factory=list)
 
 
-def _cluster(cfg: ScenarioConfig) -> tuple[Cluster, dict[str, BoolArray]]:
+def _cluster(cfg: ScenarioConfig) -> tuple[Cluster, dict[str, BoolArray], list[str]]:
     nodes: list[Node] = []
+    node_pool: list[str] = []
     for pool in cfg.pools:
+        prefix = f"{pool.site}-" if pool.site else ""
         for k in range(pool.nodes):
             nodes.append(
                 Node(
-                    f"{pool.gpu_type}-{k:03d}",
+                    f"{prefix}{pool.gpu_type}-{k:03d}",
                     pool.gpu_type,
                     pool.gpus_per_node,
                     pool.cpu_milli,
                     pool.mem_mib,
-                    cluster=cfg.name,
+                    cluster=pool.site or cfg.name,
                 )
             )
+            node_pool.append(pool.key)
     masks = {
-        pool.gpu_type: np.array([n.gpu_model == pool.gpu_type for n in nodes], dtype=np.bool_)
+        pool.key: np.array([key == pool.key for key in node_pool], dtype=np.bool_)
         for pool in cfg.pools
     }
-    return Cluster(cfg.name, tuple(nodes)), masks
+    return Cluster(cfg.name, tuple(nodes)), masks, node_pool
 
 
 def _islands(cfg: ScenarioConfig, cluster: Cluster) -> dict[str, BoolArray]:
     """Static partitions: each team owns whole nodes covering its guarantee."""
     owned = {t.team: np.zeros(len(cluster.nodes), dtype=np.bool_) for t in cfg.teams}
     for pool in cfg.pools:
-        idx = [i for i, n in enumerate(cluster.nodes) if n.gpu_model == pool.gpu_type]
+        idx = [
+            i
+            for i, n in enumerate(cluster.nodes)
+            if n.cluster in (pool.site, cfg.name) and n.gpu_model == pool.gpu_type
+        ]
         cursor = 0
         for team in cfg.teams:
-            gpus = team.guaranteed.get(pool.gpu_type, 0)
+            gpus = team.guaranteed.get(pool.key, 0)
             if gpus % pool.gpus_per_node:
                 raise SpecError(
                     f"{cfg.path}: static mode gives teams whole nodes; team {team.team}'s "
@@ -133,15 +170,15 @@ def _islands(cfg: ScenarioConfig, cluster: Cluster) -> dict[str, BoolArray]:
 class ScenarioSim:
     def __init__(self, cfg: ScenarioConfig, workload: Workload) -> None:
         self.cfg = cfg
-        self.cluster, self.pool_nodes = _cluster(cfg)
+        self.cluster, self.pool_nodes, self.node_pool = _cluster(cfg)
         self.state = ClusterState(self.cluster)
         self.state.share_cap = cfg.share_cap
         self.rng = np.random.default_rng(cfg.seed)
-        self.placement = ConsolidatePolicy()
+        self.placement: ConsolidatePolicy | CoolestFirstPolicy = ConsolidatePolicy()
         """Where a claimant goes when its victims leave (policies plan the rest)."""
         self.engine = Engine(self.state, self.placement, self.rng)
         self.policy = CYCLE_POLICIES[cfg.policy]()
-        pool_gpus = {p.gpu_type: p.nodes * p.gpus_per_node for p in cfg.pools}
+        pool_gpus = {p.key: p.nodes * p.gpus_per_node for p in cfg.pools}
         self.pool_gpus = pool_gpus
         self.quotas = QuotaBook(cfg.teams, pool_gpus, cfg.windows)
         self.team_nodes = _islands(cfg, self.cluster) if cfg.mode == "static" else None
@@ -180,36 +217,287 @@ class ScenarioSim:
         for team in {j.team for j in workload.jobs} | {s.team for s in workload.services}:
             if team not in self.known_teams:
                 raise SpecError(f"{cfg.path}: the workload uses team {team!r}, not under teams:")
+        self.sized = workload.sized
+        self._setup_sites()
+        self._setup_energy()
+
+    # ---- sites, prices, energy ----------------------------------------------------------------
+    def _setup_sites(self) -> None:
+        cfg = self.cfg
+        base = Path(cfg.path).parent if cfg.path else Path.cwd()
+        override = None if cfg.catalog is None else base / cfg.catalog
+        self.catalog = load_catalog(override)
+        self.topology: Topology | None = (
+            None if cfg.federation is None else parse_topology(cfg.federation, cfg.path)
+        )
+        self.pool_price: dict[str, float] = {}
+        cloud_pools: set[str] = set()
+        for pool in cfg.pools:
+            price = pool.price_usd_per_gpu_hour
+            if price is None and self.topology is not None:
+                site = self.topology.site(pool.site)
+                price = site.price_usd_per_gpu_hour.get(pool.gpu_type)
+                if site.kind == "cloud":
+                    cloud_pools.add(pool.key)
+            if price is None and pool.gpu_type in self.catalog:
+                price = self.catalog[pool.gpu_type].price_usd_per_hour
+            self.pool_price[pool.key] = price or 0.0
+        self.node_site = tuple(n.cluster for n in self.cluster.nodes)
+        self.rejected_remote: set[str] = set()
+        self.cloud: CloudFleet | None = None
+        if cloud_pools and self.topology is not None:
+            nodes = tuple(i for i, key in enumerate(self.node_pool) if key in cloud_pools)
+            sites = {cfg.pool(self.node_pool[i]).site for i in nodes}
+            spinup = max(self.topology.site(s).spinup_s for s in sites)
+            self.cloud = CloudFleet(
+                BurstController(self._burst_rules(len(nodes))),
+                nodes,
+                {i: self.node_pool[i] for i in nodes},
+                spinup,
+                {i: self.pool_price[self.node_pool[i]] for i in nodes},
+            )
+            self.cloud.mask_out(self.pool_nodes)
+
+    def _burst_rules(self, max_nodes: int) -> BurstRules:
+        raw = dict(self.cfg.burst or {})
+        d = BurstRules(max_cloud_nodes=max_nodes)
+        return BurstRules(
+            util_threshold=float(raw.get("util_threshold", d.util_threshold)),
+            sustain_s=60.0 * float(raw.get("sustain_min", d.sustain_s / 60.0)),
+            pending_gpu_threshold=int(raw.get("pending_gpus", d.pending_gpu_threshold)),
+            pending_sustain_s=60.0
+            * float(raw.get("pending_sustain_min", d.pending_sustain_s / 60.0)),
+            reclaim_util=float(raw.get("reclaim_util", d.reclaim_util)),
+            reclaim_sustain_s=60.0
+            * float(raw.get("reclaim_sustain_min", d.reclaim_sustain_s / 60.0)),
+            nodes_per_burst=int(raw.get("nodes_per_burst", d.nodes_per_burst)),
+            max_cloud_nodes=max_nodes,
+        )
+
+    def _setup_energy(self) -> None:
+        cfg = self.cfg
+        e = cfg.energy
+        tdp = np.array(
+            [
+                self.catalog[n.gpu_model].tdp_w if n.gpu_model in self.catalog else 0.0
+                for n in self.cluster.nodes
+            ]
+        )
+        base = Path(cfg.path).parent if cfg.path else Path.cwd()
+
+        def tariff(name: str | None) -> Tariff | None:
+            if name is None:
+                return None
+            local = base / name
+            return load_tariff(str(local) if local.suffix in (".yaml", ".yml") else name)
+
+        default = tariff(e.tariff)
+        sites = sorted(set(self.node_site))
+        tariffs = {s: tariff(e.site_tariffs[s]) if s in e.site_tariffs else default for s in sites}
+        cloud_sites = frozenset(
+            s
+            for s in sites
+            if self.topology is not None
+            and s in {x.name for x in self.topology.sites}
+            and self.topology.site(s).kind == "cloud"
+        )
+        self.meter = EnergyMeter(self.state, tdp, self.node_site, tariffs, e.pue, cloud_sites)
+        self.tariff_of = tariffs
+        self.heat: HeatMap | None = None
+        th = e.thermal
+        if th.aware or th.hot_nodes or e.tariff is not None:
+            inlet = np.full(self.state.node_count, th.inlet_c)
+            for mask in self.pool_nodes.values():  # hot aisle: the last nodes of each pool
+                idx = np.flatnonzero(mask)
+                if th.hot_nodes:
+                    inlet[idx[-th.hot_nodes :]] = th.hot_inlet_c
+            model = ThermalModel.calibrated()
+            temps = np.repeat(inlet[:, None], self.state.gpu_left.shape[1], axis=1).astype(float)
+            self.heat = HeatMap(model, inlet, th.threshold_c, temps)
+            if th.aware:
+                self.placement = CoolestFirstPolicy(self.heat.temps_c)
+                self.engine.policy = self.placement
+        self.deferred: set[str] = set()
+        self._deferral_known: set[str] = set()
+        self.deferral_due = 0.0
+        self.caps: dict[tuple[int, int], SetPowerCap] = {}
+        """The power command each card carries out now (absent: the card's defaults)."""
+        self.cap_commands = 0
 
     # ---- helpers ------------------------------------------------------------------------
-    def gpu_type_of(self, job: JobSpec) -> str:
+    def options_for(
+        self, job: JobSpec, service: ServiceSpec | None = None
+    ) -> tuple[PoolOption, ...]:
+        """Every pool the job may run on, with its GPU count and run time there."""
+        request = self.sized.get(job.job_id)
+        sized: dict[str, tuple[int, float | None]] = {}
+        if request is not None:
+            types = sorted({p.gpu_type for p in self.cfg.pools if p.gpu_type in self.catalog})
+            for name, opt in sized_options(request, self.catalog, types).items():
+                if opt.fits and opt.run_s is not None:
+                    sized[name] = (opt.count, opt.run_s)
+        out = []
         for pool in self.cfg.pools:
-            if job.allows_model(pool.gpu_type):
-                return pool.gpu_type
-        raise SpecError(f"job {job.job_id} allows {sorted(job.gpu_models)}; no such pool")
+            if request is not None:
+                if pool.gpu_type not in sized:
+                    continue
+                count, duration = sized[pool.gpu_type]
+            elif job.allows_model(pool.gpu_type):
+                count, duration = job.gpu_count, job.duration_s
+            else:
+                continue
+            if count > pool.nodes * pool.gpus_per_node:
+                continue
+            out.append(
+                PoolOption(
+                    pool.key, pool.gpu_type, pool.site, count, duration, self.pool_price[pool.key]
+                )
+            )
+        if self.cfg.placement.gpu_type == "first" and request is None and self.topology is None:
+            return tuple(out[:1])
+        return tuple(out)
+
+    def pool_loads(self) -> dict[str, PoolLoad]:
+        out = {}
+        for key, mask in self.pool_nodes.items():
+            free = int(self.state.whole_free[mask].sum())
+            gpus = int(self.state.gpu_count[mask].sum())
+            out[key] = PoolLoad(free, self._drain_s(key, gpus))
+        return out
+
+    def _drain_s(self, pool: str, gpus: int) -> float:
+        if gpus == 0:
+            return math.inf
+        work = 0.0
+        for r in self.running.values():
+            if r.gpu_type == pool and r.spec.duration_s is not None:
+                work += r.spec.gpu_count * max(0.0, r.spec.duration_s - r.done_s)
+        for _, job_id in (e for q in self.queues.values() for e in q):
+            r = self.runs[job_id]
+            if r.gpu_type == pool and r.spec.duration_s is not None:
+                work += r.spec.gpu_count * (r.spec.duration_s - r.done_s)
+        return work / gpus
+
+    def choose(self, run: Run, loads: dict[str, PoolLoad], now: float) -> PoolOption | None:
+        options = run.options
+        svc = self.services.get(run.service) if run.service is not None else None
+        if self.topology is not None:
+            choice, decision = choose_across_sites(
+                run.spec,
+                options,
+                loads,
+                self.topology,
+                now,
+                self.cfg.placement.site == "locality-aware",
+                svc.user_region if svc is not None else None,
+                svc.latency_bound_ms if svc is not None else None,
+                self.cfg.placement.value_of_time_usd_per_h,
+            )
+            if (
+                choice is not None
+                and choice.rejected_remote
+                and run.spec.job_id not in self.rejected_remote
+            ):
+                self.rejected_remote.add(run.spec.job_id)
+                refused = "; ".join(f"{site}: {why}" for site, why in decision.rejected)
+                self.engine.note(run.spec.job_id, now, f"remote refused ({refused})")
+            if choice is None:
+                return None
+            return choice.option
+        if len(options) == 1 or self.cfg.placement.gpu_type == "first":
+            return choose_first(options).option
+        if self.cfg.placement.gpu_type == "blind":
+            return choose_blind(options, loads).option
+        return choose_cost_aware(
+            run.spec, options, loads, now, self.cfg.placement.value_of_time_usd_per_h
+        ).option
+
+    def retarget(self, run: Run, option: PoolOption) -> None:
+        """Point a waiting job at a pool: its GPU count and work become that pool's."""
+        if run.gpu_type == option.pool and run.spec.gpu_count == option.gpu_count:
+            return
+        queued = run.state in (JobState.PENDING, JobState.SUSPENDED) and run.gpu_type
+        if queued:
+            self.dequeue(run)
+        run.spec = replace(
+            run.spec,
+            gpu_count=option.gpu_count,
+            duration_s=option.duration_s,
+            gpu_models=frozenset({option.gpu_type}),
+        )
+        run.gpu_type = option.pool
+        self.dirty = True
+        if queued:
+            self.enqueue(run)
+
+    def rechoose(self, now: float) -> None:
+        """Each cycle, waiting jobs that never ran follow capacity to their best pool."""
+        movable = [
+            r
+            for r in self.active.values()
+            if len(r.options) > 1 and r.state is JobState.PENDING and r.first_start_s is None
+        ]
+        if not movable:
+            return
+        loads = self.pool_loads()
+        movable.sort(key=lambda r: (r.ready_s, r.spec.job_id))
+        for r in movable[: self.queue_depth * 8]:
+            option = self.choose(r, loads, now)
+            if option is None:
+                continue
+            self.retarget(r, option)
+            load = loads[option.pool]
+            if option.gpu_count <= load.free_gpus:
+                loads[option.pool] = PoolLoad(load.free_gpus - option.gpu_count, load.drain_s)
+            else:
+                gpus = max(1, int(self.state.gpu_count[self.pool_nodes[option.pool]].sum()))
+                extra = option.gpu_count * (option.duration_s or 0.0) / gpus
+                loads[option.pool] = PoolLoad(load.free_gpus, load.drain_s + extra)
 
     def write_s(self, job: JobSpec) -> float:
         return self.cfg.checkpoint.write_s(job.state_gib_per_gpu)
 
     def submit(self, job: JobSpec, now: float, service: str | None = None) -> None:
-        gpu_type = self.gpu_type_of(job)
-        run = Run(job, gpu_type, ready_s=job.submit_s if service is None else now, service=service)
+        run = Run(job, "", ready_s=job.submit_s if service is None else now, service=service)
         self.runs[job.job_id] = run
         self.active[job.job_id] = run
         self.dirty = True
         if service is not None:
             self.replicas[service][job.job_id] = run
-        room = self.pool_gpus[gpu_type]
-        if self.team_nodes is not None:
-            island = self.team_nodes[job.team] & self.pool_nodes[gpu_type]
-            room = int(self.state.gpu_count[island].sum())
-        if job.gpu_count > room:
+        run.options = self.options_for(job)
+        option = None
+        if run.options:
+            option = (
+                self.choose(run, self.pool_loads(), now) if len(run.options) > 1 else run.options[0]
+            )
+        room = 0
+        if option is not None:
+            self.retarget(run, option)
+            room = self.pool_gpus[option.pool]
+            if self.team_nodes is not None:
+                island = self.team_nodes[job.team] & self.pool_nodes[option.pool]
+                room = int(self.state.gpu_count[island].sum())
+        if option is None or run.spec.gpu_count > room:
+            why = (
+                f"needs {run.spec.gpu_count} GPUs, at most {room} usable"
+                if option is not None
+                else self._unplaceable_reason(job, run)
+            )
             run.state = check_transition(job.job_id, run.state, JobState.UNPLACEABLE)
-            run.end_s, run.end_reason = now, f"needs {job.gpu_count} GPUs, at most {room} usable"
+            run.end_s, run.end_reason = now, why
             self.engine.note(job.job_id, now, "unplaceable")
             del self.active[job.job_id]
+            if service is not None:
+                self.replicas[service].pop(job.job_id, None)
             return
         self.enqueue(run)
+
+    def _unplaceable_reason(self, job: JobSpec, run: Run) -> str:
+        if job.job_id in self.sized:
+            return "its model fits no GPU type of this cluster within the GPU counts tried"
+        if not run.options:
+            return f"allows {sorted(job.gpu_models)}; no such pool"
+        return "no site meets its latency bound"
 
     def enqueue(self, run: Run) -> None:
         bisect.insort(
@@ -264,7 +552,17 @@ class ScenarioSim:
         )
         if run.first_start_s is None:
             run.first_start_s = now
+            run.transfer_s = self.transfer_s(run)
+            run.overhead_s += run.transfer_s
         return True
+
+    def transfer_s(self, run: Run) -> float:
+        """Moving the job's dataset to the site it starts at, with its GPUs held."""
+        job = run.spec
+        if self.topology is None or job.dataset is None or job.dataset_gb <= 0:
+            return 0.0
+        site = self.cfg.pool(run.gpu_type).site
+        return self.topology.transfer_s(job.dataset, site, job.dataset_gb)
 
     def usage(self, team: str, gpu_type: str) -> int:
         return self.held.get((team, gpu_type), 0)
@@ -346,8 +644,8 @@ class ScenarioSim:
     def speed_of(self, run: Run) -> float:
         placement = self.state.placements.get(run.spec.job_id)
         if placement is None or run.spec.gpu_milli == MILLI_PER_GPU:
-            return 1.0  # a whole GPU is never shared
-        speed = 1.0
+            return run.cap_speed  # a whole GPU is never shared
+        speed = run.cap_speed
         for share in placement.shares:
             for g in share.gpus:
                 sharers = int(
@@ -366,11 +664,13 @@ class ScenarioSim:
             run.overhead_s -= use
             t += use
         if t >= b or run.spec.duration_s is None:
+            self.charge(run, a, t - a, b - t)
             self.account(run, a, b)
             return None
         span = b - t
         need = (run.spec.duration_s - run.done_s) / run.speed
         step = min(span, need)
+        self.charge(run, a, t - a, step)
         run.done_s += step * run.speed
         run.run_time_s += step
         run.since_snapshot_s += step
@@ -383,6 +683,24 @@ class ScenarioSim:
             return t + need
         self.account(run, a, b)
         return None
+
+    def charge(self, run: Run, t: float, idle_s: float, busy_s: float) -> None:
+        placement = self.state.placements.get(run.spec.job_id)
+        if placement is None:
+            return
+        share = run.spec.gpu_milli / MILLI_PER_GPU
+        for part in placement.shares:
+            self.meter.charge_job(
+                run.spec.job_id,
+                run.spec.team,
+                part.node,
+                len(part.gpus) * share,
+                run.spec.kind,
+                run.cap_frac,
+                t,
+                idle_s,
+                busy_s,
+            )
 
     def account(self, run: Run, a: float, b: float) -> None:
         run.held_s += max(0.0, b - a)
@@ -453,10 +771,17 @@ class ScenarioSim:
                 ready = max(0.0, dt - r.overhead_s) if r.run_started_s >= now - 1e-9 else dt
                 neighbours = self.neighbour_kinds(r)
                 p99 = svc.base_p99_ms * self.cfg.colocation.online_p99_factor(neighbours)
+                p99 += self.network_ms(svc, r)
                 if p99 > svc.slo_p99_ms:
                     continue
                 capacity += svc.replica_rps * r.speed * ready
             stats.ok += min(load * dt, capacity)
+
+    def network_ms(self, svc: ServiceSpec, run: Run) -> float:
+        """Round trip from the service's users to the site a replica runs at."""
+        if self.topology is None or svc.user_region is None:
+            return 0.0
+        return self.topology.latency_ms(svc.user_region, self.cfg.pool(run.gpu_type).site)
 
     def node_free(self, run: Run) -> int:
         placement = self.state.placements.get(run.spec.job_id)
@@ -539,10 +864,17 @@ class ScenarioSim:
             if window is not self._window:
                 self._window, self.window_since = window, now
                 self.dirty = True
+            if self.cloud is not None:
+                self.burst_tick(now)
             self.autoscale(now)
+            self.rechoose(now)
+            if cfg.energy.price_aware:
+                self.defer(now)
             if self.dirty:
                 self.dirty = False
                 self.apply(self.policy.plan(self.view(now)), now)
+            if cfg.energy.power_capping or cfg.energy.thermal.aware:
+                self.set_power_caps(now)
             for r in self.running.values():
                 if r.state is JobState.RUNNING and r.spec.gpu_milli < MILLI_PER_GPU:
                     r.speed = self.speed_of(r)
@@ -550,6 +882,7 @@ class ScenarioSim:
             owed = self.owed_starts(now)
             self.step(now, self.cycle_end)
             self.check_guarantees(owed, now, self.cycle_end)
+            self.meter_tick(now, self.cycle_end - now)
             usage: dict[str, float] = defaultdict(float)
             for r in self.running.values():
                 usage[r.spec.team] += r.spec.gpu_count
@@ -574,6 +907,262 @@ class ScenarioSim:
             if r.state not in TERMINAL:
                 self.finish(r, end, JobState.CANCELLED, "submitted after the scenario ended")
 
+    # ---- energy, heat, clouds -----------------------------------------------------------------
+    def up_nodes(self) -> BoolArray:
+        if self.cloud is None:
+            return np.ones(self.state.node_count, dtype=np.bool_)
+        return self.cloud.up_mask(self.state.node_count)
+
+    def meter_tick(self, now: float, dt: float) -> None:
+        """Idle draw of what nobody holds, and the cards' temperatures, over one cycle.
+        Charged from the state at the cycle's end: jobs that finished within it leave their
+        GPUs idle for the whole cycle (a cycle at most of idle power, per job)."""
+        up = self.up_nodes()
+        self.meter.charge_idle(now, dt, up)
+        if self.heat is None:
+            return
+        tdp = self.meter.tdp_w
+        idle_w = self.meter.power.gpu_power_w(1.0, Load.IDLE)
+        real = self.state.gpu_left >= 0
+        power = np.where(real & up[:, None], idle_w * tdp[:, None], 0.0)
+        for r in self.running.values():
+            if r.state is not JobState.RUNNING:
+                continue
+            placement = self.state.placements.get(r.spec.job_id)
+            if placement is None:
+                continue
+            share = r.spec.gpu_milli / MILLI_PER_GPU
+            for part in placement.shares:
+                extra = self.meter.job_power_w(part.node, r.spec.kind, r.cap_frac)
+                extra -= idle_w * tdp[part.node]
+                for g in part.gpus:
+                    power[part.node, g] += share * extra
+        idle = real & up[:, None] & (self.state.gpu_left == MILLI_PER_GPU)
+        self.heat.step(power, dt, idle, self.state.model_id)
+        if isinstance(self.placement, CoolestFirstPolicy):
+            self.placement.temps_c = self.heat.temps_c
+
+    def burst_tick(self, now: float) -> None:
+        assert self.cloud is not None
+        onprem = np.ones(self.state.node_count, dtype=np.bool_)
+        onprem[list(self.cloud.nodes)] = False
+        gpus = int(self.state.gpu_count[onprem].sum())
+        free = int(self.state.whole_free[onprem].sum())
+        util = (gpus - free) / gpus if gpus else 0.0
+        cloud_pools = set(self.cloud.pool_of.values())
+        waiting = sum(
+            r.spec.gpu_count
+            for r in self.active.values()
+            if r.state in (JobState.PENDING, JobState.SUSPENDED)
+            and r.gpu_type not in cloud_pools
+            and r.spec.job_id not in self.deferred
+        )
+        pending = max(0, waiting - free)
+        events = self.cloud.tick(now, self.cfg.cycle_s, self.state, self.pool_nodes, util, pending)
+        for ev in events:
+            self.engine.note(
+                f"cloud-{ev.action}", now, f"{ev.action} {ev.nodes} node(s): {ev.reason}"
+            )
+            self.dirty = True
+
+    def defer(self, now: float) -> None:
+        """Hold deadline-bound work for cheaper hours (energy.price_aware), re-planned at
+        each slot boundary or when the deferrable set changes."""
+        e = self.cfg.energy
+        kinds = (JobKind.TRAINING, JobKind.OFFLINE, JobKind.BATCH)
+        waiting = [
+            r
+            for r in self.active.values()
+            if r.state in (JobState.PENDING, JobState.SUSPENDED)
+            and r.spec.deadline_s is not None
+            and r.spec.kind in kinds
+        ]
+        ids = {r.spec.job_id for r in waiting}
+        if now < self.deferral_due and ids <= self.deferred | self._deferral_known:
+            self.deferred &= ids
+            return
+        self.deferral_due = (now // e.deferral_slot_s + 1) * e.deferral_slot_s
+        self._deferral_known = ids
+        before = set(self.deferred)
+        self.deferred = set()
+        by_pool: dict[str, list[Run]] = defaultdict(list)
+        for r in waiting:
+            by_pool[r.gpu_type].append(r)
+        for pool, runs in by_pool.items():
+            tariff = self.tariff_of.get(self.site_of(pool))
+            if tariff is None:
+                continue
+            capacity = int(self.state.gpu_count[self.pool_nodes[pool]].sum())
+            busy: list[tuple[int, float]] = []
+            for r in self.running.values():
+                if r.gpu_type == pool:
+                    left = ((r.spec.duration_s or 0.0) - r.done_s) / max(r.speed, 1e-9)
+                    busy.append((r.spec.gpu_count, now + left + r.overhead_s))
+            for r in self.active.values():  # waiting work that is not deferrable runs first
+                if (
+                    r.gpu_type == pool
+                    and r.state in (JobState.PENDING, JobState.SUSPENDED)
+                    and r.spec.job_id not in ids
+                ):
+                    busy.append((r.spec.gpu_count, now + (r.spec.duration_s or 0.0)))
+            waits: dict[int, float] = {}
+            width = self.state.max_gpus_per_node
+            longest = max(
+                (r.spec.duration_s or 0.0 for r in self.running.values() if r.gpu_type == pool),
+                default=0.0,
+            )
+            for r in runs:
+                if r.spec.gpu_count not in waits:
+                    wait = self.fit_wait_s(pool, r.spec.gpu_count, now)
+                    if r.spec.gpu_count >= width:
+                        wait = max(wait, longest)
+                    waits[r.spec.gpu_count] = wait
+            # A job's run counts the wait for GPUs of its shape, so that it is forced early
+            # enough to get them by its latest start. A job that needs whole nodes may have
+            # to wait for a node to drain whatever starts before it: the longest job
+            # running there bounds that wait (forced jobs start before any other).
+            jobs = [
+                DeferrableJob(
+                    r.spec.job_id,
+                    r.spec.gpu_count,
+                    ((r.spec.duration_s or 0.0) - r.done_s)
+                    + self.restart_s(r)
+                    + waits[r.spec.gpu_count],
+                    r.ready_s,
+                    float(r.spec.deadline_s or 0.0),
+                )
+                for r in runs
+            ]
+            plan = plan_starts(
+                now,
+                jobs,
+                capacity,
+                busy,
+                tariff.price_at,
+                slot_s=e.deferral_slot_s,
+                margin_s=e.deferral_margin_s,
+            )
+            held = {r.spec.job_id for r in runs} - set(plan.start_now)
+            if plan.forced:
+                # Jobs out of slack go first: what merely got cheap waits until they run,
+                # so a job moved for price never loses its GPUs to one that could wait.
+                held |= set(plan.start_now) - set(plan.forced)
+            self.deferred |= held
+        if self.deferred != before:
+            self.dirty = True
+
+    def fit_wait_s(self, pool: str, gpus: int, now: float) -> float:
+        """How long until running work frees GPUs of this shape in the pool: `gpus` on one
+        node, or that many whole nodes for a wider job (from the running jobs' ends)."""
+        ends: dict[int, list[tuple[float, int]]] = defaultdict(list)
+        for r in self.running.values():
+            placement = self.state.placements.get(r.spec.job_id)
+            if r.gpu_type != pool or placement is None:
+                continue
+            left = ((r.spec.duration_s or 0.0) - r.done_s) / max(r.speed, 1e-9) + r.overhead_s
+            if r.vacate_at is not None:
+                left = r.vacate_at - now
+            for part in placement.shares:
+                ends[part.node].append((max(0.0, left), len(part.gpus)))
+        width = self.state.max_gpus_per_node
+        need, nodes_needed = (gpus, 1) if gpus <= width else (width, math.ceil(gpus / width))
+        times = []
+        for n in np.flatnonzero(self.pool_nodes[pool]).tolist():
+            free = int(self.state.whole_free[n])
+            if int(self.state.gpu_count[n]) < need:
+                continue
+            t = 0.0
+            for end, count in sorted(ends.get(n, [])):
+                if free >= need:
+                    break
+                free += count
+                t = end
+            times.append(t)
+        times.sort()
+        return times[nodes_needed - 1] if len(times) >= nodes_needed else 0.0
+
+    def restart_s(self, run: Run) -> float:
+        if run.state is JobState.SUSPENDED:
+            return self.cfg.checkpoint.resume_s(run.spec.state_gib_per_gpu)
+        return self.cfg.checkpoint.process_start_s + self.transfer_s(run)
+
+    def set_power_caps(self, now: float) -> None:
+        """The core's SetPowerCap plan, carried out on the simulated cards."""
+        e = self.cfg.energy
+        jobs = []
+        for r in self.running.values():
+            if r.state is not JobState.RUNNING:
+                continue
+            placement = self.state.placements.get(r.spec.job_id)
+            if placement is None:
+                continue
+            gpus = tuple((p.node, g) for p in placement.shares for g in p.gpus)
+            left = ((r.spec.duration_s or 0.0) - r.done_s) / max(r.speed, 1e-9) * r.cap_speed
+            jobs.append(
+                CapJob(
+                    r.spec.job_id,
+                    r.spec.kind,
+                    gpus,
+                    float(self.meter.tdp_w[gpus[0][0]]) if gpus else 0.0,
+                    r.spec.deadline_s,
+                    left + r.overhead_s,
+                )
+            )
+        site_price = {}
+        for site, tariff in self.tariff_of.items():
+            site_price[site] = (
+                (tariff.price_at(now), tariff.mean_price()) if tariff is not None else None
+            )
+        hot: dict[tuple[int, int], float] = {}
+        if e.thermal.aware and self.heat is not None:
+            # A card is capped when it runs hot or would settle above the threshold at its
+            # job's power: to the power whose steady temperature sits 2 C under it.
+            model, limit_c = self.heat.model, e.thermal.threshold_c - 2.0
+            for job in jobs:
+                for n, g in job.gpus:
+                    inlet = float(self.heat.inlet_c[n])
+                    draw = self.meter.job_power_w(n, job.kind, None)
+                    if (
+                        self.heat.temps_c[n, g] > limit_c
+                        or inlet + draw * model.r_c_per_w > limit_c
+                    ):
+                        hot[(n, g)] = max(0.0, (limit_c - inlet) / model.r_c_per_w)
+        commands = plan_power_caps(
+            jobs,
+            now,
+            {n: site_price.get(self.node_site[n]) for n in range(self.state.node_count)},
+            hot,
+            price_capping=e.power_capping,
+        )
+        held = {(c.node, c.gpu) for c in commands}
+        for key in [k for k in self.caps if k not in held]:  # cards whose job left: reset
+            del self.caps[key]
+            self.cap_commands += 1
+        for c in commands:
+            key = (c.node, c.gpu)
+            if c.is_reset:
+                if self.caps.pop(key, None) is not None:
+                    self.cap_commands += 1
+            elif self.caps.get(key) != c:
+                self.caps[key] = c
+                self.cap_commands += 1
+        for r in self.running.values():
+            placement = self.state.placements.get(r.spec.job_id)
+            if r.state is not JobState.RUNNING or placement is None:
+                continue
+            load = load_of(r.spec.kind)
+            tdp = float(self.meter.tdp_w[placement.shares[0].node])
+            fracs = [
+                cap_fraction(cmd, load, tdp)
+                for cmd in (self.caps.get((p.node, g)) for p in placement.shares for g in p.gpus)
+                if cmd is not None
+            ]
+            frac = min((f for f in fracs if f is not None), default=None)
+            if frac != r.cap_frac:
+                r.cap_frac = frac
+                r.cap_speed = 1.0 if frac is None else speed_at(load, frac)
+                r.speed = self.speed_of(r)
+
     def step(self, now: float, end: float) -> None:
         events: list[tuple[float, int, str]] = []
         for job_id, r in list(self.running.items()):
@@ -582,7 +1171,9 @@ class ScenarioSim:
                 if done is not None:
                     events.append((done, 1, job_id))
             elif r.state is JobState.PREEMPTING:
-                self.account(r, now, end if r.vacate_at is None else min(end, r.vacate_at))
+                upto = end if r.vacate_at is None else min(end, r.vacate_at)
+                self.charge(r, now, max(0.0, upto - now), 0.0)
+                self.account(r, now, upto)
         while self.vacates and self.vacates[0][0] <= end:
             at, job_id = heapq.heappop(self.vacates)
             events.append((at, 0, job_id))
@@ -599,7 +1190,10 @@ class ScenarioSim:
         queue headed by big borrowing jobs cannot hide what the team is owed."""
         out: list[Run] = []
         depth = self.queue_depth
+        deferred = self.deferred
         for team, queue in self.queues.items():
+            if deferred:
+                queue = [e for e in queue if e[1] not in deferred]
             head = [self.runs[job_id] for _, job_id in queue[:depth]]
             out += head
             extra = 0
@@ -650,6 +1244,7 @@ class ScenarioSim:
             reserve=self.reserve,
             rules=self.cfg.preemption,
             rng=self.rng,
+            placement=self.placement,
         )
 
     def apply(self, commands: list[Start | Preempt | Claim], now: float) -> None:
@@ -724,7 +1319,9 @@ class ScenarioSim:
             }
             teams[team] = entry
         ended = {s: sum(1 for r in jobs if r.state is s) for s in JobState}
-        return {
+        for team in teams:
+            teams[team].update(self.meter.teams[team].rounded())
+        return self.resource_summary(jobs) | {
             "scenario": cfg.name,
             "mode": cfg.mode,
             "policy": cfg.policy,
@@ -757,6 +1354,113 @@ class ScenarioSim:
             "end_reasons": dict(sorted(_count(r.end_reason for r in jobs).items())),
             "wall_s": round(wall_s, 2),
         }
+
+    def site_of(self, pool: str) -> str:
+        return self.cfg.pool(pool).site or self.cfg.name
+
+    def run_cost_usd(self, run: Run) -> float:
+        """What the GPU time costs where it ran; cloud time is billed per node instead."""
+        if not run.gpu_type or (
+            self.cloud is not None and run.gpu_type in self.cloud.pool_of.values()
+        ):
+            return 0.0
+        return run.gpu_s * self.pool_price.get(run.gpu_type, 0.0) / 3600.0
+
+    def missed_deadline(self, run: Run) -> bool:
+        deadline = run.spec.deadline_s
+        if deadline is None:
+            return False
+        if run.state is JobState.FINISHED and run.end_s is not None:
+            return run.end_s > deadline + 1e-6
+        return deadline < self.cfg.horizon_s
+
+    def resource_summary(self, jobs: list[Run]) -> dict[str, Any]:
+        """Cost, energy, deadlines, clouds and heat: the keys of the right-sizing issue."""
+        total = self.meter.total()
+        finished = [r for r in jobs if r.state is JobState.FINISHED and r.end_s is not None]
+        jct = [r.end_s - r.spec.submit_s for r in finished if r.end_s is not None]
+        cloud_usd = self.cloud.billed_usd if self.cloud is not None else 0.0
+        events = self.cloud.events if self.cloud is not None else []
+        currencies = sorted({t.currency for t in self.tariff_of.values() if t is not None})
+        clusters: dict[str, Any] = {}
+        for site in sorted(set(self.node_site)):
+            entry: dict[str, Any] = self.meter.sites[site].rounded()
+            entry["idle_energy_kwh"] = round(self.meter.idle[site].energy_kwh, 2)
+            held = [
+                r for r in self.runs.values() if r.gpu_type and self.site_of(r.gpu_type) == site
+            ]
+            entry["gpu_hours"] = round(sum(r.gpu_s for r in held) / 3600, 1)
+            clusters[site] = entry
+        by_type: dict[str, float] = defaultdict(float)
+        for r in self.runs.values():
+            if r.gpu_type:
+                by_type[self.cfg.pool(r.gpu_type).gpu_type] += r.gpu_s / 3600
+        out: dict[str, Any] = {
+            "cost_usd": round(sum(self.run_cost_usd(r) for r in self.runs.values()) + cloud_usd, 2),
+            "cloud_cost_usd": round(cloud_usd, 2),
+            "energy_kwh": round(total.energy_kwh, 2),
+            "electricity_cost": round(total.electricity_cost, 2),
+            "electricity_currency": currencies[0] if len(currencies) == 1 else ",".join(currencies),
+            "carbon_kg": round(total.carbon_kg, 2)
+            if any(t is not None and t.carbon_g_per_kwh for t in self.tariff_of.values())
+            else None,
+            "deadline_misses": sum(1 for r in jobs if self.missed_deadline(r)),
+            "jobs_with_deadline": sum(1 for r in jobs if r.spec.deadline_s is not None),
+            "avg_jct_s": round(float(np.mean(jct)), 1) if jct else None,
+            "bursts": sum(1 for e in events if e.action == "burst"),
+            "reclaims": sum(1 for e in events if e.action == "reclaim"),
+            "burst_log": [
+                {
+                    "t_h": round(e.t_s / 3600, 3),
+                    "action": e.action,
+                    "nodes": e.nodes,
+                    "reason": e.reason,
+                }
+                for e in events
+            ],
+            "rejected_remote_placements": len(self.rejected_remote),
+            "transfer_hours": round(sum(r.transfer_s for r in jobs) / 3600, 2),
+            "gpu_hours_by_type": {k: round(v, 1) for k, v in sorted(by_type.items())},
+            "power_cap_commands": self.cap_commands,
+            "clusters": clusters,
+        }
+        if self.heat is not None:
+            out["thermal"] = {
+                "max_temp_c": round(self.heat.max_c, 1),
+                "gpu_hours_above_threshold": round(self.heat.above_s / 3600, 2),
+                "gpu_hours_hot_while_cooler_idle": round(self.heat.hot_while_cool_idle_s / 3600, 2),
+            }
+        return out
+
+    def job_rows(self) -> list[dict[str, Any]]:
+        """Per job: where it ran, when, and its energy, electricity cost and carbon."""
+        rows = []
+        for job_id in sorted(self.runs):
+            r = self.runs[job_id]
+            if r.service is not None:
+                continue
+            ledger = self.meter.jobs.get(job_id)
+            rows.append(
+                {
+                    "job_id": job_id,
+                    "team": r.spec.team,
+                    "kind": r.spec.kind.value,
+                    "pool": r.gpu_type,
+                    "gpus": r.spec.gpu_count,
+                    "state": r.state.value,
+                    "submit_s": r.spec.submit_s,
+                    "start_s": r.first_start_s,
+                    "end_s": r.end_s,
+                    "deadline_s": r.spec.deadline_s,
+                    "transfer_s": round(r.transfer_s, 1),
+                    "gpu_hours": round(r.gpu_s / 3600, 3),
+                    "cost_usd": round(self.run_cost_usd(r), 3),
+                    "energy_kwh": round(ledger.energy_kwh, 3) if ledger else 0.0,
+                    "electricity_cost": round(ledger.electricity_cost, 3) if ledger else 0.0,
+                    "carbon_kg": round(ledger.carbon_kg, 3) if ledger else 0.0,
+                }
+            )
+        return rows
 
     def online_job_slo(self, online: list[Run]) -> float | None:
         """Online jobs (tagged services in a job trace): share of their life spent deployed
@@ -804,4 +1508,5 @@ def run_scenario(
         node_names=tuple(n.name for n in sim.cluster.nodes),
         wall_s=wall,
         utilization_by_hour=[round(g / (gpus * 3600), 4) for g in sim.hour_gpu_s],
+        jobs=sim.job_rows(),
     )

@@ -15,9 +15,14 @@ import yaml
 from gpupool.core.calibration import CheckpointModel, ColocationModel
 from gpupool.core.quota import QuotaWindow, TeamQuota, clock_s
 from gpupool.errors import NotFoundError, SpecError
+from gpupool.federation import TOPOLOGY_KEYS
 from gpupool.policies.cycle import CYCLE_POLICIES, PreemptionRules
 
 MODES = ("pool", "static")
+
+
+TYPE_CHOICES = ("first", "blind", "cost-aware")
+SITE_CHOICES = ("blind", "locality-aware")
 
 
 @dataclass(frozen=True)
@@ -27,6 +32,55 @@ class PoolSpec:
     gpus_per_node: int
     cpu_milli: int = 256_000
     mem_mib: int = 2_097_152
+    site: str = ""
+    """The cluster (federation site) the nodes belong to; empty: the scenario's only one."""
+    price_usd_per_gpu_hour: float | None = None
+    """What a GPU-hour here costs; None: the catalogue price of the GPU type."""
+
+    @property
+    def key(self) -> str:
+        """The pool's name in queues and quotas: the GPU type, or site/type with sites."""
+        return f"{self.site}/{self.gpu_type}" if self.site else self.gpu_type
+
+
+@dataclass(frozen=True)
+class PlacementConfig:
+    """How a job that could run on several pools gets one.
+
+    gpu_type: `first` (the first pool the job allows: one GPU type per job), `blind` (the
+    pool with the most free GPUs, types treated alike) or `cost-aware` (the cheapest pool
+    for the job's work that meets its deadline). site: `blind` (most free GPUs anywhere)
+    or `locality-aware` (data transfer, queueing, latency and cost, see federation)."""
+
+    gpu_type: str = "first"
+    site: str = "blind"
+    value_of_time_usd_per_h: float = 0.0
+    """What an hour of a job's completion time is worth when it has no deadline."""
+
+
+@dataclass(frozen=True)
+class ThermalConfig:
+    aware: bool = False
+    threshold_c: float = 83.0
+    inlet_c: float = 30.0
+    hot_nodes: int = 0
+    """How many nodes (the last of each pool) sit in a hot aisle."""
+    hot_inlet_c: float = 40.0
+
+
+@dataclass(frozen=True)
+class EnergyConfig:
+    tariff: str | None = None
+    """A shipped tariff name or a YAML file; None: no electricity price."""
+    site_tariffs: Mapping[str, str] = field(default_factory=dict)
+    pue: float = 1.5
+    """Facility overhead (facts.md §4.3: 1.5 generic/colocation, 1.1-1.2 hyperscale)."""
+    price_aware: bool = False
+    """Defer deadline-bound work to cheap hours (never past its deadline)."""
+    power_capping: bool = False
+    deferral_slot_s: float = 900.0
+    deferral_margin_s: float = 3600.0
+    thermal: ThermalConfig = field(default_factory=ThermalConfig)
 
 
 @dataclass(frozen=True)
@@ -51,7 +105,20 @@ class ScenarioConfig:
     preemption: PreemptionRules = field(default_factory=PreemptionRules)
     checkpoint: CheckpointModel = field(default_factory=CheckpointModel.calibrated)
     colocation: ColocationModel = field(default_factory=ColocationModel.calibrated)
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
+    energy: EnergyConfig = field(default_factory=EnergyConfig)
+    catalog: str | None = None
+    """An operator's GPU catalogue file overriding or extending the shipped one."""
+    federation: Mapping[str, Any] | None = None
+    """Sites, data locations and links (gpupool.federation.parse_topology)."""
+    burst: Mapping[str, Any] | None = None
     path: str = ""
+
+    def pool(self, key: str) -> PoolSpec:
+        for p in self.pools:
+            if p.key == key:
+                return p
+        raise SpecError(f"{self.path}: no pool {key!r}")
 
 
 TOP_KEYS = {
@@ -72,6 +139,11 @@ TOP_KEYS = {
     "preemption",
     "queue_depth",
     "checkpoint",
+    "placement",
+    "energy",
+    "catalog",
+    "federation",
+    "burst",
 }
 
 
@@ -138,10 +210,21 @@ def parse_scenario(raw: Any, path: str = "<scenario>") -> ScenarioConfig:
         raise r.fail("cluster", "expected a list of pools")
     for k, item in enumerate(top["cluster"]):
         m = r.mapping(
-            item, f"cluster[{k}]", {"gpu_type", "nodes", "gpus_per_node", "cpu_milli", "mem_mib"}
+            item,
+            f"cluster[{k}]",
+            {
+                "gpu_type",
+                "nodes",
+                "gpus_per_node",
+                "cpu_milli",
+                "mem_mib",
+                "site",
+                "price_usd_per_gpu_hour",
+            },
         )
         if "gpu_type" not in m:
             raise r.fail(f"cluster[{k}]", "missing gpu_type")
+        price = m.get("price_usd_per_gpu_hour")
         pools.append(
             PoolSpec(
                 str(m["gpu_type"]),
@@ -149,10 +232,14 @@ def parse_scenario(raw: Any, path: str = "<scenario>") -> ScenarioConfig:
                 r.integer(m.get("gpus_per_node", 8), f"cluster[{k}].gpus_per_node", 1),
                 r.integer(m.get("cpu_milli", 256_000), f"cluster[{k}].cpu_milli"),
                 r.integer(m.get("mem_mib", 2_097_152), f"cluster[{k}].mem_mib"),
+                str(m.get("site", "")),
+                None
+                if price is None
+                else r.number(price, f"cluster[{k}].price_usd_per_gpu_hour", positive=True),
             )
         )
-    if len({pl.gpu_type for pl in pools}) != len(pools):
-        raise r.fail("cluster", "each GPU type may appear once")
+    if len({pl.key for pl in pools}) != len(pools):
+        raise r.fail("cluster", "each GPU type may appear once per site")
     teams = []
     for k, item in enumerate(top["teams"] or []):
         m = r.mapping(item, f"teams[{k}]", {"name", "guaranteed", "max"})
@@ -190,6 +277,28 @@ def parse_scenario(raw: Any, path: str = "<scenario>") -> ScenarioConfig:
     )
     base = CheckpointModel.calibrated()
     auto = r.mapping(top.get("autoscale", {}), "autoscale", {"lookahead_s", "headroom"})
+    placement = _placement(r, top.get("placement", {}))
+    energy = _energy(r, top.get("energy", {}))
+    federation = top.get("federation")
+    if federation is not None:
+        r.mapping(federation, "federation", set(TOPOLOGY_KEYS))
+    if any(p.site for p in pools) and federation is None:
+        raise r.fail("cluster", "pools name sites; describe them under federation: sites:")
+    burst = top.get("burst")
+    if burst is not None:
+        r.mapping(
+            burst,
+            "burst",
+            {
+                "util_threshold",
+                "sustain_min",
+                "pending_gpus",
+                "pending_sustain_min",
+                "reclaim_util",
+                "reclaim_sustain_min",
+                "nodes_per_burst",
+            },
+        )
     workload = top["workload"]
     if not isinstance(workload, Sequence) or not all(isinstance(w, Mapping) for w in workload):
         raise r.fail("workload", "expected a list of generator entries")
@@ -221,5 +330,75 @@ def parse_scenario(raw: Any, path: str = "<scenario>") -> ScenarioConfig:
             ),
             r.number(ck.get("process_start_s", base.process_start_s), "checkpoint.process_start_s"),
         ),
+        placement=placement,
+        energy=energy,
+        catalog=None if top.get("catalog") is None else str(top["catalog"]),
+        federation=federation,
+        burst=burst,
         path=path,
+    )
+
+
+def _flag(r: _Reader, value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise r.fail(where, f"expected true or false, got {value!r}")
+    return value
+
+
+def _placement(r: _Reader, raw: Any) -> PlacementConfig:
+    m = r.mapping(raw or {}, "placement", {"gpu_type", "site", "value_of_time_usd_per_h"})
+    gpu_type = str(m.get("gpu_type", "first"))
+    if gpu_type not in TYPE_CHOICES:
+        raise r.fail("placement.gpu_type", f"{gpu_type!r}; choose one of {', '.join(TYPE_CHOICES)}")
+    site = str(m.get("site", "blind"))
+    if site not in SITE_CHOICES:
+        raise r.fail("placement.site", f"{site!r}; choose one of {', '.join(SITE_CHOICES)}")
+    vot = r.number(m.get("value_of_time_usd_per_h", 0.0), "placement.value_of_time_usd_per_h")
+    return PlacementConfig(gpu_type, site, vot)
+
+
+def _energy(r: _Reader, raw: Any) -> EnergyConfig:
+    m = r.mapping(
+        raw or {},
+        "energy",
+        {
+            "tariff",
+            "site_tariffs",
+            "pue",
+            "price_aware",
+            "power_capping",
+            "deferral_slot_min",
+            "deferral_margin_h",
+            "thermal",
+        },
+    )
+    sites = r.mapping(
+        m.get("site_tariffs", {}), "energy.site_tariffs", set(m.get("site_tariffs") or {})
+    )
+    t = r.mapping(
+        m.get("thermal", {}),
+        "energy.thermal",
+        {"aware", "threshold_c", "inlet_c", "hot_nodes", "hot_inlet_c"},
+    )
+    thermal = ThermalConfig(
+        _flag(r, t.get("aware", False), "energy.thermal.aware"),
+        r.number(t.get("threshold_c", 83.0), "energy.thermal.threshold_c", positive=True),
+        r.number(t.get("inlet_c", 30.0), "energy.thermal.inlet_c", low=-50.0),
+        r.integer(t.get("hot_nodes", 0), "energy.thermal.hot_nodes"),
+        r.number(t.get("hot_inlet_c", 40.0), "energy.thermal.hot_inlet_c", low=-50.0),
+    )
+    pue = r.number(m.get("pue", 1.5), "energy.pue", positive=True)
+    if pue < 1.0:
+        raise r.fail("energy.pue", f"{pue} is below 1; PUE is facility power over IT power")
+    return EnergyConfig(
+        tariff=None if m.get("tariff") is None else str(m["tariff"]),
+        site_tariffs={str(k): str(v) for k, v in sites.items()},
+        pue=pue,
+        price_aware=_flag(r, m.get("price_aware", False), "energy.price_aware"),
+        power_capping=_flag(r, m.get("power_capping", False), "energy.power_capping"),
+        deferral_slot_s=60.0
+        * r.number(m.get("deferral_slot_min", 15), "energy.deferral_slot_min", positive=True),
+        deferral_margin_s=3600.0
+        * r.number(m.get("deferral_margin_h", 1.0), "energy.deferral_margin_h"),
+        thermal=thermal,
     )

@@ -8,10 +8,15 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from gpupool.core.model import MILLI_PER_GPU, JobSpec
 from gpupool.errors import SpecError
+
+if TYPE_CHECKING:
+    from gpupool.sizing.planner import PlanRequest
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +71,9 @@ class ServiceSpec:
     max_replicas: int = 10_000
     gpu_models: frozenset[str] = field(default_factory=frozenset)
     priority: int = 100
+    user_region: str | None = None
+    """Where the service's users are; with latency_bound_ms, limits where replicas go."""
+    latency_bound_ms: float | None = None
 
     def __post_init__(self) -> None:
         if self.replica_rps <= 0:
@@ -80,6 +88,10 @@ class ServiceSpec:
 class Workload:
     jobs: tuple[JobSpec, ...] = ()
     services: tuple[ServiceSpec, ...] = ()
+    sized: Mapping[str, PlanRequest] = field(default_factory=dict)
+    """Jobs given by a model instead of a GPU count: the scheduler sizes them per pool."""
 
     def __add__(self, other: Workload) -> Workload:
-        return Workload(self.jobs + other.jobs, self.services + other.services)
+        return Workload(
+            self.jobs + other.jobs, self.services + other.services, {**self.sized, **other.sized}
+        )
