@@ -42,6 +42,9 @@ class CapRules:
     max_slowdown_compute: float = 0.08
     max_slowdown_memory: float = 0.05
     deadline_margin_s: float = 3600.0
+    min_limit_frac: float = 200.0 / 700.0
+    """The lowest power limit a card accepts, as a fraction of TDP (H200: 200 of 700 W,
+    NVML limit constraints in shared/calibration)."""
 
 
 def plan_power_caps(
@@ -90,8 +93,12 @@ def plan_power_caps(
                     reason = "power dearer than average and the deadline allows it"
         for slot in job.gpus:
             cap, why = limit, reason
-            if slot in hot and job.kind is not JobKind.ONLINE and (cap is None or hot[slot] < cap):
-                cap, why = hot[slot], "running hot" if clock is None else f"{reason}; running hot"
+            if slot in hot and job.kind is not JobKind.ONLINE:
+                # no lower than the card allows: a card too hot to cool by capping stays
+                # at its floor (and shows up in the thermal report)
+                heat_w = max(hot[slot], rules.min_limit_frac * job.tdp_w)
+                if cap is None or heat_w < cap:
+                    cap, why = heat_w, "running hot" if clock is None else f"{reason}; running hot"
             out.append(SetPowerCap(slot[0], slot[1], cap, clock, why))
     return out
 

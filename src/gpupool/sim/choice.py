@@ -115,7 +115,8 @@ def choose_across_sites(
     value_of_time_usd_per_h: float = 0.0,
 ) -> tuple[Choice | None, SiteDecision]:
     """Across sites: the federation's rules (transfer time, local queueing, latency,
-    deadline, cost) when aware, the most free GPUs when blind."""
+    deadline, then completion time, plus cost when value_of_time_usd_per_h > 0) when
+    aware; the most free GPUs when blind."""
     site_options = [
         SiteOption(
             site=o.site,
