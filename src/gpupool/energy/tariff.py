@@ -21,6 +21,7 @@ import yaml
 
 from gpupool.energy.power import DEFAULT_PUE
 from gpupool.errors import NotFoundError, SpecError
+from gpupool.specfile import SpecReader
 
 HOURS_PER_DAY: Final = 24
 DAYS_PER_MONTH: Final = (31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
@@ -190,14 +191,8 @@ _TOP_KEYS: Final = {
 }
 
 
-class _Reader:
+class _Reader(SpecReader):
     """Checks one tariff file; every problem names the file and the key."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-
-    def fail(self, where: str, problem: str) -> SpecError:
-        return SpecError(f"{self.path}: {where}: {problem}")
 
     def number(self, value: Any, where: str) -> float:
         if isinstance(value, bool) or not isinstance(value, int | float):

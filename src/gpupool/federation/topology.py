@@ -17,6 +17,7 @@ from types import MappingProxyType
 from typing import Any
 
 from gpupool.errors import NotFoundError, SpecError
+from gpupool.specfile import SpecReader
 
 SITE_KINDS = ("onprem", "cloud")
 DEFAULT_INTRA_REGION_LATENCY_MS = 1.0
@@ -311,28 +312,8 @@ DATA_KEYS = frozenset({"name", "region"})
 LINK_KEYS = frozenset({"a", "b", "bandwidth_gbps", "latency_ms"})
 
 
-class _Reader:
+class _Reader(SpecReader):
     """Reads one topology section; every complaint names the file and the key."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-
-    def fail(self, where: str, problem: str) -> SpecError:
-        return SpecError(f"{self.path}: {where}: {problem}")
-
-    def mapping(
-        self, value: Any, where: str, allowed: frozenset[str] | set[str]
-    ) -> Mapping[str, Any]:
-        if not isinstance(value, Mapping):
-            raise self.fail(where, "expected a mapping (key: value)")
-        unknown = set(value) - allowed
-        if unknown:
-            raise self.fail(
-                where,
-                f"unknown key(s) {', '.join(sorted(map(str, unknown)))}; "
-                f"allowed: {', '.join(sorted(allowed))}",
-            )
-        return value
 
     def items(self, value: Any, where: str) -> Sequence[Any]:
         if value is None:

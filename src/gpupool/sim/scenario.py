@@ -20,7 +20,7 @@ import heapq
 import math
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,7 @@ import numpy as np
 
 from gpupool.core.engine import DecisionLog, Engine
 from gpupool.core.lifecycle import TERMINAL, JobState, check_transition
-from gpupool.core.model import MILLI_PER_GPU, Cluster, JobKind, JobSpec, Node
+from gpupool.core.model import MILLI_PER_GPU, Cluster, JobKind, JobSpec, Node, Placement
 from gpupool.core.quota import QuotaBook
 from gpupool.core.state import BoolArray, ClusterState
 from gpupool.energy.deferral import DeferrableJob, plan_starts
@@ -913,6 +913,13 @@ class ScenarioSim:
             return np.ones(self.state.node_count, dtype=np.bool_)
         return self.cloud.up_mask(self.state.node_count)
 
+    def working(self) -> Iterator[tuple[Run, Placement]]:
+        """Running jobs (not those writing their checkpoint) with where they run."""
+        for r in self.running.values():
+            placement = self.state.placements.get(r.spec.job_id)
+            if r.state is JobState.RUNNING and placement is not None:
+                yield r, placement
+
     def meter_tick(self, now: float, dt: float) -> None:
         """Idle draw of what nobody holds, and the cards' temperatures, over one cycle.
         Charged from the state at the cycle's end: jobs that finished within it leave their
@@ -925,12 +932,7 @@ class ScenarioSim:
         idle_w = self.meter.power.gpu_power_w(1.0, Load.IDLE)
         real = self.state.gpu_left >= 0
         power = np.where(real & up[:, None], idle_w * tdp[:, None], 0.0)
-        for r in self.running.values():
-            if r.state is not JobState.RUNNING:
-                continue
-            placement = self.state.placements.get(r.spec.job_id)
-            if placement is None:
-                continue
+        for r, placement in self.working():
             share = r.spec.gpu_milli / MILLI_PER_GPU
             for part in placement.shares:
                 extra = self.meter.job_power_w(part.node, r.spec.kind, r.cap_frac)
@@ -1090,12 +1092,7 @@ class ScenarioSim:
         """The core's SetPowerCap plan, carried out on the simulated cards."""
         e = self.cfg.energy
         jobs = []
-        for r in self.running.values():
-            if r.state is not JobState.RUNNING:
-                continue
-            placement = self.state.placements.get(r.spec.job_id)
-            if placement is None:
-                continue
+        for r, placement in self.working():
             gpus = tuple((p.node, g) for p in placement.shares for g in p.gpus)
             left = ((r.spec.duration_s or 0.0) - r.done_s) / max(r.speed, 1e-9) * r.cap_speed
             jobs.append(
@@ -1146,10 +1143,7 @@ class ScenarioSim:
             elif self.caps.get(key) != c:
                 self.caps[key] = c
                 self.cap_commands += 1
-        for r in self.running.values():
-            placement = self.state.placements.get(r.spec.job_id)
-            if r.state is not JobState.RUNNING or placement is None:
-                continue
+        for r, placement in self.working():
             load = load_of(r.spec.kind)
             tdp = float(self.meter.tdp_w[placement.shares[0].node])
             fracs = [

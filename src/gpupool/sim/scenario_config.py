@@ -17,6 +17,7 @@ from gpupool.core.quota import QuotaWindow, TeamQuota, clock_s
 from gpupool.errors import NotFoundError, SpecError
 from gpupool.federation import TOPOLOGY_KEYS
 from gpupool.policies.cycle import CYCLE_POLICIES, PreemptionRules
+from gpupool.specfile import SpecReader
 
 MODES = ("pool", "static")
 
@@ -147,25 +148,7 @@ TOP_KEYS = {
 }
 
 
-class _Reader:
-    def __init__(self, path: str) -> None:
-        self.path = path
-
-    def fail(self, where: str, problem: str) -> SpecError:
-        return SpecError(f"{self.path}: {where}: {problem}")
-
-    def mapping(self, value: Any, where: str, allowed: set[str]) -> Mapping[str, Any]:
-        if not isinstance(value, Mapping):
-            raise self.fail(where, "expected a mapping (key: value)")
-        unknown = set(value) - allowed
-        if unknown:
-            raise self.fail(
-                where,
-                f"unknown key(s) {', '.join(sorted(map(str, unknown)))}; "
-                f"allowed: {', '.join(sorted(allowed))}",
-            )
-        return value
-
+class _Reader(SpecReader):
     def number(self, value: Any, where: str, low: float = 0.0, positive: bool = False) -> float:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise self.fail(where, f"expected a number, got {value!r}")
