@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from gpupool import __version__
+from gpupool.client_cli import add_client_parsers, run_client
 from gpupool.errors import GpupoolError, SpecError
 from gpupool.plan_cli import add_plan_parser, run_plan
 from gpupool.policies import placement_names, queue_names
@@ -142,18 +143,29 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("policies", help="list placement and queue policies")
     add_plan_parser(sub)
+    add_client_parsers(sub)
+    from gpupool.service.server import add_serve_parser
+
+    add_serve_parser(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        client_code = run_client(args)
+        if client_code is not None:
+            return client_code
         if args.command == "policies":
             print("placement:", ", ".join(placement_names()))
             print("queue:    ", ", ".join(queue_names()))
             return 0
         if args.command == "plan":
             return run_plan(args)
+        if args.command == "serve":
+            from gpupool.service.server import serve
+
+            return serve(args)
         if args.kind == "fill":
             return cmd_fill(args)
         if args.kind == "scenario":

@@ -20,10 +20,21 @@ class JobState(StrEnum):
 
 TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     JobState.PENDING: frozenset({JobState.RUNNING, JobState.CANCELLED, JobState.UNPLACEABLE}),
+    # RUNNING -> SUSPENDED: the job was lost (its node died, it crashed) and goes back to
+    # the queue to resume from its last checkpoint.
     JobState.RUNNING: frozenset(
-        {JobState.FINISHED, JobState.FAILED, JobState.PREEMPTING, JobState.CANCELLED}
+        {
+            JobState.FINISHED,
+            JobState.FAILED,
+            JobState.PREEMPTING,
+            JobState.CANCELLED,
+            JobState.SUSPENDED,
+        }
     ),
-    JobState.PREEMPTING: frozenset({JobState.SUSPENDED, JobState.FAILED}),
+    # A preempted job may still finish, fail or be cancelled within its grace period.
+    JobState.PREEMPTING: frozenset(
+        {JobState.SUSPENDED, JobState.FAILED, JobState.FINISHED, JobState.CANCELLED}
+    ),
     JobState.SUSPENDED: frozenset({JobState.RUNNING, JobState.CANCELLED}),
     JobState.FINISHED: frozenset(),
     JobState.FAILED: frozenset(),

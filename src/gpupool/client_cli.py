@@ -1,0 +1,439 @@
+"""`gpupool submit|ls|show|cancel|logs|top`: drive a running gpupool server from a terminal.
+
+httpx is imported only when one of these commands runs, so the simulator's commands start
+as fast as before.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shlex
+import sys
+import time
+from collections.abc import Callable
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from gpupool.errors import GpupoolError, SpecError
+from gpupool.reports.table import render
+
+if TYPE_CHECKING:
+    import httpx
+
+    from gpupool.client import Client
+
+# Tests swap these: a fake server transport, and no real waiting between polls.
+TRANSPORT: httpx.BaseTransport | None = None
+POLL_S = 0.5
+sleep: Callable[[float], None] = time.sleep
+
+KINDS = ("training", "online-inference", "offline-inference", "batch")
+PRIORITIES = ("low", "normal", "high")
+TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
+CLEAR = "\x1b[H\x1b[2J"
+
+_UNITS = (("d", 86400.0), ("h", 3600.0), ("m", 60.0), ("s", 1.0))
+_DURATION = re.compile(
+    r"(?:(\d+(?:\.\d+)?)d)?(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?"
+    r"(?:(\d+(?:\.\d+)?)s)?"
+)
+
+
+def parse_duration(text: str, what: str = "duration", allow_zero: bool = False) -> float:
+    """'45s', '30m', '2h', '1h30m', '1d' or plain seconds -> seconds.
+
+    Units go largest first, each at most once, so a typo like '30m1h' is caught rather than
+    guessed at.
+    """
+    raw = text.strip().lower()
+    value: float | None = None
+    try:
+        value = float(raw)
+    except ValueError:
+        match = _DURATION.fullmatch(raw)
+        if raw and match:
+            value = sum(float(n) * f for n, (_, f) in zip(match.groups(), _UNITS, strict=True) if n)
+    if value is None or value != value or value in (float("inf"), float("-inf")):
+        raise SpecError(
+            f"{what} {text!r}: use a number with d, h, m or s (45s, 30m, 2h, 1h30m) or seconds"
+        )
+    if value < 0 or (value == 0 and not allow_zero):
+        raise SpecError(f"{what} {text!r} must be {'zero or ' if allow_zero else ''}more than zero")
+    return value
+
+
+def parse_priority(text: str) -> int | str:
+    """'low', 'normal', 'high' go to the server as names; anything else must be an integer."""
+    if text.lower() in PRIORITIES:
+        return text.lower()
+    try:
+        return int(text)
+    except ValueError:
+        raise SpecError(f"--priority {text!r}: use low, normal, high or an integer") from None
+
+
+def parse_env(pairs: list[str]) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for pair in pairs:
+        key, eq, value = pair.partition("=")
+        if not eq or not key:
+            raise SpecError(
+                f"--env {pair!r}: use KEY=VALUE; put the job's command after --, "
+                "e.g. gpupool submit --env A=1 -- python train.py"
+            )
+        env[key] = value
+    return env
+
+
+def add_client_parsers(sub: Any) -> None:
+    """Add the commands that talk to a gpupool server to the top-level subparsers."""
+    conn = argparse.ArgumentParser(add_help=False)
+    conn.add_argument(
+        "--url", help="server URL (default: GPUPOOL_URL, config file, or http://127.0.0.1:8642)"
+    )
+    conn.add_argument("--token", help="API token (default: GPUPOOL_TOKEN or the config file)")
+    as_json = argparse.ArgumentParser(add_help=False)
+    as_json.add_argument("--json", action="store_true", help="print the server's JSON")
+
+    p = sub.add_parser(
+        "submit",
+        parents=[conn, as_json],
+        help="submit a job to the server",
+        description="Submit a job. Everything after -- is the job's command.",
+        epilog="example: gpupool submit --gpus 2 --kind training --checkpoint-every 30m "
+        "-- python train.py --lr 3e-4",
+    )
+    p.add_argument("--gpus", type=int, help="GPUs the job needs")
+    p.add_argument("--kind", dest="job_kind", choices=KINDS)
+    p.add_argument("--team")
+    p.add_argument("--priority", help="low, normal, high or an integer")
+    p.add_argument("--checkpoint-every", help="how often the job checkpoints (e.g. 30m)")
+    p.add_argument("--grace", help="time to stop after SIGTERM before SIGKILL (e.g. 60s)")
+    p.add_argument("--gpu-model", help="only run on this GPU model")
+    p.add_argument("--name")
+    p.add_argument("--max-retries", type=int)
+    p.add_argument("--duration", help="expected run time, for backfill (e.g. 2h)")
+    p.add_argument(
+        "--env", action="extend", nargs="+", default=[], metavar="K=V", help="environment"
+    )
+    p.add_argument("--cwd", help="working directory on the node")
+    p.add_argument("--idempotency-key", help="a retry with the same key returns the same job")
+    p.add_argument("job_argv", nargs="*", metavar="command", help="the job's command, after --")
+    p.set_defaults(client_handler=cmd_submit)
+
+    p = sub.add_parser("ls", parents=[conn, as_json], help="list the server's jobs")
+    p.add_argument("--state", help="only jobs in this state (pending, running, ...)")
+    p.add_argument("--team", help="only this team's jobs")
+    p.set_defaults(client_handler=cmd_ls)
+
+    p = sub.add_parser("show", parents=[conn, as_json], help="show one job")
+    p.add_argument("id", type=int)
+    p.set_defaults(client_handler=cmd_show)
+
+    p = sub.add_parser("cancel", parents=[conn, as_json], help="cancel a job")
+    p.add_argument("id", type=int)
+    p.set_defaults(client_handler=cmd_cancel)
+
+    p = sub.add_parser("logs", parents=[conn], help="print a job's output")
+    p.add_argument("id", type=int)
+    p.add_argument("-f", "--follow", action="store_true", help="keep printing until it ends")
+    p.add_argument("--stderr", action="store_true", help="the job's stderr instead of stdout")
+    p.set_defaults(client_handler=cmd_logs)
+
+    p = sub.add_parser(
+        "top", parents=[conn], help="live view of GPUs, jobs and the scale-out signals"
+    )
+    p.add_argument("--once", action="store_true", help="print one frame and exit")
+    p.add_argument("--interval", type=float, default=1.0, help="seconds between frames")
+    p.set_defaults(client_handler=cmd_top)
+
+
+def run_client(args: argparse.Namespace) -> int | None:
+    """Run a client command; None when `args` is some other command."""
+    handler: Callable[[Client, argparse.Namespace], int] | None = getattr(
+        args, "client_handler", None
+    )
+    if handler is None:
+        return None
+    from gpupool.client import Client, client_settings
+
+    url, token = client_settings(args.url, args.token)
+    with Client(url, token, transport=TRANSPORT) as client:
+        return handler(client, args)
+
+
+def cmd_submit(client: Client, args: argparse.Namespace) -> int:
+    if not args.job_argv:
+        raise SpecError(
+            "give the job's command after --, e.g. gpupool submit --gpus 1 -- python train.py"
+        )
+    spec: dict[str, Any] = {"command": list(args.job_argv)}
+    plain = {
+        "name": args.name,
+        "team": args.team,
+        "kind": args.job_kind,
+        "gpus": args.gpus,
+        "gpu_model": args.gpu_model,
+        "max_retries": args.max_retries,
+        "cwd": args.cwd,
+    }
+    spec.update({k: v for k, v in plain.items() if v is not None})
+    if args.priority is not None:
+        spec["priority"] = parse_priority(args.priority)
+    if args.checkpoint_every is not None:
+        spec["checkpoint_every_s"] = parse_duration(args.checkpoint_every, "--checkpoint-every")
+    if args.grace is not None:
+        spec["grace_s"] = parse_duration(args.grace, "--grace", allow_zero=True)
+    if args.duration is not None:
+        spec["duration_s"] = parse_duration(args.duration, "--duration")
+    if args.env:
+        spec["env"] = parse_env(args.env)
+    job = client.submit(spec, args.idempotency_key)
+    if args.json:
+        _print_json(job)
+    else:
+        print(f"submitted job {job.get('id')} ({job.get('state', '?')})")
+    return 0
+
+
+def cmd_ls(client: Client, args: argparse.Namespace) -> int:
+    jobs = client.jobs(state=args.state, team=args.team)
+    if args.json:
+        _print_json({"jobs": jobs})
+        return 0
+    if not jobs:
+        filters = ", ".join(
+            f"{k} {v}" for k, v in (("state", args.state), ("team", args.team)) if v
+        )
+        print(f"no jobs{f' ({filters})' if filters else ''}")
+        return 0
+    print(job_table(jobs, time.time()))
+    return 0
+
+
+def cmd_show(client: Client, args: argparse.Namespace) -> int:
+    job = client.job(args.id)
+    if args.json:
+        _print_json(job)
+    else:
+        print(job_block(job, time.time()))
+    return 0
+
+
+def cmd_cancel(client: Client, args: argparse.Namespace) -> int:
+    job = client.cancel(args.id)
+    if args.json:
+        _print_json(job)
+    elif job.get("state") in TERMINAL:
+        print(f"job {job.get('id')} {job.get('state')}")
+    else:
+        print(
+            f"job {job.get('id')} is stopping ({job.get('state')}); "
+            f"`gpupool show {job.get('id')}` says when it has ended"
+        )
+    return 0
+
+
+def cmd_logs(client: Client, args: argparse.Namespace) -> int:
+    """Print the log; drain whatever the server has, and with -f wait for more until the job
+    has ended and nothing is left."""
+    stream = "stderr" if args.stderr else "stdout"
+    offset = 0
+    while True:
+        text, next_offset, state = client.logs(args.id, stream, offset)
+        if text:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        moved, offset = next_offset != offset, next_offset
+        if moved:
+            continue
+        if not args.follow or state in TERMINAL:
+            return 0
+        sleep(POLL_S)
+
+
+def cmd_top(client: Client, args: argparse.Namespace) -> int:
+    """Redraw the frame every --interval seconds; after the first frame a failed refresh is
+    shown in place and retried, so a server restart does not end the view."""
+    if not args.interval > 0:
+        raise SpecError("--interval must be more than zero seconds")
+    frame = top_frame(client, time.time())
+    if args.once:
+        print(frame)
+        return 0
+    while True:
+        sys.stdout.write(CLEAR + frame + "\n")
+        sys.stdout.flush()
+        sleep(args.interval)
+        try:
+            frame = top_frame(client, time.time())
+        except GpupoolError as exc:
+            frame = f"{_clock(time.time())}  {exc}\nretrying every {args.interval:g} s"
+
+
+def top_frame(client: Client, now: float) -> str:
+    """One screen: the header with queue and signals, the GPU table, the live jobs."""
+    cluster = client.cluster()
+    jobs = [j for state in ("running", "suspended", "pending") for j in client.jobs(state=state)]
+    queue = cluster.get("queue") or {}
+    sig = cluster.get("signals") or {}
+    lines = [
+        f"gpupool top  {client.url}  {_clock(now)}  "
+        f"queue: {queue.get('running', '?')} running, {queue.get('pending', '?')} pending",
+        _signals_line(sig, now),
+        "",
+        gpu_table(cluster.get("nodes") or []),
+        "",
+        job_table(jobs, now, placement=True) if jobs else "no running or pending jobs",
+    ]
+    return "\n".join(lines)
+
+
+def _signals_line(sig: dict[str, Any], now: float) -> str:
+    reclaimable = sig.get("reclaimable") or []
+    parts = [
+        f"scale-out: {'YES' if sig.get('scale_out') else 'no'}",
+        f"mean util {_num(sig.get('mean_util_pct'), '{:.1f}%')} over "
+        f"{_num(sig.get('window_s'), '{:g}')} s",
+        "reclaimable GPUs: " + (", ".join(str(r) for r in reclaimable) or "none"),
+    ]
+    at = sig.get("evaluated_at")
+    parts.append("not evaluated yet" if at is None else f"evaluated {_span(now - at)} ago")
+    return "signals: " + "; ".join(parts)
+
+
+def gpu_table(nodes: list[dict[str, Any]]) -> str:
+    rows = []
+    for node in nodes:
+        for g in node.get("gpus") or []:
+            healthy = g.get("healthy", True) and node.get("healthy", True)
+            rows.append(
+                [
+                    node.get("name", "?"),
+                    g.get("index", "?"),
+                    g.get("model") or node.get("gpu_model") or "-",
+                    _num(g.get("util_pct"), "{:.0f}"),
+                    _memory(g.get("mem_used_mib"), g.get("mem_total_mib")),
+                    _num(g.get("temp_c"), "{:.0f}"),
+                    f"{_num(g.get('power_w'), '{:.0f}')}/{_num(g.get('power_limit_w'), '{:.0f}')}",
+                    "-" if g.get("job_id") is None else g["job_id"],
+                    "yes" if g.get("reclaimable") else "",
+                    "ok" if healthy else (g.get("problem") or "unhealthy"),
+                ]
+            )
+    if not rows:
+        return "no GPUs reported"
+    headers = ["node", "gpu", "model", "util %", "mem GiB", "temp C", "power W", "job"]
+    return render([*headers, "reclaim", "health"], rows)
+
+
+def job_table(jobs: list[dict[str, Any]], now: float, placement: bool = False) -> str:
+    """The ls table; top adds where each job runs."""
+    headers = ["id", "name", "team", "kind", "prio", "GPUs", "state", "age/runtime", "reason"]
+    if placement:
+        headers.insert(6, "on")
+    rows = []
+    for j in jobs:
+        state = j.get("state", "?") + (" (preempting)" if j.get("preempting") else "")
+        row: list[object] = [
+            j.get("id", "?"),
+            j.get("name") or "-",
+            j.get("team") or "-",
+            j.get("kind") or "-",
+            j.get("priority", "-"),
+            _gpus(j),
+            state,
+            _age(j, now),
+            _cut(j.get("reason") or "", 48),
+        ]
+        if placement:
+            row.insert(6, _cut(_placement(j) or "-", 32))
+        rows.append(row)
+    return render(headers, rows)
+
+
+def job_block(j: dict[str, Any], now: float) -> str:
+    """`gpupool show` without --json: one fact a line."""
+    state = j.get("state", "?") + (", preempting" if j.get("preempting") else "")
+    cp = j.get("checkpoint_every_s")
+    facts = [
+        ("team", j.get("team") or "-"),
+        ("kind", j.get("kind") or "-"),
+        ("priority", j.get("priority", "-")),
+        ("GPUs", _gpus(j) + (f" on {_placement(j)}" if j.get("gpus") else "")),
+        ("command", shlex.join(str(a) for a in j.get("command") or [])),
+        ("attempts", f"{j.get('attempts', 0)} (preempted {j.get('preemptions', 0)} times)"),
+        ("submitted", _when(j.get("submitted_at"), now)),
+        ("started", _when(j.get("started_at"), now)),
+        ("ended", _when(j.get("ended_at"), now)),
+        ("exit code", "-" if j.get("exit_code") is None else j["exit_code"]),
+        ("checkpoint", "never" if cp is None else f"every {_span(cp)}"),
+        ("grace", _span(j["grace_s"]) if j.get("grace_s") is not None else "-"),
+        ("reason", j.get("reason") or "-"),
+    ]
+    lines = [f"job {j.get('id', '?')}  {j.get('name') or '-'}  ({state})"]
+    lines += [f"  {k:<12}{v}" for k, v in facts]
+    return "\n".join(lines)
+
+
+def _gpus(j: dict[str, Any]) -> str:
+    count = j.get("gpu_count", "?")
+    return f"{count} x {j['gpu_model']}" if j.get("gpu_model") else str(count)
+
+
+def _placement(j: dict[str, Any]) -> str:
+    return ", ".join(f"{g.get('node')}:{g.get('index')}" for g in j.get("gpus") or [])
+
+
+def _age(j: dict[str, Any], now: float) -> str:
+    """Time waiting for queued jobs, time running for running ones, run time for ended ones."""
+    state, start, end = j.get("state"), j.get("started_at"), j.get("ended_at")
+    if state in ("pending", "suspended"):
+        since = j.get("submitted_at")
+        return "-" if since is None else _span(now - since)
+    if start is None:
+        return "-"
+    return _span((end if end is not None else now) - start)
+
+
+def _span(seconds: float) -> str:
+    """Compact duration: 42s, 5m07s, 3h02m, 2d04h."""
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def _when(at: float | None, now: float) -> str:
+    if at is None:
+        return "-"
+    stamp = datetime.fromtimestamp(at).strftime("%Y-%m-%d %H:%M:%S")
+    return f"{stamp} ({_span(now - at)} ago)"
+
+
+def _clock(now: float) -> str:
+    return datetime.fromtimestamp(now).strftime("%H:%M:%S")
+
+
+def _num(value: Any, fmt: str) -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def _memory(used_mib: Any, total_mib: Any) -> str:
+    used = "-" if used_mib is None else f"{used_mib / 1024:.1f}"
+    total = "-" if total_mib is None else f"{total_mib / 1024:.1f}"
+    return f"{used}/{total}"
+
+
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _print_json(payload: object) -> None:
+    print(json.dumps(payload, indent=2))

@@ -1,0 +1,421 @@
+"""The REST API (FastAPI): jobs, logs, cluster state, events, Prometheus metrics.
+
+Every accepted job is committed to the database before the answer leaves; the scheduler
+loop picks it up within a cycle (the API wakes it). Bad input gets a 422 naming each
+field; bodies over 64 KiB get a 413; an Idempotency-Key header makes a retried submit
+return the job it created the first time. Tokens: an admin token sees and does
+everything; a team token sees the whole queue but submits, cancels and reads logs only
+for its team's jobs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Annotated, Any, Literal
+
+from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from gpupool.errors import ConflictError, GpupoolError, NotFoundError, SpecError
+from gpupool.service.live import LiveService
+from gpupool.service.store import JobRow, NewJob, Principal, Store
+from gpupool.service.telemetry import dcgm_name
+
+MAX_BODY_BYTES = 64 * 1024
+PRIORITIES = {"low": 0, "normal": 50, "high": 100}
+NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+KINDS = Literal["training", "online-inference", "offline-inference", "batch"]
+
+
+class JobIn(BaseModel):
+    """A job to run: the command, and what it needs."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    command: list[Annotated[str, Field(min_length=1, max_length=4096)]] = Field(
+        min_length=1, max_length=256
+    )
+    name: str | None = Field(None, min_length=1, max_length=128)
+    team: str | None = Field(None, min_length=1, max_length=64, pattern=NAME)
+    kind: KINDS = "training"
+    priority: int | Literal["low", "normal", "high"] = "normal"
+    gpus: int = Field(1, ge=0, le=1024)
+    gpu_model: str | None = Field(None, min_length=1, max_length=64)
+    checkpoint_every_s: float | None = Field(None, gt=0, le=1e7)
+    grace_s: float = Field(60.0, ge=0, le=86_400)
+    max_retries: int = Field(0, ge=0, le=100)
+    duration_s: float | None = Field(None, gt=0, le=1e9)
+    env: dict[
+        Annotated[str, Field(min_length=1, max_length=256)], Annotated[str, Field(max_length=8192)]
+    ] = Field(default_factory=dict, max_length=256)
+    cwd: str | None = Field(None, min_length=1, max_length=4096)
+
+    @field_validator("priority")
+    @classmethod
+    def _priority(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and not -1000 <= v <= 1000:
+            raise ValueError("priority must be within -1000..1000 or low, normal, high")
+        return v
+
+    @field_validator("command", "cwd", "name")
+    @classmethod
+    def _no_nul(cls, v: Any) -> Any:
+        items = v if isinstance(v, list) else [v]
+        if any(x is not None and "\x00" in x for x in items):
+            raise ValueError("must not contain NUL characters")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        for key, value in v.items():
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+                raise ValueError(f"environment variable name {key!r} is not valid")
+            if "\x00" in value:
+                raise ValueError(f"environment variable {key} must not contain NUL")
+        return v
+
+
+class BatchIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    jobs: list[JobIn] = Field(min_length=1, max_length=1000)
+
+
+class TokenIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=64, pattern=NAME)
+    team: str | None = Field(None, min_length=1, max_length=64, pattern=NAME)
+
+
+def job_json(row: JobRow) -> dict[str, Any]:
+    state = "running" if row.state == "preempting" else row.state
+    return {
+        "id": row.id,
+        "name": row.name,
+        "team": row.team,
+        "kind": row.kind,
+        "priority": row.priority,
+        "gpu_count": row.gpu_count,
+        "gpu_model": row.gpu_model,
+        "gpus": [{"node": node, "index": index} for node, index in row.gpus],
+        "state": state,
+        "preempting": row.state == "preempting",
+        "reason": row.reason,
+        "command": list(row.command),
+        "attempts": row.attempts,
+        "preemptions": row.preemptions,
+        "retries": row.retries,
+        "exit_code": row.exit_code,
+        "submitted_at": row.submitted_at,
+        "started_at": row.started_at,
+        "ended_at": row.ended_at,
+        "checkpoint_every_s": row.checkpoint_every_s,
+        "grace_s": row.grace_s,
+    }
+
+
+class BodyLimit:
+    """Refuses request bodies over MAX_BODY_BYTES, whether announced or streamed."""
+
+    def __init__(self, app: Callable[..., Awaitable[None]]) -> None:
+        self.app = app
+
+    async def __call__(
+        self,
+        scope: MutableMapping[str, Any],
+        receive: Callable[[], Awaitable[MutableMapping[str, Any]]],
+        send: Callable[[MutableMapping[str, Any]], Awaitable[None]],
+    ) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for key, value in scope.get("headers", []):
+            if key == b"content-length" and value.isdigit() and int(value) > MAX_BODY_BYTES:
+                await _too_large(send)
+                return
+        seen = 0
+
+        async def limited() -> MutableMapping[str, Any]:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > MAX_BODY_BYTES:
+                raise _TooLarge
+            return message
+
+        try:
+            await self.app(scope, limited, send)
+        except _TooLarge:
+            await _too_large(send)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+async def _too_large(send: Callable[[MutableMapping[str, Any]], Awaitable[None]]) -> None:
+    body = b'{"detail":"request body over 65536 bytes; submit fewer or smaller jobs"}'
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 413,
+            "headers": [(b"content-type", b"application/json")],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+def current_principal(
+    request: Request, authorization: Annotated[str | None, Header()] = None
+) -> Principal:
+    """Who is asking: the bearer token's owner (admin or a team), cached per token."""
+    if not request.app.state.auth:
+        return Principal("anonymous", None)
+    if not authorization or not authorization.startswith("Bearer "):
+        raise HTTPException(401, "missing bearer token; set GPUPOOL_TOKEN")
+    token = authorization[7:].strip()
+    tokens: dict[str, Principal] = request.app.state.tokens
+    who = tokens.get(token)
+    if who is None:
+        who = request.app.state.store.principal(token)
+        if who is None:
+            raise HTTPException(401, "unknown token; ask an admin for one")
+        tokens[token] = who
+    return who
+
+
+Who = Annotated[Principal, Depends(current_principal)]
+
+
+def create_app(service: LiveService, store: Store, auth: bool = True) -> FastAPI:
+    app = FastAPI(
+        title="gpupool",
+        version="1",
+        description="A GPU scheduler: submit jobs, watch them run, see the GPUs.",
+    )
+    app.state.store = store
+    app.state.auth = auth
+    app.state.tokens = {}
+
+    def own(who: Principal, row: JobRow) -> None:
+        if not who.is_admin and who.team != row.team:
+            raise HTTPException(403, f"job {row.id} belongs to team {row.team}, not {who.team}")
+
+    @app.exception_handler(NotFoundError)
+    async def _nf(_: Request, err: NotFoundError) -> JSONResponse:
+        return JSONResponse({"detail": str(err)}, status_code=404)
+
+    @app.exception_handler(ConflictError)
+    async def _cf(_: Request, err: ConflictError) -> JSONResponse:
+        return JSONResponse({"detail": str(err)}, status_code=409)
+
+    @app.exception_handler(SpecError)
+    async def _se(_: Request, err: SpecError) -> JSONResponse:
+        return JSONResponse({"detail": str(err)}, status_code=422)
+
+    @app.exception_handler(GpupoolError)
+    async def _ge(_: Request, err: GpupoolError) -> JSONResponse:
+        return JSONResponse({"detail": str(err)}, status_code=400)
+
+    def new_job(body: JobIn, who: Principal) -> NewJob:
+        team = body.team or who.team
+        if team is None:
+            raise HTTPException(422, [{"loc": ["body", "team"], "msg": "team is required"}])
+        if not who.is_admin and team != who.team:
+            raise HTTPException(403, f"a {who.team} token submits only for team {who.team}")
+        priority = PRIORITIES[body.priority] if isinstance(body.priority, str) else body.priority
+        return NewJob(
+            name=body.name or body.command[0].rsplit("/", 1)[-1][:128],
+            team=team,
+            kind=body.kind,
+            priority=priority,
+            gpu_count=body.gpus,
+            command=tuple(body.command),
+            env=dict(body.env),
+            cwd=body.cwd,
+            gpu_model=body.gpu_model,
+            checkpoint_every_s=body.checkpoint_every_s,
+            grace_s=body.grace_s,
+            max_retries=body.max_retries,
+            duration_s=body.duration_s,
+            owner=who.name,
+        )
+
+    @app.post("/v1/jobs", status_code=201, summary="Submit a job")
+    def submit(
+        body: JobIn,
+        who: Who,
+        response: Response,
+        idempotency_key: Annotated[str | None, Header(max_length=128)] = None,
+    ) -> dict[str, Any]:
+        row, created = store.submit(new_job(body, who), time.time(), idempotency_key)
+        if not created:
+            response.status_code = 200
+        service.wake.set()
+        return job_json(row)
+
+    @app.post("/v1/jobs/batch", status_code=201, summary="Submit up to 1,000 jobs at once")
+    def submit_batch(body: BatchIn, who: Who) -> dict[str, Any]:
+        rows = store.submit_many([new_job(j, who) for j in body.jobs], time.time())
+        service.wake.set()
+        return {"jobs": [job_json(r) for r in rows]}
+
+    @app.get("/v1/jobs", summary="List jobs")
+    def jobs(
+        who: Who,
+        state: Annotated[str | None, Query(max_length=32)] = None,
+        team: Annotated[str | None, Query(max_length=64)] = None,
+        limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+        after: Annotated[int, Query(ge=0)] = 0,
+    ) -> dict[str, Any]:
+        db_state = None if state is None else state.lower()
+        if db_state is not None and db_state not in (
+            "pending",
+            "running",
+            "suspended",
+            "succeeded",
+            "failed",
+            "cancelled",
+        ):
+            raise HTTPException(422, [{"loc": ["query", "state"], "msg": f"unknown state {state}"}])
+        rows = store.list(state=db_state, team=team, limit=limit, after_id=after)
+        if db_state == "running":
+            rows += store.list(state="preempting", team=team, limit=limit, after_id=after)
+            rows.sort(key=lambda r: r.id)
+        return {"jobs": [job_json(r) for r in rows]}
+
+    @app.get("/v1/jobs/{job_id}", summary="One job")
+    def job(job_id: int, who: Who) -> dict[str, Any]:
+        return job_json(store.get(job_id))
+
+    @app.post("/v1/jobs/{job_id}/cancel", summary="Cancel a job")
+    def cancel(job_id: int, who: Who) -> dict[str, Any]:
+        own(who, store.get(job_id))
+        return job_json(service.cancel(job_id))
+
+    @app.get("/v1/jobs/{job_id}/logs", summary="A job's output", response_class=PlainTextResponse)
+    def logs(
+        job_id: int,
+        who: Who,
+        stream: Literal["stdout", "stderr"] = "stdout",
+        offset: Annotated[int, Query(ge=0)] = 0,
+        limit: Annotated[int, Query(ge=1, le=1 << 22)] = 1 << 20,
+    ) -> Response:
+        row = store.get(job_id)
+        own(who, row)
+        path = service.run_dir(job_id) / f"{stream}.log"
+        data = b""
+        if path.is_file():
+            with path.open("rb") as f:
+                f.seek(offset)
+                data = f.read(limit)
+        state = "running" if row.state == "preempting" else row.state
+        return Response(
+            data,
+            media_type="text/plain; charset=utf-8",
+            headers={"X-Log-Offset": str(offset + len(data)), "X-Job-State": state},
+        )
+
+    @app.get("/v1/cluster", summary="Nodes and GPUs with live telemetry")
+    def cluster(who: Who) -> dict[str, Any]:
+        return service.cluster_view()
+
+    @app.get("/v1/events", summary="Events after a sequence number (long poll)")
+    async def events(
+        who: Who,
+        after: Annotated[int, Query(ge=0)] = 0,
+        wait: Annotated[float, Query(ge=0, le=30)] = 0.0,
+    ) -> dict[str, Any]:
+        deadline = time.monotonic() + wait
+        while True:
+            rows = store.events_after(after, 500)
+            if rows or time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(0.2)
+        return {
+            "events": [
+                {
+                    "seq": e.seq,
+                    "at_s": e.at_s,
+                    "kind": e.kind,
+                    "job_id": e.job_id,
+                    "message": e.message,
+                }
+                for e in rows
+            ],
+            "next": rows[-1].seq if rows else after,
+        }
+
+    @app.post("/v1/tokens", status_code=201, summary="Create a token (admin)")
+    def create_token(body: TokenIn, who: Who) -> dict[str, Any]:
+        if not who.is_admin:
+            raise HTTPException(403, "only an admin token creates tokens")
+        token = store.create_token(body.name, body.team, time.time())
+        return {"name": body.name, "team": body.team, "token": token}
+
+    @app.get("/healthz", summary="Liveness")
+    def healthz() -> dict[str, Any]:
+        return {"ok": True, "scheduler_error": service.loop_error}
+
+    @app.get("/metrics", response_class=PlainTextResponse, summary="Prometheus metrics")
+    def metrics() -> str:
+        return render_metrics(service, store)
+
+    app.add_middleware(BodyLimit)
+    return app
+
+
+def _labels(node: dict[str, Any], gpu: dict[str, Any]) -> str:
+    """The DCGM exporter's labels for one GPU."""
+    return (
+        f'gpu="{gpu["index"]}",UUID="{gpu["uuid"]}",modelName="{gpu["model"]}",'
+        f'Hostname="{node["name"]}"'
+    )
+
+
+def render_metrics(service: LiveService, store: Store) -> str:
+    """Prometheus text: DCGM exporter names per GPU, gpupool gauges per team and kind."""
+    lines: list[str] = []
+    view = service.cluster_view()
+    fields = (
+        "mem_used_mib",
+        "util_pct",
+        "temp_c",
+        "power_w",
+        "power_limit_w",
+        "sm_clock_mhz",
+        "mem_clock_mhz",
+        "ecc_uncorrected",
+    )
+    for f in fields:
+        name = dcgm_name(f)
+        lines.append(f"# TYPE {name} gauge")
+        for node in view["nodes"]:
+            for g in node["gpus"]:
+                if g[f] is None:
+                    continue
+                lines.append(f"{name}{{{_labels(node, g)}}} {float(g[f]):g}")
+    free = dcgm_name("mem_free_mib")
+    lines.append(f"# TYPE {free} gauge")
+    for node in view["nodes"]:
+        for g in node["gpus"]:
+            if g["mem_used_mib"] is not None:
+                free_mib = g["mem_total_mib"] - g["mem_used_mib"]
+                lines.append(f"{free}{{{_labels(node, g)}}} {free_mib}")
+    lines.append("# HELP gpupool_jobs Jobs by team, kind and state.")
+    lines.append("# TYPE gpupool_jobs gauge")
+    for (team, kind, state), n in sorted(store.counts().items()):
+        lines.append(f'gpupool_jobs{{team="{team}",kind="{kind}",state="{state}"}} {n}')
+    lines.append("# TYPE gpupool_gpus_reclaimable gauge")
+    lines.append(f"gpupool_gpus_reclaimable {len(view['signals']['reclaimable'])}")
+    lines.append("# TYPE gpupool_scale_out gauge")
+    lines.append(f"gpupool_scale_out {int(view['signals']['scale_out'])}")
+    lines.append("# TYPE gpupool_queue_pending gauge")
+    lines.append(f"gpupool_queue_pending {view['queue']['pending']}")
+    lines.append("# TYPE gpupool_nodes_unhealthy gauge")
+    lines.append(f"gpupool_nodes_unhealthy {sum(1 for n in view['nodes'] if not n['healthy'])}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,709 @@
+"""Run jobs as real processes on this node, stop them politely, and tell how they ended.
+
+Each attempt runs under the shim (gpupool.service.shim) in its own session and process
+group, so preemption signals reach the job and everything it started, and so jobs outlive
+a restart of the scheduler. The shim leaves ``exit-<attempt>.json`` in the job's run
+directory; that file, not the parent/child relation, is the source of truth after a
+restart. A missing command is not refused at launch: the shim reports it, and the next
+poll returns outcome "failed" with reason "command not found: X" (PATH lookup depends on
+the job's own environment, so only the job can tell).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from gpupool.errors import ConflictError, NotFoundError, SpecError
+
+SUCCEEDED = "succeeded"
+FAILED = "failed"
+PREEMPTED = "preempted"
+KILLED = "killed"
+CANCELLED = "cancelled"
+OOM = "oom"
+CRASHED = "crashed"
+LOST = "lost"
+OUTCOMES = frozenset({SUCCEEDED, FAILED, PREEMPTED, KILLED, CANCELLED, OOM, CRASHED, LOST})
+
+DEFAULT_GRACE_S = 60.0
+STDOUT_LOG = "stdout.log"
+STDERR_LOG = "stderr.log"
+CHECKPOINT_DIR = "checkpoint"
+
+
+def exit_file(run_dir: Path, attempt: int) -> Path:
+    """Where the shim records how attempt `attempt` ended."""
+    return run_dir / f"exit-{attempt}.json"
+
+
+def stop_file(run_dir: Path, attempt: int) -> Path:
+    """Where we remember that we asked attempt `attempt` to stop, so a restarted
+    scheduler still calls its end "preempted" rather than "succeeded"."""
+    return run_dir / f"stop-{attempt}.json"
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """One attempt of one job. `run_dir` belongs to the job and outlives its attempts."""
+
+    job_id: str
+    attempt: int
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    gpu_indices: tuple[int, ...]
+    run_dir: Path
+    resume: bool
+    cwd: Path | None = None
+
+
+@dataclass(frozen=True)
+class Handle:
+    """Enough to find the attempt again after a restart. `start_ticks` (field 22 of
+    /proc/<pid>/stat) tells a recycled pid apart from the job."""
+
+    job_id: str
+    attempt: int
+    pid: int
+    pgid: int
+    start_ticks: int
+
+
+@dataclass(frozen=True)
+class Exit:
+    """How an attempt ended. `exit_code`/`signal` are the job command's own when known
+    (the shim's when it left no record); `at_s` is the now_s of the poll that saw it."""
+
+    job_id: str
+    attempt: int
+    outcome: str
+    exit_code: int | None
+    signal: int | None
+    reason: str
+    at_s: float
+
+
+class Executor(Protocol):
+    """What the scheduler loop needs from whatever runs the jobs."""
+
+    def launch(self, spec: LaunchSpec, now_s: float) -> Handle: ...
+
+    def preempt(self, job_id: str, grace_s: float, now_s: float) -> None: ...
+
+    def cancel(self, job_id: str, grace_s: float, now_s: float) -> None: ...
+
+    def poll(self, now_s: float) -> list[Exit]: ...
+
+    def adopt(self, handle: Handle, run_dir: Path) -> bool: ...
+
+    def handles(self) -> dict[str, Handle]: ...
+
+    def shutdown(self) -> None: ...
+
+
+# --------------------------------------------------------------------------- outcomes
+
+
+def _signal_name(num: int) -> str:
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return f"signal {num}"
+
+
+def _grace_text(grace_s: float) -> str:
+    return f"{grace_s:g} s"
+
+
+def classify(
+    job_id: str,
+    attempt: int,
+    *,
+    exit_code: int | None,
+    signal_num: int | None,
+    at_s: float,
+    stop_kind: str | None = None,
+    kill_sent: bool = False,
+    grace_s: float = DEFAULT_GRACE_S,
+    error: str | None = None,
+    vanished: bool = False,
+) -> Exit:
+    """The one place that turns "how it died" plus "what we asked" into an outcome, so the
+    live executor and the fake always agree.
+
+    stop_kind is "preempt" or "cancel" once we sent SIGTERM; kill_sent once we sent the
+    group SIGKILL. vanished: no exit record and no wait status (node rebooted, or the shim
+    was killed while nobody was its parent)."""
+
+    def made(outcome: str, reason: str) -> Exit:
+        return Exit(job_id, attempt, outcome, exit_code, signal_num, reason, at_s)
+
+    grace = _grace_text(grace_s)
+    stopped = CANCELLED if stop_kind == "cancel" else PREEMPTED
+    if kill_sent and (vanished or signal_num == signal.SIGKILL):
+        exit_code, signal_num = None, signal.SIGKILL  # ours, even when no one saw it land
+        reason = f"killed by SIGKILL after the {grace} grace period"
+        if stop_kind == "cancel":
+            return made(CANCELLED, reason + " (cancelled)")
+        return made(KILLED, reason)
+    if vanished:
+        return made(
+            LOST,
+            "the process disappeared without leaving an exit record (the node may have "
+            "rebooted); requeue the job, it resumes from its last checkpoint",
+        )
+    if signal_num is not None:
+        ending = f"died of {_signal_name(signal_num)}"
+    else:
+        ending = f"exited {exit_code}"
+    if stop_kind is not None:
+        why = "cancellation" if stop_kind == "cancel" else "preemption"
+        if signal_num == signal.SIGTERM:
+            return made(
+                stopped,
+                f"ended by the SIGTERM for {why}; the job has no SIGTERM handler, so it saved "
+                "no checkpoint on the way out",
+            )
+        return made(stopped, f"{ending} within the {grace} grace period after SIGTERM for {why}")
+    if error is not None:
+        return made(FAILED, error)
+    if signal_num == signal.SIGKILL:
+        return made(
+            OOM,
+            "killed by SIGKILL that gpupool did not send, usually the kernel's out-of-memory "
+            "killer; give the job more memory or make it use less",
+        )
+    if signal_num is not None:
+        return made(CRASHED, ending)
+    if exit_code == 0:
+        return made(SUCCEEDED, ending)
+    return made(FAILED, ending)
+
+
+# --------------------------------------------------------------------------- /proc
+
+
+def read_start_ticks(pid: int, *, zombie_ok: bool = False) -> int | None:
+    """Field 22 of /proc/<pid>/stat; None if there is no such process, or (unless
+    zombie_ok) it has already exited and only waits to be reaped."""
+    try:
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        stat = os.read(fd, 4096)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    # comm (field 2) may hold spaces and parentheses: split after the last ")".
+    rest = stat[stat.rfind(b")") + 2 :].split()
+    if len(rest) < 20 or (not zombie_ok and rest[0] in (b"Z", b"X")):
+        return None
+    return int(rest[19])
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return []
+    return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _write_json(path: Path, data: Mapping[str, object]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(dict(data)), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def job_environment(spec: LaunchSpec, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """os.environ + spec.env + the variables the checkpoint protocol promises.
+
+    CUDA_DEVICE_ORDER=PCI_BUS_ID is forced because our GPU indices are NVML's, which count
+    in PCI bus order; CUDA's default order ("fastest first") could name other GPUs."""
+    env = dict(os.environ if base is None else base)
+    env.update(spec.env)
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in spec.gpu_indices)
+    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    env["GPUPOOL_JOB_ID"] = spec.job_id
+    env["GPUPOOL_ATTEMPT"] = str(spec.attempt)
+    env["GPUPOOL_CHECKPOINT_DIR"] = str(spec.run_dir.absolute() / CHECKPOINT_DIR)
+    if spec.resume:
+        env["GPUPOOL_RESUME"] = "1"
+    else:
+        env.pop("GPUPOOL_RESUME", None)
+    return env
+
+
+def _validate(spec: LaunchSpec) -> None:
+    if not spec.argv or not spec.argv[0]:
+        raise SpecError(f"job {spec.job_id}: the command is empty; give the program to run")
+    if spec.attempt < 1:
+        raise SpecError(f"job {spec.job_id}: attempt must be 1 or more, got {spec.attempt}")
+    if spec.cwd is not None and not spec.cwd.is_dir():
+        raise SpecError(
+            f"job {spec.job_id}: working directory {spec.cwd} does not exist; create it or "
+            "submit the job without a working directory"
+        )
+
+
+# --------------------------------------------------------------------------- local
+
+
+@dataclass
+class _Watched:
+    """Mutable bookkeeping for one attempt we watch."""
+
+    handle: Handle
+    run_dir: Path
+    proc: subprocess.Popen[bytes] | None  # None: adopted, not our child
+    stop_kind: str | None = None
+    grace_s: float = DEFAULT_GRACE_S
+    deadline_s: float | None = None
+    kill_sent: bool = False
+    sigterm_at_wall_s: float | None = None  # time.time() of our first SIGTERM
+    dead: bool = False  # adopted but found gone: report on next poll
+    pidfd: int | None = None  # adopted: readable once the process has exited
+
+    def stop_state(self) -> dict[str, object]:
+        return {
+            "kind": self.stop_kind,
+            "grace_s": self.grace_s,
+            "deadline_s": self.deadline_s,
+            "kill_sent": self.kill_sent,
+            "sigterm_at_wall_s": self.sigterm_at_wall_s,
+        }
+
+    def load_stop_state(self, stop: Mapping[str, Any]) -> None:
+        if stop.get("kind") not in ("preempt", "cancel"):
+            return
+        self.stop_kind = str(stop["kind"])
+        grace = stop.get("grace_s")
+        self.grace_s = float(grace) if isinstance(grace, int | float) else DEFAULT_GRACE_S
+        deadline = stop.get("deadline_s")
+        self.deadline_s = float(deadline) if isinstance(deadline, int | float) else None
+        self.kill_sent = bool(stop.get("kill_sent"))
+        sent = stop.get("sigterm_at_wall_s")
+        self.sigterm_at_wall_s = float(sent) if isinstance(sent, int | float) else None
+
+
+def _open_pidfd(handle: Handle) -> int | None:
+    """A pidfd for the adopted shim, or None (old kernel, out of descriptors): then poll
+    falls back to reading /proc/<pid>/stat each time."""
+    try:
+        fd = os.pidfd_open(handle.pid)
+    except (OSError, AttributeError):
+        return None
+    if read_start_ticks(handle.pid, zombie_ok=True) != handle.start_ticks:
+        os.close(fd)  # the pid was reused between our check and the open
+        return None
+    return fd
+
+
+# Popen objects of jobs left running at shutdown(): kept referenced so that the
+# subprocess module neither warns about them nor reaps them behind an adopter's back.
+_DETACHED: list[subprocess.Popen[bytes]] = []
+
+
+class LocalExecutor:
+    """Runs each attempt as `python -P -m gpupool.service.shim --exit-file ... -- argv`.
+
+    poll() costs one waitid() per child job (about 1 µs) and one poll(2) over the pidfds
+    of all adopted jobs; it reads exit records only for jobs that ended, never logs.
+    Grace deadlines are kept in the caller's clock (`now_s`) and in stop-<attempt>.json
+    so that a restarted scheduler enforces them: pass wall-clock seconds (time.time()).
+    Not thread-safe: call it from the scheduler loop only. Linux only."""
+
+    def __init__(self, python: str = sys.executable) -> None:
+        self._python = python
+        self._jobs: dict[str, _Watched] = {}
+        # Adopted jobs are not our children, so waitid cannot see them end; a pidfd per
+        # job and one poll(2) over all of them costs less than reading /proc for each.
+        self._pidfds = select.poll()
+
+    # ---- starting
+
+    def launch(self, spec: LaunchSpec, now_s: float) -> Handle:
+        _validate(spec)
+        if spec.job_id in self._jobs:
+            raise ConflictError(
+                f"job {spec.job_id} is already watched here (attempt "
+                f"{self._jobs[spec.job_id].handle.attempt}); poll until it ends before "
+                "launching it again"
+            )
+        run_dir = spec.run_dir.absolute()
+        (run_dir / CHECKPOINT_DIR).mkdir(parents=True, exist_ok=True)
+        record = exit_file(run_dir, spec.attempt)
+        for stale in (record, stop_file(run_dir, spec.attempt)):
+            stale.unlink(missing_ok=True)
+        header = f"== attempt {spec.attempt} ==\n".encode()
+        # -P: never let the job's working directory shadow the gpupool package.
+        argv = [self._python, "-P", "-m", "gpupool.service.shim", "--exit-file", str(record)]
+        argv += ["--", *spec.argv]
+        with (
+            open(run_dir / STDOUT_LOG, "ab", buffering=0) as out,
+            open(run_dir / STDERR_LOG, "ab", buffering=0) as err,
+        ):
+            out.write(header)
+            err.write(header)
+            try:
+                proc = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=err,
+                    env=job_environment(spec),
+                    cwd=spec.cwd,
+                    start_new_session=True,
+                )
+            except OSError as e:
+                raise SpecError(f"job {spec.job_id}: cannot start the shim {argv[0]}: {e}") from e
+        # Our child's pid stays ours (a zombie at worst) until we reap it.
+        ticks = read_start_ticks(proc.pid, zombie_ok=True) or 0
+        handle = Handle(spec.job_id, spec.attempt, proc.pid, proc.pid, ticks)
+        self._jobs[spec.job_id] = _Watched(handle, run_dir, proc)
+        return handle
+
+    def adopt(self, handle: Handle, run_dir: Path) -> bool:
+        """Watch an attempt started by an earlier scheduler. True if it still runs; else
+        False, and the next poll reports its end (from its exit record, or "lost")."""
+        if handle.job_id in self._jobs:
+            raise ConflictError(f"job {handle.job_id} is already watched by this executor")
+        run_dir = run_dir.absolute()
+        job = _Watched(handle, run_dir, None)
+        stop = _read_json(stop_file(run_dir, handle.attempt))
+        if stop is not None:
+            job.load_stop_state(stop)
+        job.dead = not self._is_our_shim(handle, run_dir)
+        if not job.dead:
+            job.pidfd = _open_pidfd(handle)
+            if job.pidfd is not None:
+                self._pidfds.register(job.pidfd, select.POLLIN)
+        self._jobs[handle.job_id] = job
+        return not job.dead
+
+    @staticmethod
+    def _is_our_shim(handle: Handle, run_dir: Path) -> bool:
+        if read_start_ticks(handle.pid) != handle.start_ticks:
+            return False
+        # Same pid and start time is the same process within one boot; the shim's exit
+        # file also rules out a later boot that happened to reuse both. Compared resolved,
+        # so a run_dir spelled another way (relative, through a symlink) still matches.
+        cmdline = _cmdline(handle.pid)
+        if "gpupool.service.shim" not in cmdline or "--exit-file" not in cmdline:
+            return False
+        at = cmdline.index("--exit-file") + 1
+        if at >= len(cmdline):
+            return False
+        return Path(cmdline[at]).resolve() == exit_file(run_dir, handle.attempt).resolve()
+
+    # ---- stopping
+
+    def preempt(self, job_id: str, grace_s: float, now_s: float) -> None:
+        self._stop(job_id, "preempt", grace_s, now_s)
+
+    def cancel(self, job_id: str, grace_s: float, now_s: float) -> None:
+        self._stop(job_id, "cancel", grace_s, now_s)
+
+    def _stop(self, job_id: str, kind: str, grace_s: float, now_s: float) -> None:
+        job = self._jobs.get(job_id)
+        if job is None:
+            raise NotFoundError(
+                f"job {job_id} is not running on this executor; it may have ended already "
+                "(poll reports that) or was never launched or adopted here"
+            )
+        if not self._alive(job):
+            return  # it ended by itself; the next poll says how
+        grace_s = max(grace_s, 0.0)
+        if job.deadline_s is None or now_s + grace_s < job.deadline_s:
+            job.deadline_s, job.grace_s = now_s + grace_s, grace_s
+        if job.stop_kind != "cancel":
+            job.stop_kind = kind  # a cancel during a preemption wins, never the reverse
+        if job.sigterm_at_wall_s is None:
+            job.sigterm_at_wall_s = time.time()
+        self._save_stop_state(job)
+        self._signal(job, signal.SIGTERM)
+        self._enforce(job, now_s)
+
+    def _save_stop_state(self, job: _Watched) -> None:
+        # Best effort: losing it only matters if the scheduler also restarts meanwhile.
+        with contextlib.suppress(OSError):
+            _write_json(stop_file(job.run_dir, job.handle.attempt), job.stop_state())
+
+    def _alive(self, job: _Watched) -> bool:
+        """Still running (not exited, not even a zombie waiting for us)."""
+        if job.dead:
+            return False
+        if job.proc is not None:
+            if job.proc.returncode is not None:
+                return False
+            try:
+                return os.waitid(os.P_PID, job.proc.pid, _PEEK) is None
+            except ChildProcessError:
+                return False
+        return read_start_ticks(job.handle.pid) == job.handle.start_ticks
+
+    def _signal(self, job: _Watched, sig: int) -> None:
+        # A child's pid is ours until we reap it; an adopted job is checked just before.
+        if job.proc is None and not self._alive(job):
+            return
+        with contextlib.suppress(OSError):
+            os.killpg(job.handle.pgid, sig)
+
+    def _enforce(self, job: _Watched, now_s: float) -> None:
+        if job.kill_sent or job.deadline_s is None or now_s < job.deadline_s:
+            return
+        self._signal(job, signal.SIGKILL)
+        job.kill_sent = True
+        self._save_stop_state(job)
+
+    # ---- watching
+
+    def poll(self, now_s: float) -> list[Exit]:
+        exits: list[Exit] = []
+        exited_fds = {fd for fd, _ in self._pidfds.poll(0)}
+        for job_id, job in list(self._jobs.items()):
+            if not job.dead:
+                self._enforce(job, now_s)
+            ended = self._reap(job, now_s, exited_fds)
+            if ended is not None:
+                exits.append(ended)
+                self._forget(job_id)
+        return exits
+
+    def _forget(self, job_id: str) -> None:
+        job = self._jobs.pop(job_id)
+        if job.pidfd is not None:
+            self._pidfds.unregister(job.pidfd)
+            os.close(job.pidfd)
+            job.pidfd = None
+
+    def _reap(self, job: _Watched, now_s: float, exited_fds: set[int]) -> Exit | None:
+        code: int | None = None
+        sig: int | None = None
+        status_known = False
+        if job.proc is not None:
+            try:
+                if os.waitid(os.P_PID, job.proc.pid, _PEEK) is None:
+                    return None
+                # The zombie still holds the group id: kill whatever the job left behind
+                # (only possible if the shim itself was killed) before the id is reused.
+                with contextlib.suppress(OSError):
+                    os.killpg(job.handle.pgid, signal.SIGKILL)
+                status = job.proc.wait()
+                code, sig = (None, -status) if status < 0 else (status, None)
+                status_known = True
+            except ChildProcessError:
+                pass  # reaped by someone else: only the exit record can tell
+        elif not job.dead:
+            if job.pidfd is not None:
+                if job.pidfd not in exited_fds:
+                    return None
+            elif read_start_ticks(job.handle.pid) == job.handle.start_ticks:
+                return None
+        h = job.handle
+        stop_kind, kill_sent = job.stop_kind, job.kill_sent
+        record = _read_json(exit_file(job.run_dir, h.attempt))
+        if record is not None:
+            ended_at = record.get("ended_at")
+            sent = job.sigterm_at_wall_s
+            if isinstance(ended_at, int | float) and sent is not None and ended_at < sent:
+                stop_kind, kill_sent = None, False  # it had ended before we asked
+            rec_code, rec_sig, error = (record.get(k) for k in ("exit_code", "signal", "error"))
+            code = rec_code if isinstance(rec_code, int) else None
+            sig = rec_sig if isinstance(rec_sig, int) else None
+            status_known = True
+        return classify(
+            h.job_id,
+            h.attempt,
+            exit_code=code,
+            signal_num=sig,
+            at_s=now_s,
+            stop_kind=stop_kind,
+            kill_sent=kill_sent,
+            grace_s=job.grace_s,
+            error=error if record is not None and isinstance(error, str) else None,
+            vanished=not status_known,
+        )
+
+    def handles(self) -> dict[str, Handle]:
+        return {job_id: j.handle for job_id, j in self._jobs.items() if not j.dead}
+
+    def shutdown(self) -> None:
+        """Stop watching; the jobs keep running for the next scheduler to adopt."""
+        for job_id, job in list(self._jobs.items()):
+            if job.proc is not None and job.proc.returncode is None:
+                _DETACHED.append(job.proc)
+            self._forget(job_id)
+
+
+_PEEK = os.WEXITED | os.WNOHANG | os.WNOWAIT
+
+
+# --------------------------------------------------------------------------- fake
+
+
+@dataclass
+class _FakeProc:
+    handle: Handle
+    watched: bool = True
+    dead: bool = False  # adopted but not running: report "lost" on next poll
+    stop_kind: str | None = None
+    grace_s: float = DEFAULT_GRACE_S
+    exit_at_s: float | None = None  # when it leaves by itself after SIGTERM
+    kill_at_s: float | None = None
+    kill_sent: bool = False
+    ended: tuple[int | None, int | None] | None = None  # (exit_code, signal)
+    vanished: bool = False
+
+
+class FakeExecutor:
+    """No processes: jobs run until finish() or a stop, on the clock the caller passes.
+
+    `exit_after_s`: how long a stopped job takes to checkpoint and leave (0: at once).
+    Jobs in `ignores_sigterm` (or slower than their grace period) are killed at the
+    deadline. A stopped job's Exit comes from the first poll at or after its exit or kill
+    time; LocalExecutor reports a kill one poll later, once the process is gone. Every
+    call is logged in `calls` as (verb, job_id); shutdown logs ("shutdown", "")."""
+
+    def __init__(self, exit_after_s: float = 0.0, ignores_sigterm: Iterable[str] = ()) -> None:
+        self.exit_after_s = exit_after_s
+        self.ignores_sigterm: set[str] = set(ignores_sigterm)
+        self.calls: list[tuple[str, str]] = []
+        self._procs: dict[str, _FakeProc] = {}
+        self._next_pid = 100_000
+
+    def launch(self, spec: LaunchSpec, now_s: float) -> Handle:
+        _validate(spec)
+        if spec.job_id in self._procs and self._procs[spec.job_id].watched:
+            raise ConflictError(
+                f"job {spec.job_id} is already watched here (attempt "
+                f"{self._procs[spec.job_id].handle.attempt}); poll until it ends before "
+                "launching it again"
+            )
+        self.calls.append(("launch", spec.job_id))
+        self._next_pid += 1
+        handle = Handle(spec.job_id, spec.attempt, self._next_pid, self._next_pid, int(now_s))
+        self._procs[spec.job_id] = _FakeProc(handle)
+        return handle
+
+    def preempt(self, job_id: str, grace_s: float, now_s: float) -> None:
+        self.calls.append(("preempt", job_id))
+        self._stop(job_id, "preempt", grace_s, now_s)
+
+    def cancel(self, job_id: str, grace_s: float, now_s: float) -> None:
+        self.calls.append(("cancel", job_id))
+        self._stop(job_id, "cancel", grace_s, now_s)
+
+    def _get(self, job_id: str) -> _FakeProc:
+        proc = self._procs.get(job_id)
+        if proc is None:
+            raise NotFoundError(
+                f"job {job_id} is not running on this executor; it may have ended already "
+                "(poll reports that) or was never launched or adopted here"
+            )
+        return proc
+
+    def _stop(self, job_id: str, kind: str, grace_s: float, now_s: float) -> None:
+        proc = self._get(job_id)
+        if not proc.watched:
+            raise NotFoundError(f"job {job_id} is not watched: adopt it first")
+        if proc.dead or proc.ended is not None or proc.vanished:
+            return
+        grace_s = max(grace_s, 0.0)
+        if proc.kill_at_s is None or now_s + grace_s < proc.kill_at_s:
+            proc.kill_at_s, proc.grace_s = now_s + grace_s, grace_s
+        if proc.stop_kind != "cancel":
+            proc.stop_kind = kind
+        if job_id not in self.ignores_sigterm and proc.exit_at_s is None:
+            proc.exit_at_s = now_s + self.exit_after_s
+
+    def finish(self, job_id: str, exit_code: int = 0, signal_num: int | None = None) -> None:
+        """The job ends by itself (or dies of `signal_num`); the next poll reports it."""
+        proc = self._get(job_id)
+        if proc.ended is None:
+            proc.ended = (None, signal_num) if signal_num is not None else (exit_code, None)
+
+    def vanish(self, job_id: str) -> None:
+        """The process disappears without a record, as in a reboot: outcome "lost"."""
+        self._get(job_id).vanished = True
+
+    def poll(self, now_s: float) -> list[Exit]:
+        exits: list[Exit] = []
+        for job_id, proc in list(self._procs.items()):
+            if not proc.watched:
+                continue
+            if proc.ended is None and not proc.vanished and not proc.dead:
+                exit_at_s, kill_at_s = proc.exit_at_s, proc.kill_at_s
+                leaves = exit_at_s is not None and exit_at_s <= now_s
+                if leaves and (kill_at_s is None or (exit_at_s or 0.0) < kill_at_s):
+                    proc.ended = (0, None)
+                elif kill_at_s is not None and kill_at_s <= now_s:
+                    proc.kill_sent = True
+                    proc.ended = (None, signal.SIGKILL)
+                else:
+                    continue
+            code, sig = proc.ended if proc.ended is not None else (None, None)
+            exits.append(
+                classify(
+                    job_id,
+                    proc.handle.attempt,
+                    exit_code=code,
+                    signal_num=sig,
+                    at_s=now_s,
+                    stop_kind=proc.stop_kind,
+                    kill_sent=proc.kill_sent,
+                    grace_s=proc.grace_s,
+                    vanished=proc.ended is None,
+                )
+            )
+            del self._procs[job_id]
+        return exits
+
+    def adopt(self, handle: Handle, run_dir: Path) -> bool:
+        """True if this fake still "runs" exactly that attempt (left by shutdown()); else
+        False and the next poll reports it, "lost" when nothing ended it."""
+        self.calls.append(("adopt", handle.job_id))
+        proc = self._procs.get(handle.job_id)
+        if proc is not None and proc.watched:
+            raise ConflictError(f"job {handle.job_id} is already watched by this executor")
+        if proc is not None and proc.handle == handle:
+            proc.watched = True
+            return proc.ended is None and not proc.vanished
+        self._procs[handle.job_id] = _FakeProc(handle, dead=True)
+        return False
+
+    def handles(self) -> dict[str, Handle]:
+        return {j: p.handle for j, p in self._procs.items() if p.watched and not p.dead}
+
+    def shutdown(self) -> None:
+        """Stop watching; fake jobs keep "running" and can be adopted again."""
+        self.calls.append(("shutdown", ""))
+        for proc in self._procs.values():
+            proc.watched = False
+
+
+if TYPE_CHECKING:  # mypy proves both implement the protocol the scheduler loop uses
+    _LOCAL: Executor = LocalExecutor()
+    _FAKE: Executor = FakeExecutor()

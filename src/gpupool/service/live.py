@@ -1,0 +1,511 @@
+"""The live driver: the scheduler core fed by the database, an executor and telemetry.
+
+One thread runs `step()` every cycle: new jobs from the database join the scheduler,
+finished processes are reaped, GPU health is sampled, and the cycle's decisions are
+carried out (launch processes, preempt with SIGTERM and a grace period). The database
+is the truth a restart recovers from: a job is written as running before its process
+starts, its process handle right after, and every state change with an event in one
+transaction. The API thread only writes new jobs and cancel requests to the database
+and wakes the loop.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpupool.core.lifecycle import JobState
+from gpupool.core.model import Cluster, JobKind, JobSpec, Node, NodeShare, Placement
+from gpupool.core.quota import TeamQuota
+from gpupool.errors import GpupoolError, IllegalTransition
+from gpupool.policies.cycle import PreemptionRules
+from gpupool.policies.power import CapJob, plan_power_caps
+from gpupool.scheduler import Launch, Scheduler, Stop
+from gpupool.service.clock import Clock
+from gpupool.service.executor import Executor, Exit, Handle, LaunchSpec
+from gpupool.service.store import JobRow, Store
+from gpupool.service.telemetry import GpuInfo, GpuSample, MonitorRule, Signals, Telemetry
+
+TERMINAL_STATES = ("succeeded", "failed", "cancelled")
+
+
+@dataclass(frozen=True)
+class LiveConfig:
+    state_dir: Path
+    teams: tuple[TeamQuota, ...] = ()
+    policy: str = "priority-quota"
+    rules: PreemptionRules = field(default_factory=lambda: PreemptionRules(60.0, 3))
+    online_reserve: float = 0.0
+    cycle_s: float = 1.0
+    sample_s: float = 1.0
+    monitor_s: float = 300.0
+    host: str = field(default_factory=socket.gethostname)
+
+
+def build_cluster(
+    inventory: Sequence[GpuInfo], host: str
+) -> tuple[Cluster, dict[tuple[int, int], int]]:
+    """One node per GPU model on this machine; (node, local GPU) -> NVML device index."""
+    by_model: dict[str, list[GpuInfo]] = defaultdict(list)
+    for gpu in inventory:
+        by_model[gpu.model].append(gpu)
+    nodes = []
+    devices: dict[tuple[int, int], int] = {}
+    for k, (model, gpus) in enumerate(sorted(by_model.items())):
+        nodes.append(Node(f"{host}/{model}", model, len(gpus), 1_000_000, 1 << 30, cluster=host))
+        for g, gpu in enumerate(sorted(gpus, key=lambda x: x.index)):
+            devices[(k, g)] = gpu.index
+    return Cluster(host, tuple(nodes)), devices
+
+
+def spec_of(row: JobRow) -> JobSpec:
+    return JobSpec(
+        job_id=str(row.id),
+        gpu_count=row.gpu_count,
+        gpu_models=frozenset({row.gpu_model}) if row.gpu_model else frozenset(),
+        team=row.team,
+        priority=row.priority,
+        kind=JobKind(row.kind),
+        submit_s=row.submitted_at,
+        duration_s=row.duration_s,
+        checkpoint_interval_s=row.checkpoint_every_s or 3600.0,
+    )
+
+
+class LiveService:
+    def __init__(
+        self,
+        config: LiveConfig,
+        store: Store,
+        executor: Executor,
+        telemetry: Telemetry,
+        clock: Clock,
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.executor = executor
+        self.telemetry = telemetry
+        self.clock = clock
+        self.inventory = telemetry.inventory()
+        self.cluster, self.devices = build_cluster(self.inventory, config.host)
+        self.scheduler = Scheduler(
+            self.cluster,
+            config.teams,
+            config.policy,
+            config.rules,
+            online_reserve=config.online_reserve,
+        )
+        self.lock = threading.RLock()
+        self.wake = threading.Event()
+        self.stopping = threading.Event()
+        self.seen_id = 0
+        self.evicting: dict[str, str] = {}
+        """Jobs stopped because their node went bad: requeued when they exit."""
+        self.samples: list[GpuSample] = []
+        self.monitor = MonitorRule(every_s=config.monitor_s)
+        self.signals: Signals | None = None
+        self.signals_at: float | None = None
+        self.last_sample = -1e18
+        self.bad_nodes: set[str] = set()
+        self.decisions: list[tuple[float, str, str]] = []
+        """(time, action, job) of every start, resume and preemption: what parity compares."""
+        self.on_decision: Callable[[float, str, str], None] | None = None
+        self.thread: threading.Thread | None = None
+        self.loop_error: str | None = None
+        self.jobs_dir = config.state_dir / "jobs"
+        self.jobs_dir.mkdir(parents=True, exist_ok=True)
+        self.recover()
+
+    # ---- restart ------------------------------------------------------------------------------
+    def recover(self) -> None:
+        """Rebuild the scheduler from the database; re-adopt processes that still run."""
+        now = self.clock.now()
+        node_of = {n.name: i for i, n in enumerate(self.cluster.nodes)}
+        for row in self.store.active():
+            self.seen_id = max(self.seen_id, row.id)
+            spec = spec_of(row)
+            if row.state in ("running", "preempting"):
+                placement = self._placement_of(row, node_of)
+                state = JobState.RUNNING if row.state == "running" else JobState.PREEMPTING
+                self.scheduler.restore(spec, state, placement, now, row.preemptions)
+                handle = self._handle_of(row)
+                adopted = handle is not None and self.executor.adopt(handle, self.run_dir(row.id))
+                if adopted and handle is not None:
+                    self.store.add_event(
+                        "adopted", f"pid {handle.pid} still runs: re-adopted", now, job_id=row.id
+                    )
+                if adopted and row.state == "preempting":
+                    self.executor.preempt(str(row.id), row.grace_s, now)
+                if handle is None:  # it never started: back in the queue
+                    self._requeue(row.id, now, "the scheduler stopped before it started")
+            elif row.state in ("pending", "suspended"):
+                state = JobState.PENDING if row.state == "pending" else JobState.SUSPENDED
+                self.scheduler.restore(spec, state, None, now, row.preemptions)
+
+    def _placement_of(self, row: JobRow, node_of: dict[str, int]) -> Placement | None:
+        by_node: dict[int, list[int]] = defaultdict(list)
+        index_of = {dev: key for key, dev in self.devices.items()}
+        for _node, device in row.gpus:
+            key = index_of.get(device)
+            if key is None:
+                return None
+            by_node[key[0]].append(key[1])
+        if not by_node and row.node is not None and row.node in node_of:
+            by_node[node_of[row.node]] = []
+        if not by_node:
+            return None
+        return Placement(
+            tuple(NodeShare(n, tuple(sorted(g)), 1000) for n, g in sorted(by_node.items()))
+        )
+
+    def _handle_of(self, row: JobRow) -> Handle | None:
+        if row.pid is not None and row.pgid is not None and row.start_ticks is not None:
+            return Handle(str(row.id), row.attempts, row.pid, row.pgid, row.start_ticks)
+        path = self.run_dir(row.id) / f"handle-{row.attempts}.json"
+        if path.is_file():  # written right after launch, before the database heard of it
+            d = json.loads(path.read_text(encoding="utf-8"))
+            return Handle(str(row.id), row.attempts, d["pid"], d["pgid"], d["start_ticks"])
+        return None
+
+    # ---- the loop -----------------------------------------------------------------------------
+    def start(self) -> None:
+        self.thread = threading.Thread(target=self._run, name="gpupool-scheduler", daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.wake.set()
+        if self.thread is not None:
+            self.thread.join(timeout=10)
+        self.executor.shutdown()
+
+    def _run(self) -> None:
+        while not self.stopping.is_set():
+            try:
+                self.step()
+                self.loop_error = None
+            except GpupoolError as err:  # keep scheduling; the API shows the problem
+                self.loop_error = str(err)
+            self.wake.wait(self.config.cycle_s)
+            self.wake.clear()
+
+    def step(self) -> None:
+        with self.lock:
+            now = self.clock.now()
+            self._ingest(now)
+            self._reap(now)
+            if now - self.last_sample >= self.config.sample_s:
+                self._sample(now)
+            self._carry_out(self.scheduler.cycle(now), now)
+
+    def run_dir(self, job_id: int) -> Path:
+        return self.jobs_dir / str(job_id)
+
+    # ---- inputs -----------------------------------------------------------------------------
+    def _ingest(self, now: float) -> None:
+        for row in self.store.list(state="pending", after_id=self.seen_id, limit=10_000):
+            self.seen_id = max(self.seen_id, row.id)
+            if str(row.id) not in self.scheduler.tickets:
+                ticket = self.scheduler.submit(spec_of(row), now)
+                if ticket.state is JobState.UNPLACEABLE:
+                    self._transition(
+                        row.id,
+                        "failed",
+                        now,
+                        ("pending",),
+                        reason=f"needs {row.gpu_count} GPUs of a kind this machine does not "
+                        f"have that many of ({', '.join(sorted(self.scheduler.pool_gpus))})",
+                        ended_at=now,
+                    )
+
+    def cancel(self, job_id: int) -> JobRow:
+        """Called by the API: pending jobs end at once, running ones get SIGTERM + grace."""
+        with self.lock:
+            now = self.clock.now()
+            row = self.store.request_cancel(job_id, now)
+            key = str(job_id)
+            ticket = self.scheduler.tickets.get(key)
+            if row.state == "cancelled":
+                if ticket is not None:
+                    self.scheduler.finished(key, now, JobState.CANCELLED)
+            elif row.state in ("running", "preempting") and key in self.executor.handles():
+                self.executor.cancel(key, row.grace_s, now)
+            self.wake.set()
+            return row
+
+    def _reap(self, now: float) -> None:
+        for ex in self.executor.poll(now):
+            self._exited(ex, now)
+
+    def _exited(self, ex: Exit, now: float) -> None:
+        job_id = int(ex.job_id)
+        row = self.store.get(job_id)
+        if row.state in TERMINAL_STATES:
+            return
+        key = ex.job_id
+        self._unload(row)
+        running = ("running", "preempting")
+        if ex.job_id in self.evicting:
+            why = self.evicting.pop(ex.job_id)
+            self.scheduler.lost(key, now, why)
+            self._transition(job_id, "suspended", now, running, reason=why, exit_code=ex.exit_code)
+        elif ex.outcome == "succeeded":
+            self.scheduler.finished(key, now, JobState.FINISHED)
+            self._transition(
+                job_id, "succeeded", now, running, reason=ex.reason, exit_code=0, ended_at=now
+            )
+        elif ex.outcome in ("preempted", "killed"):
+            self._transition(
+                job_id,
+                "suspended",
+                now,
+                ("preempting",),
+                reason=f"preempted: {ex.reason}; resumes from its checkpoint",
+                exit_code=ex.exit_code,
+            )
+            self._carry_out(self.scheduler.vacated(key, now), now)
+        elif ex.outcome == "cancelled":
+            self.scheduler.finished(key, now, JobState.CANCELLED)
+            self._transition(
+                job_id, "cancelled", now, running, reason="cancelled on request", ended_at=now
+            )
+        elif ex.outcome == "lost":
+            self.scheduler.lost(key, now, ex.reason)
+            self._transition(job_id, "suspended", now, running, reason=f"lost: {ex.reason}")
+        elif row.retries < row.max_retries:
+            self.scheduler.lost(key, now, ex.reason)
+            self._transition(
+                job_id,
+                "suspended",
+                now,
+                running,
+                reason=f"{ex.outcome}: {ex.reason}; retry {row.retries + 1} of {row.max_retries}",
+                exit_code=ex.exit_code,
+                retries=row.retries + 1,
+            )
+        else:
+            self.scheduler.finished(key, now, JobState.FAILED)
+            self._transition(
+                job_id,
+                "failed",
+                now,
+                running,
+                reason=f"{ex.outcome}: {ex.reason}",
+                exit_code=ex.exit_code,
+                ended_at=now,
+            )
+
+    def _requeue(self, job_id: int, now: float, why: str) -> None:
+        self.scheduler.lost(str(job_id), now, why)
+        self._transition(job_id, "suspended", now, ("running", "preempting"), reason=why)
+
+    def _sample(self, now: float) -> None:
+        self.last_sample = now
+        self.samples = self.telemetry.sample(now)
+        self.monitor.observe(self.samples)
+        if self.monitor.due(now):
+            self.signals = self.monitor.evaluate(now)
+            self.signals_at = now
+            if self.signals.reclaimable or self.signals.scale_out:
+                self.store.add_event(
+                    "monitor",
+                    f"reclaimable GPUs {list(self.signals.reclaimable)}; "
+                    f"scale-out {'yes' if self.signals.scale_out else 'no'} "
+                    f"(mean utilisation {self.signals.mean_util_pct:.0f}%)",
+                    now,
+                )
+        node_of_device = {dev: key[0] for key, dev in self.devices.items()}
+        for s in self.samples:
+            if s.healthy:
+                continue
+            k = node_of_device.get(s.index)
+            if k is None:
+                continue
+            name = self.cluster.nodes[k].name
+            if name in self.bad_nodes:
+                continue
+            self.bad_nodes.add(name)
+            why = f"node {name} unhealthy: GPU {s.index} {s.problem}"
+            self.store.add_event("node-unhealthy", why, now)
+            for job_id in self.scheduler.node_lost(name, now):
+                row = self.store.get(int(job_id))
+                self.evicting[job_id] = f"{why}; requeued from its checkpoint"
+                self.executor.preempt(job_id, row.grace_s, now)
+
+    # ---- outputs ----------------------------------------------------------------------------
+    def _carry_out(self, decisions: Sequence[Launch | Stop], now: float) -> None:
+        for d in decisions:
+            if isinstance(d, Launch):
+                self._launch(d, now)
+            else:
+                row = self.store.get(int(d.job_id))
+                self._transition(
+                    row.id,
+                    "preempting",
+                    now,
+                    ("running",),
+                    reason=d.reason,
+                    preemptions=row.preemptions + 1,
+                )
+                self.executor.preempt(d.job_id, row.grace_s, now)
+                self._decided(now, "preempt", d.job_id)
+
+    def _launch(self, d: Launch, now: float) -> None:
+        row = self.store.get(int(d.job_id))
+        devices = tuple(self.devices[(s.node, g)] for s in d.placement.shares for g in s.gpus)
+        node = self.cluster.nodes[d.placement.shares[0].node].name
+        attempt = row.attempts + 1
+        self._transition(
+            row.id,
+            "running",
+            now,
+            ("pending", "suspended"),
+            reason="resumed" if d.resume else "started",
+            gpus=[[node, dev] for dev in devices],
+            node=node,
+            attempts=attempt,
+            started_at=row.started_at if row.started_at is not None else now,
+            pid=None,
+            pgid=None,
+            start_ticks=None,
+        )
+        run_dir = self.run_dir(row.id)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        spec = LaunchSpec(
+            job_id=d.job_id,
+            attempt=attempt,
+            argv=tuple(row.command),
+            env=dict(row.env),
+            gpu_indices=devices,
+            run_dir=run_dir,
+            resume=d.resume or row.attempts > 0,
+            cwd=Path(row.cwd) if row.cwd else None,
+        )
+        handle = self.executor.launch(spec, now)
+        (run_dir / f"handle-{attempt}.json").write_text(
+            json.dumps({"pid": handle.pid, "pgid": handle.pgid, "start_ticks": handle.start_ticks}),
+            encoding="utf-8",
+        )
+        self.store.set_process(row.id, handle.pid, handle.pgid, handle.start_ticks, now)
+        self._load(devices, row)
+        self._decided(now, "resume" if d.resume else "start", d.job_id)
+
+    def _load(self, devices: tuple[int, ...], row: JobRow) -> None:
+        """Tell a fake fleet what runs where, and cap memory-bound work (SetPowerCap)."""
+        set_load = getattr(self.telemetry, "set_load", None)
+        if set_load is not None:
+            for dev in devices:
+                set_load(dev, 100.0, 1024)
+        kind = JobKind(row.kind)
+        if kind is JobKind.OFFLINE and devices:
+            tdp = next((g.power_limit_w for g in self.inventory if g.index == devices[0]), None)
+            if tdp:
+                job = CapJob(str(row.id), kind, tuple((0, d) for d in devices), tdp, None, 0.0)
+                max_mhz = {
+                    0: next((g.max_sm_mhz for g in self.inventory if g.max_sm_mhz), 1980) or 1980
+                }
+                for cmd in plan_power_caps([job], self.clock.now(), {}, {}, True, None, max_mhz):
+                    result = self.telemetry.apply(cmd)
+                    self.store.add_event(
+                        "power-cap",
+                        f"GPU {cmd.gpu}: {cmd.reason}: "
+                        f"{'applied' if result.ok else 'skipped'} ({result.message})",
+                        self.clock.now(),
+                        job_id=row.id,
+                    )
+
+    def _unload(self, row: JobRow) -> None:
+        set_load = getattr(self.telemetry, "set_load", None)
+        if set_load is not None:
+            for _node, dev in row.gpus:
+                set_load(dev, 0.0, 0)
+
+    def _transition(
+        self, job_id: int, to: str, now: float, expect: tuple[str, ...], **fields: Any
+    ) -> None:
+        try:
+            self.store.transition(job_id, to, now, expect=expect, **fields)
+        except IllegalTransition as err:
+            self.store.add_event("error", str(err), now, job_id=job_id)
+
+    def _decided(self, now: float, action: str, job_id: str) -> None:
+        self.decisions.append((now, action, job_id))
+        if self.on_decision is not None:
+            self.on_decision(now, action, job_id)
+
+    # ---- views for the API ----------------------------------------------------------------
+    def cluster_view(self) -> dict[str, Any]:
+        with self.lock:
+            jobs_on: dict[int, str] = {}
+            for job_id, p in self.scheduler.placements().items():
+                for part in p.shares:
+                    for g in part.gpus:
+                        jobs_on[self.devices[(part.node, g)]] = job_id
+            samples = {s.index: s for s in self.samples}
+            reclaimable = set(self.signals.reclaimable) if self.signals is not None else set()
+            nodes = []
+            for k, node in enumerate(self.cluster.nodes):
+                gpus = []
+                for g in range(node.gpu_count):
+                    dev = self.devices[(k, g)]
+                    info = next(x for x in self.inventory if x.index == dev)
+                    s = samples.get(dev)
+                    gpus.append(
+                        {
+                            "index": dev,
+                            "uuid": info.uuid,
+                            "model": info.model,
+                            "mem_total_mib": info.mem_total_mib,
+                            "mem_used_mib": s.mem_used_mib if s else None,
+                            "util_pct": s.util_pct if s else None,
+                            "temp_c": s.temp_c if s else None,
+                            "power_w": s.power_w if s else None,
+                            "power_limit_w": s.power_limit_w if s else info.power_limit_w,
+                            "sm_clock_mhz": s.sm_clock_mhz if s else None,
+                            "mem_clock_mhz": s.mem_clock_mhz if s else None,
+                            "ecc_uncorrected": s.ecc_uncorrected if s else None,
+                            "healthy": s.healthy if s else True,
+                            "problem": s.problem if s else "",
+                            "job_id": int(jobs_on[dev]) if dev in jobs_on else None,
+                            "reclaimable": dev in reclaimable,
+                        }
+                    )
+                nodes.append(
+                    {
+                        "name": node.name,
+                        "gpu_model": node.gpu_model,
+                        "healthy": node.name not in self.bad_nodes,
+                        "gpus": gpus,
+                    }
+                )
+            sig = self.signals
+            return {
+                "nodes": nodes,
+                "signals": {
+                    "reclaimable": sorted(reclaimable),
+                    "scale_out": bool(sig.scale_out) if sig else False,
+                    "mean_util_pct": sig.mean_util_pct if sig else None,
+                    "window_s": sig.window_s if sig else self.config.monitor_s,
+                    "evaluated_at": self.signals_at,
+                },
+                "queue": {
+                    "pending": self.scheduler.waiting(),
+                    "running": len(self.scheduler.placements()),
+                },
+                "scheduler_error": self.loop_error,
+            }
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    return True

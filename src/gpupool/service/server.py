@@ -1,0 +1,217 @@
+"""`gpupool serve`: the database, the executor, telemetry and the API in one process."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpupool.core.quota import TeamQuota
+from gpupool.errors import SpecError
+from gpupool.policies.cycle import CYCLE_POLICIES, PreemptionRules
+from gpupool.service.clock import SystemClock
+from gpupool.service.executor import LocalExecutor
+from gpupool.service.live import LiveConfig, LiveService
+from gpupool.service.store import NewJob, Store, database_url
+from gpupool.service.telemetry import FakeTelemetry, NoGpuError, NvmlTelemetry, Telemetry
+
+DEFAULT_PORT = 8642
+
+
+def add_serve_parser(sub: Any) -> None:
+    sp = sub.add_parser(
+        "serve",
+        help="run the scheduler service (API, database, local executor, GPU telemetry)",
+        description="Run the live scheduler on this machine's GPUs. Examples:\n"
+        "  gpupool serve                                  # SQLite in --state-dir, NVML GPUs\n"
+        "  gpupool serve --fake-gpus 4xA100-80GB --auth none\n"
+        "  gpupool serve --db postgresql://user@127.0.0.1:5432/gpupool\n"
+        "  gpupool serve --demo                           # what `make run` does",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sp.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    sp.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
+    sp.add_argument(
+        "--db",
+        help="database URL: sqlite:///FILE or postgresql://... (default: SQLite in the state dir)",
+    )
+    sp.add_argument(
+        "--state-dir",
+        type=Path,
+        default=Path(".gpupool"),
+        help="where the SQLite file, job logs and checkpoints live (.gpupool)",
+    )
+    sp.add_argument(
+        "--fake-gpus",
+        help="run on a fake fleet, e.g. 4xA100-80GB or "
+        "2xH100,2xRTX-4090: jobs run as real processes that get no GPU",
+    )
+    sp.add_argument(
+        "--auth",
+        choices=("token", "none"),
+        default="token",
+        help="token (default): bearer tokens; none: only when bound to loopback",
+    )
+    sp.add_argument("--config", type=Path, help="YAML with teams (quotas), policy, preemption")
+    sp.add_argument("--cycle", type=float, default=1.0, help="scheduling cycle, s (1)")
+    sp.add_argument("--sample", type=float, default=1.0, help="telemetry sampling, s (1)")
+    sp.add_argument(
+        "--monitor",
+        type=float,
+        default=300.0,
+        help="reclaimable / scale-out evaluation window, s (300)",
+    )
+    sp.add_argument(
+        "--demo",
+        action="store_true",
+        help="fake fleet if no GPU, demo teams, a few demo jobs submitted",
+    )
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def load_service_config(path: Path | None) -> tuple[tuple[TeamQuota, ...], str, PreemptionRules]:
+    if path is None:
+        return (), "priority-quota", PreemptionRules(60.0, 3)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as err:
+        raise SpecError(f"{path}: cannot read the service config: {err}") from None
+    if not isinstance(raw, dict):
+        raise SpecError(f"{path}: expected a mapping with teams:, policy:, preemption:")
+    unknown = set(raw) - {"teams", "policy", "preemption"}
+    if unknown:
+        raise SpecError(
+            f"{path}: unknown key(s) {sorted(unknown)}; allowed: teams, policy, preemption"
+        )
+    teams = []
+    for k, t in enumerate(raw.get("teams") or []):
+        if not isinstance(t, dict) or "name" not in t:
+            raise SpecError(f"{path}: teams[{k}]: expected {{name, guaranteed, max}}")
+        teams.append(
+            TeamQuota(
+                str(t["name"]),
+                {str(a): int(b) for a, b in (t.get("guaranteed") or {}).items()},
+                {str(a): int(b) for a, b in (t.get("max") or {}).items()},
+            )
+        )
+    policy = str(raw.get("policy", "priority-quota"))
+    if policy not in CYCLE_POLICIES:
+        raise SpecError(f"{path}: policy {policy!r}; choose {', '.join(CYCLE_POLICIES)}")
+    pre = raw.get("preemption") or {}
+    rules = PreemptionRules(float(pre.get("min_runtime_s", 60.0)), int(pre.get("max_per_job", 3)))
+    return tuple(teams), policy, rules
+
+
+def open_telemetry(fake: str | None, demo: bool) -> Telemetry:
+    if fake:
+        return FakeTelemetry(fake)
+    try:
+        return NvmlTelemetry()
+    except NoGpuError as err:
+        if demo:
+            print(f"gpupool: {err}; the demo uses a fake fleet of 4xA100-80GB", file=sys.stderr)
+            return FakeTelemetry("4xA100-80GB")
+        raise
+
+
+DEMO_JOBS = (
+    ("train-a", "research", "training", 1, ["--steps", "120", "--step-s", "0.5", "--every", "10"]),
+    ("train-b", "research", "training", 2, ["--steps", "240", "--step-s", "0.5", "--every", "20"]),
+    ("batch-c", "research", "offline-inference", 1, ["--steps", "60", "--step-s", "0.5"]),
+    ("chat", "serving", "online-inference", 1, ["--steps", "600", "--step-s", "0.5"]),
+)
+
+
+def submit_demo(store: Store) -> None:
+    now = time.time()
+    for name, team, kind, gpus, args in DEMO_JOBS:
+        store.submit(
+            NewJob(
+                name=name,
+                team=team,
+                kind=kind,
+                priority=100 if kind == "online-inference" else 50,
+                gpu_count=gpus,
+                command=(sys.executable, "-m", "gpupool.examples.ckpt_counter", *args),
+                grace_s=10.0,
+                checkpoint_every_s=10.0,
+                owner="demo",
+            ),
+            now,
+            idempotency_key=f"demo-{name}",
+        )
+
+
+def serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from gpupool.service.api import create_app
+
+    auth = args.auth == "token"
+    if not auth and not _loopback(args.host):
+        raise SpecError(
+            f"--auth none is allowed only on a loopback address, not {args.host}; "
+            "drop --auth none or bind to 127.0.0.1"
+        )
+    state_dir: Path = args.state_dir
+    state_dir.mkdir(parents=True, exist_ok=True)
+    teams, policy, rules = load_service_config(args.config)
+    if args.demo and not teams:
+        teams = (
+            TeamQuota("serving", {}, {}),
+            TeamQuota("research", {}, {}),
+        )
+    store = Store(database_url(args.db, state_dir))
+    store.migrate()
+    telemetry = open_telemetry(args.fake_gpus, args.demo)
+    live = LiveService(
+        LiveConfig(
+            state_dir=state_dir,
+            teams=teams,
+            policy=policy,
+            rules=rules,
+            cycle_s=args.cycle,
+            sample_s=args.sample,
+            monitor_s=args.monitor,
+        ),
+        store,
+        LocalExecutor(),
+        telemetry,
+        SystemClock(),
+    )
+    url = f"http://{args.host}:{args.port}"
+    print(
+        f"gpupool serving on {url} ({len(live.inventory)} GPUs: "
+        f"{', '.join(sorted({g.model for g in live.inventory}))}; state in {state_dir})"
+    )
+    if auth and not store.has_admin():
+        token = store.create_token("admin", None, time.time())
+        print(f"admin token (shown once, keep it): {token}")
+        print(f"  export GPUPOOL_URL={url} GPUPOOL_TOKEN={token}")
+    elif not auth:
+        print(f"  export GPUPOOL_URL={url}   (no authentication: loopback only)")
+    sys.stdout.flush()
+    if args.demo:
+        submit_demo(store)
+        print("demo jobs submitted; try: gpupool ls, gpupool top, gpupool logs -f 1")
+    app = create_app(live, store, auth)
+    live.start()
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+    finally:
+        live.stop()
+        telemetry.close()
+    return 0

@@ -1,0 +1,847 @@
+"""The live service's durable state: jobs, their event log and API tokens, in SQLite or PostgreSQL.
+
+Every public method is exactly one transaction, so a crash (of the process or of the method)
+never leaves half a change behind, and every write is committed before the method returns, so
+the API can promise a job exists the moment it answers. A Store is safe to share between
+threads: each call checks its own connection out of the engine's pool.
+"""
+
+from __future__ import annotations
+
+import builtins
+import hashlib
+import secrets
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Double,
+    ForeignKey,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    create_engine,
+    delete,
+    event,
+    false,
+    func,
+    insert,
+    select,
+    text,
+)
+from sqlalchemy import update as sql_update
+from sqlalchemy.engine import Connection, make_url
+from sqlalchemy.exc import ArgumentError, IntegrityError
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
+
+from gpupool.errors import ConflictError, IllegalTransition, NotFoundError, SpecError
+
+KINDS: tuple[str, ...] = ("training", "online-inference", "offline-inference", "batch")
+STATES: tuple[str, ...] = (
+    "pending",
+    "running",
+    "preempting",
+    "suspended",
+    "succeeded",
+    "failed",
+    "cancelled",
+)
+TRANSITIONS: dict[str, frozenset[str]] = {
+    "pending": frozenset({"running", "cancelled", "failed"}),
+    # running/preempting -> pending: requeue after a crash or a lost node
+    "running": frozenset(
+        {"preempting", "succeeded", "failed", "cancelled", "pending", "suspended"}
+    ),
+    "preempting": frozenset({"suspended", "succeeded", "failed", "cancelled", "pending"}),
+    "suspended": frozenset({"running", "cancelled", "failed"}),
+    "succeeded": frozenset(),
+    "failed": frozenset(),
+    "cancelled": frozenset(),
+}
+TERMINAL: frozenset[str] = frozenset(s for s, nxt in TRANSITIONS.items() if not nxt)
+SETTABLE: frozenset[str] = frozenset(
+    {
+        "gpus",
+        "node",
+        "pid",
+        "pgid",
+        "start_ticks",
+        "attempts",
+        "preemptions",
+        "retries",
+        "exit_code",
+        "reason",
+        "started_at",
+        "ended_at",
+        "cancel_requested",
+    }
+)
+"""Columns transition() and update() may change; the job's spec is immutable once submitted."""
+
+MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
+SQLITE_BUSY_TIMEOUT_S = 30.0
+"""How long a SQLite writer waits for another writer before giving up with 'database is locked'."""
+
+_WRITE = "gpupool_write"
+"""Execution option marking a write transaction (SQLite: BEGIN IMMEDIATE)."""
+_EVENT_LOCK = 0x67707570_0001
+"""PostgreSQL advisory lock taken before inserting events, so their seqs commit in order."""
+_MIGRATE_LOCK = 0x67707570_0002
+"""PostgreSQL advisory lock that lets only one process migrate at a time."""
+
+_NAMING = {
+    "ix": "ix_%(table_name)s_%(column_0_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+# ---- schema (the migrations in migrations/versions create exactly this) ---------------------
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=_NAMING)
+
+
+class JobModel(Base):
+    __tablename__ = "jobs"
+    __table_args__ = {"sqlite_autoincrement": True}  # noqa: RUF012  (ids are never reused)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String)
+    team: Mapped[str] = mapped_column(String, index=True)
+    kind: Mapped[str] = mapped_column(String)
+    priority: Mapped[int] = mapped_column(Integer)
+    gpu_count: Mapped[int] = mapped_column(Integer)
+    gpu_model: Mapped[str | None] = mapped_column(String)
+    command: Mapped[list[str]] = mapped_column(JSON)
+    env: Mapped[dict[str, str]] = mapped_column(JSON)
+    cwd: Mapped[str | None] = mapped_column(Text)
+    checkpoint_every_s: Mapped[float | None] = mapped_column(Double)
+    grace_s: Mapped[float] = mapped_column(Double)
+    max_retries: Mapped[int] = mapped_column(Integer)
+    retries: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    state: Mapped[str] = mapped_column(String, index=True)
+    reason: Mapped[str] = mapped_column(Text, server_default="")
+    gpus: Mapped[list[list[Any]]] = mapped_column(JSON)
+    node: Mapped[str | None] = mapped_column(String)
+    attempts: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    preemptions: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    pid: Mapped[int | None] = mapped_column(Integer)
+    pgid: Mapped[int | None] = mapped_column(Integer)
+    start_ticks: Mapped[int | None] = mapped_column(BigInteger)
+    duration_s: Mapped[float | None] = mapped_column(Double)
+    submitted_at: Mapped[float] = mapped_column(Double)
+    started_at: Mapped[float | None] = mapped_column(Double)
+    ended_at: Mapped[float | None] = mapped_column(Double)
+    updated_at: Mapped[float] = mapped_column(Double)
+    idempotency_key: Mapped[str | None] = mapped_column(String, unique=True)
+    owner_token: Mapped[str | None] = mapped_column(String)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, server_default=false())
+
+
+class EventModel(Base):
+    __tablename__ = "events"
+    __table_args__ = {"sqlite_autoincrement": True}  # noqa: RUF012  (seqs are never reused)
+
+    seq: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
+    at_s: Mapped[float] = mapped_column(Double)
+    kind: Mapped[str] = mapped_column(String)
+    job_id: Mapped[int | None] = mapped_column(Integer, ForeignKey("jobs.id"), index=True)
+    message: Mapped[str] = mapped_column(Text)
+    data: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+
+class TokenModel(Base):
+    __tablename__ = "tokens"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String, unique=True)
+    team: Mapped[str | None] = mapped_column(String)
+    hash: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[float] = mapped_column(Double)
+
+
+# ---- values handed to and returned by the Store ---------------------------------------------
+@dataclass(frozen=True)
+class NewJob:
+    """What a user submits; everything the scheduler later learns lives in JobRow."""
+
+    name: str
+    team: str
+    kind: str
+    priority: int
+    gpu_count: int
+    command: tuple[str, ...]
+    env: Mapping[str, str] = field(default_factory=dict)
+    cwd: str | None = None
+    gpu_model: str | None = None
+    checkpoint_every_s: float | None = None
+    grace_s: float = 60.0
+    max_retries: int = 0
+    duration_s: float | None = None
+    owner: str | None = None
+
+    def __post_init__(self) -> None:
+        # a list or a caller's dict would make two equal specs compare unequal or change later
+        object.__setattr__(self, "command", tuple(self.command))
+        object.__setattr__(self, "env", dict(self.env))
+
+
+@dataclass(frozen=True)
+class JobRow:
+    """One job as stored: its spec, where it runs and how its life went so far."""
+
+    id: int
+    name: str
+    team: str
+    kind: str
+    priority: int
+    gpu_count: int
+    gpu_model: str | None
+    command: tuple[str, ...]
+    env: Mapping[str, str]
+    cwd: str | None
+    checkpoint_every_s: float | None
+    grace_s: float
+    max_retries: int
+    retries: int
+    state: str
+    reason: str
+    gpus: tuple[tuple[str, int], ...]
+    node: str | None
+    attempts: int
+    preemptions: int
+    exit_code: int | None
+    pid: int | None
+    pgid: int | None
+    start_ticks: int | None
+    duration_s: float | None
+    submitted_at: float
+    started_at: float | None
+    ended_at: float | None
+    updated_at: float
+    idempotency_key: str | None
+    owner_token: str | None
+    cancel_requested: bool
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL
+
+    def spec(self) -> NewJob:
+        """The NewJob this row was submitted as (to compare a resubmission with)."""
+        return NewJob(
+            name=self.name,
+            team=self.team,
+            kind=self.kind,
+            priority=self.priority,
+            gpu_count=self.gpu_count,
+            command=self.command,
+            env=self.env,
+            cwd=self.cwd,
+            gpu_model=self.gpu_model,
+            checkpoint_every_s=self.checkpoint_every_s,
+            grace_s=self.grace_s,
+            max_retries=self.max_retries,
+            duration_s=self.duration_s,
+            owner=self.owner_token,
+        )
+
+
+@dataclass(frozen=True)
+class EventRow:
+    seq: int
+    at_s: float
+    kind: str
+    job_id: int | None
+    message: str
+    data: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who holds a token: a team member, or an admin when team is None."""
+
+    name: str
+    team: str | None
+
+    @property
+    def is_admin(self) -> bool:
+        return self.team is None
+
+
+# ---- URLs -----------------------------------------------------------------------------------
+_URL_EXAMPLE = (
+    "use sqlite:////var/lib/gpupool/gpupool.db or postgresql://USER:PASSWORD@HOST:5432/gpupool"
+)
+
+
+def database_url(text: str | None, state_dir: Path) -> str:
+    """The SQLAlchemy URL for a user's --database value; None means SQLite under state_dir."""
+    if text is None:
+        return f"sqlite:///{state_dir}/gpupool.db"
+    url = text.strip()
+    for prefix in ("postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            url = "postgresql+psycopg://" + url[len(prefix) :]
+    if url.startswith("sqlite:///"):
+        if url[len("sqlite:///") :] in ("", ":memory:"):
+            raise SpecError(
+                f"database {text!r} is not a file; the service needs state that survives "
+                f"a restart: {_URL_EXAMPLE}"
+            )
+    elif not url.startswith("postgresql+psycopg://"):
+        raise SpecError(f"database {text!r} is neither SQLite nor PostgreSQL; {_URL_EXAMPLE}")
+    try:
+        make_url(url)
+    except ArgumentError as exc:
+        raise SpecError(f"database {text!r} is not a valid URL ({exc}); {_URL_EXAMPLE}") from exc
+    return url
+
+
+# ---- the store ------------------------------------------------------------------------------
+def _missing(job_id: int) -> NotFoundError:
+    return NotFoundError(f"job {job_id} does not exist; gpupool ls lists jobs")
+
+
+def _illegal(job_id: int, old: str, new: str) -> IllegalTransition:
+    allowed = ", ".join(sorted(TRANSITIONS[old])) or "nowhere (it is finished)"
+    return IllegalTransition(
+        f"job {job_id} cannot go from {old} to {new}; from {old} it may go to {allowed}"
+    )
+
+
+def _check_state(state: str) -> None:
+    if state not in TRANSITIONS:
+        raise SpecError(f"unknown job state {state!r}; states are {', '.join(STATES)}")
+
+
+def _check_new(job: NewJob) -> None:
+    """Refuse a spec the scheduler could never run, before anything is written."""
+    if not job.name or not job.team:
+        raise SpecError("a job needs a name and a team; set both and resubmit")
+    if job.kind not in KINDS:
+        raise SpecError(f"unknown job kind {job.kind!r}; kinds are {', '.join(KINDS)}")
+    if job.gpu_count < 0:
+        raise SpecError(f"gpu_count is {job.gpu_count}; ask for 0 or more GPUs")
+    if not job.command or not all(isinstance(a, str) for a in job.command):
+        raise SpecError("command must be a non-empty list of strings, e.g. ['python', 'train.py']")
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in job.env.items()):
+        raise SpecError("env must map strings to strings; quote numbers, e.g. {'SEED': '1'}")
+    if job.grace_s < 0 or job.max_retries < 0:
+        raise SpecError("grace_s and max_retries must not be negative")
+
+
+def _job_row(m: JobModel) -> JobRow:
+    return JobRow(
+        id=m.id,
+        name=m.name,
+        team=m.team,
+        kind=m.kind,
+        priority=m.priority,
+        gpu_count=m.gpu_count,
+        gpu_model=m.gpu_model,
+        command=tuple(m.command),
+        env=dict(m.env),
+        cwd=m.cwd,
+        checkpoint_every_s=m.checkpoint_every_s,
+        grace_s=m.grace_s,
+        max_retries=m.max_retries,
+        retries=m.retries,
+        state=m.state,
+        reason=m.reason,
+        gpus=tuple((str(n), int(i)) for n, i in m.gpus),
+        node=m.node,
+        attempts=m.attempts,
+        preemptions=m.preemptions,
+        exit_code=m.exit_code,
+        pid=m.pid,
+        pgid=m.pgid,
+        start_ticks=m.start_ticks,
+        duration_s=m.duration_s,
+        submitted_at=m.submitted_at,
+        started_at=m.started_at,
+        ended_at=m.ended_at,
+        updated_at=m.updated_at,
+        idempotency_key=m.idempotency_key,
+        owner_token=m.owner_token,
+        cancel_requested=bool(m.cancel_requested),
+    )
+
+
+def _event_row(m: EventModel) -> EventRow:
+    return EventRow(m.seq, m.at_s, m.kind, m.job_id, m.message, dict(m.data))
+
+
+def _settable(fields: Mapping[str, Any]) -> dict[str, Any]:
+    unknown = sorted(set(fields) - SETTABLE)
+    if unknown:
+        raise TypeError(f"cannot set {unknown}; settable columns: {sorted(SETTABLE)}")
+    values = dict(fields)
+    if "gpus" in values:
+        values["gpus"] = [[node, index] for node, index in values["gpus"]]
+    return values
+
+
+def token_hash(token: str) -> str:
+    """What the tokens table keeps instead of the token: a leaked database leaks no access."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class Store:
+    """Jobs, events and tokens behind one engine; every public method is one transaction.
+
+    SQLite runs in WAL mode with synchronous=NORMAL: a committed transaction survives the
+    process being killed (SIGKILL, OOM) because it is in the WAL file the OS already holds;
+    only an OS crash or power cut can lose the last few commits. Writers start with
+    BEGIN IMMEDIATE so two writers queue on the busy timeout instead of failing on a lock
+    upgrade. PostgreSQL gets a pool of connections and its own full durability.
+    """
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        parsed = make_url(url)
+        self.dialect = parsed.get_backend_name()
+        if self.dialect == "sqlite":
+            if parsed.database:
+                Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+            self._engine = create_engine(
+                parsed,
+                connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_S},
+                hide_parameters=True,  # job env and token hashes stay out of logs and errors
+            )
+            event.listen(self._engine, "connect", _sqlite_connect)
+            event.listen(self._engine, "begin", _sqlite_begin)
+        elif self.dialect == "postgresql":
+            self._engine = create_engine(
+                parsed,
+                pool_size=8,
+                max_overflow=8,
+                pool_pre_ping=True,  # a restarted server must not fail the next call
+                hide_parameters=True,
+            )
+        else:
+            raise SpecError(f"database {url!r} is neither SQLite nor PostgreSQL; {_URL_EXAMPLE}")
+        self._write_engine = self._engine.execution_options(**{_WRITE: True})
+        self._reads = sessionmaker(self._engine, expire_on_commit=False)
+        self._writes = sessionmaker(self._write_engine, expire_on_commit=False)
+
+    def close(self) -> None:
+        """Close every pooled connection (at shutdown; the Store must not be used after)."""
+        self._engine.dispose()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    # -- transactions --
+    @contextmanager
+    def _read(self) -> Iterator[Session]:
+        with self._reads.begin() as session:
+            yield session
+
+    @contextmanager
+    def _write(self) -> Iterator[Session]:
+        """One write transaction: committed when the block ends, rolled back if it raises."""
+        with self._writes.begin() as session:
+            yield session
+
+    def _insert_event(
+        self,
+        session: Session,
+        kind: str,
+        message: str,
+        now_s: float,
+        job_id: int | None = None,
+        data: Mapping[str, Any] | None = None,
+    ) -> int:
+        """Insert an event as the last thing a transaction does (the PostgreSQL lock needs it)."""
+        if self.dialect == "postgresql":
+            # seqs come from a sequence, which hands them out at INSERT, not at COMMIT: without
+            # this lock a reader polling events_after(seq) could skip a seq committed late.
+            # Holding it until commit serialises event writers; nothing waits while holding it.
+            session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _EVENT_LOCK})
+        seq = session.execute(
+            insert(EventModel)
+            .values(at_s=now_s, kind=kind, job_id=job_id, message=message, data=dict(data or {}))
+            .returning(EventModel.seq)
+        ).scalar_one()
+        return int(seq)
+
+    # -- schema --
+    def migrate(self) -> None:
+        """Bring the schema to the newest revision; a no-op on an up-to-date database.
+
+        Runs in one transaction under a lock, so two processes starting together do not both
+        create the tables, and a failed migration leaves the old schema.
+        """
+        config = Config()
+        config.set_main_option("script_location", str(MIGRATIONS_DIR).replace("%", "%%"))
+        config.set_main_option("path_separator", "os")
+        with self._write_engine.begin() as conn:
+            if self.dialect == "postgresql":
+                conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _MIGRATE_LOCK})
+            config.attributes["connection"] = conn
+            command.upgrade(config, "head")
+
+    # -- jobs --
+    def submit(
+        self, job: NewJob, now_s: float, idempotency_key: str | None = None
+    ) -> tuple[JobRow, bool]:
+        """Store a pending job and its 'submitted' event; (row, False) if the key was used."""
+        _check_new(job)
+        try:
+            with self._write() as s:
+                if idempotency_key is not None:
+                    found = s.scalars(
+                        select(JobModel).where(JobModel.idempotency_key == idempotency_key)
+                    ).one_or_none()
+                    if found is not None:
+                        return self._resubmitted(_job_row(found), job), False
+                row = self._insert_job(s, job, now_s, idempotency_key)
+        except IntegrityError:
+            # another submit with this key committed between our SELECT and INSERT
+            if idempotency_key is None:
+                raise
+            with self._read() as s:
+                found = s.scalars(
+                    select(JobModel).where(JobModel.idempotency_key == idempotency_key)
+                ).one_or_none()
+                if found is None:
+                    raise
+                return self._resubmitted(_job_row(found), job), False
+        return row, True
+
+    @staticmethod
+    def _resubmitted(row: JobRow, job: NewJob) -> JobRow:
+        if row.spec() != job:
+            raise ConflictError(
+                f"idempotency key reused for a different job (job {row.id} was submitted "
+                "with it); resubmit with a new key"
+            )
+        return row
+
+    def submit_many(self, jobs: Sequence[NewJob], now_s: float) -> builtins.list[JobRow]:
+        """Store a batch of pending jobs all together or not at all."""
+        for job in jobs:
+            _check_new(job)
+        with self._write() as s:
+            return [self._insert_job(s, job, now_s, None) for job in jobs]
+
+    def _insert_job(
+        self, s: Session, job: NewJob, now_s: float, idempotency_key: str | None
+    ) -> JobRow:
+        model = JobModel(
+            name=job.name,
+            team=job.team,
+            kind=job.kind,
+            priority=job.priority,
+            gpu_count=job.gpu_count,
+            gpu_model=job.gpu_model,
+            command=list(job.command),
+            env=dict(job.env),
+            cwd=job.cwd,
+            checkpoint_every_s=job.checkpoint_every_s,
+            grace_s=job.grace_s,
+            max_retries=job.max_retries,
+            retries=0,
+            state="pending",
+            reason="",
+            gpus=[],
+            attempts=0,
+            preemptions=0,
+            duration_s=job.duration_s,
+            submitted_at=now_s,
+            updated_at=now_s,
+            idempotency_key=idempotency_key,
+            owner_token=job.owner,
+            cancel_requested=False,
+        )
+        s.add(model)
+        s.flush()
+        by = f" by {job.owner}" if job.owner else ""
+        self._insert_event(
+            s,
+            "submitted",
+            f"{job.name} ({job.kind}, {job.gpu_count} GPU) submitted for team {job.team}{by}",
+            now_s,
+            model.id,
+            {"team": job.team, "kind": job.kind, "gpu_count": job.gpu_count},
+        )
+        return _job_row(model)
+
+    def get(self, job_id: int) -> JobRow:
+        with self._read() as s:
+            found = s.get(JobModel, job_id)
+            if found is None:
+                raise _missing(job_id)
+            return _job_row(found)
+
+    def list(
+        self,
+        state: str | None = None,
+        team: str | None = None,
+        limit: int = 1000,
+        after_id: int = 0,
+    ) -> builtins.list[JobRow]:
+        """Jobs in id order, a page at a time: pass the last id seen as after_id."""
+        if limit < 1:
+            raise SpecError(f"limit is {limit}; ask for at least 1 job")
+        query = select(JobModel).where(JobModel.id > after_id)
+        if state is not None:
+            _check_state(state)
+            query = query.where(JobModel.state == state)
+        if team is not None:
+            query = query.where(JobModel.team == team)
+        with self._read() as s:
+            return [_job_row(m) for m in s.scalars(query.order_by(JobModel.id).limit(limit))]
+
+    def active(self) -> builtins.list[JobRow]:
+        """Every job the scheduler still has to look after, in id order."""
+        query = select(JobModel).where(JobModel.state.not_in(TERMINAL)).order_by(JobModel.id)
+        with self._read() as s:
+            return [_job_row(m) for m in s.scalars(query)]
+
+    def counts(self) -> dict[tuple[str, str, str], int]:
+        """(team, kind, state) -> number of jobs, for the metrics endpoint."""
+        query = select(JobModel.team, JobModel.kind, JobModel.state, func.count()).group_by(
+            JobModel.team, JobModel.kind, JobModel.state
+        )
+        with self._read() as s:
+            return {(t, k, st): int(n) for t, k, st, n in s.execute(query)}
+
+    def transition(
+        self,
+        job_id: int,
+        to_state: str,
+        now_s: float,
+        expect: str | tuple[str, ...] | None = None,
+        event: str | None = None,
+        **fields: Any,
+    ) -> JobRow:
+        """Move a job to to_state if it is in one of expect (default: any state allowed to).
+
+        A compare-and-set: the UPDATE only matches while the row is still in an expected
+        state, so two threads racing on one job cannot both win. Also sets updated_at, the
+        given columns, ended_at on reaching a terminal state and started_at on first running
+        (unless given), and writes an event (kind = event or to_state, message = reason) in the
+        same transaction.
+        """
+        _check_state(to_state)
+        values = _settable(fields)
+        if expect is None:
+            expected = tuple(s for s in STATES if to_state in TRANSITIONS[s])
+        else:
+            expected = (expect,) if isinstance(expect, str) else tuple(expect)
+            for old in expected:
+                _check_state(old)
+                if to_state not in TRANSITIONS[old]:
+                    raise _illegal(job_id, old, to_state)
+        with self._write() as s:
+            current = s.execute(
+                select(JobModel.state, JobModel.started_at)
+                .where(JobModel.id == job_id)
+                .with_for_update(key_share=True)
+            ).one_or_none()
+            if current is None:
+                raise _missing(job_id)
+            old_state, started_at = current
+            if old_state not in expected:
+                if to_state not in TRANSITIONS[old_state]:
+                    raise _illegal(job_id, old_state, to_state)
+                raise IllegalTransition(
+                    f"job {job_id} is {old_state}, not {' or '.join(expected)}, so it was not "
+                    f"moved to {to_state}; it changed meanwhile: read it again and decide anew"
+                )
+            if to_state in TERMINAL:
+                values.setdefault("ended_at", now_s)
+            if to_state == "running" and started_at is None:
+                values.setdefault("started_at", now_s)
+            updated = s.scalars(
+                sql_update(JobModel)
+                .where(JobModel.id == job_id, JobModel.state.in_(expected))
+                .values(state=to_state, updated_at=now_s, **values)
+                .returning(JobModel),
+                execution_options={"populate_existing": True},
+            ).one_or_none()
+            if updated is None:  # unreachable while the row lock holds; kept as the CAS guard
+                raise IllegalTransition(f"job {job_id} changed while moving to {to_state}")
+            reason = values.get("reason") or f"{old_state} -> {to_state}"
+            self._insert_event(
+                s, event or to_state, reason, now_s, job_id, {"from": old_state, "to": to_state}
+            )
+            return _job_row(updated)
+
+    def update(
+        self,
+        job_id: int,
+        now_s: float,
+        expect: str | tuple[str, ...] | None = None,
+        event: str | None = None,
+        **fields: Any,
+    ) -> JobRow:
+        """Change columns without changing state (e.g. the pid once a process started).
+
+        With expect, only while the job is in one of those states (IllegalTransition if not);
+        an event is written only when event is given.
+        """
+        values = _settable(fields)
+        expected = None if expect is None else ((expect,) if isinstance(expect, str) else expect)
+        for wanted in expected or ():
+            _check_state(wanted)
+        with self._write() as s:
+            query = sql_update(JobModel).where(JobModel.id == job_id)
+            if expected is not None:
+                query = query.where(JobModel.state.in_(expected))
+            updated = s.scalars(
+                query.values(updated_at=now_s, **values).returning(JobModel),
+                execution_options={"populate_existing": True},
+            ).one_or_none()
+            if updated is None:
+                state = s.scalar(select(JobModel.state).where(JobModel.id == job_id))
+                if state is None:
+                    raise _missing(job_id)
+                raise IllegalTransition(
+                    f"job {job_id} is {state}, not {' or '.join(expected or ())}; "
+                    "it changed meanwhile: read it again and decide anew"
+                )
+            if event is not None:
+                self._insert_event(s, event, str(values.get("reason", "")), now_s, job_id)
+            return _job_row(updated)
+
+    def set_process(
+        self, job_id: int, pid: int, pgid: int, start_ticks: int | None, now_s: float
+    ) -> JobRow:
+        """Record the process a job runs as, so a restarted scheduler can find (or kill) it."""
+        return self.update(job_id, now_s, pid=pid, pgid=pgid, start_ticks=start_ticks)
+
+    def request_cancel(self, job_id: int, now_s: float, reason: str = "cancelled") -> JobRow:
+        """Ask for a job to stop: pending/suspended ones are cancelled at once, running ones
+        get cancel_requested for the scheduler to act on; a finished job is returned as is."""
+        with self._write() as s:
+            job = s.scalars(
+                select(JobModel).where(JobModel.id == job_id).with_for_update(key_share=True)
+            ).one_or_none()
+            if job is None:
+                raise _missing(job_id)
+            if job.state in TERMINAL or job.cancel_requested:
+                return _job_row(job)  # asking twice, or too late, changes nothing
+            old_state = job.state
+            job.cancel_requested = True
+            job.updated_at = now_s
+            if old_state in ("pending", "suspended"):
+                job.state = "cancelled"
+                job.reason = reason
+                job.ended_at = now_s
+                kind, data = "cancelled", {"from": old_state, "to": "cancelled"}
+            else:
+                kind, data = "cancel-requested", {"state": old_state}
+            s.flush()
+            self._insert_event(s, kind, reason, now_s, job_id, data)
+            return _job_row(job)
+
+    # -- events --
+    def add_event(
+        self,
+        kind: str,
+        message: str,
+        now_s: float,
+        job_id: int | None = None,
+        data: Mapping[str, Any] | None = None,
+    ) -> int:
+        """Append to the event log; returns the new event's seq."""
+        try:
+            with self._write() as s:
+                return self._insert_event(s, kind, message, now_s, job_id, data)
+        except IntegrityError as exc:
+            if job_id is not None:
+                raise _missing(job_id) from exc
+            raise
+
+    def events_after(
+        self, seq: int, limit: int = 500, job_id: int | None = None
+    ) -> builtins.list[EventRow]:
+        """Events with a seq above `seq`, oldest first: poll with the last seq seen.
+
+        Seqs are committed in increasing order, so a poller never skips one.
+        """
+        query = select(EventModel).where(EventModel.seq > seq)
+        if job_id is not None:
+            query = query.where(EventModel.job_id == job_id)
+        with self._read() as s:
+            return [_event_row(m) for m in s.scalars(query.order_by(EventModel.seq).limit(limit))]
+
+    # -- tokens --
+    def create_token(self, name: str, team: str | None, now_s: float) -> str:
+        """A new API token for a team (None: an admin); only its hash is stored, so show the
+        returned token to the user now: it cannot be recovered later."""
+        if not name:
+            raise SpecError("a token needs a name, e.g. the person or robot that will use it")
+        token = "gp_" + secrets.token_urlsafe(32)
+        try:
+            with self._write() as s:
+                s.add(TokenModel(name=name, team=team, hash=token_hash(token), created_at=now_s))
+                s.flush()
+                scope = "admin" if team is None else f"team {team}"
+                self._insert_event(s, "token-created", f"token {name} created for {scope}", now_s)
+        except IntegrityError as exc:
+            raise ConflictError(
+                f"a token named {name!r} exists; pick another name or revoke that one first"
+            ) from exc
+        return token
+
+    def revoke_token(self, name: str, now_s: float) -> None:
+        with self._write() as s:
+            gone = s.scalars(
+                delete(TokenModel).where(TokenModel.name == name).returning(TokenModel.id)
+            ).first()
+            if gone is None:
+                raise NotFoundError(f"no token is named {name!r}; nothing was revoked")
+            self._insert_event(s, "token-revoked", f"token {name} revoked", now_s)
+
+    def principal(self, token: str) -> Principal | None:
+        """Who a presented token belongs to, or None for an unknown or revoked one."""
+        with self._read() as s:
+            found = s.scalars(
+                select(TokenModel).where(TokenModel.hash == token_hash(token))
+            ).one_or_none()
+            return None if found is None else Principal(found.name, found.team)
+
+    def has_admin(self) -> bool:
+        with self._read() as s:
+            return (
+                s.scalar(select(TokenModel.id).where(TokenModel.team.is_(None)).limit(1))
+                is not None
+            )
+
+
+def _sqlite_connect(dbapi_conn: Any, _record: Any) -> None:
+    """Per connection: WAL, NORMAL sync, foreign keys, a busy timeout; we emit BEGIN ourselves."""
+    dbapi_conn.isolation_level = None  # the sqlite3 module must not BEGIN behind our back
+    cursor = dbapi_conn.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute(f"PRAGMA busy_timeout={int(SQLITE_BUSY_TIMEOUT_S * 1000)}")
+    cursor.close()
+
+
+def _sqlite_begin(conn: Connection) -> None:
+    """Writers take the write lock up front, so they wait their turn instead of deadlocking."""
+    mode = "IMMEDIATE" if conn.get_execution_options().get(_WRITE) else "DEFERRED"
+    conn.exec_driver_sql(f"BEGIN {mode}")

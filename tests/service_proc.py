@@ -1,0 +1,99 @@
+"""Start and stop a real `gpupool serve` process for end-to-end tests (loopback only)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class Server:
+    """`gpupool serve` in its own process, on 127.0.0.1, with its output in a file."""
+
+    def __init__(self, state_dir: Path, *args: str, port: int | None = None) -> None:
+        self.state_dir = state_dir
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.args = args
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log = state_dir / "server.log"
+
+    def start(self, timeout_s: float = 20.0) -> Server:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        cmd = [
+            sys.executable,
+            "-m",
+            "gpupool.cli",
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--state-dir",
+            str(self.state_dir),
+            *self.args,
+        ]
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited: {self.log.read_text()}")
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=1.0).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"server did not come up: {self.log.read_text()}")
+
+    def kill(self) -> None:
+        """SIGKILL: no clean-up at all, as in a crash."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+def cli(url: str, *args: str, timeout_s: float = 30.0) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "GPUPOOL_URL": url}
+    env.pop("GPUPOOL_TOKEN", None)
+    return subprocess.run(
+        [sys.executable, "-m", "gpupool.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        env=env,
+        check=False,
+    )
+
+
+def wait_for(predicate: object, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
