@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell $(PY) -c 'import hashlib,sys; print(hashlib.sha1(open("pyproject.toml","rb").read()).hexdigest()[:12])')
 
-.PHONY: run test lint bench clean venv
+.PHONY: run sim test lint bench clean venv
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -15,8 +15,14 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-## run: the six-policy comparison of the FGD paper on the embedded openb workload, one seed
+## run: the scheduler service on embedded defaults: SQLite, this machine's GPUs (or a fake
+## fleet of 4 A100-80GB when there are none), a few demo jobs; prints the URL and the
+## admin token. Ctrl-C stops it; the jobs' processes keep running and are re-adopted.
 run: $(STAMP)
+	$(BIN)/gpupool serve --demo --state-dir .gpupool-demo
+
+## sim: the six-policy comparison of the FGD paper on the embedded openb workload, one seed
+sim: $(STAMP)
 	$(BIN)/gpupool simulate fill --policies all --seed 42
 
 ## lint: ruff and mypy (strict on the core)
@@ -36,6 +42,8 @@ bench: $(STAMP)
 	$(BIN)/python bench/fgd_reproduction.py
 	$(BIN)/python bench/bench_scenarios.py
 	$(BIN)/python bench/bench_issue4.py
+	$(BIN)/python bench/bench_cycle.py
+	$(BIN)/python bench/bench_service.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis build src/*.egg-info

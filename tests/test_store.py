@@ -15,6 +15,7 @@ import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import create_engine, text
@@ -276,17 +277,19 @@ def test_submit_many_is_one_transaction(store: Store) -> None:
 
 
 def _crash_on_event(store: Store, monkeypatch: pytest.MonkeyPatch, after: int = 0) -> None:
-    """Make the store die inside its transaction, after its other statements already ran."""
-    real = Store._insert_event
+    """Make the store die inside its transaction, after its other statements already ran
+    (the jobs' rows are inserted; their events are the transaction's last statement)."""
     calls = {"n": 0}
+    for name in ("_insert_submitted", "_insert_event"):
+        real = getattr(Store, name)
 
-    def dying(self: Store, *args: object, **kw: object) -> int:
-        calls["n"] += 1
-        if calls["n"] > after:
-            raise RuntimeError("simulated crash mid-transaction")
-        return real(self, *args, **kw)  # type: ignore[arg-type]
+        def dying(self: Store, *args: object, _real: Any = real, **kw: object) -> Any:
+            calls["n"] += 1
+            if calls["n"] > after:
+                raise RuntimeError("simulated crash mid-transaction")
+            return _real(self, *args, **kw)
 
-    monkeypatch.setattr(Store, "_insert_event", dying)
+        monkeypatch.setattr(Store, name, dying)
 
 
 def test_a_crash_mid_submit_leaves_nothing(
@@ -296,7 +299,7 @@ def test_a_crash_mid_submit_leaves_nothing(
     with pytest.raises(RuntimeError, match="simulated crash"):
         store.submit(job(), T0, idempotency_key="k")
     monkeypatch.undo()
-    _crash_on_event(store, monkeypatch, after=1)  # the first job and its event are written
+    _crash_on_event(store, monkeypatch)  # both jobs' rows are written, then the crash
     with pytest.raises(RuntimeError, match="simulated crash"):
         store.submit_many([job("a"), job("b")], T0)
     monkeypatch.undo()

@@ -11,8 +11,9 @@ from __future__ import annotations
 import builtins
 import hashlib
 import secrets
+import threading
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from sqlalchemy import (
     Integer,
     MetaData,
     String,
+    Table,
     Text,
     create_engine,
     delete,
@@ -43,7 +45,13 @@ from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import ArgumentError, IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
-from gpupool.errors import ConflictError, IllegalTransition, NotFoundError, SpecError
+from gpupool.errors import (
+    ConflictError,
+    GpupoolError,
+    IllegalTransition,
+    NotFoundError,
+    SpecError,
+)
 
 KINDS: tuple[str, ...] = ("training", "online-inference", "offline-inference", "batch")
 STATES: tuple[str, ...] = (
@@ -401,6 +409,51 @@ def token_hash(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
+def _job_values(job: NewJob, idempotency_key: str | None, now_s: float) -> dict[str, Any]:
+    """The columns of a newly submitted job."""
+    values: dict[str, Any] = {
+        "name": job.name,
+        "team": job.team,
+        "kind": job.kind,
+        "priority": job.priority,
+        "gpu_count": job.gpu_count,
+        "gpu_model": job.gpu_model,
+        "command": list(job.command),
+        "env": dict(job.env),
+        "cwd": job.cwd,
+        "checkpoint_every_s": job.checkpoint_every_s,
+        "grace_s": job.grace_s,
+        "max_retries": job.max_retries,
+        "retries": 0,
+        "state": "pending",
+        "reason": "",
+        "gpus": [],
+        "node": None,
+        "attempts": 0,
+        "preemptions": 0,
+        "exit_code": None,
+        "pid": None,
+        "pgid": None,
+        "start_ticks": None,
+        "duration_s": job.duration_s,
+        "submitted_at": now_s,
+        "started_at": None,
+        "ended_at": None,
+        "updated_at": now_s,
+        "idempotency_key": idempotency_key,
+        "owner_token": job.owner,
+        "cancel_requested": False,
+    }
+    return values
+
+
+# Prepared once: a statement built per call costs more than the insert itself.
+_JOBS = Table("jobs", Base.metadata)  # the mapped tables, looked up by name
+_EVENTS = Table("events", Base.metadata)
+_INSERT_JOB = insert(_JOBS).returning(_JOBS.c.id, sort_by_parameter_order=True)
+_INSERT_EVENT = insert(_EVENTS).returning(_EVENTS.c.seq)
+
+
 class Store:
     """Jobs, events and tokens behind one engine; every public method is one transaction.
 
@@ -436,6 +489,9 @@ class Store:
         else:
             raise SpecError(f"database {url!r} is neither SQLite nor PostgreSQL; {_URL_EXAMPLE}")
         self._write_engine = self._engine.execution_options(**{_WRITE: True})
+        self._write_lock: AbstractContextManager[Any] = (
+            threading.Lock() if self.dialect == "sqlite" else nullcontext()
+        )
         self._reads = sessionmaker(self._engine, expire_on_commit=False)
         self._writes = sessionmaker(self._write_engine, expire_on_commit=False)
 
@@ -457,9 +513,38 @@ class Store:
 
     @contextmanager
     def _write(self) -> Iterator[Session]:
-        """One write transaction: committed when the block ends, rolled back if it raises."""
-        with self._writes.begin() as session:
+        """One write transaction: committed when the block ends, rolled back if it raises.
+
+        SQLite has one writer at a time; threads of this process take turns on a lock
+        instead of colliding in BEGIN IMMEDIATE, where SQLite's busy handler sleeps
+        (1, 2, 5, 10... ms) and concurrent submissions would crawl."""
+        with self._write_lock, self._writes.begin() as session:
             yield session
+
+    def _insert_submitted(
+        self,
+        s: Session,
+        ids: Sequence[int],
+        items: Sequence[tuple[NewJob, str | None]],
+        now_s: float,
+    ) -> None:
+        """The 'submitted' events of freshly inserted jobs, last in their transaction."""
+        if self.dialect == "postgresql":
+            s.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _EVENT_LOCK})
+        s.execute(
+            insert(_EVENTS),
+            [
+                {
+                    "at_s": now_s,
+                    "kind": "submitted",
+                    "job_id": job_id,
+                    "message": f"{job.name} ({job.kind}, {job.gpu_count} GPU) submitted for "
+                    f"team {job.team}" + (f" by {job.owner}" if job.owner else ""),
+                    "data": {"team": job.team, "kind": job.kind, "gpu_count": job.gpu_count},
+                }
+                for job_id, (job, _key) in zip(ids, items, strict=True)
+            ],
+        )
 
     def _insert_event(
         self,
@@ -477,9 +562,14 @@ class Store:
             # Holding it until commit serialises event writers; nothing waits while holding it.
             session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _EVENT_LOCK})
         seq = session.execute(
-            insert(EventModel)
-            .values(at_s=now_s, kind=kind, job_id=job_id, message=message, data=dict(data or {}))
-            .returning(EventModel.seq)
+            _INSERT_EVENT,
+            {
+                "at_s": now_s,
+                "kind": kind,
+                "job_id": job_id,
+                "message": message,
+                "data": dict(data or {}),
+            },
         ).scalar_one()
         return int(seq)
 
@@ -527,6 +617,71 @@ class Store:
                 return self._resubmitted(_job_row(found), job), False
         return row, True
 
+    def submit_group(
+        self, items: Sequence[tuple[NewJob, str | None]], now_s: float
+    ) -> builtins.list[tuple[JobRow, bool] | GpupoolError]:
+        """Many independent submissions in one transaction (group commit): the API
+        gathers the requests that arrive while the previous commit runs. Each item gets
+        what `submit` would have given it: (row, created), or its own error (a bad spec,
+        a reused key) without failing the others. Durable when this returns."""
+        out: builtins.list[tuple[JobRow, bool] | GpupoolError | None] = [None] * len(items)
+        todo: builtins.list[int] = []
+        for k, (job, _key) in enumerate(items):
+            try:
+                _check_new(job)
+                todo.append(k)
+            except GpupoolError as err:
+                out[k] = err
+        try:
+            with self._write() as s:
+                keys = [items[k][1] for k in todo if items[k][1] is not None]
+                existing: dict[str, JobRow] = {}
+                if keys:
+                    for m in s.scalars(select(JobModel).where(JobModel.idempotency_key.in_(keys))):
+                        existing[str(m.idempotency_key)] = _job_row(m)
+                fresh: builtins.list[int] = []
+                later: builtins.list[int] = []  # repeats of a key new in this group
+                claimed: set[str] = set()
+                for k in todo:
+                    job, key = items[k]
+                    if key is not None and key in existing:
+                        try:
+                            out[k] = (self._resubmitted(existing[key], job), False)
+                        except ConflictError as err:
+                            out[k] = err
+                    elif key is not None and key in claimed:
+                        later.append(k)
+                    else:
+                        fresh.append(k)
+                        if key is not None:
+                            claimed.add(key)
+                rows = self._insert_jobs(s, [items[k] for k in fresh], now_s)
+                for k, row in zip(fresh, rows, strict=True):
+                    out[k] = (row, True)
+                    if row.idempotency_key is not None:
+                        existing[row.idempotency_key] = row
+                for k in later:
+                    job, key = items[k]
+                    try:
+                        out[k] = (self._resubmitted(existing[str(key)], job), False)
+                    except ConflictError as err:
+                        out[k] = err
+        except IntegrityError:
+            # a key committed by another process meanwhile: one by one, each on its own
+            return [
+                o if isinstance(o, GpupoolError) else self._submit_one(*items[k], now_s)
+                for k, o in enumerate(out)
+            ]
+        return [o for o in out if o is not None]
+
+    def _submit_one(
+        self, job: NewJob, key: str | None, now_s: float
+    ) -> tuple[JobRow, bool] | GpupoolError:
+        try:
+            return self.submit(job, now_s, key)
+        except GpupoolError as err:
+            return err
+
     @staticmethod
     def _resubmitted(row: JobRow, job: NewJob) -> JobRow:
         if row.spec() != job:
@@ -541,49 +696,27 @@ class Store:
         for job in jobs:
             _check_new(job)
         with self._write() as s:
-            return [self._insert_job(s, job, now_s, None) for job in jobs]
+            return self._insert_jobs(s, [(job, None) for job in jobs], now_s)
 
     def _insert_job(
         self, s: Session, job: NewJob, now_s: float, idempotency_key: str | None
     ) -> JobRow:
-        model = JobModel(
-            name=job.name,
-            team=job.team,
-            kind=job.kind,
-            priority=job.priority,
-            gpu_count=job.gpu_count,
-            gpu_model=job.gpu_model,
-            command=list(job.command),
-            env=dict(job.env),
-            cwd=job.cwd,
-            checkpoint_every_s=job.checkpoint_every_s,
-            grace_s=job.grace_s,
-            max_retries=job.max_retries,
-            retries=0,
-            state="pending",
-            reason="",
-            gpus=[],
-            attempts=0,
-            preemptions=0,
-            duration_s=job.duration_s,
-            submitted_at=now_s,
-            updated_at=now_s,
-            idempotency_key=idempotency_key,
-            owner_token=job.owner,
-            cancel_requested=False,
-        )
-        s.add(model)
-        s.flush()
-        by = f" by {job.owner}" if job.owner else ""
-        self._insert_event(
-            s,
-            "submitted",
-            f"{job.name} ({job.kind}, {job.gpu_count} GPU) submitted for team {job.team}{by}",
-            now_s,
-            model.id,
-            {"team": job.team, "kind": job.kind, "gpu_count": job.gpu_count},
-        )
-        return _job_row(model)
+        return self._insert_jobs(s, [(job, idempotency_key)], now_s)[0]
+
+    def _insert_jobs(
+        self, s: Session, items: Sequence[tuple[NewJob, str | None]], now_s: float
+    ) -> builtins.list[JobRow]:
+        """Insert pending jobs and their 'submitted' events: two multi-row statements."""
+        if not items:
+            return []
+        rows = [_job_values(job, key, now_s) for job, key in items]
+        ids = [int(i) for i in s.execute(_INSERT_JOB, rows).scalars()]
+        self._insert_submitted(s, ids, items, now_s)
+        out = []
+        for job_id, values, (job, _key) in zip(ids, rows, items, strict=True):
+            values.update(id=job_id, command=tuple(job.command), gpus=(), env=dict(job.env))
+            out.append(JobRow(**values))
+        return out
 
     def get(self, job_id: int) -> JobRow:
         with self._read() as s:

@@ -1,0 +1,162 @@
+"""The live service's speed targets, measured on a real `gpupool serve` process.
+
+1. Job submission through the API: single-job POST /v1/jobs requests over 16 keep-alive
+   connections (an asyncio client with raw HTTP/1.1, so the client costs little of the
+   2 cores), on SQLite and on PostgreSQL (a throwaway server, as the tests start it).
+   Targets: >= 1,000 jobs/s (SQLite), >= 500 jobs/s (PostgreSQL). The batch endpoint is
+   measured too, for reference.
+2. 1,000 running jobs: the server on a fake fleet of 1,000 GPUs holds 1,000 real
+   processes (`sleep`); the CPU the server process spends over 30 s (telemetry every
+   second, executor polls, scheduler cycles) must stay under 10% of one core.
+
+Writes bench/results/service.json. Run: `.venv/bin/python bench/bench_service.py`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from machine import describe
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+from pgserver import PgServer  # noqa: E402
+from service_proc import Server  # noqa: E402
+
+# Jobs wait behind one that holds the only GPU: what is measured is accepting them.
+BODY = json.dumps({"command": ["sleep", "600"], "team": "bench", "gpus": 1}).encode()
+
+
+async def _worker(port: int, n: int, counts: list[int]) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    request = (
+        b"POST /v1/jobs HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"Content-Length: " + str(len(BODY)).encode() + b"\r\n\r\n" + BODY
+    )
+    for _ in range(n):
+        writer.write(request)
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = 0
+        for line in head.split(b"\r\n"):
+            if line.lower().startswith(b"content-length:"):
+                length = int(line.split(b":")[1])
+        await reader.readexactly(length)
+        if head.startswith(b"HTTP/1.1 201"):
+            counts[0] += 1
+    writer.close()
+
+
+def submit_rate(port: int, total: int, connections: int = 16) -> float:
+    counts = [0]
+
+    async def run() -> None:
+        await asyncio.gather(
+            *(_worker(port, total // connections, counts) for _ in range(connections))
+        )
+
+    started = time.perf_counter()
+    asyncio.run(run())
+    wall = time.perf_counter() - started
+    assert counts[0] == total // connections * connections, counts
+    return counts[0] / wall
+
+
+def batch_rate(url: str, batches: int = 10, size: int = 500) -> float:
+    jobs = [{"command": ["sleep", "600"], "team": "bench", "gpus": 1}] * size
+    with httpx.Client(timeout=60) as client:
+        started = time.perf_counter()
+        for _ in range(batches):
+            r = client.post(f"{url}/v1/jobs/batch", json={"jobs": jobs})
+            assert r.status_code == 201, r.text
+        return batches * size / (time.perf_counter() - started)
+
+
+def cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def throughput(db: str | None, label: str) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        args = ["--fake-gpus", "1xA100-80GB", "--auth", "none"]
+        if db:
+            args += ["--db", db]
+        server = Server(Path(tmp) / "state", *args).start()
+        try:
+            submit_rate(server.port, 320)  # warm up
+            single = submit_rate(server.port, 4000)
+            batch = batch_rate(server.url)
+        finally:
+            server.stop()
+            subprocess.run(["pkill", "-f", "sleep 600"], check=False)
+    print(f"{label}: {single:,.0f} jobs/s single requests, {batch:,.0f} jobs/s in batches")
+    return {"single_jobs_per_s": round(single), "batch_jobs_per_s": round(batch)}
+
+
+def running_jobs(n: int = 1000, window_s: float = 30.0) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        server = Server(
+            Path(tmp) / "state", "--fake-gpus", f"{n}xA100-80GB", "--auth", "none"
+        ).start(timeout_s=60)
+        try:
+            jobs = [{"command": ["sleep", "600"], "team": "bench", "gpus": 1}] * 500
+            with httpx.Client(timeout=120) as client:
+                for _ in range(n // 500):
+                    assert client.post(f"{server.url}/v1/jobs/batch", json={"jobs": jobs}).status_code == 201
+                deadline = time.monotonic() + 300
+                while time.monotonic() < deadline:
+                    running = client.get(f"{server.url}/v1/cluster").json()["queue"]["running"]
+                    if running >= n:
+                        break
+                    time.sleep(1)
+                assert running >= n, running
+                time.sleep(5)  # let the launch burst settle
+                assert server.proc is not None
+                pid = server.proc.pid
+                c0, t0 = cpu_s(pid), time.monotonic()
+                time.sleep(window_s)
+                c1, t1 = cpu_s(pid), time.monotonic()
+                rss_mib = int(Path(f"/proc/{pid}/status").read_text().split("VmRSS:")[1].split()[0]) // 1024
+        finally:
+            assert server.proc is not None
+            server.proc.send_signal(signal.SIGINT)
+            server.proc.wait(60)
+            subprocess.run(["pkill", "-f", "sleep 600"], check=False)
+    share = (c1 - c0) / (t1 - t0)
+    print(f"{n} running jobs: server CPU {100 * share:.2f}% of one core over {t1 - t0:.0f} s")
+    return {"running": n, "cpu_pct_of_one_core": round(100 * share, 2), "window_s": round(t1 - t0),
+            "server_rss_mib": rss_mib, "target_pct": 10}
+
+
+def main() -> int:
+    results: dict[str, Any] = {"machine": describe()}
+    results["sqlite"] = throughput(None, "SQLite")
+    with PgServer() as pg:
+        results["postgresql"] = throughput(pg.url.replace("+psycopg", ""), "PostgreSQL")
+    results["running_1000"] = running_jobs()
+    results["targets"] = {"sqlite_jobs_per_s": 1000, "postgresql_jobs_per_s": 500,
+                          "cpu_pct_of_one_core": 10}
+    out = ROOT / "bench" / "results" / "service.json"
+    out.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    print(json.dumps(results, indent=2))
+    ok = (
+        results["sqlite"]["single_jobs_per_s"] >= 1000
+        and results["postgresql"]["single_jobs_per_s"] >= 500
+        and results["running_1000"]["cpu_pct_of_one_core"] < 10
+    )
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
