@@ -260,20 +260,12 @@ class Scheduler:
 
     def _preempt(self, t: Ticket, command: Preempt, now_s: float) -> Stop:
         job = t.spec
-        if not job.preemptible:
-            raise PlanRejected(f"job {job.job_id} is {job.kind.value}: never preempted")
-        if t.preemptions >= self.rules.max_per_job:
-            raise PlanRejected(f"job {job.job_id} was preempted {t.preemptions} times already")
         above = self.held[(job.team, t.gpu_type)] > self.quotas.guaranteed(
             job.team, t.gpu_type, now_s
         )
-        if command.reclaim and not above:
-            raise PlanRejected(f"job {job.job_id}: team {job.team} is within its guarantee")
-        if command.for_online_of is not None and command.for_online_of != job.team:
-            raise PlanRejected(f"job {job.job_id}: online work displaces only its own team's")
-        young = now_s - t.started_s < self.rules.min_runtime_s
-        if not command.reclaim and command.for_online_of is None and young:
-            raise PlanRejected(f"job {job.job_id} has not run its minimum time yet")
+        self.rules.check(
+            job, t.preemptions, above, now_s - t.started_s, command.reclaim, command.for_online_of
+        )
         t.state = check_transition(job.job_id, t.state, JobState.PREEMPTING)
         t.preemptions += 1
         self.held[(job.team, t.gpu_type)] -= job.gpu_count

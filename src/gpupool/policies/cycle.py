@@ -26,6 +26,7 @@ import numpy as np
 from gpupool.core.model import JobKind, JobSpec, Placement
 from gpupool.core.quota import QuotaBook
 from gpupool.core.state import BoolArray, ClusterState
+from gpupool.errors import PlanRejected
 from gpupool.policies.base import ScoringPolicy
 from gpupool.policies.consolidate import ConsolidatePolicy
 
@@ -69,6 +70,29 @@ class PreemptionRules:
     max_per_job: int = 3
     """After this many preemptions a job runs to completion: it then starts only inside
     its team's guarantee, where nothing reclaims it."""
+
+    def check(
+        self,
+        job: JobSpec,
+        preemptions: int,
+        team_above_guarantee: bool,
+        ran_s: float,
+        reclaim: bool,
+        for_online_of: str | None,
+    ) -> None:
+        """Raise PlanRejected unless these rules allow preempting `job` now."""
+        if not job.preemptible:
+            raise PlanRejected(f"job {job.job_id} is {job.kind.value}: never preempted")
+        if preemptions >= self.max_per_job:
+            raise PlanRejected(f"job {job.job_id} was preempted {preemptions} times already")
+        if reclaim and not team_above_guarantee:
+            raise PlanRejected(
+                f"job {job.job_id}: team {job.team} is within its guarantee; nothing to reclaim"
+            )
+        if for_online_of is not None and for_online_of != job.team:
+            raise PlanRejected(f"job {job.job_id}: online work displaces only its own team's jobs")
+        if not reclaim and for_online_of is None and ran_s < self.min_runtime_s:
+            raise PlanRejected(f"job {job.job_id} has not run its minimum time yet")
 
 
 @dataclass(frozen=True)

@@ -576,22 +576,12 @@ class ScenarioSim:
         for_online_of: str | None = None,
     ) -> None:
         job = run.spec
-        if not job.preemptible:
-            raise PlanRejected(f"job {job.job_id} is {job.kind.value}: never preempted")
-        if run.preemptions >= self.cfg.preemption.max_per_job:
-            raise PlanRejected(f"job {job.job_id} was preempted {run.preemptions} times already")
         above = self.usage(job.team, run.gpu_type) > self.quotas.guaranteed(
             job.team, run.gpu_type, now
         )
-        if reclaim and not above:
-            raise PlanRejected(
-                f"job {job.job_id}: team {job.team} is within its guarantee; nothing to reclaim"
-            )
-        if for_online_of is not None and for_online_of != job.team:
-            raise PlanRejected(f"job {job.job_id}: online work displaces only its own team's jobs")
-        young = now - run.run_started_s < self.cfg.preemption.min_runtime_s
-        if not reclaim and for_online_of is None and young:
-            raise PlanRejected(f"job {job.job_id} has not run its minimum time yet")
+        self.cfg.preemption.check(
+            job, run.preemptions, above, now - run.run_started_s, reclaim, for_online_of
+        )
         run.state = check_transition(job.job_id, run.state, JobState.PREEMPTING)
         self.held[(job.team, run.gpu_type)] -= job.gpu_count
         self.room_since[(job.team, run.gpu_type)] = now
