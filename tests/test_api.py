@@ -5,14 +5,17 @@ Every test runs twice: on a SQLite file under tmp_path and on a fresh schema of 
 PostgreSQL server (tests/pgserver.py). The scheduler never runs in the background here:
 tests call service.step() to let it act.
 
-Tests marked xfail(strict=True) pin bugs found in the code under test; each reason says which.
+Each bug these tests found was fixed; the tests stay as its guard.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
+import threading
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,7 +64,8 @@ class Api:
         body: dict[str, Any] = {"command": ["python", "train.py"], "team": "nlp"}
         body.update(spec)
         body = {k: v for k, v in body.items() if v is not None}
-        return self.client.post("/v1/jobs", json=body, headers=headers or self.headers)
+        r: httpx.Response = self.client.post("/v1/jobs", json=body, headers=headers or self.headers)
+        return r
 
     def submitted(self, **spec: Any) -> dict[str, Any]:
         r = self.submit(**spec)
@@ -164,12 +168,6 @@ def team_token(api: Api, team: str) -> dict[str, str]:
     assert r.status_code == 201, r.text
     assert r.json()["team"] == team
     return bearer(r.json()["token"])
-
-
-def xfail_on(request: pytest.FixtureRequest, db: str, only: str, reason: str) -> None:
-    """Mark this run xfail(strict) when it runs on the database `only` (a bug of that one)."""
-    if db == only:
-        request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
 
 
 # ---- the job lifecycle through the API --------------------------------------------------------
@@ -401,12 +399,6 @@ def test_streamed_body_over_the_limit_is_refused_and_writes_nothing(api: Api) ->
     assert api.n_events() == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: api.py BodyLimit raises _TooLarge from inside receive(); FastAPI's body "
-    "reader turns any exception into 400 'There was an error parsing the body', so a chunked "
-    "body over 64 KiB gets 400, not 413",
-)
 def test_streamed_body_over_the_limit_gets_413(api: Api) -> None:
     r = api.client.post("/v1/jobs", content=_chunks(MAX_BODY_BYTES + 8192), headers=JSON_CT)
     assert r.status_code == 413, r.text
@@ -729,46 +721,168 @@ def test_job_too_big_for_the_machine_fails_with_a_reason(api: Api) -> None:
     assert "needs 3 GPUs" in row["reason"]
 
 
+# ---- concurrent submissions (group commit) ----------------------------------------------------
+WARM_UP = {"command": ["warm-up"], "team": "nlp"}
+Post = tuple[dict[str, Any], dict[str, str]]
+"""A JSON body and the headers to POST it with."""
+
+
+@contextmanager
+def held_commits(store: Store) -> Iterator[tuple[threading.Event, list[int]]]:
+    """Submission commits wait for the event; the list records each group's size."""
+    release = threading.Event()
+    sizes: list[int] = []
+    original = store.submit_group
+
+    def gated(items: Any, now_s: float) -> Any:
+        sizes.append(len(items))
+        release.wait(30)
+        return original(items, now_s)
+
+    store.submit_group = gated  # type: ignore[method-assign]
+    try:
+        yield release, sizes
+    finally:
+        release.set()
+        del store.submit_group
+
+
+async def _settle() -> None:
+    """Let every ready task run until it blocks (the app does no I/O before the batcher)."""
+    for _ in range(200):
+        await asyncio.sleep(0)
+    await asyncio.sleep(0.05)
+
+
+def post_together(api: Api, posts: list[Post], one_group: bool) -> list[httpx.Response]:
+    """POST /v1/jobs concurrently on one event loop. one_group: a warm-up submission holds
+    the first commit until all `posts` are queued, so they share the second commit."""
+
+    async def main() -> list[httpx.Response]:
+        transport = httpx.ASGITransport(app=api.client.app, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://api") as c:
+
+            def post(body: dict[str, Any], headers: dict[str, str]) -> asyncio.Task[Any]:
+                return asyncio.create_task(c.post("/v1/jobs", json=body, headers=headers))
+
+            if not one_group:
+                return list(await asyncio.gather(*(post(b, h) for b, h in posts)))
+            with held_commits(api.store) as (release, sizes):
+                warm = post(WARM_UP, {})
+                await _settle()
+                tasks = [post(b, h) for b, h in posts]
+                await _settle()
+                release.set()
+                assert (await warm).status_code == 201
+                out = list(await asyncio.gather(*tasks))
+            assert sizes == [1, len(posts)], sizes  # the posts did share one commit
+            return out
+
+    return asyncio.run(main())
+
+
+@pytest.mark.parametrize("one_group", [False, True], ids=["as-they-come", "one-group"])
+def test_concurrent_submissions_each_get_their_own_job(api: Api, one_group: bool) -> None:
+    posts: list[Post] = [({"command": ["job", str(i)], "team": "nlp"}, {}) for i in range(12)]
+    answers = post_together(api, posts, one_group)
+    assert [r.status_code for r in answers] == [201] * 12
+    ids = [r.json()["id"] for r in answers]
+    assert len(set(ids)) == 12
+    assert [r.json()["command"] for r in answers] == [["job", str(i)] for i in range(12)]
+    other = Store(api.url)  # all committed
+    try:
+        for r in answers:
+            row = other.get(r.json()["id"])
+            assert list(row.command) == r.json()["command"]
+            assert [e.kind for e in other.events_after(0, job_id=row.id)] == ["submitted"]
+    finally:
+        other.close()
+    assert api.n_jobs() == 12 + one_group
+    assert api.n_events() == api.n_jobs()
+
+
+@pytest.mark.parametrize("one_group", [False, True], ids=["as-they-come", "one-group"])
+def test_concurrent_retries_with_one_idempotency_key(api: Api, one_group: bool) -> None:
+    body = {"command": ["train"], "team": "nlp"}
+    key = {"Idempotency-Key": "retry-storm"}
+    answers = post_together(api, [(body, key)] * 6, one_group)
+    statuses = sorted(r.status_code for r in answers)
+    assert statuses == [200] * 5 + [201], statuses
+    assert len({r.json()["id"] for r in answers}) == 1
+    assert api.n_jobs() == 1 + one_group
+    assert api.n_events() == api.n_jobs()
+
+
+def test_same_key_different_bodies_in_one_group(api: Api) -> None:
+    key = {"Idempotency-Key": "k-mixed"}
+    posts = [({"command": ["a"], "team": "nlp"}, key), ({"command": ["b"], "team": "nlp"}, key)]
+    answers = post_together(api, posts, one_group=True)
+    assert sorted(r.status_code for r in answers) == [201, 409]
+    assert api.n_jobs() == 2  # the warm-up and the first of the two
+
+
+def test_a_failed_group_commit_falls_back_to_one_by_one(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A group commit that fails as a whole (one item the database refuses, or a hiccup)
+    is retried one submission at a time: the good ones still get their job."""
+
+    def broken(items: object, now_s: float) -> object:
+        raise RuntimeError("the database refused one row of the group")
+
+    monkeypatch.setattr(api.store, "submit_group", broken)
+    good: list[Post] = [({"command": ["ok", str(i)], "team": "nlp"}, {}) for i in range(3)]
+    answers = post_together(api, good, one_group=False)
+    assert [r.status_code for r in answers] == [201] * 3
+    assert len({r.json()["id"] for r in answers}) == 3
+    assert len(api.store.list()) == 3
+
+
+def test_batch_submission_wakes_the_scheduler(api: Api) -> None:
+    api.service.wake.clear()
+    r = api.client.post("/v1/jobs/batch", json={"jobs": [{"command": ["x"], "team": "nlp"}]})
+    assert r.status_code == 201
+    assert api.service.wake.is_set()
+
+
+def test_submission_wakes_the_scheduler(api: Api) -> None:
+    api.service.wake.clear()
+    assert api.submit().status_code == 201
+    assert api.service.wake.is_set()
+
+
 # ---- bugs -------------------------------------------------------------------------------------
-NON_JSON_INPUTS = [
-    b'{"command": ["x"], "team": "nlp", "grace_s": NaN}',
-    b'{"command": ["x"], "team": "nlp", "priority": Infinity}',
-    b'{"command": ["x"], "team": "nlp", "colour": -Infinity}',
-    b"NaN",
-    b'{"command": ["\\ud800"], "team": "nlp"}',
-    b'{"command": ["x"], "team": "nlp", "gpu_model": "\\udfff"}',
+UNRENDERABLE = [
+    pytest.param(b'{"command": ["x"], "team": "nlp", "grace_s": NaN}', JSON_CT, id="nan-field"),
+    pytest.param(b'{"command": ["x"], "team": "nlp", "priority": Infinity}', JSON_CT, id="inf"),
+    pytest.param(b'{"command": ["x"], "team": "nlp", "colour": -Infinity}', JSON_CT, id="-inf"),
+    pytest.param(b"NaN", JSON_CT, id="nan-body"),
+    pytest.param(b'{"command": ["\\ud800"], "team": "nlp"}', JSON_CT, id="surrogate"),
+    pytest.param(b'{"command": ["x"], "team": "nlp", "gpu_model": "\\udfff"}', JSON_CT, id="sur2"),
+    pytest.param(b"\x80", {}, id="raw-bytes"),
+    pytest.param(b"\xff\xfe", {"content-type": "text/plain"}, id="text-bytes"),
 ]
-NON_JSON_IDS = ["nan-field", "inf-priority", "inf-extra", "nan-body", "surrogate", "surrogate2"]
+"""Bodies whose 422 would have to quote a value JSON cannot carry: NaN, +-Infinity, a lone
+UTF-16 surrogate, bytes that are not UTF-8 in a body not declared JSON."""
 
 
-@pytest.mark.parametrize("body", NON_JSON_INPUTS, ids=NON_JSON_IDS)
-def test_unrepresentable_json_values_write_nothing(api: Api, body: bytes) -> None:
-    r = api.client.post("/v1/jobs", content=body, headers=JSON_CT)
+@pytest.mark.parametrize(("body", "headers"), UNRENDERABLE)
+def test_unrenderable_inputs_write_nothing(api: Api, body: bytes, headers: dict[str, str]) -> None:
+    r = api.client.post("/v1/jobs", content=body, headers=headers)
     assert r.status_code != 201
     assert api.n_jobs() == 0
     assert api.n_events() == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: the 422 for a body holding NaN/Infinity or a lone UTF-16 surrogate escape "
-    "echoes the bad value in detail[].input; FastAPI's default RequestValidationError handler "
-    "cannot render it (json.dumps allow_nan=False / utf-8 encode), so the answer is a 500",
-)
-@pytest.mark.parametrize("body", NON_JSON_INPUTS, ids=NON_JSON_IDS)
-def test_unrepresentable_json_values_get_422(api: Api, body: bytes) -> None:
-    r = api.client.post("/v1/jobs", content=body, headers=JSON_CT)
+@pytest.mark.parametrize(("body", "headers"), UNRENDERABLE)
+def test_unrenderable_inputs_get_422(api: Api, body: bytes, headers: dict[str, str]) -> None:
+    r = api.client.post("/v1/jobs", content=body, headers=headers)
     assert r.status_code == 422, r.text
 
 
 BIG = 2**63  # one past SQLite's INTEGER and PostgreSQL's bigint
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: api.py declares job_id/after/offset as unbounded ints; a value the database "
-    "cannot hold (SQLite OverflowError, PostgreSQL 'out of range') escapes as a 500",
-)
 @pytest.mark.parametrize(
     ("method", "path", "ok"),
     [
@@ -790,23 +904,11 @@ def test_ids_beyond_64_bits_are_client_errors(
 
 @pytest.mark.parametrize("path", ["/v1/jobs/{big}", "/v1/jobs/{big}/logs", "/v1/jobs?after={big}"])
 def test_ids_beyond_32_bits(api: Api, db: str, request: pytest.FixtureRequest, path: str) -> None:
-    xfail_on(
-        request,
-        db,
-        "postgresql",
-        "BUG: jobs.id is a 32-bit INTEGER on PostgreSQL (store.py JobModel.id); an id or "
-        "?after= over 2**31-1 fails with NumericValueOutOfRange -> 500",
-    )
     api.submitted()
     r = api.client.get(path.format(big=2**31))
     assert r.status_code < 500, r.text
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: api.py logs() seeks to ?offset= unchecked; an offset past what lseek accepts "
-    "(>= 2**62 here) raises OSError/OverflowError -> 500 instead of an empty page",
-)
 @pytest.mark.parametrize("offset", [2**62, 2**63 - 1, 2**64])
 def test_log_offset_far_past_the_end(api: Api, offset: int) -> None:
     job = api.submitted()
@@ -817,11 +919,6 @@ def test_log_offset_far_past_the_end(api: Api, offset: int) -> None:
     assert r.text == ""
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: api.py JobIn._no_nul checks command, cwd and name but not gpu_model: "
-    "SQLite stores 'A100\\x00' (201), PostgreSQL refuses text with NUL -> 500",
-)
 def test_nul_in_gpu_model_is_refused(api: Api) -> None:
     r = api.submit(gpu_model="A100\x00")
     assert r.status_code == 422, r.text
@@ -835,24 +932,10 @@ def test_nul_in_gpu_model_leaves_no_half_written_row(api: Api) -> None:
 
 
 def test_nul_in_team_filter(api: Api, db: str, request: pytest.FixtureRequest) -> None:
-    xfail_on(
-        request,
-        db,
-        "postgresql",
-        "BUG: api.py jobs() passes ?team= to the database unchecked; PostgreSQL refuses a "
-        "NUL in a text parameter (DataError) -> 500",
-    )
     r = api.client.get("/v1/jobs", params={"team": "nlp\x00"})
     assert r.status_code < 500, r.text
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: live.py _launch moves the row to running, then FakeExecutor/LocalExecutor "
-    "launch raises SpecError for a cwd that does not exist (executor._validate); the error "
-    "escapes step(), the job stays 'running' with no process and decisions after it in the "
-    "same cycle are never carried out. The API accepts any cwd.",
-)
 def test_missing_working_directory_does_not_wedge_the_scheduler(api: Api, tmp_path: Path) -> None:
     bad = api.submit(cwd=str(tmp_path / "no-such-dir"))
     good = api.submitted()

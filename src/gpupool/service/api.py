@@ -16,10 +16,11 @@ import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Annotated, Any, Literal
 
-from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
+from fastapi import Depends, FastAPI, Header, HTTPException, Path, Query, Request
 from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator
 
 from gpupool.errors import ConflictError, GpupoolError, NotFoundError, SpecError
 from gpupool.service.live import LiveService
@@ -27,6 +28,9 @@ from gpupool.service.store import JobRow, NewJob, Principal, Store
 from gpupool.service.telemetry import dcgm_name
 
 MAX_BODY_BYTES = 64 * 1024
+MAX_ID = 2**31 - 1
+"""Job ids and event numbers are 32-bit integers in the database."""
+JobId = Annotated[int, Path(ge=1, le=MAX_ID)]
 PRIORITIES = {"low": 0, "normal": 50, "high": 100}
 NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 KINDS = Literal["training", "online-inference", "offline-inference", "batch"]
@@ -43,7 +47,7 @@ class JobIn(BaseModel):
     name: str | None = Field(None, min_length=1, max_length=128)
     team: str | None = Field(None, min_length=1, max_length=64, pattern=NAME)
     kind: KINDS = "training"
-    priority: int | Literal["low", "normal", "high"] = "normal"
+    priority: Annotated[int, Strict()] | Literal["low", "normal", "high"] = "normal"
     gpus: int = Field(1, ge=0, le=1024)
     gpu_model: str | None = Field(None, min_length=1, max_length=64)
     checkpoint_every_s: float | None = Field(None, gt=0, le=1e7)
@@ -62,7 +66,7 @@ class JobIn(BaseModel):
             raise ValueError("priority must be within -1000..1000 or low, normal, high")
         return v
 
-    @field_validator("command", "cwd", "name")
+    @field_validator("command", "cwd", "name", "gpu_model")
     @classmethod
     def _no_nul(cls, v: Any) -> Any:
         items = v if isinstance(v, list) else [v]
@@ -129,8 +133,9 @@ class SubmitBatcher:
 
     MAX_BATCH = 256
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, wake: Callable[[], None] | None = None) -> None:
         self.store = store
+        self.wake = wake
         self.pending: list[tuple[NewJob, str | None, asyncio.Future[tuple[JobRow, bool]]]] = []
         self.flushing = False
         self.task: asyncio.Future[None] | None = None
@@ -152,11 +157,20 @@ class SubmitBatcher:
                     results = await run_in_threadpool(
                         self.store.submit_group, [(j, k) for j, k, _ in batch], time.time()
                     )
-                except Exception as err:  # the database itself failed: every waiter hears
-                    for _, _, future in batch:
-                        if not future.done():
-                            future.set_exception(err)
+                except Exception:
+                    # each on its own, so only that one hears of its error
+                    for job, key, future in batch:
+                        try:
+                            one = await run_in_threadpool(self.store.submit, job, time.time(), key)
+                        except Exception as err:
+                            if not future.done():
+                                future.set_exception(err)
+                        else:
+                            if not future.done():
+                                future.set_result(one)
                     continue
+                if self.wake is not None:
+                    self.wake()  # once per commit, not per request
                 for (_, _, future), result in zip(batch, results, strict=True):
                     if future.done():
                         continue
@@ -187,24 +201,32 @@ class BodyLimit:
             if key == b"content-length" and value.isdigit() and int(value) > MAX_BODY_BYTES:
                 await _too_large(send)
                 return
-        seen = 0
-
-        async def limited() -> MutableMapping[str, Any]:
-            nonlocal seen
+        # Read the whole body first (it is small by definition) so that an oversized one,
+        # announced or streamed, gets a 413 before any handler sees it.
+        chunks: list[bytes] = []
+        size = 0
+        while True:
             message = await receive()
-            seen += len(message.get("body", b""))
-            if seen > MAX_BODY_BYTES:
-                raise _TooLarge
-            return message
+            if message["type"] != "http.request":
+                break
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > MAX_BODY_BYTES:
+                await _too_large(send)
+                return
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        delivered = False
 
-        try:
-            await self.app(scope, limited, send)
-        except _TooLarge:
-            await _too_large(send)
+        async def replay() -> MutableMapping[str, Any]:
+            nonlocal delivered
+            if not delivered:
+                delivered = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
 
-
-class _TooLarge(Exception):
-    pass
+        await self.app(scope, replay, send)
 
 
 async def _too_large(send: Callable[[MutableMapping[str, Any]], Awaitable[None]]) -> None:
@@ -249,12 +271,26 @@ def create_app(service: LiveService, store: Store, auth: bool = True) -> FastAPI
     )
     app.state.store = store
     app.state.auth = auth
-    batcher = SubmitBatcher(store)
+    batcher = SubmitBatcher(store, service.wake.set)
     app.state.tokens = {}
 
     def own(who: Principal, row: JobRow) -> None:
         if not who.is_admin and who.team != row.team:
             raise HTTPException(403, f"job {row.id} belongs to team {row.team}, not {who.team}")
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, err: RequestValidationError) -> JSONResponse:
+        # Each problem by field; the offending value is not echoed (it may be NaN, bytes
+        # or a lone surrogate, which JSON cannot carry).
+        detail = [
+            {
+                "loc": [x if isinstance(x, int) else str(x) for x in e.get("loc", ())],
+                "msg": str(e.get("msg", "")),
+                "type": str(e.get("type", "")),
+            }
+            for e in err.errors()
+        ]
+        return JSONResponse({"detail": detail}, status_code=422)
 
     @app.exception_handler(NotFoundError)
     async def _nf(_: Request, err: NotFoundError) -> JSONResponse:
@@ -305,9 +341,12 @@ def create_app(service: LiveService, store: Store, auth: bool = True) -> FastAPI
     async def submit(
         body: JobIn,
         who: Who,
-        idempotency_key: Annotated[str | None, Header(max_length=128)] = None,
+        idempotency_key: Annotated[
+            str | None, Header(max_length=128, pattern=r"^[\x21-\x7e]+$")
+        ] = None,
     ) -> JSONResponse:
-        # Group commit: submissions that arrive while a commit runs share the next one.
+        # Group commit: submissions that arrive while a commit runs share the next one,
+        # and the scheduler is woken once per commit.
         row, created = await batcher.submit(new_job(body, who), idempotency_key)
         return JSONResponse(job_json(row), status_code=201 if created else 200)
 
@@ -321,9 +360,9 @@ def create_app(service: LiveService, store: Store, auth: bool = True) -> FastAPI
     def jobs(
         who: Who,
         state: Annotated[str | None, Query(max_length=32)] = None,
-        team: Annotated[str | None, Query(max_length=64)] = None,
+        team: Annotated[str | None, Query(max_length=64, pattern=NAME)] = None,
         limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
-        after: Annotated[int, Query(ge=0)] = 0,
+        after: Annotated[int, Query(ge=0, le=MAX_ID)] = 0,
     ) -> dict[str, Any]:
         db_state = None if state is None else state.lower()
         if db_state is not None and db_state not in (
@@ -342,17 +381,17 @@ def create_app(service: LiveService, store: Store, auth: bool = True) -> FastAPI
         return {"jobs": [job_json(r) for r in rows]}
 
     @app.get("/v1/jobs/{job_id}", summary="One job")
-    def job(job_id: int, who: Who) -> dict[str, Any]:
+    def job(job_id: JobId, who: Who) -> dict[str, Any]:
         return job_json(store.get(job_id))
 
     @app.post("/v1/jobs/{job_id}/cancel", summary="Cancel a job")
-    def cancel(job_id: int, who: Who) -> dict[str, Any]:
+    def cancel(job_id: JobId, who: Who) -> dict[str, Any]:
         own(who, store.get(job_id))
         return job_json(service.cancel(job_id))
 
     @app.get("/v1/jobs/{job_id}/logs", summary="A job's output", response_class=PlainTextResponse)
     def logs(
-        job_id: int,
+        job_id: JobId,
         who: Who,
         stream: Literal["stdout", "stderr"] = "stdout",
         offset: Annotated[int, Query(ge=0)] = 0,
@@ -364,8 +403,10 @@ def create_app(service: LiveService, store: Store, auth: bool = True) -> FastAPI
         data = b""
         if path.is_file():
             with path.open("rb") as f:
-                f.seek(offset)
-                data = f.read(limit)
+                size = f.seek(0, 2)
+                if offset < size:  # past the end (however far): an empty page
+                    f.seek(offset)
+                    data = f.read(limit)
         state = "running" if row.state == "preempting" else row.state
         return Response(
             data,
@@ -380,7 +421,7 @@ def create_app(service: LiveService, store: Store, auth: bool = True) -> FastAPI
     @app.get("/v1/events", summary="Events after a sequence number (long poll)")
     async def events(
         who: Who,
-        after: Annotated[int, Query(ge=0)] = 0,
+        after: Annotated[int, Query(ge=0, le=MAX_ID)] = 0,
         wait: Annotated[float, Query(ge=0, le=30)] = 0.0,
     ) -> dict[str, Any]:
         deadline = time.monotonic() + wait

@@ -15,6 +15,7 @@ import json
 import os
 import socket
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -186,8 +187,12 @@ class LiveService:
             self.thread.join(timeout=10)
         self.executor.shutdown()
 
+    MIN_STEP_S = 0.05
+    """Wake-ups (new jobs, cancels) run a cycle early, but at most 20 cycles a second."""
+
     def _run(self) -> None:
         while not self.stopping.is_set():
+            started = time.monotonic()
             try:
                 self.step()
                 self.loop_error = None
@@ -195,6 +200,9 @@ class LiveService:
                 self.loop_error = str(err)
             self.wake.wait(self.config.cycle_s)
             self.wake.clear()
+            rest = self.MIN_STEP_S - (time.monotonic() - started)
+            if rest > 0:
+                self.stopping.wait(rest)
 
     def step(self) -> None:
         with self.lock:
@@ -388,7 +396,14 @@ class LiveService:
             resume=d.resume or row.attempts > 0,
             cwd=Path(row.cwd) if row.cwd else None,
         )
-        handle = self.executor.launch(spec, now)
+        try:
+            handle = self.executor.launch(spec, now)
+        except GpupoolError as err:  # e.g. its working directory does not exist
+            self.scheduler.finished(d.job_id, now, JobState.FAILED)
+            self._transition(
+                row.id, "failed", now, ("running",), reason=f"could not start: {err}", ended_at=now
+            )
+            return
         (run_dir / f"handle-{attempt}.json").write_text(
             json.dumps({"pid": handle.pid, "pgid": handle.pgid, "start_ticks": handle.start_ticks}),
             encoding="utf-8",
