@@ -113,7 +113,10 @@ def running_jobs(n: int = 1000, window_s: float = 30.0) -> dict[str, Any]:
             jobs = [{"command": ["sleep", "600"], "team": "bench", "gpus": 1}] * 500
             with httpx.Client(timeout=120) as client:
                 for _ in range(n // 500):
-                    assert client.post(f"{server.url}/v1/jobs/batch", json={"jobs": jobs}).status_code == 201
+                    assert (
+                        client.post(f"{server.url}/v1/jobs/batch", json={"jobs": jobs}).status_code
+                        == 201
+                    )
                 deadline = time.monotonic() + 300
                 while time.monotonic() < deadline:
                     running = client.get(f"{server.url}/v1/cluster").json()["queue"]["running"]
@@ -127,7 +130,10 @@ def running_jobs(n: int = 1000, window_s: float = 30.0) -> dict[str, Any]:
                 c0, t0 = cpu_s(pid), time.monotonic()
                 time.sleep(window_s)
                 c1, t1 = cpu_s(pid), time.monotonic()
-                rss_mib = int(Path(f"/proc/{pid}/status").read_text().split("VmRSS:")[1].split()[0]) // 1024
+                rss_mib = (
+                    int(Path(f"/proc/{pid}/status").read_text().split("VmRSS:")[1].split()[0])
+                    // 1024
+                )
         finally:
             assert server.proc is not None
             server.proc.send_signal(signal.SIGINT)
@@ -135,8 +141,13 @@ def running_jobs(n: int = 1000, window_s: float = 30.0) -> dict[str, Any]:
             subprocess.run(["pkill", "-f", "sleep 600"], check=False)
     share = (c1 - c0) / (t1 - t0)
     print(f"{n} running jobs: server CPU {100 * share:.2f}% of one core over {t1 - t0:.0f} s")
-    return {"running": n, "cpu_pct_of_one_core": round(100 * share, 2), "window_s": round(t1 - t0),
-            "server_rss_mib": rss_mib, "target_pct": 10}
+    return {
+        "running": n,
+        "cpu_pct_of_one_core": round(100 * share, 2),
+        "window_s": round(t1 - t0),
+        "server_rss_mib": rss_mib,
+        "target_pct": 10,
+    }
 
 
 def main() -> int:
@@ -145,8 +156,11 @@ def main() -> int:
     with PgServer() as pg:
         results["postgresql"] = throughput(pg.url.replace("+psycopg", ""), "PostgreSQL")
     results["running_1000"] = running_jobs()
-    results["targets"] = {"sqlite_jobs_per_s": 1000, "postgresql_jobs_per_s": 500,
-                          "cpu_pct_of_one_core": 10}
+    results["targets"] = {
+        "sqlite_jobs_per_s": 1000,
+        "postgresql_jobs_per_s": 500,
+        "cpu_pct_of_one_core": 10,
+    }
     out = ROOT / "bench" / "results" / "service.json"
     out.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
     print(json.dumps(results, indent=2))
