@@ -140,3 +140,17 @@ def test_cli_errors_and_listing(server: Server) -> None:
     assert str(job_id) in listing and "succeeded" in listing
     top = cli(url, "top", "--once")
     assert top.returncode == 0 and "A100-80GB" in top.stdout
+
+
+def test_on_a_fake_fleet_jobs_run_for_real_without_a_gpu(server: Server) -> None:
+    url = server.url
+    probe = (
+        "import os; print('visible=%r fake=%s job=%s ckpt=%s' % ("
+        "os.environ.get('CUDA_VISIBLE_DEVICES'), os.environ['GPUPOOL_FAKE_GPUS'], "
+        "os.environ['GPUPOOL_JOB_ID'], os.path.isdir(os.environ['GPUPOOL_CHECKPOINT_DIR'])))"
+    )
+    out = cli(url, "submit", "--team", "research", "--json", "--", sys.executable, "-c", probe)
+    job_id = json.loads(out.stdout)["id"]
+    wait_for(lambda: _show(url, job_id)["state"] == "succeeded", 20, "the probe job")
+    log = cli(url, "logs", str(job_id)).stdout
+    assert f"visible='' fake=0 job={job_id} ckpt=True" in log, log

@@ -32,7 +32,14 @@ from gpupool.scheduler import Launch, Scheduler, Stop
 from gpupool.service.clock import Clock
 from gpupool.service.executor import Executor, Exit, Handle, LaunchSpec
 from gpupool.service.store import JobRow, Store
-from gpupool.service.telemetry import GpuInfo, GpuSample, MonitorRule, Signals, Telemetry
+from gpupool.service.telemetry import (
+    FakeTelemetry,
+    GpuInfo,
+    GpuSample,
+    MonitorRule,
+    Signals,
+    Telemetry,
+)
 
 TERMINAL_STATES = ("succeeded", "failed", "cancelled")
 
@@ -386,12 +393,18 @@ class LiveService:
         )
         run_dir = self.run_dir(row.id)
         run_dir.mkdir(parents=True, exist_ok=True)
+        # On a fake fleet the job gets no GPU at all (CUDA_VISIBLE_DEVICES empty), even on
+        # a machine that has real ones; it learns its fake GPUs from GPUPOOL_FAKE_GPUS.
+        fake = isinstance(self.telemetry, FakeTelemetry)
+        env = dict(row.env)
+        if fake:
+            env["GPUPOOL_FAKE_GPUS"] = ",".join(str(x) for x in devices)
         spec = LaunchSpec(
             job_id=d.job_id,
             attempt=attempt,
             argv=tuple(row.command),
-            env=dict(row.env),
-            gpu_indices=devices,
+            env=env,
+            gpu_indices=() if fake else devices,
             run_dir=run_dir,
             resume=d.resume or row.attempts > 0,
             cwd=Path(row.cwd) if row.cwd else None,
