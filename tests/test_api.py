@@ -686,6 +686,15 @@ def test_node_loss_suspends_the_job_on_it(api: Api) -> None:
     assert [c for c in api.executor.calls if c == ("launch", str(job["id"]))] == [
         ("launch", str(job["id"]))
     ]
+    # the GPU recovers: the node is taken back and the job resumes on it
+    api.telemetry.repair(device)
+    api.step()  # sampled healthy: the node comes back
+    api.step()  # the cycle resumes the job there
+    assert api.client.get("/v1/cluster").json()["nodes"][0]["healthy"] is True
+    row = api.job(job["id"])
+    assert row["state"] == "running" and row["attempts"] == 2
+    kinds = [e["kind"] for e in api.client.get("/v1/events").json()["events"]]
+    assert "node-healthy" in kinds
 
 
 def test_failed_job_is_retried_then_fails(api: Api) -> None:

@@ -211,6 +211,18 @@ class Scheduler:
             if k in p.nodes and self.tickets[job_id].state is JobState.RUNNING
         )
 
+    def node_restored(self, node: str, now_s: float) -> None:
+        """A node that was lost is healthy again: it takes work from the next cycle."""
+        k = self.node_index.get(node)
+        if k is None:
+            raise NotFoundError(f"node {node} is not in this cluster")
+        if self.healthy[k]:
+            return
+        self.healthy[k] = True
+        self.pool_nodes[self.cluster.nodes[k].gpu_model][k] = True
+        self.engine.note(f"node:{node}", now_s, "node-restored")
+        self.dirty = True
+
     # ---- deciding -------------------------------------------------------------------------
     def cycle(self, now_s: float) -> list[Decision]:
         """One scheduling cycle: the policy's plan, validated and applied."""

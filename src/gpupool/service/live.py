@@ -337,6 +337,13 @@ class LiveService:
                     now,
                 )
         node_of_device = {dev: key[0] for key, dev in self.devices.items()}
+        unhealthy = {node_of_device.get(s.index) for s in self.samples if not s.healthy}
+        for name in sorted(self.bad_nodes):  # a node whose GPUs all recovered comes back
+            index = next(i for i, n in enumerate(self.cluster.nodes) if n.name == name)
+            if index not in unhealthy:
+                self.bad_nodes.discard(name)
+                self.scheduler.node_restored(name, now)
+                self.store.add_event("node-healthy", f"node {name} is healthy again", now)
         for s in self.samples:
             if s.healthy:
                 continue
