@@ -1,8 +1,11 @@
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+
+from gpupool.service.store import Store
 
 _CANDIDATES = (
     Path(__file__).resolve().parents[2] / "shared" / "traces",
@@ -23,3 +26,18 @@ def traces() -> Path:
     if found is None:
         pytest.skip("shared/traces is not beside the repository")
     return found
+
+
+@pytest.fixture
+def open_store(url: str) -> Iterator[Callable[[], Store]]:
+    """Stores on the test module's database (its `url` fixture), all closed at teardown:
+    PostgreSQL counts connections."""
+    stores: list[Store] = []
+
+    def make() -> Store:
+        stores.append(Store(url))
+        return stores[-1]
+
+    yield make
+    for s in stores:
+        s.close()

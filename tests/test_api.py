@@ -104,20 +104,6 @@ def url(db: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 
 @pytest.fixture
-def open_store(url: str) -> Iterator[Callable[[], Store]]:
-    """Stores on the test's database, all closed at teardown (PostgreSQL counts connections)."""
-    stores: list[Store] = []
-
-    def make() -> Store:
-        stores.append(Store(url))
-        return stores[-1]
-
-    yield make
-    for s in stores:
-        s.close()
-
-
-@pytest.fixture
 def make_api(
     db: str, url: str, open_store: Callable[[], Store], tmp_path: Path
 ) -> Iterator[Callable[..., Api]]:

@@ -12,7 +12,7 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -75,20 +75,6 @@ def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return database_url(None, tmp_path / "state")
     return fresh_schema(request.getfixturevalue("pg_url"))
-
-
-@pytest.fixture
-def open_store(url: str) -> Iterator[Callable[[], Store]]:
-    """Stores on the test's database, all closed at teardown (PostgreSQL counts connections)."""
-    stores: list[Store] = []
-
-    def make() -> Store:
-        stores.append(Store(url))
-        return stores[-1]
-
-    yield make
-    for s in stores:
-        s.close()
 
 
 @pytest.fixture
