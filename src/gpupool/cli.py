@@ -67,7 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpupool",
         description="Pool GPUs and decide which job runs on which GPU, and when. "
-        "The simulator proves placement and queue policies on real traces.",
+        "`gpupool serve` runs the scheduler on this machine's GPUs; submit, ls, show, "
+        "cancel, logs and top talk to it; plan sizes a job; simulate proves policies on "
+        "real traces first.",
     )
     parser.add_argument("--version", action="version", version=f"gpupool {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
