@@ -11,6 +11,7 @@ and wakes the loop.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -25,7 +26,7 @@ from typing import Any
 from gpupool.core.lifecycle import JobState
 from gpupool.core.model import Cluster, JobKind, JobSpec, Node, NodeShare, Placement
 from gpupool.core.quota import TeamQuota
-from gpupool.errors import GpupoolError, IllegalTransition
+from gpupool.errors import GpupoolError, IllegalTransition, SpecError
 from gpupool.policies.cycle import PreemptionRules
 from gpupool.policies.power import CapJob, plan_power_caps
 from gpupool.scheduler import Launch, Scheduler, Stop
@@ -55,6 +56,9 @@ class LiveConfig:
     sample_s: float = 1.0
     monitor_s: float = 300.0
     host: str = field(default_factory=socket.gethostname)
+    nodes: tuple[tuple[str, str, int], ...] = ()
+    """An explicit fleet of (node name, GPU model, GPU count), e.g. the nodes of a Ray
+    cluster: one Node each, GPUs numbered 0.. on each node. Empty: `build_cluster`."""
 
 
 def build_cluster(
@@ -71,6 +75,17 @@ def build_cluster(
         for g, gpu in enumerate(sorted(gpus, key=lambda x: x.index)):
             devices[(k, g)] = gpu.index
     return Cluster(host, tuple(nodes)), devices
+
+
+def build_fleet(
+    fleet: Sequence[tuple[str, str, int]], name: str
+) -> tuple[Cluster, dict[tuple[int, int], int]]:
+    """One node per (name, model, count) entry; (node, local GPU) -> the same local index."""
+    nodes = tuple(
+        Node(n, model, count, 1_000_000, 1 << 30, cluster=name) for n, model, count in fleet
+    )
+    devices = {(k, g): g for k, node in enumerate(nodes) for g in range(node.gpu_count)}
+    return Cluster(name, nodes), devices
 
 
 def spec_of(row: JobRow) -> JobSpec:
@@ -95,14 +110,35 @@ class LiveService:
         executor: Executor,
         telemetry: Telemetry,
         clock: Clock,
+        probe: Callable[[], dict[str, str]] | None = None,
     ) -> None:
+        """`probe`, for a fleet of `config.nodes`, names the nodes alive now (node name ->
+        an id that changes when the node restarts, e.g. the Ray node id): polled at most
+        once a second, a node it no longer lists is lost and its jobs requeued."""
         self.config = config
         self.store = store
         self.executor = executor
         self.telemetry = telemetry
         self.clock = clock
         self.inventory = telemetry.inventory()
-        self.cluster, self.devices = build_cluster(self.inventory, config.host)
+        self.fleet = bool(config.nodes)
+        if self.fleet:
+            self.cluster, self.devices = build_fleet(config.nodes, config.host)
+            # The telemetry's GPUs stand for the fleet's, in fleet order, where it has them.
+            order = sorted(self.devices)
+            known = {g.index for g in self.inventory}
+            self.tele_index = {key: i for i, key in enumerate(order) if i in known}
+        else:
+            self.cluster, self.devices = build_cluster(self.inventory, config.host)
+            self.tele_index = dict(self.devices)
+        self.key_of = {
+            (self.cluster.nodes[k].name, dev): (k, g) for (k, g), dev in self.devices.items()
+        }
+        """(node name, GPU index as the API shows it) -> (node, local GPU) of the core."""
+        self.probe = probe
+        self.last_probe = -1e18
+        self.gone: dict[str, tuple[str | None, float]] = {}
+        """Nodes the probe or a lost job took out: (their id then, None if unlisted; when)."""
         self.scheduler = Scheduler(
             self.cluster,
             config.teams,
@@ -159,9 +195,9 @@ class LiveService:
 
     def _placement_of(self, row: JobRow, node_of: dict[str, int]) -> Placement | None:
         by_node: dict[int, list[int]] = defaultdict(list)
-        index_of = {dev: key for key, dev in self.devices.items()}
-        for _node, device in row.gpus:
-            key = index_of.get(device)
+        index_of = {dev: key for key, dev in self.devices.items()} if not self.fleet else {}
+        for name, device in row.gpus:
+            key = self.key_of.get((name, device)) or index_of.get(device)
             if key is None:
                 return None
             by_node[key[0]].append(key[1])
@@ -218,10 +254,55 @@ class LiveService:
             self._reap(now)
             if now - self.last_sample >= self.config.sample_s:
                 self._sample(now)
+            if self.probe is not None and now - self.last_probe >= self.PROBE_S:
+                self._probe(now)
             self._carry_out(self.scheduler.cycle(now), now)
 
     def run_dir(self, job_id: int) -> Path:
         return self.jobs_dir / str(job_id)
+
+    # ---- node liveness (a fleet with a probe, e.g. Ray) -------------------------------------
+    PROBE_S = 1.0
+    RESTORE_AFTER_S = 30.0
+    """A node that lost a job but stays listed is trusted again after this long."""
+
+    def _alive(self) -> dict[str, str] | None:
+        if self.probe is None:
+            return None
+        try:
+            return self.probe()
+        except Exception as err:  # e.g. the Ray GCS is unreachable for a while
+            self.loop_error = f"cannot list the live nodes: {err}"
+            return None
+
+    def _probe(self, now: float) -> None:
+        self.last_probe = now
+        alive = self._alive()
+        if alive is None:
+            return
+        for node in self.cluster.nodes:
+            name, now_id = node.name, alive.get(node.name)
+            if now_id is None:
+                if name not in self.gone or self.gone[name][0] is not None:
+                    self._node_down(name, None, now, f"node {name} left the cluster")
+            elif name in self.gone and name not in self.bad_nodes:
+                was_id, since = self.gone[name]
+                if now_id != was_id or now - since >= self.RESTORE_AFTER_S:
+                    del self.gone[name]
+                    self.scheduler.node_restored(name, now)
+                    self.store.add_event("node-healthy", f"node {name} is back", now)
+
+    def _node_down(self, name: str, node_id: str | None, now: float, why: str) -> None:
+        first = name not in self.gone
+        self.gone[name] = (node_id, now)
+        if not first:
+            return
+        self.store.add_event("node-lost", why, now)
+        for job_id in self.scheduler.node_lost(name, now):
+            row = self.store.get(int(job_id))
+            self.evicting[job_id] = f"{why}; requeued from its checkpoint"
+            if job_id in self.executor.handles():
+                self.executor.preempt(job_id, row.grace_s, now)
 
     # ---- inputs -----------------------------------------------------------------------------
     def _ingest(self, now: float) -> None:
@@ -294,6 +375,10 @@ class LiveService:
         elif ex.outcome == "lost":
             self.scheduler.lost(key, now, ex.reason)
             self._transition(job_id, "suspended", now, running, reason=f"lost: {ex.reason}")
+            alive = self._alive()
+            if alive is not None and row.node is not None and row.node in self.key_nodes():
+                # Its node is in doubt: nothing goes there until the probe clears it.
+                self._node_down(row.node, alive.get(row.node), now, f"node {row.node}: {ex.reason}")
         elif row.retries < row.max_retries:
             self.scheduler.lost(key, now, ex.reason)
             self._transition(
@@ -336,13 +421,14 @@ class LiveService:
                     f"(mean utilisation {self.signals.mean_util_pct:.0f}%)",
                     now,
                 )
-        node_of_device = {dev: key[0] for key, dev in self.devices.items()}
+        node_of_device = {dev: key[0] for key, dev in self.tele_index.items()}
         unhealthy = {node_of_device.get(s.index) for s in self.samples if not s.healthy}
         for name in sorted(self.bad_nodes):  # a node whose GPUs all recovered comes back
             index = next(i for i, n in enumerate(self.cluster.nodes) if n.name == name)
             if index not in unhealthy:
                 self.bad_nodes.discard(name)
-                self.scheduler.node_restored(name, now)
+                if name not in self.gone:
+                    self.scheduler.node_restored(name, now)
                 self.store.add_event("node-healthy", f"node {name} is healthy again", now)
         for s in self.samples:
             if s.healthy:
@@ -354,6 +440,8 @@ class LiveService:
             if name in self.bad_nodes:
                 continue
             self.bad_nodes.add(name)
+            if name in self.gone:
+                continue
             why = f"node {name} unhealthy: GPU {s.index} {s.problem}"
             self.store.add_event("node-unhealthy", why, now)
             for job_id in self.scheduler.node_lost(name, now):
@@ -381,8 +469,15 @@ class LiveService:
 
     def _launch(self, d: Launch, now: float) -> None:
         row = self.store.get(int(d.job_id))
-        devices = tuple(self.devices[(s.node, g)] for s in d.placement.shares for g in s.gpus)
-        node = self.cluster.nodes[d.placement.shares[0].node].name
+        shares = d.placement.shares
+        devices = tuple(self.devices[(s.node, g)] for s in shares for g in s.gpus)
+        tele = tuple(
+            self.tele_index[(s.node, g)]
+            for s in shares
+            for g in s.gpus
+            if (s.node, g) in self.tele_index
+        )
+        node = self.cluster.nodes[shares[0].node].name
         attempt = row.attempts + 1
         self._transition(
             row.id,
@@ -390,7 +485,11 @@ class LiveService:
             now,
             ("pending", "suspended"),
             reason="resumed" if d.resume else "started",
-            gpus=[[node, dev] for dev in devices],
+            gpus=[
+                [self.cluster.nodes[s.node].name, self.devices[(s.node, g)]]
+                for s in shares
+                for g in s.gpus
+            ],
             node=node,
             attempts=attempt,
             started_at=row.started_at if row.started_at is not None else now,
@@ -411,13 +510,22 @@ class LiveService:
             attempt=attempt,
             argv=tuple(row.command),
             env=env,
-            gpu_indices=() if fake else devices,
+            gpu_indices=() if fake and not self.fleet else devices,
             run_dir=run_dir,
             resume=d.resume or row.attempts > 0,
             cwd=Path(row.cwd) if row.cwd else None,
         )
+        launch_on = getattr(self.executor, "launch_on", None)
         try:
-            handle = self.executor.launch(spec, now)
+            if self.fleet and len({s.node for s in shares}) > 1:
+                raise SpecError(
+                    f"the core placed it on {len(shares)} nodes; a job of an explicit fleet "
+                    "runs on one node (ask for at most one node's GPUs)"
+                )
+            if self.fleet and launch_on is not None:
+                handle = launch_on(spec, node, now)
+            else:
+                handle = self.executor.launch(spec, now)
         except GpupoolError as err:  # e.g. its working directory does not exist
             self.scheduler.finished(d.job_id, now, JobState.FAILED)
             self._transition(
@@ -429,7 +537,7 @@ class LiveService:
             encoding="utf-8",
         )
         self.store.set_process(row.id, handle.pid, handle.pgid, handle.start_ticks, now)
-        self._load(devices, row)
+        self._load(tele, row)
         self._decided(now, "resume" if d.resume else "start", d.job_id)
 
     def _load(self, devices: tuple[int, ...], row: JobRow) -> None:
@@ -459,8 +567,16 @@ class LiveService:
     def _unload(self, row: JobRow) -> None:
         set_load = getattr(self.telemetry, "set_load", None)
         if set_load is not None:
-            for _node, dev in row.gpus:
-                set_load(dev, 0.0, 0)
+            for name, dev in row.gpus:
+                key = self.key_of.get((name, dev))
+                index = self.tele_index.get(key) if key is not None else None
+                if index is None and not self.fleet:
+                    index = dev
+                if index is not None:
+                    set_load(index, 0.0, 0)
+
+    def key_nodes(self) -> set[str]:
+        return {n.name for n in self.cluster.nodes}
 
     def _transition(
         self, job_id: int, to: str, now: float, expect: tuple[str, ...], **fields: Any
@@ -478,11 +594,11 @@ class LiveService:
     # ---- views for the API ----------------------------------------------------------------
     def cluster_view(self) -> dict[str, Any]:
         with self.lock:
-            jobs_on: dict[int, str] = {}
+            jobs_on: dict[tuple[int, int], str] = {}
             for job_id, p in self.scheduler.placements().items():
                 for part in p.shares:
                     for g in part.gpus:
-                        jobs_on[self.devices[(part.node, g)]] = job_id
+                        jobs_on[(part.node, g)] = job_id
             samples = {s.index: s for s in self.samples}
             reclaimable = set(self.signals.reclaimable) if self.signals is not None else set()
             nodes = []
@@ -490,33 +606,36 @@ class LiveService:
                 gpus = []
                 for g in range(node.gpu_count):
                     dev = self.devices[(k, g)]
-                    info = next(x for x in self.inventory if x.index == dev)
-                    s = samples.get(dev)
+                    tele = self.tele_index.get((k, g))
+                    info = next((x for x in self.inventory if x.index == tele), None)
+                    s = samples.get(tele) if tele is not None else None
                     gpus.append(
                         {
                             "index": dev,
-                            "uuid": info.uuid,
-                            "model": info.model,
-                            "mem_total_mib": info.mem_total_mib,
+                            "uuid": info.uuid if info else None,
+                            "model": info.model if info else node.gpu_model,
+                            "mem_total_mib": info.mem_total_mib if info else None,
                             "mem_used_mib": s.mem_used_mib if s else None,
                             "util_pct": s.util_pct if s else None,
                             "temp_c": s.temp_c if s else None,
                             "power_w": s.power_w if s else None,
-                            "power_limit_w": s.power_limit_w if s else info.power_limit_w,
+                            "power_limit_w": s.power_limit_w
+                            if s
+                            else (info.power_limit_w if info else None),
                             "sm_clock_mhz": s.sm_clock_mhz if s else None,
                             "mem_clock_mhz": s.mem_clock_mhz if s else None,
                             "ecc_uncorrected": s.ecc_uncorrected if s else None,
                             "healthy": s.healthy if s else True,
                             "problem": s.problem if s else "",
-                            "job_id": int(jobs_on[dev]) if dev in jobs_on else None,
-                            "reclaimable": dev in reclaimable,
+                            "job_id": int(jobs_on[(k, g)]) if (k, g) in jobs_on else None,
+                            "reclaimable": tele in reclaimable,
                         }
                     )
                 nodes.append(
                     {
                         "name": node.name,
                         "gpu_model": node.gpu_model,
-                        "healthy": node.name not in self.bad_nodes,
+                        "healthy": node.name not in self.bad_nodes and node.name not in self.gone,
                         "gpus": gpus,
                     }
                 )
@@ -544,3 +663,34 @@ def pid_alive(pid: int) -> bool:
     except OSError:
         return False
     return True
+
+
+def ray_service(
+    config: LiveConfig,
+    store: Store,
+    clock: Clock,
+    executor: Executor | None = None,
+    telemetry: Telemetry | None = None,
+) -> LiveService:
+    """A LiveService on the gpupool nodes of the Ray cluster this process has joined
+    (ray.init): the fleet is what `ray_nodes()` lists, jobs start with
+    `RayExecutor.launch_on` on the node and GPU indices the core chose, and a node that
+    leaves the cluster is lost. Telemetry defaults to a fake fleet of the same GPUs."""
+    from gpupool.service.ray_executor import RayExecutor, ray_nodes
+
+    found = [n for n in ray_nodes() if n.gpu_count > 0 and n.model]
+    if not found:
+        raise SpecError(
+            "the Ray cluster has no gpupool nodes: start each with `ray start --resources` "
+            "from gpupool.service.ray_executor.node_resources(name, model, gpus)"
+        )
+    config = dataclasses.replace(config, nodes=tuple((n.name, n.model, n.gpu_count) for n in found))
+    if executor is None:
+        executor = RayExecutor({n.name: n.ray_node_id for n in found})
+    if telemetry is None:
+        telemetry = FakeTelemetry(",".join(f"{n.gpu_count}x{n.model}" for n in found))
+
+    def probe() -> dict[str, str]:
+        return {n.name: n.ray_node_id for n in ray_nodes()}
+
+    return LiveService(config, store, executor, telemetry, clock, probe=probe)
