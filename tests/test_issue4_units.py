@@ -669,7 +669,7 @@ def test_model_jobs_carry_a_plan_request_not_a_size() -> None:
     submits = [j.submit_s for j in w.jobs]
     assert submits == sorted(submits)
     for job in w.jobs:
-        # no size of their own: no work duration, the JobSpec's placeholder single GPU
+        # no size of their own: no work duration, and the JobSpec default of one GPU until sized
         assert job.duration_s is None
         assert job.gpu_count == JobSpec("x").gpu_count
         assert job.kind is JobKind.OFFLINE  # task inference -> offline inference

@@ -24,7 +24,7 @@ import numpy as np
 from gpupool.core.calibration import CheckpointModel
 from gpupool.core.engine import DecisionLog, Engine
 from gpupool.core.lifecycle import TERMINAL, JobState, check_transition
-from gpupool.core.model import Cluster, JobKind, JobSpec, Placement
+from gpupool.core.model import Cluster, JobSpec, Placement
 from gpupool.core.quota import QuotaBook, TeamQuota
 from gpupool.core.state import BoolArray, ClusterState
 from gpupool.errors import NotFoundError, PlanRejected, SpecError
@@ -391,6 +391,3 @@ class Scheduler:
 
     def placements(self) -> Mapping[str, Placement]:
         return self.state.placements
-
-    def kind_of(self, job_id: str) -> JobKind:
-        return self._ticket(job_id).spec.kind

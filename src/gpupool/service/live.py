@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import socket
 import threading
 import time
@@ -121,6 +120,7 @@ class LiveService:
         self.telemetry = telemetry
         self.clock = clock
         self.inventory = telemetry.inventory()
+        self.gpu_info = {g.index: g for g in self.inventory}
         self.fleet = bool(config.nodes)
         if self.fleet:
             self.cluster, self.devices = build_fleet(config.nodes, config.host)
@@ -607,7 +607,7 @@ class LiveService:
                 for g in range(node.gpu_count):
                     dev = self.devices[(k, g)]
                     tele = self.tele_index.get((k, g))
-                    info = next((x for x in self.inventory if x.index == tele), None)
+                    info = self.gpu_info.get(tele) if tele is not None else None
                     s = samples.get(tele) if tele is not None else None
                     gpus.append(
                         {
@@ -655,14 +655,6 @@ class LiveService:
                 },
                 "scheduler_error": self.loop_error,
             }
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except OSError:
-        return False
-    return True
 
 
 def ray_service(

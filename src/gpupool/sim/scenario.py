@@ -358,25 +358,22 @@ class ScenarioSim:
         return tuple(out)
 
     def pool_loads(self) -> dict[str, PoolLoad]:
+        """Free GPUs and drain time of every pool, from one pass over the jobs."""
+        work: dict[str, float] = defaultdict(float)
+        for r in self.running.values():
+            if r.spec.duration_s is not None:
+                work[r.gpu_type] += r.spec.gpu_count * max(0.0, r.spec.duration_s - r.done_s)
+        for q in self.queues.values():
+            for _, job_id in q:
+                r = self.runs[job_id]
+                if r.spec.duration_s is not None:
+                    work[r.gpu_type] += r.spec.gpu_count * (r.spec.duration_s - r.done_s)
         out = {}
         for key, mask in self.pool_nodes.items():
             free = int(self.state.whole_free[mask].sum())
             gpus = int(self.state.gpu_count[mask].sum())
-            out[key] = PoolLoad(free, self._drain_s(key, gpus))
+            out[key] = PoolLoad(free, work[key] / gpus if gpus else math.inf)
         return out
-
-    def _drain_s(self, pool: str, gpus: int) -> float:
-        if gpus == 0:
-            return math.inf
-        work = 0.0
-        for r in self.running.values():
-            if r.gpu_type == pool and r.spec.duration_s is not None:
-                work += r.spec.gpu_count * max(0.0, r.spec.duration_s - r.done_s)
-        for _, job_id in (e for q in self.queues.values() for e in q):
-            r = self.runs[job_id]
-            if r.gpu_type == pool and r.spec.duration_s is not None:
-                work += r.spec.gpu_count * (r.spec.duration_s - r.done_s)
-        return work / gpus
 
     def choose(self, run: Run, loads: dict[str, PoolLoad], now: float) -> PoolOption | None:
         options = run.options
