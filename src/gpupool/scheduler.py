@@ -15,16 +15,17 @@ the preemption rules and the lifecycle table before it is applied.
 from __future__ import annotations
 
 import bisect
+import math
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from gpupool.core.calibration import CheckpointModel
 from gpupool.core.engine import DecisionLog, Engine
 from gpupool.core.lifecycle import TERMINAL, JobState, check_transition
-from gpupool.core.model import Cluster, JobSpec, Placement
+from gpupool.core.model import Cluster, JobSpec, Node, Placement
 from gpupool.core.quota import QuotaBook, TeamQuota
 from gpupool.core.state import BoolArray, ClusterState
 from gpupool.errors import NotFoundError, PlanRejected, SpecError
@@ -39,6 +40,17 @@ from gpupool.policies.cycle import (
     RunningView,
     Start,
 )
+from gpupool.sim.choice import PoolLoad, PoolOption
+
+PoolChooser = Callable[
+    [JobSpec, Sequence[PoolOption], Mapping[str, PoolLoad], float], tuple[PoolOption | None, str]
+]
+"""Points a waiting job at one of its pools (None: nowhere acceptable) and says why."""
+
+
+def pool_key(node: Node, multi_site: bool) -> str:
+    """A pool is the nodes of one GPU model (of one site, when there are several)."""
+    return f"{node.cluster}/{node.gpu_model}" if multi_site else node.gpu_model
 
 
 @dataclass(frozen=True)
@@ -70,6 +82,10 @@ class Ticket:
     started_s: float = 0.0
     preemptions: int = 0
     attempts: int = 0
+    options: tuple[PoolOption, ...] = ()
+    """The pools it could wait for, when a chooser points it at one each cycle."""
+    reason: str = ""
+    """Why it is unplaceable, when it is."""
 
 
 @dataclass
@@ -83,6 +99,11 @@ class Scheduler:
     queue_depth: int = 32
     seed: int = 0
     log: DecisionLog = field(default_factory=DecisionLog)
+    chooser: PoolChooser | None = None
+    """With several sites: picks each waiting, never-started job's pool every cycle (the
+    simulator's federation rules, sim/choice.py). None: the first pool it allows."""
+    pool_price: Mapping[str, float] = field(default_factory=dict)
+    """$/GPU-hour per pool, for the chooser."""
 
     def __post_init__(self) -> None:
         if self.policy not in CYCLE_POLICIES:
@@ -92,10 +113,17 @@ class Scheduler:
         self.placement = ConsolidatePolicy()
         self.engine = Engine(self.state, self.placement, self.rng, self.log)
         self.cycle_policy = CYCLE_POLICIES[self.policy]()
-        models = sorted({n.gpu_model for n in self.cluster.nodes})
+        self.multi_site = len({n.cluster for n in self.cluster.nodes}) > 1
+        self.node_pool = [pool_key(n, self.multi_site) for n in self.cluster.nodes]
         self.pool_nodes: dict[str, BoolArray] = {
-            m: np.array([n.gpu_model == m for n in self.cluster.nodes], dtype=np.bool_)
-            for m in models
+            key: np.array([k == key for k in self.node_pool], dtype=np.bool_)
+            for key in sorted(set(self.node_pool))
+        }
+        self.pool_model = {
+            k: n.gpu_model for k, n in zip(self.node_pool, self.cluster.nodes, strict=True)
+        }
+        self.pool_site = {
+            k: n.cluster for k, n in zip(self.node_pool, self.cluster.nodes, strict=True)
         }
         self.healthy = np.ones(len(self.cluster.nodes), dtype=np.bool_)
         pool_gpus = {
@@ -111,6 +139,8 @@ class Scheduler:
         self.held: dict[tuple[str, str], int] = defaultdict(int)
         self.node_index = {n.name: i for i, n in enumerate(self.cluster.nodes)}
         self.dirty = True
+        self.woken: list[Decision] = []
+        """Claimants started when their victim ended or was lost: the next cycle's first."""
 
     # ---- what happened ----------------------------------------------------------------------
     def submit(self, job: JobSpec, now_s: float) -> Ticket:
@@ -119,7 +149,16 @@ class Scheduler:
         gpu_type = self._gpu_type(job)
         ticket = Ticket(job, gpu_type, ready_s=now_s)
         self.tickets[job.job_id] = ticket
-        if job.gpu_count > self.pool_gpus.get(gpu_type, 0):
+        if self.chooser is not None:
+            ticket.options = self._options(job)
+            if len(ticket.options) > 1:
+                picked, why = self.chooser(job, ticket.options, self.pool_loads(now_s), now_s)
+                if picked is None:
+                    ticket.reason = why
+                else:
+                    ticket.gpu_type = picked.pool
+                    self.engine.note(job.job_id, now_s, f"pool {picked.pool}: {why}")
+        if ticket.reason or job.gpu_count > self.pool_gpus.get(ticket.gpu_type, 0):
             ticket.state = check_transition(job.job_id, ticket.state, JobState.UNPLACEABLE)
             self.engine.note(job.job_id, now_s, "unplaceable")
             return ticket
@@ -137,6 +176,10 @@ class Scheduler:
     ) -> None:
         """Rebuild a job after a restart, in the state the database holds."""
         ticket = Ticket(job, self._gpu_type(job), ready_s=now_s, preemptions=preemptions)
+        if placement is not None and placement.nodes:
+            ticket.gpu_type = self.node_pool[placement.nodes[0]]
+        if self.chooser is not None:
+            ticket.options = self._options(job)
         self.tickets[job.job_id] = ticket
         if state in (JobState.RUNNING, JobState.PREEMPTING) and placement is not None:
             self.state.validate(job, placement)
@@ -168,7 +211,7 @@ class Scheduler:
         t.state = check_transition(job_id, t.state, state)
         self.claims.pop(job_id, None)
         self.dirty = True
-        self._wake_claims(job_id, now_s)
+        self.woken += self._wake_claims(job_id, now_s)
 
     def vacated(self, job_id: str, now_s: float) -> list[Decision]:
         """A preempted job has written its checkpoint and left: requeue it, and start the
@@ -192,7 +235,7 @@ class Scheduler:
         t.ready_s = now_s
         self._enqueue(t)
         self.dirty = True
-        self._wake_claims(job_id, now_s)
+        self.woken += self._wake_claims(job_id, now_s)
 
     def node_lost(self, node: str, now_s: float) -> list[str]:
         """A node died or turned unhealthy: nothing more goes there. Returns the jobs that
@@ -219,17 +262,20 @@ class Scheduler:
         if self.healthy[k]:
             return
         self.healthy[k] = True
-        self.pool_nodes[self.cluster.nodes[k].gpu_model][k] = True
+        self.pool_nodes[self.node_pool[k]][k] = True
         self.engine.note(f"node:{node}", now_s, "node-restored")
         self.dirty = True
 
     # ---- deciding -------------------------------------------------------------------------
     def cycle(self, now_s: float) -> list[Decision]:
         """One scheduling cycle: the policy's plan, validated and applied."""
+        out: list[Decision] = self.woken
+        self.woken = []
         if not self.dirty:
-            return []
+            return out
+        if self.chooser is not None:
+            self._rechoose(now_s)
         self.dirty = False
-        out: list[Decision] = []
         for command in self.cycle_policy.plan(self._view(now_s)):
             t = self.tickets.get(command.job_id)
             if t is None:
@@ -308,6 +354,70 @@ class Scheduler:
                 out.append(self._start(t, placement, now_s))
         return out
 
+    # ---- pools of several sites ---------------------------------------------------------------
+    def _options(self, job: JobSpec) -> tuple[PoolOption, ...]:
+        return tuple(
+            PoolOption(
+                key,
+                self.pool_model[key],
+                self.pool_site[key],
+                job.gpu_count,
+                job.duration_s,
+                self.pool_price.get(key, 0.0),
+            )
+            for key in self.pool_nodes
+            if job.allows_model(self.pool_model[key]) and job.gpu_count <= self.pool_gpus[key]
+        )
+
+    def pool_loads(self, now_s: float) -> dict[str, PoolLoad]:
+        """Free GPUs (of nodes up) and drain time of every pool, as the simulator counts."""
+        work: dict[str, float] = defaultdict(float)
+        for t in self.tickets.values():
+            duration = t.spec.duration_s
+            if duration is None:
+                continue
+            if t.state is JobState.RUNNING:
+                left = max(0.0, duration - (now_s - t.started_s))
+                work[t.gpu_type] += t.spec.gpu_count * left
+            elif t.state in (JobState.PENDING, JobState.SUSPENDED):
+                work[t.gpu_type] += t.spec.gpu_count * duration
+        out = {}
+        for key, mask in self.pool_nodes.items():
+            free = int(self.state.whole_free[mask].sum())
+            gpus = int(self.state.gpu_count[mask].sum())
+            out[key] = PoolLoad(free, work[key] / gpus if gpus else math.inf)
+        return out
+
+    def _rechoose(self, now_s: float) -> None:
+        """Waiting jobs that never ran follow capacity to their best pool (as sim/scenario)."""
+        movable = [
+            t
+            for t in self.tickets.values()
+            if len(t.options) > 1 and t.state is JobState.PENDING and t.attempts == 0
+        ]
+        if not movable:
+            return
+        loads = self.pool_loads(now_s)
+        movable.sort(key=lambda t: (t.ready_s, t.spec.job_id))
+        for t in movable[: self.queue_depth * 8]:
+            picked, why = (
+                self.chooser(t.spec, t.options, loads, now_s) if self.chooser else (None, "")
+            )
+            if picked is None:
+                continue
+            if picked.pool != t.gpu_type:
+                self._dequeue(t)
+                self.engine.note(t.spec.job_id, now_s, f"pool {picked.pool}: {why}")
+                t.gpu_type = picked.pool
+                self._enqueue(t)
+            load = loads[picked.pool]
+            if picked.gpu_count <= load.free_gpus:
+                loads[picked.pool] = replace(load, free_gpus=load.free_gpus - picked.gpu_count)
+            else:
+                gpus = max(1, int(self.state.gpu_count[self.pool_nodes[picked.pool]].sum()))
+                extra = picked.gpu_count * (picked.duration_s or 0.0) / gpus
+                loads[picked.pool] = replace(load, drain_s=load.drain_s + extra)
+
     # ---- views ------------------------------------------------------------------------------
     def _view(self, now_s: float) -> CycleView:
         running: dict[str, RunningView] = {}
@@ -357,12 +467,12 @@ class Scheduler:
 
     # ---- helpers ----------------------------------------------------------------------------
     def _gpu_type(self, job: JobSpec) -> str:
-        for model in self.pool_nodes:
-            if job.allows_model(model):
-                return model
+        for key in self.pool_nodes:
+            if job.allows_model(self.pool_model[key]):
+                return key
         raise SpecError(
             f"job {job.job_id} asks for {sorted(job.gpu_models)}; this cluster has "
-            f"{', '.join(self.pool_nodes)}"
+            f"{', '.join(sorted(set(self.pool_model.values())))}"
         )
 
     def _allowed(self, t: Ticket) -> BoolArray:

@@ -74,6 +74,10 @@ class JobSpec:
     dataset: str | None = None
     """Where the job's input lives (a data location of the federation), if anywhere."""
     dataset_gb: float = 0.0
+    user_region: str | None = None
+    """Where an online job's users are (a region of the federation)."""
+    latency_bound_ms: float | None = None
+    """The most network latency an online job's users accept."""
 
     def __post_init__(self) -> None:
         if self.gpu_count < 0:

@@ -17,7 +17,7 @@ import socket
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,15 @@ from gpupool.policies.power import CapJob, plan_power_caps
 from gpupool.scheduler import Launch, Scheduler, Stop
 from gpupool.service.clock import Clock
 from gpupool.service.executor import Executor, Exit, Handle, LaunchSpec
+from gpupool.service.sites import (
+    DOWN,
+    STARTING,
+    CloudNodes,
+    CommandRunner,
+    SitesConfig,
+    make_chooser,
+    pool_prices,
+)
 from gpupool.service.store import JobRow, Store
 from gpupool.service.telemetry import (
     FakeTelemetry,
@@ -58,6 +67,11 @@ class LiveConfig:
     nodes: tuple[tuple[str, str, int], ...] = ()
     """An explicit fleet of (node name, GPU model, GPU count), e.g. the nodes of a Ray
     cluster: one Node each, GPUs numbered 0.. on each node. Empty: `build_cluster`."""
+    sites: SitesConfig | None = None
+    """Several clusters: each node's site, the federation's placement rules, cloud nodes
+    (which join `nodes` here, down until started). None: one cluster."""
+    node_sites: tuple[tuple[str, str], ...] = ()
+    """(node, site) the nodes declared themselves (e.g. a Ray node's site resource)."""
 
 
 def build_cluster(
@@ -77,11 +91,14 @@ def build_cluster(
 
 
 def build_fleet(
-    fleet: Sequence[tuple[str, str, int]], name: str
+    fleet: Sequence[tuple[str, str, int]], name: str, sites: Mapping[str, str] | None = None
 ) -> tuple[Cluster, dict[tuple[int, int], int]]:
-    """One node per (name, model, count) entry; (node, local GPU) -> the same local index."""
+    """One node per (name, model, count) entry, in its site (`sites`, else `name`);
+    (node, local GPU) -> the same local index."""
+    where = sites or {}
     nodes = tuple(
-        Node(n, model, count, 1_000_000, 1 << 30, cluster=name) for n, model, count in fleet
+        Node(n, model, count, 1_000_000, 1 << 30, cluster=where.get(n, name))
+        for n, model, count in fleet
     )
     devices = {(k, g): g for k, node in enumerate(nodes) for g in range(node.gpu_count)}
     return Cluster(name, nodes), devices
@@ -110,6 +127,7 @@ class LiveService:
         telemetry: Telemetry,
         clock: Clock,
         probe: Callable[[], dict[str, str]] | None = None,
+        cloud_runner: CommandRunner | None = None,
     ) -> None:
         """`probe`, for a fleet of `config.nodes`, names the nodes alive now (node name ->
         an id that changes when the node restarts, e.g. the Ray node id): polled at most
@@ -121,9 +139,25 @@ class LiveService:
         self.clock = clock
         self.inventory = telemetry.inventory()
         self.gpu_info = {g.index: g for g in self.inventory}
-        self.fleet = bool(config.nodes)
+        sites = config.sites
+        fleet = list(config.nodes)
+        if sites is not None:
+            listed = {n for n, _, _ in fleet}
+            fleet += [(c.name, c.model, c.gpus) for c in sites.cloud_nodes if c.name not in listed]
+        self.fleet = bool(fleet)
         if self.fleet:
-            self.cluster, self.devices = build_fleet(config.nodes, config.host)
+            declared = dict(config.node_sites)
+            site_of: dict[str, str] = {}
+            for name, _, _ in fleet:
+                site = sites.site_of(name, declared.get(name)) if sites else declared.get(name)
+                if sites is not None and site is None:
+                    raise SpecError(
+                        f"node {name} has no site: list it under nodes: in the sites file "
+                        f"or declare it on the node (gpupool_site_<site>)"
+                    )
+                if site is not None:
+                    site_of[name] = site
+            self.cluster, self.devices = build_fleet(fleet, config.host, site_of)
             # The telemetry's GPUs stand for the fleet's, in fleet order, where it has them.
             order = sorted(self.devices)
             known = {g.index for g in self.inventory}
@@ -146,6 +180,19 @@ class LiveService:
             config.rules,
             online_reserve=config.online_reserve,
         )
+        self.cloud: CloudNodes | None = None
+        if sites is not None:
+            self.scheduler.chooser = make_chooser(sites)
+            self.scheduler.pool_price = pool_prices(
+                sites,
+                {k: (self.scheduler.pool_site[k], m) for k, m in self.scheduler.pool_model.items()},
+            )
+            if sites.cloud_nodes:
+                self.cloud = CloudNodes(sites, config.state_dir, cloud_runner)
+                now = clock.now()
+                for c in sites.cloud_nodes:  # out of the pool until started and joined
+                    self.scheduler.node_lost(c.name, now)
+                    self.gone[c.name] = (None, now)
         self.lock = threading.RLock()
         self.wake = threading.Event()
         self.stopping = threading.Event()
@@ -160,6 +207,8 @@ class LiveService:
         self.bad_nodes: set[str] = set()
         self.decisions: list[tuple[float, str, str]] = []
         """(time, action, job) of every start, resume and preemption: what parity compares."""
+        self.placed: list[tuple[float, str, str, tuple[tuple[str, int], ...]]] = []
+        """(time, start|resume, job, ((node, GPU index), ...)) of every launch."""
         self.on_decision: Callable[[float, str, str], None] | None = None
         self.thread: threading.Thread | None = None
         self.loop_error: str | None = None
@@ -256,6 +305,8 @@ class LiveService:
                 self._sample(now)
             if self.probe is not None and now - self.last_probe >= self.PROBE_S:
                 self._probe(now)
+            if self.cloud is not None:
+                self._burst(now)
             self._carry_out(self.scheduler.cycle(now), now)
 
     def run_dir(self, job_id: int) -> Path:
@@ -282,6 +333,9 @@ class LiveService:
             return
         for node in self.cluster.nodes:
             name, now_id = node.name, alive.get(node.name)
+            if self.cloud is not None and name in self.cloud.status:
+                self._probe_cloud(name, now_id, now)
+                continue
             if now_id is None:
                 if name not in self.gone or self.gone[name][0] is not None:
                     self._node_down(name, None, now, f"node {name} left the cluster")
@@ -289,8 +343,63 @@ class LiveService:
                 was_id, since = self.gone[name]
                 if now_id != was_id or now - since >= self.RESTORE_AFTER_S:
                     del self.gone[name]
+                    self._node_joined(name, now_id)
                     self.scheduler.node_restored(name, now)
                     self.store.add_event("node-healthy", f"node {name} is back", now)
+
+    def _probe_cloud(self, name: str, now_id: str | None, now: float) -> None:
+        assert self.cloud is not None
+        state = self.cloud.state(name)
+        if now_id is None and state not in (DOWN, STARTING):
+            why = self.cloud.left(name, now)
+            if name in self.gone:  # reclaimed: already out of the pool, nothing ran there
+                self.gone[name] = (None, now)
+                self.store.add_event("cloud-node-down", why, now)
+            else:
+                self._node_down(name, None, now, why)
+        elif now_id is not None and state in (DOWN, STARTING):
+            why = self.cloud.joined(name, now)
+            self._node_joined(name, now_id)
+            self.gone.pop(name, None)
+            self.scheduler.node_restored(name, now)
+            self.store.add_event("cloud-node-up", why, now)
+
+    def _node_joined(self, name: str, node_id: str) -> None:
+        remember = getattr(self.executor, "remember_node", None)
+        if remember is not None:
+            remember(name, node_id)
+
+    def _burst(self, now: float) -> None:
+        """Cloud burst and reclaim, measured as the simulator measures (sim/scenario)."""
+        assert self.cloud is not None
+        state = self.scheduler.state
+        cloud = self.cloud.names()
+        onprem_gpus = onprem_free = 0
+        busy: dict[str, int] = {}
+        for k, node in enumerate(self.cluster.nodes):
+            gpus, free = int(state.gpu_count[k]), int(state.whole_free[k])
+            if node.name in cloud:
+                busy[node.name] = gpus - free
+            elif node.name not in self.gone and node.name not in self.bad_nodes:
+                onprem_gpus += gpus
+                onprem_free += free
+        util = (onprem_gpus - onprem_free) / onprem_gpus if onprem_gpus else 0.0
+        cloud_pools = {
+            self.scheduler.node_pool[k] for k, n in enumerate(self.cluster.nodes) if n.name in cloud
+        }
+        waiting = sum(
+            t.spec.gpu_count
+            for _, job_id in self.scheduler.queue
+            for t in (self.scheduler.tickets[job_id],)
+            if t.gpu_type not in cloud_pools
+        )
+        pending = max(0, waiting - onprem_free)
+        for kind, message, out in self.cloud.tick(now, util, pending, busy):
+            self.store.add_event(kind, message, now)
+            for name in out:  # reclaimed: nothing may start there while it stops
+                if name not in self.gone:
+                    self.scheduler.node_lost(name, now)
+                    self.gone[name] = (None, now)
 
     def _node_down(self, name: str, node_id: str | None, now: float, why: str) -> None:
         first = name not in self.gone
@@ -538,7 +647,14 @@ class LiveService:
         )
         self.store.set_process(row.id, handle.pid, handle.pgid, handle.start_ticks, now)
         self._load(tele, row)
-        self._decided(now, "resume" if d.resume else "start", d.job_id)
+        action = "resume" if d.resume else "start"
+        where = tuple(
+            (self.cluster.nodes[s.node].name, self.devices[(s.node, g)])
+            for s in shares
+            for g in s.gpus
+        )
+        self.placed.append((now, action, d.job_id, where))
+        self._decided(now, action, d.job_id)
 
     def _load(self, devices: tuple[int, ...], row: JobRow) -> None:
         """Tell a fake fleet what runs where, and cap memory-bound work (SetPowerCap)."""
@@ -663,26 +779,38 @@ def ray_service(
     clock: Clock,
     executor: Executor | None = None,
     telemetry: Telemetry | None = None,
+    cloud_runner: CommandRunner | None = None,
 ) -> LiveService:
     """A LiveService on the gpupool nodes of the Ray cluster this process has joined
-    (ray.init): the fleet is what `ray_nodes()` lists, jobs start with
-    `RayExecutor.launch_on` on the node and GPU indices the core chose, and a node that
-    leaves the cluster is lost. Telemetry defaults to a fake fleet of the same GPUs."""
+    (ray.init): the fleet is what `ray_nodes()` lists (plus the cloud nodes of
+    `config.sites`, down until started), jobs start with `RayExecutor.launch_on` on the
+    node and GPU indices the core chose, and a node that leaves the cluster is lost.
+    Telemetry defaults to a fake fleet of the same GPUs."""
     from gpupool.service.ray_executor import RayExecutor, ray_nodes
 
-    found = [n for n in ray_nodes() if n.gpu_count > 0 and n.model]
+    cloud = {c.name for c in config.sites.cloud_nodes} if config.sites else set()
+    found = [n for n in ray_nodes() if n.gpu_count > 0 and n.model and n.name not in cloud]
     if not found:
         raise SpecError(
             "the Ray cluster has no gpupool nodes: start each with `ray start --resources` "
             "from gpupool.service.ray_executor.node_resources(name, model, gpus)"
         )
-    config = dataclasses.replace(config, nodes=tuple((n.name, n.model, n.gpu_count) for n in found))
+    config = dataclasses.replace(
+        config,
+        nodes=tuple((n.name, n.model, n.gpu_count) for n in found),
+        node_sites=tuple((n.name, n.site) for n in found if n.site),
+    )
     if executor is None:
         executor = RayExecutor({n.name: n.ray_node_id for n in found})
     if telemetry is None:
-        telemetry = FakeTelemetry(",".join(f"{n.gpu_count}x{n.model}" for n in found))
+        fleet = [(n.name, n.model, n.gpu_count) for n in found]
+        if config.sites is not None:
+            fleet += [(c.name, c.model, c.gpus) for c in config.sites.cloud_nodes]
+        telemetry = FakeTelemetry(",".join(f"{gpus}x{model}" for _, model, gpus in fleet))
 
     def probe() -> dict[str, str]:
         return {n.name: n.ray_node_id for n in ray_nodes()}
 
-    return LiveService(config, store, executor, telemetry, clock, probe=probe)
+    return LiveService(
+        config, store, executor, telemetry, clock, probe=probe, cloud_runner=cloud_runner
+    )

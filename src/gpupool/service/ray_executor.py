@@ -51,6 +51,7 @@ if TYPE_CHECKING:
 
 NODE_PREFIX = "gpupool_node_"
 MODEL_PREFIX = "gpupool_model_"
+SITE_PREFIX = "gpupool_site_"
 ACTOR_PREFIX = "gpupool-job-"
 DEFAULT_NAMESPACE = "gpupool"
 CALL_TIMEOUT_S = 5.0  # a live actor answers in milliseconds; longer means its node is in doubt
@@ -61,9 +62,12 @@ def gpu_resource(node: str, index: int) -> str:
     return f"gpupool_{node}_gpu{index}"
 
 
-def node_resources(node: str, model: str, gpu_count: int) -> dict[str, float]:
-    """What a Ray node must declare (``ray start --resources``) to join gpupool's pool."""
+def node_resources(node: str, model: str, gpu_count: int, site: str = "") -> dict[str, float]:
+    """What a Ray node must declare (``ray start --resources``) to join gpupool's pool;
+    `site` names its cluster when the service places across several."""
     res = {f"{NODE_PREFIX}{node}": 1.0, f"{MODEL_PREFIX}{model}": 1.0}
+    if site:
+        res[f"{SITE_PREFIX}{site}"] = 1.0
     res.update({gpu_resource(node, i): 1.0 for i in range(gpu_count)})
     return res
 
@@ -76,6 +80,7 @@ class RayNode:
     name: str
     model: str
     gpu_count: int
+    site: str = ""
 
 
 def ray_nodes() -> list[RayNode]:
@@ -96,7 +101,16 @@ def ray_nodes() -> list[RayNode]:
         models = sorted(k[len(MODEL_PREFIX) :] for k in res if k.startswith(MODEL_PREFIX))
         prefix = f"gpupool_{name}_gpu"
         count = sum(1 for k in res if k.startswith(prefix) and k[len(prefix) :].isdigit())
-        found.append(RayNode(str(entry["NodeID"]), name, models[0] if models else "", count))
+        sites = sorted(k[len(SITE_PREFIX) :] for k in res if k.startswith(SITE_PREFIX))
+        found.append(
+            RayNode(
+                str(entry["NodeID"]),
+                name,
+                models[0] if models else "",
+                count,
+                sites[0] if sites else "",
+            )
+        )
     return sorted(found, key=lambda n: n.name)
 
 
@@ -230,6 +244,10 @@ class RayExecutor:
         self._jobs: dict[str, _RayJob] = {}
 
     # ---- placement
+
+    def remember_node(self, node: str, ray_node_id: str) -> None:
+        """The node (re)joined with this Ray node id: launch there from now on."""
+        self._nodes[node] = ray_node_id
 
     def node_id(self, node: str) -> str:
         if node not in self._nodes:

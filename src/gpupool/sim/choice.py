@@ -135,8 +135,10 @@ def choose_across_sites(
         dataset=job.dataset,
         dataset_gb=job.dataset_gb,
         home_site=None,
-        user_region=user_region,
-        latency_bound_ms=latency_bound_ms if job.kind is JobKind.ONLINE else None,
+        user_region=user_region or job.user_region,
+        latency_bound_ms=(latency_bound_ms or job.latency_bound_ms)
+        if job.kind is JobKind.ONLINE
+        else None,
         deadline_s=job.deadline_s,
         submit_s=job.submit_s,
     )

@@ -4,6 +4,10 @@ Feeds a timed list of events (submissions, completions, node losses) to the same
 `Scheduler` the live service runs, with preempted jobs leaving as soon as they are told
 (a job that checkpoints instantly). It is the reference the live driver is compared with
 (tests/test_parity.py): the same events must give the same decisions.
+
+`run_trace` drives the same core from a trace of jobs with run times instead: it works
+out the completions itself and reports where every job ran, the reference the live
+service on Ray is compared with (tests/ray/test_ray_parity.py).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from dataclasses import dataclass
 from gpupool.core.lifecycle import JobState
 from gpupool.core.model import Cluster, JobSpec
 from gpupool.core.quota import TeamQuota
+from gpupool.errors import SpecError
 from gpupool.policies.cycle import PreemptionRules
 from gpupool.scheduler import Decision, Launch, Scheduler
 
@@ -70,4 +75,70 @@ def run_events(
             for job_id in scheduler.node_lost(ev.node, t):
                 scheduler.lost(job_id, t, f"node {ev.node} lost")
         record(t, scheduler.cycle(t))
+    return out
+
+
+Placed = tuple[float, str, str, tuple[tuple[str, int], ...]]
+"""(time, start|resume|preempt, job id, ((node name, local GPU index), ...)); a preemption
+has an empty placement."""
+
+
+def run_trace(
+    cluster: Cluster,
+    jobs: Sequence[JobSpec],
+    teams: Sequence[TeamQuota] = (),
+    policy: str = "priority-quota",
+    rules: PreemptionRules | None = None,
+) -> list[Placed]:
+    """Run a trace of jobs to the end on the live scheduler core; every launch with its
+    placement, and every preemption, in order.
+
+    A job arrives at its `submit_s` and ends `duration_s` of run time after it starts.
+    A preempted job checkpoints and leaves at once, keeping the work it has done: when it
+    resumes it needs only the rest. At each event time the driver does what the live
+    service does in one step: submissions, then completions, then cycles at that same
+    time until the scheduler decides nothing more, with the jobs preempted in a cycle
+    vacating (and their claimants starting) before the next cycle.
+    """
+    for job in jobs:
+        if job.duration_s is None:
+            raise SpecError(f"job {job.job_id}: a trace job needs a duration_s")
+    scheduler = Scheduler(cluster, tuple(teams), policy, rules or PreemptionRules(60.0, 3))
+    arrivals = sorted(jobs, key=lambda j: j.submit_s)  # stable: ties keep their order
+    left = {j.job_id: float(j.duration_s or 0.0) for j in jobs}
+    """Run time each job still needs."""
+    since: dict[str, float] = {}
+    """Running jobs: when they (re)started."""
+    out: list[Placed] = []
+
+    def launched(t: float, d: Launch) -> None:
+        where = tuple((cluster.nodes[s.node].name, g) for s in d.placement.shares for g in s.gpus)
+        out.append((t, "resume" if d.resume else "start", d.job_id, where))
+        since[d.job_id] = t
+
+    k = 0
+    while k < len(arrivals) or since:
+        ends = [start + left[job_id] for job_id, start in since.items()]
+        t = min([*ends, *([arrivals[k].submit_s] if k < len(arrivals) else [])])
+        while k < len(arrivals) and arrivals[k].submit_s <= t:
+            scheduler.submit(arrivals[k], t)
+            k += 1
+        for job_id in sorted(since, key=lambda j: (since[j] + left[j], j)):
+            if since[job_id] + left[job_id] <= t:
+                del since[job_id]
+                left[job_id] = 0.0
+                scheduler.finished(job_id, t, JobState.FINISHED)
+        while decisions := scheduler.cycle(t):
+            stopped: list[str] = []
+            for d in decisions:
+                if isinstance(d, Launch):
+                    launched(t, d)
+                else:
+                    out.append((t, "preempt", d.job_id, ()))
+                    left[d.job_id] -= t - since.pop(d.job_id)
+                    stopped.append(d.job_id)
+            for job_id in stopped:
+                for d in scheduler.vacated(job_id, t):
+                    if isinstance(d, Launch):
+                        launched(t, d)
     return out

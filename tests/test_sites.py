@@ -1,0 +1,287 @@
+"""Live multi-cluster without Ray: the sites file, the core's pools per site with the
+simulator's chooser, cloud nodes started and stopped by the burst controller, and the
+live service carrying it out (fake executor, fake node list, manual clock)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpupool.core.lifecycle import JobState
+from gpupool.core.model import Cluster, JobKind, JobSpec, Node
+from gpupool.core.quota import TeamQuota
+from gpupool.errors import SpecError
+from gpupool.policies.cycle import PreemptionRules
+from gpupool.scheduler import Launch, Scheduler, Stop
+from gpupool.service.clock import ManualClock
+from gpupool.service.executor import FakeExecutor
+from gpupool.service.live import LiveConfig, LiveService
+from gpupool.service.sites import CloudNodes, make_chooser, pool_prices, read_sites
+from gpupool.service.store import NewJob, Store
+from gpupool.service.telemetry import FakeTelemetry
+
+FED = {
+    "sites": [
+        {"name": "east", "region": "us-east"},
+        {"name": "west", "region": "us-west"},
+        {
+            "name": "cloud",
+            "region": "us-east",
+            "kind": "cloud",
+            "price_usd_per_gpu_hour": {"H100": 6.98},
+        },
+    ],
+    "data": [
+        {"name": "corpus-east", "region": "us-east"},
+        {"name": "corpus-west", "region": "us-west"},
+    ],
+    "links": [{"a": "us-east", "b": "us-west", "bandwidth_gbps": 1, "latency_ms": 85}],
+}
+CLOUD = {
+    "start": "start-node {node} {model} {gpus} {site}",
+    "stop": ["stop-node", "{node}"],
+    "nodes": [{"name": "c1", "site": "cloud", "model": "H100", "gpus": 4}],
+}
+FAST = {
+    "util_threshold": 0.9,
+    "sustain_s": 10,
+    "pending_gpus": 1,
+    "pending_sustain_s": 10,
+    "reclaim_util": 0.3,
+    "reclaim_sustain_s": 20,
+    "check_s": 1,
+    "join_timeout_s": 60,
+}
+
+
+def sites(**extra: Any) -> dict[str, Any]:
+    return {"federation": FED, "nodes": {"e1": "east", "w1": "west"}, **extra}
+
+
+# ---- the file ---------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"nodes": {}}, "federation: missing"),
+        (sites(colour="red"), "unknown key(s) colour"),
+        ({"federation": FED, "nodes": {"e1": "north"}}, "nodes.e1: unknown site 'north'"),
+        (sites(placement="random"), "placement: expected one of"),
+        (
+            sites(
+                cloud={
+                    **CLOUD,
+                    "nodes": [{"name": "x", "site": "east", "model": "H100", "gpus": 4}],
+                }
+            ),
+            "east is not a cloud site",
+        ),
+        (sites(cloud={"start": "s", "nodes": CLOUD["nodes"]}), "need both a start and a stop"),
+        (
+            sites(
+                cloud={
+                    **CLOUD,
+                    "nodes": [{"name": "c1", "site": "cloud", "model": "H100", "gpus": 0}],
+                }
+            ),
+            "gpus: expected a whole number >= 1",
+        ),
+        (sites(burst={"util_threshold": 2.0}), "burst"),
+        (sites(burst={"sustain": 3}), "unknown key(s) sustain"),
+    ],
+)
+def test_a_bad_sites_file_says_where(raw: dict[str, Any], message: str) -> None:
+    with pytest.raises(SpecError, match=r"sites\.yaml") as err:
+        read_sites(raw, "sites.yaml")
+    assert message in str(err.value)
+
+
+def test_a_sites_file_reads_commands_and_rules() -> None:
+    cfg = read_sites(sites(cloud=CLOUD, burst=FAST), "sites.yaml")
+    assert cfg.start_command == ("start-node", "{node}", "{model}", "{gpus}", "{site}")
+    assert cfg.stop_command == ("stop-node", "{node}")
+    assert cfg.burst.max_cloud_nodes == 1 and cfg.burst.sustain_s == 10
+    assert cfg.site_of("c1") == "cloud" and cfg.site_of("e1") == "east"
+    assert cfg.site_of("x9", "west") == "west" and cfg.site_of("x9") is None
+
+
+# ---- the core: pools per site, the simulator's chooser --------------------------------------
+def two_sites() -> Cluster:
+    return Cluster(
+        "fed",
+        (
+            Node("e1", "A100-80GB", 4, 1_000_000, 1 << 30, cluster="east"),
+            Node("w1", "A100-80GB", 4, 1_000_000, 1 << 30, cluster="west"),
+        ),
+    )
+
+
+def job(job_id: str, gpus: int, t: float, **kw: Any) -> JobSpec:
+    return JobSpec(job_id, gpu_count=gpus, team="ml", submit_s=t, duration_s=3600.0, **kw)
+
+
+def fed_scheduler() -> Scheduler:
+    cfg = read_sites(sites(), "sites.yaml")
+    s = Scheduler(two_sites(), (), "fifo", PreemptionRules(60.0, 3), chooser=make_chooser(cfg))
+    s.pool_price = pool_prices(cfg, {k: (s.pool_site[k], m) for k, m in s.pool_model.items()})
+    return s
+
+
+def placed(decisions: Sequence[Launch | Stop], s: Scheduler) -> dict[str, str]:
+    return {
+        d.job_id: s.cluster.nodes[d.placement.shares[0].node].name
+        for d in decisions
+        if isinstance(d, Launch)
+    }
+
+
+def test_pools_are_per_site_and_work_follows_free_capacity() -> None:
+    s = fed_scheduler()
+    assert sorted(s.pool_nodes) == ["east/A100-80GB", "west/A100-80GB"]
+    s.submit(job("1", 4, 0.0), 0.0)
+    first = placed(s.cycle(0.0), s)
+    s.submit(job("2", 4, 1.0), 1.0)
+    second = placed(s.cycle(1.0), s)
+    # whichever site the first took, the second goes to the other: no waiting
+    assert {first["1"], second["2"]} == {"e1", "w1"}
+
+
+def test_work_goes_where_it_finishes_first_unless_its_data_would_take_longer() -> None:
+    s = fed_scheduler()
+    for k, t in (("a", 0.0), ("b", 1.0), ("c", 2.0), ("d", 3.0)):
+        s.submit(job(k, 4, t), t)
+        s.cycle(t)
+    # a and b fill both sites; c and d wait, one at each (the shorter queue)
+    assert {s.tickets["a"].gpu_type, s.tickets["b"].gpu_type} == set(s.pool_nodes)
+    assert {s.tickets["c"].gpu_type, s.tickets["d"].gpu_type} == set(s.pool_nodes)
+    # 1.35 TB over the 1 Gbps link takes 3 h to move: each waits where its data is
+    for site in ("east", "west"):
+        name = f"far-{site}"
+        s.submit(job(name, 1, 4.0, dataset=f"corpus-{site}", dataset_gb=1350.0), 4.0)
+        s.cycle(4.0)
+        assert s.tickets[name].gpu_type == f"{site}/A100-80GB"
+        notes = [d.action for d in s.log.decisions if d.job_id == name]
+        assert any(n.startswith(f"pool {site}/A100-80GB: ") for n in notes), notes
+
+
+def test_a_claimant_whose_victim_ends_by_itself_is_launched() -> None:
+    """The victim exits on its own during its grace period: the claimant must come out
+    of the next cycle as a Launch (it used to be started in the core but never launched)."""
+    cluster = Cluster("c", (Node("n", "A100-80GB", 1, 1_000_000, 1 << 30, cluster="c"),))
+    teams = (TeamQuota("serving", {"A100-80GB": 1}, {}), TeamQuota("research", {}, {}))
+    s = Scheduler(cluster, teams, "priority-quota", PreemptionRules(0.0, 3))
+    s.submit(JobSpec("train", team="research", kind=JobKind.TRAINING), 0.0)
+    assert [type(d) for d in s.cycle(0.0)] == [Launch]
+    s.submit(JobSpec("chat", team="serving", kind=JobKind.ONLINE, priority=100), 1.0)
+    assert [type(d) for d in s.cycle(1.0)] == [Stop]
+    s.finished("train", 2.0, JobState.FINISHED)  # exit 0 before it saw SIGTERM
+    out = s.cycle(2.0)
+    assert [(type(d), d.job_id) for d in out] == [(Launch, "chat")]
+    assert s.tickets["chat"].state is JobState.RUNNING
+
+
+# ---- cloud nodes --------------------------------------------------------------------------------
+class Runner:
+    def __init__(self, code: int | None = 0) -> None:
+        self.calls: list[list[str]] = []
+        self.code = code
+
+    def start(self, argv: Sequence[str], log: Path) -> Callable[[], int | None]:
+        self.calls.append(list(argv))
+        return lambda: self.code
+
+
+def test_cloud_nodes_burst_after_the_sustain_window_and_reclaim_when_idle(tmp_path: Path) -> None:
+    cfg = read_sites(sites(cloud=CLOUD, burst=FAST), "sites.yaml")
+    runner = Runner()
+    cloud = CloudNodes(cfg, tmp_path, runner)
+    assert cloud.tick(0.0, 1.0, 4, {}) == []
+    assert cloud.tick(9.0, 1.0, 4, {}) == []  # 9 s < 10 s
+    events = cloud.tick(10.0, 1.0, 4, {})
+    assert [k for k, _, _ in events] == ["cloud-burst"]
+    assert "start c1" in events[0][1] and "for 0 min" in events[0][1]
+    assert runner.calls == [["start-node", "c1", "H100", "4", "cloud"]]
+    assert cloud.state("c1") == "starting"
+    assert cloud.tick(11.0, 1.0, 4, {}) == []  # no second burst while it starts
+    assert "joined" in cloud.joined("c1", 20.0)
+    assert cloud.tick(21.0, 0.5, 0, {"c1": 4}) == []  # busy: kept
+    assert cloud.tick(30.0, 0.5, 0, {"c1": 0}) == []  # idle, window opens
+    events = cloud.tick(50.0, 0.5, 0, {"c1": 0})
+    assert [(k, out) for k, _, out in events] == [("cloud-reclaim", ("c1",))]
+    assert "cloud utilisation 0% < 30% for 0 min" in events[0][1]
+    assert runner.calls[-1] == ["stop-node", "c1"]
+    assert cloud.left("c1", 55.0) == "cloud node c1 stopped (reclaimed)"
+
+
+def test_a_cloud_node_that_never_joins_is_given_up(tmp_path: Path) -> None:
+    cfg = read_sites(sites(cloud=CLOUD, burst=FAST), "sites.yaml")
+    runner = Runner(code=3)
+    cloud = CloudNodes(cfg, tmp_path, runner)
+    cloud.tick(0.0, 1.0, 4, {})
+    cloud.tick(10.0, 1.0, 4, {})
+    kinds = [k for k, _, _ in cloud.tick(11.0, 1.0, 4, {})]
+    assert kinds == ["cloud-error"]  # the start command failed (exit 3)
+    events = cloud.tick(75.0, 1.0, 4, {})
+    assert any("did not join within 60 s" in m for _, m, _ in events)
+    assert cloud.state("c1") == "stopping"
+
+
+# ---- the live service ---------------------------------------------------------------------------
+def test_the_live_service_bursts_runs_work_on_the_cloud_and_reclaims(tmp_path: Path) -> None:
+    clock = ManualClock(1000.0)
+    store = Store(f"sqlite:///{tmp_path}/db.sqlite")
+    store.migrate()
+    cfg = read_sites(sites(cloud=CLOUD, burst=FAST), "sites.yaml")
+    alive = {"e1": "id-e1", "w1": "id-w1"}
+    runner = Runner()
+    executor = FakeExecutor()
+    service = LiveService(
+        LiveConfig(
+            tmp_path / "state",
+            sample_s=0.0,
+            host="fed",
+            nodes=(("e1", "A100-80GB", 4), ("w1", "A100-80GB", 4)),
+            sites=cfg,
+        ),
+        store,
+        executor,
+        FakeTelemetry("4xA100-80GB,4xA100-80GB,4xH100"),
+        clock,
+        probe=lambda: dict(alive),
+        cloud_runner=runner,
+    )
+    assert [n.cluster for n in service.cluster.nodes] == ["east", "west", "cloud"]
+
+    def submit(name: str) -> int:
+        row, _ = store.submit(
+            NewJob(name, "ml", "training", 0, 4, ("true",), duration_s=3600.0), clock.now()
+        )
+        return row.id
+
+    def step_to(t: float) -> None:
+        while clock.now() < t:
+            clock.advance(1.0)
+            service.step()
+
+    jobs = [submit(f"j{k}") for k in range(3)]
+    step_to(1001.0)
+    nodes = {store.get(j).node for j in jobs}
+    assert nodes == {"e1", "w1", None}  # two run, one waits: c1 is down
+    waiting = next(j for j in jobs if store.get(j).node is None)
+    step_to(1015.0)
+    assert runner.calls == [["start-node", "c1", "H100", "4", "cloud"]]
+    alive["c1"] = "id-c1"  # the node joins
+    step_to(1017.0)
+    assert store.get(waiting).node == "c1" and store.get(waiting).state == "running"
+    executor.finish(str(waiting))
+    step_to(1060.0)
+    kinds = [e.kind for e in store.events_after(0, limit=1000)]
+    assert "cloud-reclaim" in kinds and runner.calls[-1] == ["stop-node", "c1"]
+    del alive["c1"]
+    step_to(1062.0)
+    events = {e.kind: e.message for e in store.events_after(0, limit=1000)}
+    assert events["cloud-node-down"] == "cloud node c1 stopped (reclaimed)"
+    assert "node-lost" not in events
+    assert "on-prem utilisation" in events["cloud-burst"] or "pending" in events["cloud-burst"]
