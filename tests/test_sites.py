@@ -285,3 +285,43 @@ def test_the_live_service_bursts_runs_work_on_the_cloud_and_reclaims(tmp_path: P
     assert events["cloud-node-down"] == "cloud node c1 stopped (reclaimed)"
     assert "node-lost" not in events
     assert "on-prem utilisation" in events["cloud-burst"] or "pending" in events["cloud-burst"]
+
+
+def test_a_live_job_runs_where_its_data_is(tmp_path: Path) -> None:
+    """The job's dataset travels from the API's row to the core's chooser: with both
+    sites free, 1.35 TB in us-west sends it to w1 (east would first move it for 3 h)."""
+    clock = ManualClock(500.0)
+    store = Store(f"sqlite:///{tmp_path}/db.sqlite")
+    store.migrate()
+    service = LiveService(
+        LiveConfig(
+            tmp_path / "state",
+            sample_s=0.0,
+            host="fed",
+            nodes=(("e1", "A100-80GB", 4), ("w1", "A100-80GB", 4)),
+            sites=read_sites(sites(), "sites.yaml"),
+        ),
+        store,
+        FakeExecutor(),
+        FakeTelemetry("4xA100-80GB,4xA100-80GB"),
+        clock,
+    )
+    rows = [
+        store.submit(
+            NewJob(
+                f"far-{site}",
+                "ml",
+                "training",
+                0,
+                1,
+                ("true",),
+                duration_s=600.0,
+                dataset=f"corpus-{site}",
+                dataset_gb=1350.0,
+            ),
+            clock.now(),
+        )[0]
+        for site in ("west", "east", "west")
+    ]
+    service.step()
+    assert [store.get(r.id).node for r in rows] == ["w1", "e1", "w1"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import shlex
 import sys
@@ -62,6 +63,41 @@ def parse_duration(text: str, what: str = "duration", allow_zero: bool = False) 
     if value < 0 or (value == 0 and not allow_zero):
         raise SpecError(f"{what} {text!r} must be {'zero or ' if allow_zero else ''}more than zero")
     return value
+
+
+def parse_number(text: str, what: str, allow_zero: bool = False) -> float:
+    """A finite number more than zero (or zero too, with allow_zero)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise SpecError(f"{what} {text!r}: give a number, e.g. {what} 12.5")
+    if value < 0 or (value == 0 and not allow_zero):
+        raise SpecError(f"{what} {text!r} must be {'zero or ' if allow_zero else ''}more than zero")
+    return value
+
+
+def parse_deadline(text: str, now: float) -> float:
+    """--deadline -> deadline_at: a plain number is an absolute Unix time in seconds, which
+    must lie ahead; a duration with units (90s, 30m, 2h, 1h30m, 1d) counts from `now`."""
+    raw = text.strip().lower()
+    try:
+        at = float(raw)
+    except ValueError:
+        return now + parse_duration(text, "--deadline")
+    if not math.isfinite(at):
+        raise SpecError(f"--deadline {text!r}: give a Unix time in seconds or a duration like 2h")
+    if at <= now:
+        raise SpecError(
+            f"--deadline {text!r} is a Unix time that has passed; for a time from now give "
+            f"units, e.g. --deadline {_plain(at)}s"
+        )
+    return at
+
+
+def _plain(x: float) -> str:
+    return str(int(x)) if x == int(x) else f"{x:g}"
 
 
 def parse_priority(text: str) -> int | str:
@@ -119,6 +155,22 @@ def add_client_parsers(sub: Any) -> None:
         "--env", action="extend", nargs="+", default=[], metavar="K=V", help="environment"
     )
     p.add_argument("--cwd", help="working directory on the node")
+    p.add_argument(
+        "--dataset", metavar="NAME", help="the data location the job reads (for placement)"
+    )
+    p.add_argument("--dataset-gb", metavar="GB", help="size of that dataset in GB")
+    p.add_argument(
+        "--deadline",
+        metavar="WHEN",
+        help="when the job should be done: a Unix time in seconds (e.g. 1767225600), or a "
+        "duration from now with units (90s, 30m, 2h, 1h30m, 1d); sent as deadline_at",
+    )
+    p.add_argument("--user-region", metavar="REGION", help="where the job's users are")
+    p.add_argument(
+        "--latency-bound-ms",
+        metavar="MS",
+        help="latency bound to --user-region, for online-inference (needs --user-region)",
+    )
     p.add_argument("--idempotency-key", help="a retry with the same key returns the same job")
     p.add_argument("job_argv", nargs="*", metavar="command", help="the job's command, after --")
     p.set_defaults(client_handler=cmd_submit)
@@ -178,6 +230,8 @@ def cmd_submit(client: Client, args: argparse.Namespace) -> int:
         "gpu_model": args.gpu_model,
         "max_retries": args.max_retries,
         "cwd": args.cwd,
+        "dataset": args.dataset,
+        "user_region": args.user_region,
     }
     spec.update({k: v for k, v in plain.items() if v is not None})
     if args.priority is not None:
@@ -190,6 +244,16 @@ def cmd_submit(client: Client, args: argparse.Namespace) -> int:
         spec["duration_s"] = parse_duration(args.duration, "--duration")
     if args.env:
         spec["env"] = parse_env(args.env)
+    if args.dataset_gb is not None:
+        spec["dataset_gb"] = parse_number(args.dataset_gb, "--dataset-gb", allow_zero=True)
+    if args.deadline is not None:
+        spec["deadline_at"] = parse_deadline(args.deadline, time.time())
+    if args.latency_bound_ms is not None:
+        if args.user_region is None:
+            raise SpecError(
+                "--latency-bound-ms needs --user-region (latency from where?); give both"
+            )
+        spec["latency_bound_ms"] = parse_number(args.latency_bound_ms, "--latency-bound-ms")
     job = client.submit(spec, args.idempotency_key)
     if args.json:
         _print_json(job)
@@ -373,9 +437,27 @@ def job_block(j: dict[str, Any], now: float) -> str:
         ("grace", _span(j["grace_s"]) if j.get("grace_s") is not None else "-"),
         ("reason", j.get("reason") or "-"),
     ]
+    facts += _placement_facts(j, now)
     lines = [f"job {j.get('id', '?')}  {j.get('name') or '-'}  ({state})"]
     lines += [f"  {k:<12}{v}" for k, v in facts]
     return "\n".join(lines)
+
+
+def _placement_facts(j: dict[str, Any], now: float) -> list[tuple[str, object]]:
+    """What multi-cluster placement knows of the job; only the fields that are set."""
+    facts: list[tuple[str, object]] = []
+    if j.get("dataset") or j.get("dataset_gb"):
+        facts.append(("dataset", f"{j.get('dataset') or '-'} ({j.get('dataset_gb') or 0:g} GB)"))
+    if j.get("deadline_at") is not None:
+        at = j["deadline_at"]
+        stamp = datetime.fromtimestamp(at).strftime("%Y-%m-%d %H:%M:%S")
+        left = f"in {_span(at - now)}" if at > now else f"{_span(now - at)} ago"
+        facts.append(("deadline", f"{stamp} ({left})"))
+    if j.get("user_region") is not None:
+        facts.append(("users in", j["user_region"]))
+    if j.get("latency_bound_ms") is not None:
+        facts.append(("latency", f"within {j['latency_bound_ms']:g} ms"))
+    return facts
 
 
 def _gpus(j: dict[str, Any]) -> str:

@@ -20,7 +20,7 @@ from fastapi import Depends, FastAPI, Header, HTTPException, Path, Query, Reques
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, Strict, field_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationInfo, field_validator
 
 from gpupool.errors import ConflictError, GpupoolError, NotFoundError, SpecError
 from gpupool.service.live import LiveService
@@ -58,6 +58,37 @@ class JobIn(BaseModel):
         Annotated[str, Field(min_length=1, max_length=256)], Annotated[str, Field(max_length=8192)]
     ] = Field(default_factory=dict, max_length=256)
     cwd: str | None = Field(None, min_length=1, max_length=4096)
+    # what multi-cluster placement needs (gpupool.federation.placement.FedJob)
+    dataset: str | None = Field(
+        None,
+        min_length=1,
+        max_length=256,
+        description="A data location of the federation topology the job reads.",
+    )
+    dataset_gb: float = Field(
+        0.0, ge=0, le=1e9, allow_inf_nan=False, description="Size of the dataset in GB."
+    )
+    deadline_at: float | None = Field(
+        None,
+        gt=0,
+        le=1e11,
+        allow_inf_nan=False,
+        description="Absolute Unix time (seconds) by which the job should finish.",
+    )
+    latency_bound_ms: float | None = Field(
+        None,
+        gt=0,
+        le=1e7,
+        allow_inf_nan=False,
+        description="Latency bound to user_region; only meaningful for online-inference.",
+    )
+    user_region: str | None = Field(
+        None,
+        min_length=1,
+        max_length=128,
+        validate_default=True,  # so a missing one is checked against latency_bound_ms
+        description="Where the job's users are; required with latency_bound_ms.",
+    )
 
     @field_validator("priority")
     @classmethod
@@ -66,12 +97,22 @@ class JobIn(BaseModel):
             raise ValueError("priority must be within -1000..1000 or low, normal, high")
         return v
 
-    @field_validator("command", "cwd", "name", "gpu_model")
+    @field_validator("command", "cwd", "name", "gpu_model", "dataset", "user_region")
     @classmethod
     def _no_nul(cls, v: Any) -> Any:
         items = v if isinstance(v, list) else [v]
         if any(x is not None and "\x00" in x for x in items):
             raise ValueError("must not contain NUL characters")
+        return v
+
+    @field_validator("user_region")
+    @classmethod
+    def _region_for_bound(cls, v: str | None, info: ValidationInfo) -> str | None:
+        # declared after latency_bound_ms, so a valid bound is in info.data by now
+        if v is None and info.data.get("latency_bound_ms") is not None:
+            raise ValueError(
+                "latency_bound_ms needs user_region (latency from where?); set both or neither"
+            )
         return v
 
     @field_validator("env")
@@ -120,6 +161,11 @@ def job_json(row: JobRow) -> dict[str, Any]:
         "ended_at": row.ended_at,
         "checkpoint_every_s": row.checkpoint_every_s,
         "grace_s": row.grace_s,
+        "dataset": row.dataset,
+        "dataset_gb": row.dataset_gb,
+        "deadline_at": row.deadline_at,
+        "user_region": row.user_region,
+        "latency_bound_ms": row.latency_bound_ms,
     }
 
 
@@ -330,6 +376,11 @@ def create_app(service: LiveService, store: Store, auth: bool = True) -> FastAPI
             max_retries=body.max_retries,
             duration_s=body.duration_s,
             owner=who.name,
+            dataset=body.dataset,
+            dataset_gb=body.dataset_gb,
+            deadline_at=body.deadline_at,
+            user_region=body.user_region,
+            latency_bound_ms=body.latency_bound_ms,
         )
 
     @app.post(

@@ -115,6 +115,13 @@ def spec_of(row: JobRow) -> JobSpec:
         submit_s=row.submitted_at,
         duration_s=row.duration_s,
         checkpoint_interval_s=row.checkpoint_every_s or 3600.0,
+        deadline_s=row.deadline_at
+        if row.deadline_at is not None and row.deadline_at >= row.submitted_at
+        else None,
+        dataset=row.dataset,
+        dataset_gb=row.dataset_gb,
+        user_region=row.user_region,
+        latency_bound_ms=row.latency_bound_ms,
     )
 
 
@@ -785,7 +792,8 @@ def ray_service(
     (ray.init): the fleet is what `ray_nodes()` lists (plus the cloud nodes of
     `config.sites`, down until started), jobs start with `RayExecutor.launch_on` on the
     node and GPU indices the core chose, and a node that leaves the cluster is lost.
-    Telemetry defaults to a fake fleet of the same GPUs."""
+    Telemetry defaults to RayTelemetry: NVML read on each node by a small actor (a fake
+    fleet of the declared GPUs on a node without any)."""
     from gpupool.service.ray_executor import RayExecutor, ray_nodes
 
     cloud = {c.name for c in config.sites.cloud_nodes} if config.sites else set()
@@ -803,10 +811,12 @@ def ray_service(
     if executor is None:
         executor = RayExecutor({n.name: n.ray_node_id for n in found})
     if telemetry is None:
+        from gpupool.service.ray_telemetry import RayTelemetry
+
         fleet = [(n.name, n.model, n.gpu_count) for n in found]
         if config.sites is not None:
             fleet += [(c.name, c.model, c.gpus) for c in config.sites.cloud_nodes]
-        telemetry = FakeTelemetry(",".join(f"{gpus}x{model}" for _, model, gpus in fleet))
+        telemetry = RayTelemetry(fleet, {n.name: n.ray_node_id for n in found})
 
     def probe() -> dict[str, str]:
         return {n.name: n.ray_node_id for n in ray_nodes()}

@@ -158,17 +158,19 @@ class RayTelemetry(Telemetry):
         self._nodes: list[_Node] = []
         offset = 0
         for name, model, count in fleet:
-            if name not in ids:
-                raise SpecError(
-                    f"node {name} is not in the Ray cluster (no live gpupool_node_{name})"
-                )
-            self._nodes.append(_Node(name, model, count, offset, ids[name]))
+            # a node not in the cluster yet (a cloud node before its burst) reads
+            # unhealthy until it joins; its actor is started then
+            node = _Node(name, model, count, offset, ids.get(name, ""))
+            if not node.ray_node_id:
+                node.problem = "its Ray node is not in the cluster"
+            self._nodes.append(node)
             offset += count
         self._inventory: list[GpuInfo] = [
             info for node in self._nodes for info in self._placeholder(node)
         ]
         for node in self._nodes:
-            self._start(node)
+            if node.ray_node_id:
+                self._start(node)
         refs = {node.name: node.actor.inventory.remote() for node in self._nodes if node.actor}
         deadline = time.monotonic() + start_timeout_s
         for node in self._nodes:

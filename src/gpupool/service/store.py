@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import builtins
 import hashlib
+import math
 import secrets
 import threading
 from collections.abc import Iterator, Mapping, Sequence
@@ -156,6 +157,12 @@ class JobModel(Base):
     idempotency_key: Mapped[str | None] = mapped_column(String, unique=True)
     owner_token: Mapped[str | None] = mapped_column(String)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, server_default=false())
+    # what multi-cluster placement needs (revision 0002)
+    dataset: Mapped[str | None] = mapped_column(String)
+    dataset_gb: Mapped[float] = mapped_column(Double, server_default=text("0"))
+    deadline_at: Mapped[float | None] = mapped_column(Double)
+    user_region: Mapped[str | None] = mapped_column(String)
+    latency_bound_ms: Mapped[float | None] = mapped_column(Double)
 
 
 class EventModel(Base):
@@ -201,6 +208,14 @@ class NewJob:
     max_retries: int = 0
     duration_s: float | None = None
     owner: str | None = None
+    dataset: str | None = None
+    """A data location of the federation topology the job reads (free text in the store)."""
+    dataset_gb: float = 0.0
+    deadline_at: float | None = None
+    """Absolute Unix time (s) by which the job should finish."""
+    user_region: str | None = None
+    latency_bound_ms: float | None = None
+    """Only meaningful for online-inference; needs user_region."""
 
     def __post_init__(self) -> None:
         # a list or a caller's dict would make two equal specs compare unequal or change later
@@ -244,6 +259,11 @@ class JobRow:
     idempotency_key: str | None
     owner_token: str | None
     cancel_requested: bool
+    dataset: str | None = None
+    dataset_gb: float = 0.0
+    deadline_at: float | None = None
+    user_region: str | None = None
+    latency_bound_ms: float | None = None
 
     @property
     def terminal(self) -> bool:
@@ -266,6 +286,11 @@ class JobRow:
             max_retries=self.max_retries,
             duration_s=self.duration_s,
             owner=self.owner_token,
+            dataset=self.dataset,
+            dataset_gb=self.dataset_gb,
+            deadline_at=self.deadline_at,
+            user_region=self.user_region,
+            latency_bound_ms=self.latency_bound_ms,
         )
 
 
@@ -351,6 +376,24 @@ def _check_new(job: NewJob) -> None:
         raise SpecError("env must map strings to strings; quote numbers, e.g. {'SEED': '1'}")
     if job.grace_s < 0 or job.max_retries < 0:
         raise SpecError("grace_s and max_retries must not be negative")
+    _check_placement(job)
+
+
+def _check_placement(job: NewJob) -> None:
+    """The multi-cluster placement fields: the same rules the API applies (and FedJob needs)."""
+    if not (math.isfinite(job.dataset_gb) and job.dataset_gb >= 0):
+        raise SpecError(f"dataset_gb is {job.dataset_gb}; give 0 or more gigabytes")
+    if job.deadline_at is not None and not (math.isfinite(job.deadline_at) and job.deadline_at > 0):
+        raise SpecError(f"deadline_at is {job.deadline_at}; give a Unix time in seconds")
+    if job.latency_bound_ms is not None:
+        if not (math.isfinite(job.latency_bound_ms) and job.latency_bound_ms > 0):
+            raise SpecError(
+                f"latency_bound_ms is {job.latency_bound_ms}; give more than 0 milliseconds"
+            )
+        if job.user_region is None:
+            raise SpecError(
+                "latency_bound_ms needs user_region (latency from where?); set both or neither"
+            )
 
 
 def _job_row(m: JobModel) -> JobRow:
@@ -387,6 +430,11 @@ def _job_row(m: JobModel) -> JobRow:
         idempotency_key=m.idempotency_key,
         owner_token=m.owner_token,
         cancel_requested=bool(m.cancel_requested),
+        dataset=m.dataset,
+        dataset_gb=float(m.dataset_gb),
+        deadline_at=m.deadline_at,
+        user_region=m.user_region,
+        latency_bound_ms=m.latency_bound_ms,
     )
 
 
@@ -443,6 +491,11 @@ def _job_values(job: NewJob, idempotency_key: str | None, now_s: float) -> dict[
         "idempotency_key": idempotency_key,
         "owner_token": job.owner,
         "cancel_requested": False,
+        "dataset": job.dataset,
+        "dataset_gb": float(job.dataset_gb),
+        "deadline_at": job.deadline_at,
+        "user_region": job.user_region,
+        "latency_bound_ms": job.latency_bound_ms,
     }
     return values
 
