@@ -8,9 +8,7 @@ in order: the last one kills a node.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -25,7 +23,6 @@ from gpupool.examples.ckpt_counter import expected_result
 from gpupool.policies.cycle import PreemptionRules
 from gpupool.service.api import create_app
 from gpupool.service.clock import SystemClock
-from gpupool.service.executor import Exit
 from gpupool.service.live import LiveConfig, LiveService, ray_service
 from gpupool.service.ray_executor import RayExecutor, ray_nodes
 from gpupool.service.store import Store, database_url
@@ -112,6 +109,14 @@ def live(ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         store.close()
 
 
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def _where(log: str) -> tuple[str, str, str]:
     line = next(x for x in log.splitlines() if x.startswith("where "))
     _, node, ray_id, visible = line.split()
@@ -163,7 +168,21 @@ def test_guaranteed_team_reclaims_and_training_resumes(live: Live) -> None:
     live.track(train)
     first = live.job(train)
     assert {g["node"] for g in first["gpus"]} == {"h1"}
-    live.drive(lambda: "step=10" in live.logs(train), 30, "training progress")
+    executor = live.service.executor
+    read_on_node = executor.read_log  # type: ignore[attr-defined]
+    reads: list[str] = []
+
+    def spy(job_id: str, name: str = "stdout.log", offset: int = 0) -> bytes:
+        reads.append(job_id)
+        data: bytes = read_on_node(job_id, name, offset)
+        return data
+
+    executor.read_log = spy  # type: ignore[attr-defined]
+    try:
+        live.drive(lambda: "step=10" in live.logs(train), 30, "training progress")
+    finally:
+        executor.read_log = read_on_node  # type: ignore[attr-defined]
+    assert str(train) in reads  # a running job's log is read on its node, by its actor
     online = live.submit(
         command=[PY, "-c", "import time; time.sleep(1.5); print('served')"],
         team="serving",
@@ -190,9 +209,7 @@ def test_guaranteed_team_reclaims_and_training_resumes(live: Live) -> None:
     assert {g["node"] for g in job["gpus"]} == {"h1"}  # the only H100 node
 
 
-def test_node_death_requeues_and_nothing_is_lost(
-    live: Live, ray_cluster: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_node_death_requeues_and_nothing_is_lost(live: Live, ray_cluster: Any) -> None:
     steps = 300
     counter = [PY, "-m", "gpupool.examples.ckpt_counter", "--steps", str(steps)]
     victim = live.submit(
@@ -215,24 +232,15 @@ def test_node_death_requeues_and_nothing_is_lost(
     live.drive(ck.exists, 30, "a periodic checkpoint")
     pgid = live.store.get(victim).pgid
     assert pgid is not None
-    # A real node takes its processes with it; here the raylet runs on this machine, so
-    # the orphaned job is killed by hand the moment the service learns of the loss (not
-    # before: its actor, if still alive, would report a plain SIGKILL).
-    real_poll = live.service.executor.poll
-
-    def poll(now_s: float) -> list[Exit]:
-        exits = real_poll(now_s)
-        if any(e.job_id == str(victim) and e.outcome == "lost" for e in exits):
-            with contextlib.suppress(OSError):
-                os.killpg(pgid, signal.SIGKILL)
-        return exits
-
-    monkeypatch.setattr(live.service.executor, "poll", poll)
+    # A real node takes its processes with it. Here the raylet runs on this machine and
+    # the job is in its own session, so it would live on as an orphan; the shim fences it:
+    # when its launcher (the actor's worker) dies, it kills the job's process group.
     ray_cluster.cluster.remove_node(ray_cluster.nodes[node], allow_graceful=False)
     # One step may requeue it and start it again at once: watch the attempts, then the
     # event stream for the suspension.
     live.drive(lambda: live.job(victim)["attempts"] >= 2, 30, "the requeue and restart")
     live.track(victim)
+    live.drive(lambda: not _group_alive(pgid), 15, "the orphaned first attempt to be fenced")
     suspended = [e for e in live.events() if e["job_id"] == victim and e["kind"] == "suspended"]
     assert len(suspended) == 1 and node in suspended[0]["message"], suspended
     live.drive(lambda: node not in {n.name for n in ray_nodes()}, 30, "the node to leave")

@@ -450,14 +450,7 @@ def create_app(service: LiveService, store: Store, auth: bool = True) -> FastAPI
     ) -> Response:
         row = store.get(job_id)
         own(who, row)
-        path = service.run_dir(job_id) / f"{stream}.log"
-        data = b""
-        if path.is_file():
-            with path.open("rb") as f:
-                size = f.seek(0, 2)
-                if offset < size:  # past the end (however far): an empty page
-                    f.seek(offset)
-                    data = f.read(limit)
+        data = service.read_log(job_id, stream, offset, limit)
         state = "running" if row.state == "preempting" else row.state
         return Response(
             data,
@@ -563,4 +556,15 @@ def render_metrics(service: LiveService, store: Store) -> str:
     lines.append(f"gpupool_queue_pending {view['queue']['pending']}")
     lines.append("# TYPE gpupool_nodes_unhealthy gauge")
     lines.append(f"gpupool_nodes_unhealthy {sum(1 for n in view['nodes'] if not n['healthy'])}")
+    lines.append(
+        "# HELP gpupool_node_up 1 while the node takes work (its state label says why not)."
+    )
+    lines.append("# TYPE gpupool_node_up gauge")
+    for n in view["nodes"]:
+        labels = f'node="{n["name"]}",site="{n["site"]}",state="{n["state"]}"'
+        lines.append(f"gpupool_node_up{{{labels}}} {int(n['state'] == 'up')}")
+    lines.append("# HELP gpupool_node_lost_total Times the node left the cluster or lost its jobs.")
+    lines.append("# TYPE gpupool_node_lost_total counter")
+    for n in view["nodes"]:
+        lines.append(f'gpupool_node_lost_total{{node="{n["name"]}"}} {n["lost_total"]}')
     return "\n".join(lines) + "\n"

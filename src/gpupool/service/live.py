@@ -212,6 +212,8 @@ class LiveService:
         self.signals_at: float | None = None
         self.last_sample = -1e18
         self.bad_nodes: set[str] = set()
+        self.nodes_lost: dict[str, int] = defaultdict(int)
+        """Times each node was lost (left the cluster, or its jobs' actors died)."""
         self.decisions: list[tuple[float, str, str]] = []
         """(time, action, job) of every start, resume and preemption: what parity compares."""
         self.placed: list[tuple[float, str, str, tuple[tuple[str, int], ...]]] = []
@@ -319,6 +321,30 @@ class LiveService:
     def run_dir(self, job_id: int) -> Path:
         return self.jobs_dir / str(job_id)
 
+    def read_log(self, job_id: int, stream: str, offset: int, limit: int) -> bytes:
+        """A job's log from `offset`: the node that runs it (through the executor, e.g. its
+        Ray actor) while it runs, this host's copy otherwise (the executor copies the rest
+        there when an attempt ends)."""
+        name = f"{stream}.log"
+        remote = getattr(self.executor, "read_log", None)
+        if remote is not None and str(job_id) in self.executor.handles():
+            try:
+                data: bytes = remote(str(job_id), name, offset)
+                return data[:limit]
+            except GpupoolError:
+                pass
+            except Exception as err:  # the node is in doubt: fall back to what is here
+                self.loop_error = f"cannot read job {job_id}'s log on its node: {err}"
+        path = self.run_dir(job_id) / name
+        if not path.is_file():
+            return b""
+        with path.open("rb") as f:
+            size = f.seek(0, 2)
+            if offset >= size:  # past the end (however far): an empty page
+                return b""
+            f.seek(offset)
+            return f.read(limit)
+
     # ---- node liveness (a fleet with a probe, e.g. Ray) -------------------------------------
     PROBE_S = 1.0
     RESTORE_AFTER_S = 30.0
@@ -413,6 +439,7 @@ class LiveService:
         self.gone[name] = (node_id, now)
         if not first:
             return
+        self.nodes_lost[name] += 1
         self.store.add_event("node-lost", why, now)
         for job_id in self.scheduler.node_lost(name, now):
             row = self.store.get(int(job_id))
@@ -698,6 +725,18 @@ class LiveService:
                 if index is not None:
                     set_load(index, 0.0, 0)
 
+    def _node_state(self, name: str) -> str:
+        """up, lost, unhealthy, or a cloud node's down / starting / stopping."""
+        if self.cloud is not None and name in self.cloud.status:
+            state = self.cloud.state(name)
+            if state != "up":
+                return f"cloud-{state}"
+        if name in self.gone:
+            return "lost"
+        if name in self.bad_nodes:
+            return "unhealthy"
+        return "up"
+
     def key_nodes(self) -> set[str]:
         return {n.name for n in self.cluster.nodes}
 
@@ -758,7 +797,10 @@ class LiveService:
                     {
                         "name": node.name,
                         "gpu_model": node.gpu_model,
+                        "site": node.cluster,
+                        "state": self._node_state(node.name),
                         "healthy": node.name not in self.bad_nodes and node.name not in self.gone,
+                        "lost_total": self.nodes_lost.get(node.name, 0),
                         "gpus": gpus,
                     }
                 )

@@ -133,6 +133,7 @@ class JobActor:
         env = job_environment(spec)
         env["GPUPOOL_NODE"] = node
         env["GPUPOOL_RAY_NODE_ID"] = self._node_id
+        env["GPUPOOL_FENCE_PPID"] = str(os.getpid())  # the job dies with this actor's node
         argv = [python, "-P", "-m", "gpupool.service.shim", "--exit-file", str(self._record)]
         argv += ["--", *spec.argv]
         header = f"== attempt {spec.attempt} ==\n".encode()
@@ -212,6 +213,7 @@ class _RayJob:
     deadline_s: float | None = None
     kill_sent: bool = False
     sigterm_at_wall_s: float | None = None
+    run_dir: Path | None = None
 
 
 class RayExecutor:
@@ -308,7 +310,7 @@ class RayExecutor:
                 self._ray.kill(actor)
             raise SpecError(f"job {spec.job_id}: cannot start on node {node}: {e}") from e
         handle = Handle(spec.job_id, spec.attempt, pid, pid, ticks)
-        self._jobs[spec.job_id] = _RayJob(handle, node, actor)
+        self._jobs[spec.job_id] = _RayJob(handle, node, actor, run_dir=spec.run_dir)
         return handle
 
     def adopt(self, handle: Handle, run_dir: Path) -> bool:
@@ -325,7 +327,9 @@ class RayExecutor:
         if (pid, ticks) != (handle.pid, handle.start_ticks):
             return False
         names = {v: k for k, v in self._nodes.items()}
-        self._jobs[handle.job_id] = _RayJob(handle, names.get(node_id, ""), actor)
+        self._jobs[handle.job_id] = _RayJob(
+            handle, names.get(node_id, ""), actor, run_dir=run_dir.absolute()
+        )
         return True
 
     # ---- stopping
@@ -394,8 +398,31 @@ class RayExecutor:
             if ended is None:
                 continue
             exits.append(self._classify(job, ended, now_s, vanished=False))
+            self._collect_logs(job)
             self._forget(job_id)
         return exits
+
+    LOG_TAIL_LIMIT = 64 << 20
+
+    def _collect_logs(self, job: _RayJob) -> None:
+        """Before its actor goes, copy what the scheduler's run directory lacks of the
+        job's logs from its node (nothing on a shared filesystem, where sizes match)."""
+        if job.run_dir is None:
+            return
+        for name in (STDOUT_LOG, STDERR_LOG):
+            local = job.run_dir / name
+            have = local.stat().st_size if local.is_file() else 0
+            try:
+                data: bytes = self._ray.get(
+                    job.actor.read_log.remote(name, have, self.LOG_TAIL_LIMIT),
+                    timeout=self._timeout,
+                )
+            except Exception:  # the node went: what was streamed is what there is
+                return
+            if data:
+                job.run_dir.mkdir(parents=True, exist_ok=True)
+                with local.open("ab") as f:
+                    f.write(data)
 
     def _classify(
         self, job: _RayJob, ended: Mapping[str, Any] | None, now_s: float, *, vanished: bool

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -17,6 +19,7 @@ from gpupool.policies.cycle import CYCLE_POLICIES, PreemptionRules
 from gpupool.service.clock import SystemClock
 from gpupool.service.executor import LocalExecutor
 from gpupool.service.live import LiveConfig, LiveService
+from gpupool.service.sites import load_sites
 from gpupool.service.store import NewJob, Store, database_url
 from gpupool.service.telemetry import FakeTelemetry, NoGpuError, NvmlTelemetry, Telemetry
 
@@ -31,7 +34,11 @@ def add_serve_parser(sub: Any) -> None:
         "  gpupool serve                                  # SQLite in --state-dir, NVML GPUs\n"
         "  gpupool serve --fake-gpus 4xA100-80GB --auth none\n"
         "  gpupool serve --db postgresql://user@127.0.0.1:5432/gpupool\n"
-        "  gpupool serve --demo                           # what `make run` does",
+        "  gpupool serve --demo                           # what `make run` does\n"
+        "  gpupool serve --ray 10.0.0.5:6379              # jobs run on a Ray cluster's nodes\n"
+        "  gpupool serve --ray auto --sites sites.yaml    # several clusters, cloud burst\n"
+        "On Ray, each node joins gpupool by declaring its name, GPU model, GPU indices and\n"
+        "(optionally) site as custom resources; see docs/ray.md.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sp.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
@@ -65,6 +72,24 @@ def add_serve_parser(sub: Any) -> None:
         type=float,
         default=300.0,
         help="reclaimable / scale-out evaluation window, s (300)",
+    )
+    sp.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="run jobs on the Ray cluster at ADDRESS (host:port of its GCS, or auto): "
+        "each gpupool node of it is a node of the pool; NVML read on each node",
+    )
+    sp.add_argument(
+        "--ray-namespace",
+        default="gpupool",
+        help="Ray namespace of the job and telemetry actors (gpupool)",
+    )
+    sp.add_argument(
+        "--sites",
+        type=Path,
+        metavar="FILE",
+        help="several clusters (needs --ray): the federation's sites, regions, prices and "
+        "data locations, each node's site, burst rules and cloud nodes (docs/ray.md)",
     )
     sp.add_argument(
         "--demo",
@@ -174,29 +199,48 @@ def serve(args: argparse.Namespace) -> int:
             TeamQuota("serving", {}, {}),
             TeamQuota("research", {}, {}),
         )
+    if args.sites is not None and args.ray is None:
+        raise SpecError(
+            "--sites places jobs over the nodes of a Ray cluster: add --ray ADDRESS "
+            "(a machine's own GPUs join as a Ray node too, see docs/ray.md)"
+        )
+    if args.ray is not None and args.fake_gpus:
+        raise SpecError(
+            "--fake-gpus is for the local executor; on Ray each node declares its GPUs "
+            "(a node without any reads as a fake fleet of what it declares)"
+        )
+    sites = load_sites(args.sites) if args.sites is not None else None
     store = Store(database_url(args.db, state_dir))
     store.migrate()
-    telemetry = open_telemetry(args.fake_gpus, args.demo)
-    live = LiveService(
-        LiveConfig(
-            state_dir=state_dir,
-            teams=teams,
-            policy=policy,
-            rules=rules,
-            cycle_s=args.cycle,
-            sample_s=args.sample,
-            monitor_s=args.monitor,
-        ),
-        store,
-        LocalExecutor(),
-        telemetry,
-        SystemClock(),
+    config = LiveConfig(
+        state_dir=state_dir,
+        teams=teams,
+        policy=policy,
+        rules=rules,
+        cycle_s=args.cycle,
+        sample_s=args.sample,
+        monitor_s=args.monitor,
+        sites=sites,
     )
+    telemetry: Telemetry
+    if args.ray is not None:
+        live = _ray_live(args, config, store)
+        telemetry = live.telemetry
+    else:
+        telemetry = open_telemetry(args.fake_gpus, args.demo)
+        live = LiveService(config, store, LocalExecutor(), telemetry, SystemClock())
     url = f"http://{args.host}:{args.port}"
     print(
         f"gpupool serving on {url} ({len(live.inventory)} GPUs: "
         f"{', '.join(sorted({g.model for g in live.inventory}))}; state in {state_dir})"
     )
+    if args.ray is not None:
+        for node in live.cluster.nodes:
+            cloud = live.cloud is not None and node.name in live.cloud.names()
+            print(
+                f"  node {node.name}: {node.gpu_count}x{node.gpu_model}, site {node.cluster}"
+                + (" (cloud: started on burst)" if cloud else "")
+            )
     if auth and not store.has_admin():
         token = store.create_token("admin", None, time.time())
         print(f"admin token (shown once, keep it): {token}")
@@ -214,4 +258,31 @@ def serve(args: argparse.Namespace) -> int:
     finally:
         live.stop()
         telemetry.close()
+        if args.ray is not None:
+            import ray
+
+            ray.shutdown()
     return 0
+
+
+def _ray_live(args: argparse.Namespace, config: LiveConfig, store: Store) -> LiveService:
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    import ray
+    from gpupool.service.live import ray_service
+    from gpupool.service.ray_executor import RayExecutor
+
+    try:
+        ray.init(
+            address=args.ray,
+            namespace=args.ray_namespace,
+            log_to_driver=False,
+            logging_level=logging.WARNING,
+        )
+    except (ConnectionError, RuntimeError, ValueError) as err:
+        raise SpecError(
+            f"cannot join the Ray cluster at {args.ray}: {err}; start it with "
+            "`ray start --head` and pass its address (host:port), or auto"
+        ) from None
+    return ray_service(
+        config, store, SystemClock(), executor=RayExecutor(namespace=args.ray_namespace)
+    )

@@ -20,6 +20,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from types import FrameType
@@ -84,6 +85,28 @@ def kill_stragglers() -> None:
         time.sleep(0.01)
 
 
+FENCE_ENV = "GPUPOOL_FENCE_PPID"
+"""Set by a launcher whose death must end the job (a Ray actor: its node is gone)."""
+
+
+def _fence(parent: int, every_s: float = 0.5) -> None:
+    """When the launcher that must outlive the job dies (we are re-parented), nobody can
+    stop the job any more and the scheduler will restart it elsewhere: kill the group."""
+    while True:
+        time.sleep(every_s)
+        if os.getppid() != parent:
+            print(
+                f"gpupool: the job's launcher (pid {parent}) is gone; stopping the job",
+                file=sys.stderr,
+                flush=True,
+            )
+            pgid = os.getpgrp()
+            if pgid == os.getpid():
+                with contextlib.suppress(OSError):
+                    os.killpg(pgid, signal.SIGKILL)  # us included: no record, it is "lost"
+            os._exit(137)
+
+
 def _parse(argv: list[str]) -> tuple[Path, list[str]]:
     if len(argv) < 4 or argv[0] != "--exit-file" or argv[2] != "--":
         raise SystemExit(_USAGE)
@@ -97,6 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     error: str | None = None
     exit_code: int | None
     sig_num: int | None = None
+    fence = os.environ.pop(FENCE_ENV, "")
+    if fence.isdigit():
+        threading.Thread(target=_fence, args=(int(fence),), daemon=True).start()
     try:
         child = subprocess.Popen(command, stdin=subprocess.DEVNULL)
     except FileNotFoundError:

@@ -1,0 +1,195 @@
+"""`gpupool serve --ray ADDRESS` as a real process, driven by the `gpupool` CLI, on
+conftest.py's 3-node Ray cluster: the fleet and its telemetry come from the nodes, a
+mix of jobs runs on exactly the node and GPUs the core chose (each job says where it
+ran), `gpupool logs` streams a remote job's output, and a killed node shows up in the
+events and the metrics while its job is requeued and finishes elsewhere."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from gpupool.examples.ckpt_counter import expected_result
+from service_proc import Server, cli, wait_for
+
+PY = sys.executable
+UNTIL = (
+    "import os, sys, time; "
+    "print('where', os.environ['GPUPOOL_NODE'], os.environ['CUDA_VISIBLE_DEVICES'], flush=True); "
+    "k = 0\n"
+    "while not os.path.exists(sys.argv[1]):\n"
+    "    print('tick', k, flush=True); k += 1; time.sleep(0.2)"
+)
+WHERE = (
+    "import os, sys, time; "
+    "print('where', os.environ['GPUPOOL_NODE'], os.environ['CUDA_VISIBLE_DEVICES'], flush=True); "
+    "[print('tick', k, flush=True) or time.sleep(0.2) for k in range(int(sys.argv[1]))]"
+)
+
+
+@pytest.fixture(scope="module")
+def server(ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    state = tmp_path_factory.mktemp("serve")
+    srv = Server(
+        state,
+        "--ray",
+        ray_cluster.cluster.address,
+        "--ray-namespace",
+        "gpupool-cli-test",
+        "--auth",
+        "none",
+        "--cycle",
+        "0.2",
+        "--sample",
+        "0.5",
+    ).start(timeout_s=120)
+    try:
+        yield srv
+    finally:
+        srv.stop()
+        for pgid in _job_groups(state):
+            with contextlib.suppress(OSError):
+                os.killpg(pgid, signal.SIGKILL)
+
+
+def _job_groups(state: Path) -> list[int]:
+    out = []
+    for handle in state.glob("jobs/*/handle-*.json"):
+        try:
+            out.append(int(json.loads(handle.read_text())["pgid"]))
+        except (OSError, ValueError, KeyError):
+            continue
+    return out
+
+
+def submit(url: str, *args: str) -> int:
+    out = cli(url, "submit", "--team", "ml", "--json", *args)
+    assert out.returncode == 0, out.stderr
+    return int(json.loads(out.stdout)["id"])
+
+
+def show(url: str, job_id: int) -> dict[str, Any]:
+    out = cli(url, "show", str(job_id), "--json")
+    assert out.returncode == 0, out.stderr
+    job: dict[str, Any] = json.loads(out.stdout)
+    return job
+
+
+def where(log: str) -> tuple[str, list[int]]:
+    line = next(x for x in log.splitlines() if x.startswith("where "))
+    _, node, visible = line.split()
+    return node, sorted(int(x) for x in visible.split(","))
+
+
+def test_the_fleet_and_its_telemetry_come_from_the_ray_nodes(server: Server) -> None:
+    assert "node a1: 4xA100-80GB, site" in server.log.read_text()
+    view = httpx.get(f"{server.url}/v1/cluster").json()
+    nodes = {n["name"]: n for n in view["nodes"]}
+    assert {k: (n["gpu_model"], n["state"]) for k, n in nodes.items()} == {
+        "a1": ("A100-80GB", "up"),
+        "a2": ("A100-80GB", "up"),
+        "h1": ("H100-80GB", "up"),
+    }
+    # read on each node by its telemetry actor (a fake fleet: this machine has no GPU)
+    wait_for(
+        lambda: all(
+            g["util_pct"] is not None
+            for n in httpx.get(f"{server.url}/v1/cluster").json()["nodes"]
+            for g in n["gpus"]
+        ),
+        30,
+        "telemetry samples from every node",
+    )
+    uuids = [g["uuid"] for n in nodes.values() for g in n["gpus"]]
+    assert len(set(uuids)) == 12
+
+
+def test_jobs_run_where_the_core_placed_them_and_logs_stream(
+    server: Server, tmp_path: Path
+) -> None:
+    url = server.url
+    done = tmp_path / "done"
+    jobs = [
+        submit(url, "--kind", "training", "--gpus", "2", "--", PY, "-c", UNTIL, str(done)),
+        submit(url, "--kind", "offline-inference", "--gpus", "1", "--", PY, "-c", WHERE, "5"),
+        submit(url, "--kind", "online-inference", "--gpus", "3", "--", PY, "-c", WHERE, "5"),
+        submit(url, "--gpu-model", "H100-80GB", "--gpus", "4", "--", PY, "-c", WHERE, "5"),
+    ]
+    # the long one is read while it runs: through its actor, on its node
+    wait_for(lambda: show(url, jobs[0])["state"] == "running", 60, "the first job to run")
+    wait_for(lambda: "tick 3" in cli(url, "logs", str(jobs[0])).stdout, 30, "streamed output")
+    assert show(url, jobs[0])["state"] == "running"
+    done.touch()
+    for j in jobs:
+        wait_for(lambda j=j: show(url, j)["state"] == "succeeded", 90, f"job {j} to finish")
+        job = show(url, j)
+        chosen = {(g["node"], g["index"]) for g in job["gpus"]}
+        node, visible = where(cli(url, "logs", str(j)).stdout)
+        assert {n for n, _ in chosen} == {node}
+        assert visible == sorted(g for _, g in chosen)
+    assert where(cli(url, "logs", str(jobs[3])).stdout)[0] == "h1"
+
+
+def test_a_killed_node_is_in_the_events_and_metrics_and_its_job_finishes_elsewhere(
+    server: Server, ray_cluster: Any
+) -> None:
+    url = server.url
+    steps = 200
+    victim = submit(
+        url,
+        "--kind",
+        "training",
+        "--gpus",
+        "3",
+        "--gpu-model",
+        "A100-80GB",
+        "--checkpoint-every",
+        "1s",
+        "--",
+        PY,
+        "-m",
+        "gpupool.examples.ckpt_counter",
+        "--steps",
+        str(steps),
+        "--step-s",
+        "0.03",
+        "--every",
+        "5",
+    )
+    wait_for(lambda: show(url, victim)["state"] == "running", 60, "the victim to run")
+    (node,) = {g["node"] for g in show(url, victim)["gpus"]}
+    wait_for(lambda: "step=20" in cli(url, "logs", str(victim)).stdout, 30, "progress")
+    ray_cluster.cluster.remove_node(ray_cluster.nodes[node], allow_graceful=False)
+
+    def metric(line: str) -> bool:
+        return line in httpx.get(f"{url}/metrics").text
+
+    wait_for(
+        lambda: metric(f'gpupool_node_lost_total{{node="{node}"}} 1'), 60, "the node-lost metric"
+    )
+    up = [
+        x
+        for x in httpx.get(f"{url}/metrics").text.splitlines()
+        if x.startswith(f'gpupool_node_up{{node="{node}",')
+    ]
+    assert len(up) == 1 and up[0].endswith('state="lost"} 0'), up
+    events = httpx.get(f"{url}/v1/events", params={"after": 0}).json()["events"]
+    lost = [e for e in events if e["kind"] == "node-lost"]
+    assert lost and node in lost[0]["message"], events[-10:]
+    wait_for(lambda: show(url, victim)["state"] == "succeeded", 120, "the victim to finish")
+    job = show(url, victim)
+    assert job["attempts"] >= 2 and {g["node"] for g in job["gpus"]} != {node}
+    log = cli(url, "logs", str(victim)).stdout
+    last = [x for x in log.splitlines() if x.startswith("result=")][-1]
+    fields = dict(kv.split("=") for kv in last.split())
+    assert int(fields["result"]) == expected_result(steps)
+    assert int(fields["resumed_from"]) > 0
