@@ -45,6 +45,8 @@ bench: $(STAMP)
 	$(BIN)/python bench/bench_issue4.py
 	$(BIN)/python bench/bench_cycle.py
 	$(BIN)/python bench/bench_service.py
+	RAY_USAGE_STATS_ENABLED=0 unshare -n sh -c 'ip link set lo up && exec "$$@"' sh $(BIN)/python bench/bench_ray.py
+	RAY_USAGE_STATS_ENABLED=0 unshare -n sh -c 'ip link set lo up && exec "$$@"' sh $(BIN)/python bench/bench_ray.py --rate 20 --tag burst
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis build src/*.egg-info

@@ -325,3 +325,59 @@ def test_a_live_job_runs_where_its_data_is(tmp_path: Path) -> None:
     ]
     service.step()
     assert [store.get(r.id).node for r in rows] == ["w1", "e1", "w1"]
+
+
+def test_the_sites_file_in_docs_ray_md_is_valid() -> None:
+    import yaml
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "ray.md").read_text()
+    block = text.split("## Several clusters", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
+    cfg = read_sites(yaml.safe_load(block), "docs/ray.md")
+    assert [c.name for c in cfg.cloud_nodes] == ["c1"]
+    assert cfg.start_command[:4] == ("python", "-m", "gpupool.service.cloud_node", "start")
+    assert "{state_dir}" in cfg.stop_command
+    assert cfg.node_site == {"a1": "east", "a2": "east", "w1": "west"}
+
+
+def test_a_cap_on_starts_per_cycle_spreads_them_over_cycles() -> None:
+    cluster = Cluster("c", (Node("n", "A100-80GB", 8, 1_000_000, 1 << 30, cluster="c"),))
+    s = Scheduler(cluster, (), "fifo", PreemptionRules(60.0, 3), max_starts_per_cycle=3)
+    for k in range(7):
+        s.submit(JobSpec(str(k), team="ml"), 0.0)
+    counts = [len(s.cycle(float(t))) for t in range(4)]
+    assert counts == [3, 3, 1, 0]
+    assert sorted(s.placements()) == [str(k) for k in range(7)]
+
+
+def test_a_launch_the_executor_could_not_make_in_time_is_requeued(tmp_path: Path) -> None:
+    from gpupool.errors import Unavailable
+
+    class SlowOnce(FakeExecutor):
+        def __init__(self) -> None:
+            super().__init__()
+            self.refused = 0
+
+        def launch(self, spec: Any, now_s: float) -> Any:
+            if self.refused == 0:
+                self.refused += 1
+                raise Unavailable(f"job {spec.job_id}: the node did not start it in time")
+            return super().launch(spec, now_s)
+
+    clock = ManualClock(10.0)
+    store = Store(f"sqlite:///{tmp_path}/db.sqlite")
+    store.migrate()
+    executor = SlowOnce()
+    service = LiveService(
+        LiveConfig(tmp_path / "state", sample_s=0.0, host="h"),
+        store,
+        executor,
+        FakeTelemetry("2xA100-80GB"),
+        clock,
+    )
+    row, _ = store.submit(NewJob("j", "ml", "training", 0, 1, ("true",)), clock.now())
+    service.step()
+    assert store.get(row.id).state == "suspended"
+    assert "could not start yet" in store.get(row.id).reason
+    clock.advance(1.0)
+    service.step()
+    assert store.get(row.id).state == "running" and store.get(row.id).attempts == 2

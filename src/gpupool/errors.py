@@ -41,3 +41,7 @@ class PlanRejected(ConflictError):
 
 class IllegalTransition(ConflictError):
     """A job was asked to move between states its lifecycle does not allow."""
+
+
+class Unavailable(GpupoolError):
+    """Infrastructure did not answer in time (a node, an actor): try again later."""

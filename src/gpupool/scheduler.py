@@ -104,6 +104,9 @@ class Scheduler:
     simulator's federation rules, sim/choice.py). None: the first pool it allows."""
     pool_price: Mapping[str, float] = field(default_factory=dict)
     """$/GPU-hour per pool, for the chooser."""
+    max_starts_per_cycle: int | None = None
+    """Apply at most this many of a plan's starts; the rest are planned again next cycle
+    (a live executor that takes long per launch keeps its loop responsive)."""
 
     def __post_init__(self) -> None:
         if self.policy not in CYCLE_POLICIES:
@@ -276,11 +279,16 @@ class Scheduler:
         if self.chooser is not None:
             self._rechoose(now_s)
         self.dirty = False
+        starts = 0
         for command in self.cycle_policy.plan(self._view(now_s)):
             t = self.tickets.get(command.job_id)
             if t is None:
                 raise PlanRejected(f"the plan names an unknown job {command.job_id}")
             if isinstance(command, Start):
+                if self.max_starts_per_cycle is not None and starts >= self.max_starts_per_cycle:
+                    self.dirty = True  # planned again next cycle
+                    continue
+                starts += 1
                 out.append(self._start(t, command.placement, now_s))
             elif isinstance(command, Preempt):
                 out.append(self._preempt(t, command, now_s))

@@ -39,8 +39,17 @@ WHERE = (
 @pytest.fixture(scope="module")
 def server(ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     state = tmp_path_factory.mktemp("serve")
+    teams = state / "teams.yaml"
+    teams.write_text(
+        "teams:\n"
+        "  - {name: serving, guaranteed: {A100-80GB: 4}}\n"
+        "  - {name: ml}\n"
+        "preemption: {min_runtime_s: 0}\n"
+    )
     srv = Server(
         state,
+        "--config",
+        str(teams),
         "--ray",
         ray_cluster.cluster.address,
         "--ray-namespace",
@@ -85,7 +94,8 @@ def show(url: str, job_id: int) -> dict[str, Any]:
 
 
 def where(log: str) -> tuple[str, list[int]]:
-    line = next(x for x in log.splitlines() if x.startswith("where "))
+    """Where the last attempt ran (an online job of the team may have displaced one)."""
+    line = [x for x in log.splitlines() if x.startswith("where ")][-1]
     _, node, visible = line.split()
     return node, sorted(int(x) for x in visible.split(","))
 
@@ -137,6 +147,68 @@ def test_jobs_run_where_the_core_placed_them_and_logs_stream(
         assert {n for n, _ in chosen} == {node}
         assert visible == sorted(g for _, g in chosen)
     assert where(cli(url, "logs", str(jobs[3])).stdout)[0] == "h1"
+
+
+def test_a_preempted_training_job_resumes_on_another_node_with_its_progress(
+    server: Server, tmp_path: Path
+) -> None:
+    url = server.url
+    steps = 150
+    done = tmp_path / "blocker-done"
+    blocker = submit(
+        url, "--gpu-model", "A100-80GB", "--gpus", "4", "--", PY, "-c", UNTIL, str(done)
+    )
+    wait_for(lambda: show(url, blocker)["state"] == "running", 60, "the blocker to run")
+    train = submit(
+        url,
+        "--kind",
+        "training",
+        "--priority",
+        "low",
+        "--gpu-model",
+        "A100-80GB",
+        "--gpus",
+        "4",
+        "--checkpoint-every",
+        "1s",
+        "--grace",
+        "20s",
+        "--",
+        PY,
+        "-m",
+        "gpupool.examples.ckpt_counter",
+        "--steps",
+        str(steps),
+        "--step-s",
+        "0.05",
+        "--every",
+        "5",
+    )
+    wait_for(lambda: "step=10" in cli(url, "logs", str(train)).stdout, 60, "training progress")
+    (first,) = {g["node"] for g in show(url, train)["gpus"]}
+    (held,) = {g["node"] for g in show(url, blocker)["gpus"]}
+    assert {first, held} == {"a1", "a2"}
+    out = cli(
+        url, "submit", "--team", "serving", "--kind", "online-inference", "--gpu-model",
+        "A100-80GB", "--json", "--", PY, "-c", UNTIL, str(tmp_path / "online-done"),
+    )  # fmt: skip
+    online = int(json.loads(out.stdout)["id"])
+    wait_for(lambda: show(url, train)["state"] == "suspended", 60, "the training to yield")
+    wait_for(lambda: show(url, online)["state"] != "pending", 30, "the online job to start")
+    assert {g["node"] for g in show(url, online)["gpus"]} == {first}
+    done.touch()  # the blocker ends: its node is the only one with room for 4 GPUs
+    wait_for(lambda: show(url, train)["state"] == "succeeded", 120, "the training to finish")
+    job = show(url, train)
+    assert {g["node"] for g in job["gpus"]} == {held} != {first}
+    assert job["attempts"] == 2 and job["preemptions"] == 1
+    log = cli(url, "logs", str(train)).stdout
+    assert "SIGTERM: checkpoint saved" in log
+    last = [x for x in log.splitlines() if x.startswith("result=")][-1]
+    fields = dict(kv.split("=") for kv in last.split())
+    assert int(fields["result"]) == expected_result(steps)
+    assert int(fields["resumed_from"]) > 0
+    (tmp_path / "online-done").touch()
+    wait_for(lambda: show(url, online)["state"] == "succeeded", 30, "the online job")
 
 
 def test_a_killed_node_is_in_the_events_and_metrics_and_its_job_finishes_elsewhere(

@@ -25,7 +25,7 @@ from typing import Any
 from gpupool.core.lifecycle import JobState
 from gpupool.core.model import Cluster, JobKind, JobSpec, Node, NodeShare, Placement
 from gpupool.core.quota import TeamQuota
-from gpupool.errors import GpupoolError, IllegalTransition, SpecError
+from gpupool.errors import GpupoolError, IllegalTransition, SpecError, Unavailable
 from gpupool.policies.cycle import PreemptionRules
 from gpupool.policies.power import CapJob, plan_power_caps
 from gpupool.scheduler import Launch, Scheduler, Stop
@@ -72,6 +72,9 @@ class LiveConfig:
     (which join `nodes` here, down until started). None: one cluster."""
     node_sites: tuple[tuple[str, str], ...] = ()
     """(node, site) the nodes declared themselves (e.g. a Ray node's site resource)."""
+    max_starts_per_cycle: int | None = None
+    """At most this many starts per cycle (the rest next cycle): bounds how long one
+    cycle's launches hold the loop. None: no bound (the simulator's behaviour)."""
 
 
 def build_cluster(
@@ -102,6 +105,16 @@ def build_fleet(
     )
     devices = {(k, g): g for k, node in enumerate(nodes) for g in range(node.gpu_count)}
     return Cluster(name, nodes), devices
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """A launch recorded as running, waiting for its process."""
+
+    decision: Launch
+    row: JobRow
+    spec: LaunchSpec
+    node: str
 
 
 def spec_of(row: JobRow) -> JobSpec:
@@ -186,6 +199,7 @@ class LiveService:
             config.policy,
             config.rules,
             online_reserve=config.online_reserve,
+            max_starts_per_cycle=config.max_starts_per_cycle,
         )
         self.cloud: CloudNodes | None = None
         if sites is not None:
@@ -594,32 +608,47 @@ class LiveService:
 
     # ---- outputs ----------------------------------------------------------------------------
     def _carry_out(self, decisions: Sequence[Launch | Stop], now: float) -> None:
+        """Launches between two stops go out together (an executor with `launch_many`
+        starts them in parallel); the order of launches and stops is kept."""
+        batch: list[Launch] = []
         for d in decisions:
             if isinstance(d, Launch):
-                self._launch(d, now)
-            else:
-                row = self.store.get(int(d.job_id))
-                self._transition(
-                    row.id,
-                    "preempting",
-                    now,
-                    ("running",),
-                    reason=d.reason,
-                    preemptions=row.preemptions + 1,
-                )
-                self.executor.preempt(d.job_id, row.grace_s, now)
-                self._decided(now, "preempt", d.job_id)
+                batch.append(d)
+                continue
+            self._launch_all(batch, now)
+            batch = []
+            row = self.store.get(int(d.job_id))
+            self._transition(
+                row.id,
+                "preempting",
+                now,
+                ("running",),
+                reason=d.reason,
+                preemptions=row.preemptions + 1,
+            )
+            self.executor.preempt(d.job_id, row.grace_s, now)
+            self._decided(now, "preempt", d.job_id)
+        self._launch_all(batch, now)
 
-    def _launch(self, d: Launch, now: float) -> None:
+    def _launch_all(self, batch: Sequence[Launch], now: float) -> None:
+        ready = [p for p in (self._prepare(d, now) for d in batch) if p is not None]
+        if not ready:
+            return
+        many = getattr(self.executor, "launch_many", None)
+        results: list[Handle | GpupoolError]
+        if self.fleet and many is not None:
+            results = many([(p.spec, p.node) for p in ready], now)
+        else:
+            results = [self._launch_one(p, now) for p in ready]
+        for p, result in zip(ready, results, strict=True):
+            self._started(p, result, now)
+
+    def _prepare(self, d: Launch, now: float) -> _Prepared | None:
+        """Record the job as running (before its process exists, so a restart finds it)
+        and build what the executor needs."""
         row = self.store.get(int(d.job_id))
         shares = d.placement.shares
         devices = tuple(self.devices[(s.node, g)] for s in shares for g in s.gpus)
-        tele = tuple(
-            self.tele_index[(s.node, g)]
-            for s in shares
-            for g in s.gpus
-            if (s.node, g) in self.tele_index
-        )
         node = self.cluster.nodes[shares[0].node].name
         attempt = row.attempts + 1
         self._transition(
@@ -658,28 +687,58 @@ class LiveService:
             resume=d.resume or row.attempts > 0,
             cwd=Path(row.cwd) if row.cwd else None,
         )
-        launch_on = getattr(self.executor, "launch_on", None)
-        try:
-            if self.fleet and len({s.node for s in shares}) > 1:
-                raise SpecError(
+        prepared = _Prepared(d, row, spec, node)
+        if self.fleet and len({s.node for s in shares}) > 1:
+            self._started(
+                prepared,
+                SpecError(
                     f"the core placed it on {len(shares)} nodes; a job of an explicit fleet "
                     "runs on one node (ask for at most one node's GPUs)"
-                )
+                ),
+                now,
+            )
+            return None
+        return prepared
+
+    def _launch_one(self, p: _Prepared, now: float) -> Handle | GpupoolError:
+        launch_on = getattr(self.executor, "launch_on", None)
+        try:
             if self.fleet and launch_on is not None:
-                handle = launch_on(spec, node, now)
-            else:
-                handle = self.executor.launch(spec, now)
+                handle: Handle = launch_on(p.spec, p.node, now)
+                return handle
+            return self.executor.launch(p.spec, now)
         except GpupoolError as err:  # e.g. its working directory does not exist
+            return err
+
+    def _started(self, p: _Prepared, result: Handle | GpupoolError, now: float) -> None:
+        d, row = p.decision, p.row
+        if isinstance(result, Unavailable):  # e.g. Ray was slow to start its actor
+            self._requeue(row.id, now, f"could not start yet: {result}")
+            return
+        if isinstance(result, GpupoolError):
             self.scheduler.finished(d.job_id, now, JobState.FAILED)
             self._transition(
-                row.id, "failed", now, ("running",), reason=f"could not start: {err}", ended_at=now
+                row.id,
+                "failed",
+                now,
+                ("running",),
+                reason=f"could not start: {result}",
+                ended_at=now,
             )
             return
-        (run_dir / f"handle-{attempt}.json").write_text(
+        handle = result
+        (p.spec.run_dir / f"handle-{p.spec.attempt}.json").write_text(
             json.dumps({"pid": handle.pid, "pgid": handle.pgid, "start_ticks": handle.start_ticks}),
             encoding="utf-8",
         )
         self.store.set_process(row.id, handle.pid, handle.pgid, handle.start_ticks, now)
+        shares = d.placement.shares
+        tele = tuple(
+            self.tele_index[(s.node, g)]
+            for s in shares
+            for g in s.gpus
+            if (s.node, g) in self.tele_index
+        )
         self._load(tele, row)
         action = "resume" if d.resume else "start"
         where = tuple(

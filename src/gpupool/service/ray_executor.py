@@ -18,18 +18,19 @@ attempt as outcome "lost". See docs/ray.md.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpupool.errors import ConflictError, NotFoundError, SpecError
+from gpupool.errors import ConflictError, GpupoolError, NotFoundError, SpecError, Unavailable
 from gpupool.service.executor import (
     CHECKPOINT_DIR,
     DEFAULT_GRACE_S,
@@ -269,49 +270,80 @@ class RayExecutor:
 
     def launch_on(self, spec: LaunchSpec, node: str, now_s: float) -> Handle:
         """Start the attempt on gpupool node `node`, on GPUs `spec.gpu_indices` of it."""
+        (result,) = self.launch_many([(spec, node)], now_s)
+        if isinstance(result, GpupoolError):
+            raise result
+        return result
+
+    START_TIMEOUT_S = 60.0
+
+    def launch_many(
+        self, launches: Sequence[tuple[LaunchSpec, str]], now_s: float
+    ) -> list[Handle | GpupoolError]:
+        """Start several attempts at once: every actor is created before any is waited
+        for, so a cycle that starts N jobs waits for the slowest worker start, not the
+        sum. One result per launch, in order: its handle, or the error that stopped it."""
+        from ray.exceptions import GetTimeoutError
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        _validate(spec)
-        if spec.job_id in self._jobs:
-            raise ConflictError(
-                f"job {spec.job_id} is already watched here (attempt "
-                f"{self._jobs[spec.job_id].handle.attempt}); poll until it ends before "
-                "launching it again"
-            )
-        ray_node = self.node_id(node)
-        name = ACTOR_PREFIX + spec.job_id
-        with contextlib.suppress(ValueError):  # an actor left by an earlier attempt
-            self._ray.kill(self._ray.get_actor(name, namespace=self._namespace))
-        spec = LaunchSpec(
-            spec.job_id,
-            spec.attempt,
-            spec.argv,
-            dict(spec.env),
-            spec.gpu_indices,
-            spec.run_dir.absolute(),
-            spec.resume,
-            spec.cwd,
-        )
-        actor = self._actor_cls.options(
-            name=name,
-            namespace=self._namespace,
-            lifetime="detached",
-            num_cpus=0,
-            num_gpus=0,
-            resources={gpu_resource(node, i): 1.0 for i in spec.gpu_indices},
-            scheduling_strategy=NodeAffinitySchedulingStrategy(ray_node, soft=False),
-            max_concurrency=4,
-            max_restarts=0,
-        ).remote(spec, node, self._python)
-        try:
-            pid, ticks = self._ray.get(actor.pid.remote(), timeout=60.0)
-        except Exception as e:
-            with contextlib.suppress(Exception):
-                self._ray.kill(actor)
-            raise SpecError(f"job {spec.job_id}: cannot start on node {node}: {e}") from e
-        handle = Handle(spec.job_id, spec.attempt, pid, pid, ticks)
-        self._jobs[spec.job_id] = _RayJob(handle, node, actor, run_dir=spec.run_dir)
-        return handle
+        started: list[tuple[LaunchSpec, str, Any, Any] | GpupoolError] = []
+        for spec, node in launches:
+            try:
+                _validate(spec)
+                if spec.job_id in self._jobs:
+                    raise ConflictError(
+                        f"job {spec.job_id} is already watched here (attempt "
+                        f"{self._jobs[spec.job_id].handle.attempt}); poll until it ends "
+                        "before launching it again"
+                    )
+                ray_node = self.node_id(node)
+            except GpupoolError as err:
+                started.append(err)
+                continue
+            name = ACTOR_PREFIX + spec.job_id
+            with contextlib.suppress(ValueError):  # an actor left by an earlier attempt
+                self._ray.kill(self._ray.get_actor(name, namespace=self._namespace))
+            spec = dataclasses.replace(spec, env=dict(spec.env), run_dir=spec.run_dir.absolute())
+            actor = self._actor_cls.options(
+                name=name,
+                namespace=self._namespace,
+                lifetime="detached",
+                num_cpus=0,
+                num_gpus=0,
+                resources={gpu_resource(node, i): 1.0 for i in spec.gpu_indices},
+                scheduling_strategy=NodeAffinitySchedulingStrategy(ray_node, soft=False),
+                max_concurrency=4,
+                max_restarts=0,
+            ).remote(spec, node, self._python)
+            started.append((spec, node, actor, actor.pid.remote()))
+        deadline = time.monotonic() + self.START_TIMEOUT_S
+        out: list[Handle | GpupoolError] = []
+        for item in started:
+            if isinstance(item, GpupoolError):
+                out.append(item)
+                continue
+            spec, node, actor, ref = item
+            try:
+                pid, ticks = self._ray.get(ref, timeout=max(deadline - time.monotonic(), 0.01))
+            except GetTimeoutError:
+                with contextlib.suppress(Exception):
+                    self._ray.kill(actor)
+                out.append(
+                    Unavailable(
+                        f"job {spec.job_id}: node {node} did not start its actor within "
+                        f"{self.START_TIMEOUT_S:.0f} s; it is requeued"
+                    )
+                )
+                continue
+            except Exception as e:
+                with contextlib.suppress(Exception):
+                    self._ray.kill(actor)
+                out.append(SpecError(f"job {spec.job_id}: cannot start on node {node}: {e}"))
+                continue
+            handle = Handle(spec.job_id, spec.attempt, pid, pid, ticks)
+            self._jobs[spec.job_id] = _RayJob(handle, node, actor, run_dir=spec.run_dir)
+            out.append(handle)
+        return out
 
     def adopt(self, handle: Handle, run_dir: Path) -> bool:
         """Watch an attempt an earlier scheduler started: True if its actor still runs that

@@ -85,6 +85,13 @@ def add_serve_parser(sub: Any) -> None:
         help="Ray namespace of the job and telemetry actors (gpupool)",
     )
     sp.add_argument(
+        "--max-starts",
+        type=int,
+        metavar="N",
+        help="start at most N jobs per cycle, the rest next cycle (default: 16 with --ray, "
+        "where each start waits for Ray to start a worker; no bound otherwise)",
+    )
+    sp.add_argument(
         "--sites",
         type=Path,
         metavar="FILE",
@@ -199,6 +206,8 @@ def serve(args: argparse.Namespace) -> int:
             TeamQuota("serving", {}, {}),
             TeamQuota("research", {}, {}),
         )
+    if args.max_starts is not None and args.max_starts < 1:
+        raise SpecError(f"--max-starts must be at least 1, got {args.max_starts}")
     if args.sites is not None and args.ray is None:
         raise SpecError(
             "--sites places jobs over the nodes of a Ray cluster: add --ray ADDRESS "
@@ -221,6 +230,9 @@ def serve(args: argparse.Namespace) -> int:
         sample_s=args.sample,
         monitor_s=args.monitor,
         sites=sites,
+        max_starts_per_cycle=args.max_starts
+        if args.max_starts is not None
+        else (16 if args.ray is not None else None),
     )
     telemetry: Telemetry
     if args.ray is not None:
