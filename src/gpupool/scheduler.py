@@ -15,10 +15,9 @@ the preemption rules and the lifecycle table before it is applied.
 from __future__ import annotations
 
 import bisect
-import math
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -40,7 +39,7 @@ from gpupool.policies.cycle import (
     RunningView,
     Start,
 )
-from gpupool.sim.choice import PoolLoad, PoolOption
+from gpupool.sim.choice import PoolLoad, PoolOption, charge, pool_loads
 
 PoolChooser = Callable[
     [JobSpec, Sequence[PoolOption], Mapping[str, PoolLoad], float], tuple[PoolOption | None, str]
@@ -389,12 +388,7 @@ class Scheduler:
                 work[t.gpu_type] += t.spec.gpu_count * left
             elif t.state in (JobState.PENDING, JobState.SUSPENDED):
                 work[t.gpu_type] += t.spec.gpu_count * duration
-        out = {}
-        for key, mask in self.pool_nodes.items():
-            free = int(self.state.whole_free[mask].sum())
-            gpus = int(self.state.gpu_count[mask].sum())
-            out[key] = PoolLoad(free, work[key] / gpus if gpus else math.inf)
-        return out
+        return pool_loads(self.state, self.pool_nodes, work)
 
     def _rechoose(self, now_s: float) -> None:
         """Waiting jobs that never ran follow capacity to their best pool (as sim/scenario)."""
@@ -418,13 +412,7 @@ class Scheduler:
                 self.engine.note(t.spec.job_id, now_s, f"pool {picked.pool}: {why}")
                 t.gpu_type = picked.pool
                 self._enqueue(t)
-            load = loads[picked.pool]
-            if picked.gpu_count <= load.free_gpus:
-                loads[picked.pool] = replace(load, free_gpus=load.free_gpus - picked.gpu_count)
-            else:
-                gpus = max(1, int(self.state.gpu_count[self.pool_nodes[picked.pool]].sum()))
-                extra = picked.gpu_count * (picked.duration_s or 0.0) / gpus
-                loads[picked.pool] = replace(load, drain_s=load.drain_s + extra)
+            charge(loads, picked, self.state, self.pool_nodes)
 
     # ---- views ------------------------------------------------------------------------------
     def _view(self, now_s: float) -> CycleView:

@@ -93,6 +93,14 @@ def show(url: str, job_id: int) -> dict[str, Any]:
     return job
 
 
+def assert_resumed_result(log: str, steps: int) -> None:
+    """The counter's last line: the right sum, from an attempt that resumed."""
+    last = [x for x in log.splitlines() if x.startswith("result=")][-1]
+    fields = dict(kv.split("=") for kv in last.split())
+    assert int(fields["result"]) == expected_result(steps)
+    assert int(fields["resumed_from"]) > 0
+
+
 def where(log: str) -> tuple[str, list[int]]:
     """Where the last attempt ran (an online job of the team may have displaced one)."""
     line = [x for x in log.splitlines() if x.startswith("where ")][-1]
@@ -203,10 +211,7 @@ def test_a_preempted_training_job_resumes_on_another_node_with_its_progress(
     assert job["attempts"] == 2 and job["preemptions"] == 1
     log = cli(url, "logs", str(train)).stdout
     assert "SIGTERM: checkpoint saved" in log
-    last = [x for x in log.splitlines() if x.startswith("result=")][-1]
-    fields = dict(kv.split("=") for kv in last.split())
-    assert int(fields["result"]) == expected_result(steps)
-    assert int(fields["resumed_from"]) > 0
+    assert_resumed_result(log, steps)
     (tmp_path / "online-done").touch()
     wait_for(lambda: show(url, online)["state"] == "succeeded", 30, "the online job")
 
@@ -260,8 +265,4 @@ def test_a_killed_node_is_in_the_events_and_metrics_and_its_job_finishes_elsewhe
     wait_for(lambda: show(url, victim)["state"] == "succeeded", 120, "the victim to finish")
     job = show(url, victim)
     assert job["attempts"] >= 2 and {g["node"] for g in job["gpus"]} != {node}
-    log = cli(url, "logs", str(victim)).stdout
-    last = [x for x in log.splitlines() if x.startswith("result=")][-1]
-    fields = dict(kv.split("=") for kv in last.split())
-    assert int(fields["result"]) == expected_result(steps)
-    assert int(fields["resumed_from"]) > 0
+    assert_resumed_result(cli(url, "logs", str(victim)).stdout, steps)

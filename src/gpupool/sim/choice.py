@@ -11,10 +11,12 @@ that type's seconds).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+import math
+from collections.abc import Mapping, MutableMapping, Sequence
+from dataclasses import dataclass, replace
 
 from gpupool.core.model import JobKind, JobSpec
+from gpupool.core.state import BoolArray, ClusterState
 from gpupool.federation import placement as fed
 from gpupool.federation.placement import FedJob, SiteDecision, SiteOption
 from gpupool.federation.topology import Topology
@@ -51,6 +53,36 @@ class Choice:
     reason: str
     rejected_remote: bool = False
     """A remote site was refused because moving the data takes longer than waiting."""
+
+
+def pool_loads(
+    state: ClusterState, pool_nodes: Mapping[str, BoolArray], work_gpu_s: Mapping[str, float]
+) -> dict[str, PoolLoad]:
+    """Each pool's free whole GPUs and drain time (its queued and running GPU-seconds of
+    work over its GPUs); nodes out of the pool's mask (down, not started) do not count."""
+    out = {}
+    for key, mask in pool_nodes.items():
+        free = int(state.whole_free[mask].sum())
+        gpus = int(state.gpu_count[mask].sum())
+        out[key] = PoolLoad(free, work_gpu_s.get(key, 0.0) / gpus if gpus else math.inf)
+    return out
+
+
+def charge(
+    loads: MutableMapping[str, PoolLoad],
+    option: PoolOption,
+    state: ClusterState,
+    pool_nodes: Mapping[str, BoolArray],
+) -> None:
+    """Count a job just pointed at `option` in its pool's load, so the next waiting job
+    in the same round sees it: it takes free GPUs, or lengthens the drain."""
+    load = loads[option.pool]
+    if option.gpu_count <= load.free_gpus:
+        loads[option.pool] = replace(load, free_gpus=load.free_gpus - option.gpu_count)
+    else:
+        gpus = max(1, int(state.gpu_count[pool_nodes[option.pool]].sum()))
+        extra = option.gpu_count * (option.duration_s or 0.0) / gpus
+        loads[option.pool] = replace(load, drain_s=load.drain_s + extra)
 
 
 def wait_s(option: PoolOption, load: PoolLoad) -> float:

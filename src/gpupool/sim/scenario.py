@@ -55,10 +55,12 @@ from gpupool.policies.thermal import CoolestFirstPolicy
 from gpupool.sim.choice import (
     PoolLoad,
     PoolOption,
+    charge,
     choose_across_sites,
     choose_blind,
     choose_cost_aware,
     choose_first,
+    pool_loads,
 )
 from gpupool.sim.cloud import CloudFleet
 from gpupool.sim.energy_meter import EnergyMeter, HeatMap
@@ -368,12 +370,7 @@ class ScenarioSim:
                 r = self.runs[job_id]
                 if r.spec.duration_s is not None:
                     work[r.gpu_type] += r.spec.gpu_count * (r.spec.duration_s - r.done_s)
-        out = {}
-        for key, mask in self.pool_nodes.items():
-            free = int(self.state.whole_free[mask].sum())
-            gpus = int(self.state.gpu_count[mask].sum())
-            out[key] = PoolLoad(free, work[key] / gpus if gpus else math.inf)
-        return out
+        return pool_loads(self.state, self.pool_nodes, work)
 
     def choose(self, run: Run, loads: dict[str, PoolLoad], now: float) -> PoolOption | None:
         options = run.options
@@ -443,13 +440,7 @@ class ScenarioSim:
             if option is None:
                 continue
             self.retarget(r, option)
-            load = loads[option.pool]
-            if option.gpu_count <= load.free_gpus:
-                loads[option.pool] = PoolLoad(load.free_gpus - option.gpu_count, load.drain_s)
-            else:
-                gpus = max(1, int(self.state.gpu_count[self.pool_nodes[option.pool]].sum()))
-                extra = option.gpu_count * (option.duration_s or 0.0) / gpus
-                loads[option.pool] = PoolLoad(load.free_gpus, load.drain_s + extra)
+            charge(loads, option, self.state, self.pool_nodes)
 
     def write_s(self, job: JobSpec) -> float:
         return self.cfg.checkpoint.write_s(job.state_gib_per_gpu)
