@@ -205,7 +205,7 @@ def test_cloud_nodes_burst_after_the_sustain_window_and_reclaim_when_idle(tmp_pa
     assert runner.calls == [["start-node", "c1", "H100", "4", "cloud"]]
     assert cloud.state("c1") == "starting"
     assert cloud.tick(11.0, 1.0, 4, {}) == []  # no second burst while it starts
-    assert "joined" in cloud.joined("c1", 20.0)
+    assert cloud.joined("c1", 20.0) == "cloud node c1 joined 10 s after its start"
     assert cloud.tick(21.0, 0.5, 0, {"c1": 4}) == []  # busy: kept
     assert cloud.tick(30.0, 0.5, 0, {"c1": 0}) == []  # idle, window opens
     events = cloud.tick(50.0, 0.5, 0, {"c1": 0})

@@ -555,7 +555,8 @@ def render_metrics(service: LiveService, store: Store) -> str:
     lines.append("# TYPE gpupool_queue_pending gauge")
     lines.append(f"gpupool_queue_pending {view['queue']['pending']}")
     lines.append("# TYPE gpupool_nodes_unhealthy gauge")
-    lines.append(f"gpupool_nodes_unhealthy {sum(1 for n in view['nodes'] if not n['healthy'])}")
+    bad = sum(1 for n in view["nodes"] if n["state"] in ("lost", "unhealthy"))
+    lines.append(f"gpupool_nodes_unhealthy {bad}")
     lines.append(
         "# HELP gpupool_node_up 1 while the node takes work (its state label says why not)."
     )

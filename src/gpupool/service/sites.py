@@ -136,7 +136,9 @@ def read_sites(raw: Any, path: str = "<sites>") -> SitesConfig:
         raise r.fail("cloud", "cloud nodes need both a start and a stop command")
     try:
         rules = BurstRules(
-            util_threshold=_number(r, b.get("util_threshold", d.util_threshold), "burst"),
+            util_threshold=_number(
+                r, b.get("util_threshold", d.util_threshold), "burst.util_threshold"
+            ),
             sustain_s=_number(r, b.get("sustain_s", d.sustain_s), "burst.sustain_s"),
             pending_gpu_threshold=int(b.get("pending_gpus", d.pending_gpu_threshold)),
             pending_sustain_s=_number(
@@ -291,10 +293,10 @@ class CloudNodes:
     def joined(self, node: str, now_s: float) -> str:
         """The cluster lists the node now."""
         st = self.status[node]
-        was = st.state
+        was, asked_at = st.state, st.since_s
         st.state, st.since_s = UP, now_s
         if was == STARTING:
-            return f"cloud node {node} joined {now_s - st.since_s:.0f} s after its start"
+            return f"cloud node {node} joined {now_s - asked_at:.0f} s after its start"
         return f"cloud node {node} joined"
 
     def left(self, node: str, now_s: float) -> str:
