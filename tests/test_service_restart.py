@@ -19,6 +19,12 @@ from gpupool.examples.ckpt_counter import expected_result
 from service_proc import Server, free_port, wait_for
 
 STEPS = 25
+LONG_KEY, LONG_STEPS = 10**6, 150
+"""One job long enough (15 s) to outlive the last crash and the restart on a slow host."""
+
+
+def _steps(k: int) -> int:
+    return LONG_STEPS if k == LONG_KEY else STEPS
 
 
 def _spec(k: int) -> dict[str, object]:
@@ -30,7 +36,7 @@ def _spec(k: int) -> dict[str, object]:
             "-m",
             "gpupool.examples.ckpt_counter",
             "--steps",
-            str(STEPS),
+            str(_steps(k)),
             "--step-s",
             "0.1",
             "--every",
@@ -69,6 +75,18 @@ def test_sigkill_at_random_points_loses_nothing(tmp_path: Path) -> None:
                     accepted[key] = r.json()["id"]
                 k += 1
                 time.sleep(rng.uniform(0.0, 0.3))
+            if _round == 3:  # the last crash hits a running job, however slow the host
+                key = str(LONG_KEY)
+                r = httpx.post(
+                    f"{server.url}/v1/jobs", json=_spec(LONG_KEY), headers={"Idempotency-Key": key}
+                )
+                accepted[key] = r.json()["id"]
+                job_url = f"{server.url}/v1/jobs/{accepted[key]}"
+                wait_for(
+                    lambda u=job_url: httpx.get(u).json()["state"] == "running",
+                    60,
+                    "the long job to be running before the last crash",
+                )
         finally:
             server.kill()
     server = Server(state, *args, port=port).start()
@@ -90,7 +108,7 @@ def test_sigkill_at_random_points_loses_nothing(tmp_path: Path) -> None:
             log = httpx.get(f"{url}/v1/jobs/{job_id}/logs").text
             results = [ln for ln in log.splitlines() if ln.startswith("result=")]
             assert results, f"job {job_id} printed no result:\n{log}"
-            assert int(results[-1].split()[0].split("=")[1]) == expected_result(STEPS)
+            assert int(results[-1].split()[0].split("=")[1]) == expected_result(_steps(int(key)))
         kinds: set[str] = set()
         after = 0
         while True:  # the event stream pages by sequence number
