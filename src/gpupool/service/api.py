@@ -39,7 +39,11 @@ KINDS = Literal["training", "online-inference", "offline-inference", "batch"]
 class JobIn(BaseModel):
     """A job to run: the command, and what it needs."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid",
+        # said in the schema too, so clients (and the fuzzer) know it up front
+        json_schema_extra={"dependentRequired": {"latency_bound_ms": ["user_region"]}},
+    )
 
     command: list[Annotated[str, Field(min_length=1, max_length=4096)]] = Field(
         min_length=1, max_length=256
@@ -64,6 +68,7 @@ class JobIn(BaseModel):
         min_length=1,
         max_length=256,
         description="A data location of the federation topology the job reads.",
+        json_schema_extra={"pattern": "^[^\\x00]*$"},
     )
     dataset_gb: float = Field(
         0.0, ge=0, le=1e9, allow_inf_nan=False, description="Size of the dataset in GB."
@@ -88,6 +93,7 @@ class JobIn(BaseModel):
         max_length=128,
         validate_default=True,  # so a missing one is checked against latency_bound_ms
         description="Where the job's users are; required with latency_bound_ms.",
+        json_schema_extra={"pattern": "^[^\\x00]*$"},
     )
 
     @field_validator("priority")
