@@ -381,3 +381,38 @@ def test_a_launch_the_executor_could_not_make_in_time_is_requeued(tmp_path: Path
     clock.advance(1.0)
     service.step()
     assert store.get(row.id).state == "running" and store.get(row.id).attempts == 2
+
+
+def test_an_online_job_no_site_can_serve_in_time_fails_with_the_reason(tmp_path: Path) -> None:
+    clock = ManualClock(0.0)
+    store = Store(f"sqlite:///{tmp_path}/db.sqlite")
+    store.migrate()
+    service = LiveService(
+        LiveConfig(
+            tmp_path / "state",
+            sample_s=0.0,
+            host="fed",
+            nodes=(("e1", "A100-80GB", 4), ("w1", "A100-80GB", 4)),
+            sites=read_sites(sites(), "sites.yaml"),
+        ),
+        store,
+        FakeExecutor(),
+        FakeTelemetry("4xA100-80GB,4xA100-80GB"),
+        clock,
+    )
+    row, _ = store.submit(
+        NewJob(
+            "chat",
+            "serving",
+            "online-inference",
+            100,
+            1,
+            ("true",),
+            user_region="us-west",
+            latency_bound_ms=0.5,  # below even the latency inside a region
+        ),
+        clock.now(),
+    )
+    service.step()
+    failed = store.get(row.id)
+    assert failed.state == "failed" and "latency" in failed.reason, failed.reason

@@ -471,7 +471,8 @@ class LiveService:
                         "failed",
                         now,
                         ("pending",),
-                        reason=f"needs {row.gpu_count} GPUs of a kind this machine does not "
+                        reason=ticket.reason
+                        or f"needs {row.gpu_count} GPUs of a kind this machine does not "
                         f"have that many of ({', '.join(sorted(self.scheduler.pool_gpus))})",
                         ended_at=now,
                     )
