@@ -291,21 +291,7 @@ def test_a_live_job_runs_where_its_data_is(tmp_path: Path) -> None:
     """The job's dataset travels from the API's row to the core's chooser: with both
     sites free, 1.35 TB in us-west sends it to w1 (east would first move it for 3 h)."""
     clock = ManualClock(500.0)
-    store = Store(f"sqlite:///{tmp_path}/db.sqlite")
-    store.migrate()
-    service = LiveService(
-        LiveConfig(
-            tmp_path / "state",
-            sample_s=0.0,
-            host="fed",
-            nodes=(("e1", "A100-80GB", 4), ("w1", "A100-80GB", 4)),
-            sites=read_sites(sites(), "sites.yaml"),
-        ),
-        store,
-        FakeExecutor(),
-        FakeTelemetry("4xA100-80GB,4xA100-80GB"),
-        clock,
-    )
+    service, store = two_site_service(tmp_path, clock)
     rows = [
         store.submit(
             NewJob(
@@ -385,21 +371,7 @@ def test_a_launch_the_executor_could_not_make_in_time_is_requeued(tmp_path: Path
 
 def test_an_online_job_no_site_can_serve_in_time_fails_with_the_reason(tmp_path: Path) -> None:
     clock = ManualClock(0.0)
-    store = Store(f"sqlite:///{tmp_path}/db.sqlite")
-    store.migrate()
-    service = LiveService(
-        LiveConfig(
-            tmp_path / "state",
-            sample_s=0.0,
-            host="fed",
-            nodes=(("e1", "A100-80GB", 4), ("w1", "A100-80GB", 4)),
-            sites=read_sites(sites(), "sites.yaml"),
-        ),
-        store,
-        FakeExecutor(),
-        FakeTelemetry("4xA100-80GB,4xA100-80GB"),
-        clock,
-    )
+    service, store = two_site_service(tmp_path, clock)
     row, _ = store.submit(
         NewJob(
             "chat",
@@ -416,3 +388,23 @@ def test_an_online_job_no_site_can_serve_in_time_fails_with_the_reason(tmp_path:
     service.step()
     failed = store.get(row.id)
     assert failed.state == "failed" and "latency" in failed.reason, failed.reason
+
+
+def two_site_service(tmp_path: Path, clock: ManualClock) -> tuple[LiveService, Store]:
+    """The live service on e1 (east) and w1 (west), no cloud, fake executor."""
+    store = Store(f"sqlite:///{tmp_path}/db.sqlite")
+    store.migrate()
+    service = LiveService(
+        LiveConfig(
+            tmp_path / "state",
+            sample_s=0.0,
+            host="fed",
+            nodes=(("e1", "A100-80GB", 4), ("w1", "A100-80GB", 4)),
+            sites=read_sites(sites(), "sites.yaml"),
+        ),
+        store,
+        FakeExecutor(),
+        FakeTelemetry("4xA100-80GB,4xA100-80GB"),
+        clock,
+    )
+    return service, store

@@ -93,6 +93,12 @@ def show(url: str, job_id: int) -> dict[str, Any]:
     return job
 
 
+def counter(steps: int, step_s: float) -> list[str]:
+    """The checkpointing example job: a sum over `steps`, a checkpoint every 5 steps."""
+    return [PY, "-m", "gpupool.examples.ckpt_counter", "--steps", str(steps),
+            "--step-s", str(step_s), "--every", "5"]  # fmt: skip
+
+
 def assert_resumed_result(log: str, steps: int) -> None:
     """The counter's last line: the right sum, from an attempt that resumed."""
     last = [x for x in log.splitlines() if x.startswith("result=")][-1]
@@ -182,15 +188,7 @@ def test_a_preempted_training_job_resumes_on_another_node_with_its_progress(
         "--grace",
         "20s",
         "--",
-        PY,
-        "-m",
-        "gpupool.examples.ckpt_counter",
-        "--steps",
-        str(steps),
-        "--step-s",
-        "0.05",
-        "--every",
-        "5",
+        *counter(steps, 0.05),
     )
     wait_for(lambda: "step=10" in cli(url, "logs", str(train)).stdout, 60, "training progress")
     (first,) = {g["node"] for g in show(url, train)["gpus"]}
@@ -232,15 +230,7 @@ def test_a_killed_node_is_in_the_events_and_metrics_and_its_job_finishes_elsewhe
         "--checkpoint-every",
         "1s",
         "--",
-        PY,
-        "-m",
-        "gpupool.examples.ckpt_counter",
-        "--steps",
-        str(steps),
-        "--step-s",
-        "0.03",
-        "--every",
-        "5",
+        *counter(steps, 0.03),
     )
     wait_for(lambda: show(url, victim)["state"] == "running", 60, "the victim to run")
     (node,) = {g["node"] for g in show(url, victim)["gpus"]}
