@@ -14,6 +14,7 @@ import asyncio
 import json
 import re
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -943,3 +944,42 @@ def test_missing_working_directory_does_not_wedge_the_scheduler(api: Api, tmp_pa
         assert bad.status_code == 422
         api.step(2)
     assert api.job(good["id"])["state"] == "running"
+
+
+def test_a_slow_database_read_does_not_stall_other_requests(
+    make_api: Callable[..., Api], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The event poll and the token lookup read the database off the event loop: while
+    one waits 0.6 s on a slow read, a health check on the same loop answers at once."""
+    import asyncio
+
+    api = make_api(auth=True)
+    slow_s = 0.6
+    events_after, principal = api.store.events_after, api.store.principal
+
+    def slow_events(*args: Any, **kw: Any) -> Any:
+        time.sleep(slow_s)
+        return events_after(*args, **kw)
+
+    def slow_principal(*args: Any, **kw: Any) -> Any:
+        time.sleep(slow_s)
+        return principal(*args, **kw)
+
+    monkeypatch.setattr(api.store, "events_after", slow_events)
+    monkeypatch.setattr(api.store, "principal", slow_principal)
+    app = api.client.app
+
+    async def race(path: str, headers: dict[str, str]) -> float:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            t0 = time.perf_counter()
+            slow = asyncio.create_task(client.get(path, headers=headers))
+            await asyncio.sleep(0.05)  # the slow request is in its database read
+            health = await client.get("/healthz")
+            took = time.perf_counter() - t0  # a blocked loop makes this at least slow_s
+            assert health.status_code == 200
+            await slow
+            return took
+
+    assert asyncio.run(race("/v1/events", api.headers)) < slow_s / 2
+    assert asyncio.run(race("/v1/jobs", bearer("gp_not_a_token"))) < slow_s / 2
