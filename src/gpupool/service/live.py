@@ -39,6 +39,7 @@ from gpupool.service.sites import (
     SitesConfig,
     make_chooser,
     pool_prices,
+    with_cloud_nodes,
 )
 from gpupool.service.store import JobRow, Store
 from gpupool.service.telemetry import (
@@ -160,10 +161,7 @@ class LiveService:
         self.inventory = telemetry.inventory()
         self.gpu_info = {g.index: g for g in self.inventory}
         sites = config.sites
-        fleet = list(config.nodes)
-        if sites is not None:
-            listed = {n for n, _, _ in fleet}
-            fleet += [(c.name, c.model, c.gpus) for c in sites.cloud_nodes if c.name not in listed]
+        fleet = with_cloud_nodes(config.nodes, sites)
         self.fleet = bool(fleet)
         if self.fleet:
             declared = dict(config.node_sites)
@@ -417,6 +415,8 @@ class LiveService:
     def _burst(self, now: float) -> None:
         """Cloud burst and reclaim, measured as the simulator measures (sim/scenario)."""
         assert self.cloud is not None
+        if not self.cloud.due(now):
+            return
         state = self.scheduler.state
         cloud = self.cloud.names()
         onprem_gpus = onprem_free = 0
@@ -429,9 +429,7 @@ class LiveService:
                 onprem_gpus += gpus
                 onprem_free += free
         util = (onprem_gpus - onprem_free) / onprem_gpus if onprem_gpus else 0.0
-        cloud_pools = {
-            self.scheduler.node_pool[k] for k, n in enumerate(self.cluster.nodes) if n.name in cloud
-        }
+        cloud_pools = {self.scheduler.node_pool[self.scheduler.node_index[n]] for n in cloud}
         waiting = sum(
             t.spec.gpu_count
             for _, job_id in self.scheduler.queue
@@ -913,9 +911,7 @@ def ray_service(
     if telemetry is None:
         from gpupool.service.ray_telemetry import RayTelemetry
 
-        fleet = [(n.name, n.model, n.gpu_count) for n in found]
-        if config.sites is not None:
-            fleet += [(c.name, c.model, c.gpus) for c in config.sites.cloud_nodes]
+        fleet = with_cloud_nodes(config.nodes, config.sites)  # LiveService's order
         telemetry = RayTelemetry(fleet, {n.name: n.ray_node_id for n in found})
 
     def probe() -> dict[str, str]:

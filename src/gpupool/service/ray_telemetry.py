@@ -166,7 +166,7 @@ class RayTelemetry(Telemetry):
             self._nodes.append(node)
             offset += count
         self._inventory: list[GpuInfo] = [
-            info for node in self._nodes for info in self._placeholder(node)
+            info for node in self._nodes for info in self._declared(node)
         ]
         for node in self._nodes:
             if node.ray_node_id:
@@ -215,14 +215,14 @@ class RayTelemetry(Telemetry):
             node.problem = f"telemetry actor unreachable ({_why(exc)})"
             return
         node.source, node.problem = source, ""
-        infos = self._placeholder(node)
+        infos = self._declared(node)
         for info in local[: node.count]:
             uuid = f"FAKE-GPU-{node.offset + info.index}" if source == "fake" else info.uuid
             infos[info.index] = dataclasses.replace(info, index=node.offset + info.index, uuid=uuid)
         with self._lock:
             self._inventory[node.offset : node.offset + node.count] = infos
 
-    def _placeholder(self, node: _Node) -> list[GpuInfo]:
+    def _declared(self, node: _Node) -> list[GpuInfo]:
         """The declared GPUs, until the node says what it has (the catalogue's figures)."""
         try:
             declared = parse_fleet(f"{node.count}x{node.model}") if node.count else []

@@ -85,6 +85,17 @@ class SitesConfig:
         return self.node_site.get(node, declared)
 
 
+def with_cloud_nodes(
+    fleet: Sequence[tuple[str, str, int]], sites: SitesConfig | None
+) -> list[tuple[str, str, int]]:
+    """The fleet and, after it, the cloud nodes it does not list yet (down until started)."""
+    out = list(fleet)
+    if sites is not None:
+        listed = {name for name, _, _ in out}
+        out += [(c.name, c.model, c.gpus) for c in sites.cloud_nodes if c.name not in listed]
+    return out
+
+
 def read_sites(raw: Any, path: str = "<sites>") -> SitesConfig:
     r = SpecReader(path)
     top = r.mapping(raw, "sites file", SITES_KEYS)
@@ -267,6 +278,10 @@ class CloudNodes:
         self.status = {c.name: CloudStatus(c) for c in cfg.cloud_nodes}
         self.last_check_s = -math.inf
 
+    def due(self, now_s: float) -> bool:
+        """Whether the next look is due: the caller measures only then."""
+        return now_s - self.last_check_s >= self.cfg.check_s
+
     def names(self) -> set[str]:
         return set(self.status)
 
@@ -314,8 +329,12 @@ class CloudNodes:
         pending_gpus: int,
         busy_gpus: Mapping[str, int],
     ) -> list[tuple[str, str, tuple[str, ...]]]:
-        """One look: (event kind, message, nodes to take out of the pool now)."""
+        """One look, every check_s (earlier calls return nothing): (event kind, message,
+        nodes to take out of the pool now)."""
         out: list[tuple[str, str, tuple[str, ...]]] = []
+        if not self.due(now_s):
+            return out
+        self.last_check_s = now_s
         for st in self.status.values():
             if st.command is not None:
                 code = st.command()
@@ -342,9 +361,6 @@ class CloudNodes:
                         (),
                     )
                 )
-        if now_s - self.last_check_s < self.cfg.check_s:
-            return out
-        self.last_check_s = now_s
         up = [st for st in self.status.values() if st.state == UP]
         starting = [st for st in self.status.values() if st.state == STARTING]
         idle = [st for st in up if busy_gpus.get(st.node.name, 0) == 0]
