@@ -415,11 +415,15 @@ def test_pending_claim_counts_against_the_team_maximum() -> None:
     )
     sim.run()  # raised PlanRejected at 203.17 s, when x-slow vacated for own-a
     log = decisions(sim)
-    # at 60 own-a reclaims x-slow (lowest priority); x-short ends at 100; at 120 own-b
-    # must wait, own holding its maximum once own-a starts at 60 + 143.17
-    write_s = 60 * 2**30 / 1e9 / 0.45
+    # at 60 own-a reclaims x-slow (lowest priority); x-short ends at 100, and own-a, still
+    # waiting for x-slow's 143 s checkpoint, takes that node at the next cycle (a claimant
+    # takes GPUs that free up before its victims have left); at 120 own-b must wait, own
+    # holding its maximum
     (start_a,) = by_action(log, "start", "own-a")
-    assert start_a.time_s == pytest.approx(60.0 + write_s)
+    assert start_a.time_s == pytest.approx(120.0)
+    write_s = 60 * 2**30 / 1e9 / 0.45
+    (suspend,) = by_action(log, "suspend", "x-slow")
+    assert suspend.time_s == pytest.approx(60.0 + write_s)  # the preemption still completes
     (start_b,) = by_action(log, "start", "own-b")
     assert start_b.time_s >= start_a.time_s + 605.0
 

@@ -314,6 +314,8 @@ class Scheduler:
         if not all(self.healthy[k] for k in placement.nodes):
             raise PlanRejected(f"job {job.job_id}: the plan uses a node that is down")
         resume = t.state is JobState.SUSPENDED
+        self.claims.pop(job.job_id, None)  # it found GPUs before its victims left
+        self.claim_nodes.pop(job.job_id, None)
         self.engine.apply(job, placement, now_s, "resume" if resume else "start")
         self._dequeue(t)
         t.state = check_transition(job.job_id, t.state, JobState.RUNNING)

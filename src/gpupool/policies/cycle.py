@@ -305,6 +305,16 @@ class PriorityQuotaPolicy(CyclePolicy):
             usage[key] = usage.get(key, 0) + job.gpu_count
             return True
 
+        # A job waiting for its victims' checkpoints takes GPUs that freed up meanwhile,
+        # before a borrower can (its team already counts them in `usage`).
+        for p in view.pending:
+            if p.spec.job_id in view.claimed:
+                plan = view.placement.place(
+                    scratch, p.spec, view.rng, view.allowed(p.spec, p.gpu_type)
+                )
+                if plan is not None:
+                    scratch.allocate(p.spec, plan)
+                    commands.append(Start(p.spec.job_id, plan))
         waiting = [p for p in view.pending if p.spec.job_id not in view.claimed]
         online_held = {
             t: sum(

@@ -1225,6 +1225,11 @@ class ScenarioSim:
             if run is None:
                 raise PlanRejected(f"the plan names an unknown job {c.job_id}")
             if isinstance(c, Start):
+                if (
+                    self.claims.pop(c.job_id, None) is not None
+                ):  # GPUs freed before its victims left
+                    self.claim_nodes.pop(c.job_id, None)
+                    self.claim_grace.pop(c.job_id, None)
                 self.start(run, c, now)
             elif isinstance(c, Preempt):
                 self.preempt(run, c.reason, now, c.reclaim, c.for_online_of)
