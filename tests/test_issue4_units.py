@@ -30,7 +30,7 @@ from gpupool.policies.power import (
     plan_power_caps,
 )
 from gpupool.policies.thermal import CoolestFirstPolicy
-from gpupool.sim.choice import (
+from gpupool.policies.pool_choice import (
     PoolLoad,
     PoolOption,
     choose_across_sites,
@@ -61,7 +61,7 @@ def opt(
 
 
 # =============================================================================================
-# 1. sim/choice.py
+# 1. policies/pool_choice.py
 
 
 def test_cost_usd_is_gpus_times_hours_times_price() -> None:

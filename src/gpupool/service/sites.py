@@ -3,7 +3,7 @@
 One YAML file describes the federation the service runs over. Its `federation:` section
 is the simulator's topology (sites with region, kind and prices; data locations; links),
 so a policy proven in `gpupool simulate scenario` places live jobs by the very same rules
-(`sim.choice.choose_across_sites`). Nodes name their site there (`nodes:`) or declare it
+(`policies.pool_choice.choose_across_sites`). Nodes name their site there (`nodes:`) or declare it
 themselves (a Ray node's `gpupool_site_<site>` resource). Cloud nodes are declared up
 front and stay out of the pool until their start command has made them join; the burst
 controller of the simulator decides when to start and stop them, and every decision is
@@ -27,7 +27,7 @@ from gpupool.errors import SpecError
 from gpupool.federation.burst import BURST, BurstController, BurstEvent, BurstRules
 from gpupool.federation.topology import TOPOLOGY_KEYS, Topology, parse_topology
 from gpupool.scheduler import PoolChooser
-from gpupool.sim.choice import PoolLoad, PoolOption, choose_across_sites
+from gpupool.policies.pool_choice import PoolLoad, PoolOption, choose_across_sites
 from gpupool.sizing.catalog import load_catalog
 from gpupool.specfile import SpecReader
 
@@ -215,7 +215,7 @@ def pool_prices(cfg: SitesConfig, pools: Mapping[str, tuple[str, str]]) -> dict[
 
 
 def make_chooser(cfg: SitesConfig) -> PoolChooser:
-    """The simulator's site choice (sim/choice.choose_across_sites), for the live core."""
+    """The simulator's site choice (policies/pool_choice.choose_across_sites), for the live core."""
     aware = cfg.placement == "locality-aware"
 
     def choose(

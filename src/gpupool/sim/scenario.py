@@ -52,7 +52,7 @@ from gpupool.policies.cycle import (
 )
 from gpupool.policies.power import CapJob, cap_fraction, plan_power_caps
 from gpupool.policies.thermal import CoolestFirstPolicy
-from gpupool.sim.choice import (
+from gpupool.policies.pool_choice import (
     PoolLoad,
     PoolOption,
     charge,

@@ -17,13 +17,26 @@ from gpupool.core.quota import QuotaWindow, TeamQuota, clock_s
 from gpupool.errors import NotFoundError, SpecError
 from gpupool.federation import TOPOLOGY_KEYS
 from gpupool.policies.cycle import CYCLE_POLICIES, PreemptionRules
+from gpupool.scheduler.config import (
+    MODES,
+    SITE_CHOICES,
+    TYPE_CHOICES,
+    EnergyConfig,
+    PlacementConfig,
+    SchedulerConfig,
+    ThermalConfig,
+)
 from gpupool.specfile import SpecReader
 
-MODES = ("pool", "static")
-
-
-TYPE_CHOICES = ("first", "blind", "cost-aware")
-SITE_CHOICES = ("blind", "locality-aware")
+__all__ = [
+    "EnergyConfig",
+    "PlacementConfig",
+    "PoolSpec",
+    "ScenarioConfig",
+    "ThermalConfig",
+    "load_scenario",
+    "parse_scenario",
+]
 
 
 @dataclass(frozen=True)
@@ -42,46 +55,6 @@ class PoolSpec:
     def key(self) -> str:
         """The pool's name in queues and quotas: the GPU type, or site/type with sites."""
         return f"{self.site}/{self.gpu_type}" if self.site else self.gpu_type
-
-
-@dataclass(frozen=True)
-class PlacementConfig:
-    """How a job that could run on several pools gets one.
-
-    gpu_type: `first` (the first pool the job allows: one GPU type per job), `blind` (the
-    pool with the most free GPUs, types treated alike) or `cost-aware` (the cheapest pool
-    for the job's work that meets its deadline). site: `blind` (most free GPUs anywhere)
-    or `locality-aware` (data transfer, queueing, latency and cost, see federation)."""
-
-    gpu_type: str = "first"
-    site: str = "blind"
-    value_of_time_usd_per_h: float = 0.0
-    """What an hour of a job's completion time is worth when it has no deadline."""
-
-
-@dataclass(frozen=True)
-class ThermalConfig:
-    aware: bool = False
-    threshold_c: float = 83.0
-    inlet_c: float = 30.0
-    hot_nodes: int = 0
-    """How many nodes (the last of each pool) sit in a hot aisle."""
-    hot_inlet_c: float = 40.0
-
-
-@dataclass(frozen=True)
-class EnergyConfig:
-    tariff: str | None = None
-    """A shipped tariff name or a YAML file; None: no electricity price."""
-    site_tariffs: Mapping[str, str] = field(default_factory=dict)
-    pue: float = 1.5
-    """Facility overhead (facts.md §4.3: 1.5 generic/colocation, 1.1-1.2 hyperscale)."""
-    price_aware: bool = False
-    """Defer deadline-bound work to cheap hours (never past its deadline)."""
-    power_capping: bool = False
-    deferral_slot_s: float = 900.0
-    deferral_margin_s: float = 3600.0
-    thermal: ThermalConfig = field(default_factory=ThermalConfig)
 
 
 @dataclass(frozen=True)
@@ -114,6 +87,27 @@ class ScenarioConfig:
     """Sites, data locations and links (gpupool.federation.parse_topology)."""
     burst: Mapping[str, Any] | None = None
     path: str = ""
+
+    def scheduler_config(self) -> SchedulerConfig:
+        """The scheduling section: what the decision core reads."""
+        return SchedulerConfig(
+            policy=self.policy,
+            teams=self.teams,
+            windows=self.windows,
+            mode=self.mode,
+            cycle_s=self.cycle_s,
+            online_reserve=self.online_reserve,
+            share_cap=self.share_cap,
+            queue_depth=self.queue_depth,
+            autoscale_lookahead_s=self.autoscale_lookahead_s,
+            autoscale_headroom=self.autoscale_headroom,
+            preemption=self.preemption,
+            checkpoint=self.checkpoint,
+            colocation=self.colocation,
+            placement=self.placement,
+            energy=self.energy,
+            burst=self.burst,
+        )
 
     def pool(self, key: str) -> PoolSpec:
         for p in self.pools:

@@ -39,7 +39,7 @@ from gpupool.policies.cycle import (
     RunningView,
     Start,
 )
-from gpupool.sim.choice import PoolLoad, PoolOption, charge, pool_loads
+from gpupool.policies.pool_choice import PoolLoad, PoolOption, charge, pool_loads
 
 PoolChooser = Callable[
     [JobSpec, Sequence[PoolOption], Mapping[str, PoolLoad], float], tuple[PoolOption | None, str]
@@ -100,7 +100,7 @@ class Scheduler:
     log: DecisionLog = field(default_factory=DecisionLog)
     chooser: PoolChooser | None = None
     """With several sites: picks each waiting, never-started job's pool every cycle (the
-    simulator's federation rules, sim/choice.py). None: the first pool it allows."""
+    simulator's federation rules, policies/pool_choice.py). None: the first pool it allows."""
     pool_price: Mapping[str, float] = field(default_factory=dict)
     """$/GPU-hour per pool, for the chooser."""
     max_starts_per_cycle: int | None = None

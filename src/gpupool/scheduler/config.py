@@ -1,0 +1,91 @@
+"""What the decision core reads: one frozen configuration for every driver.
+
+A scenario file and the live service's `--config` fill the same `SchedulerConfig`
+(teams, windows, policy, preemption, reserve, sharing, placement, energy, burst), so a
+policy proven in the simulator is the policy the service runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpupool.core.calibration import CheckpointModel, ColocationModel
+from gpupool.core.quota import QuotaWindow, TeamQuota
+from gpupool.policies.cycle import PreemptionRules
+
+MODES = ("pool", "static")
+TYPE_CHOICES = ("first", "blind", "cost-aware")
+SITE_CHOICES = ("blind", "locality-aware")
+
+
+@dataclass(frozen=True)
+class PlacementConfig:
+    """How a job that could run on several pools gets one.
+
+    gpu_type: `first` (the first pool the job allows: one GPU type per job), `blind` (the
+    pool with the most free GPUs, types treated alike) or `cost-aware` (the cheapest pool
+    for the job's work that meets its deadline). site: `blind` (most free GPUs anywhere)
+    or `locality-aware` (data transfer, queueing, latency and cost, see federation)."""
+
+    gpu_type: str = "first"
+    site: str = "blind"
+    value_of_time_usd_per_h: float = 0.0
+    """What an hour of a job's completion time is worth when it has no deadline."""
+
+
+@dataclass(frozen=True)
+class ThermalConfig:
+    aware: bool = False
+    threshold_c: float = 83.0
+    inlet_c: float = 30.0
+    hot_nodes: int = 0
+    """How many nodes (the last of each pool) sit in a hot aisle."""
+    hot_inlet_c: float = 40.0
+
+
+@dataclass(frozen=True)
+class EnergyConfig:
+    tariff: str | None = None
+    """A shipped tariff name or a YAML file; None: no electricity price."""
+    site_tariffs: Mapping[str, str] = field(default_factory=dict)
+    pue: float = 1.5
+    """Facility overhead (facts.md §4.3: 1.5 generic/colocation, 1.1-1.2 hyperscale)."""
+    price_aware: bool = False
+    """Defer deadline-bound work to cheap hours (never past its deadline)."""
+    power_capping: bool = False
+    deferral_slot_s: float = 900.0
+    deferral_margin_s: float = 3600.0
+    thermal: ThermalConfig = field(default_factory=ThermalConfig)
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Every knob a decision depends on; the fleet and its prices come separately."""
+
+    policy: str = "priority-quota"
+    teams: tuple[TeamQuota, ...] = ()
+    windows: tuple[QuotaWindow, ...] = ()
+    mode: str = "pool"
+    """`pool`: one shared pool; `static`: each team owns whole nodes (islands)."""
+    cycle_s: float = 60.0
+    """How often the periodic stages run; the policy compares checkpoint times to it."""
+    online_reserve: float = 0.2
+    """Share of each pool kept free within one cycle for online inference."""
+    share_cap: int = 2
+    """At most this many online replicas share one GPU."""
+    queue_depth: int = 32
+    """The policy sees the first this-many waiting jobs of each team per cycle."""
+    autoscale_lookahead_s: float = 600.0
+    autoscale_headroom: float = 1.1
+    preemption: PreemptionRules = field(default_factory=PreemptionRules)
+    checkpoint: CheckpointModel = field(default_factory=CheckpointModel.calibrated)
+    colocation: ColocationModel = field(default_factory=ColocationModel.calibrated)
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
+    energy: EnergyConfig = field(default_factory=EnergyConfig)
+    burst: Mapping[str, Any] | None = None
+    """Cloud burst and reclaim rules (federation.burst), in the scenario's units."""
+    max_starts_per_cycle: int | None = None
+    """Apply at most this many of a plan's starts; the rest are planned again next cycle
+    (a live executor that takes long per launch keeps its loop responsive)."""
