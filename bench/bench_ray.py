@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -348,7 +349,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from gpupool.core.quota import TeamQuota
     from gpupool.service.api import create_app
     from gpupool.service.clock import SystemClock
-    from gpupool.service.live import LiveConfig, ray_service
+    from gpupool.service.live import LIVE_DEFAULTS, LiveConfig, ray_service
     from gpupool.service.ray_executor import RayExecutor
     from gpupool.service.store import Store, database_url
 
@@ -365,9 +366,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             store.migrate()
             config = LiveConfig(
                 state_dir=tmp / "state",
-                teams=(TeamQuota("bench", {}, {}),),
+                scheduling=dataclasses.replace(
+                    LIVE_DEFAULTS,
+                    teams=(TeamQuota("bench", {}, {}),),
+                    max_starts_per_cycle=16,  # as `gpupool serve --ray` does
+                ),
                 host="ray",
-                max_starts_per_cycle=16,  # as `gpupool serve --ray` does
             )
             live = ray_service(
                 config, store, SystemClock(), executor=RayExecutor(ids, namespace="gpupool-bench")

@@ -22,14 +22,6 @@ from gpupool.errors import SpecError
 from gpupool.federation.burst import BURST, RECLAIM, BurstController, BurstRules
 from gpupool.federation.topology import DataLocation, Link, Site, Topology
 from gpupool.policies.consolidate import ConsolidatePolicy
-from gpupool.policies.power import (
-    DEFAULT_MAX_SM_MHZ,
-    CapJob,
-    CapRules,
-    cap_fraction,
-    plan_power_caps,
-)
-from gpupool.policies.thermal import CoolestFirstPolicy
 from gpupool.policies.pool_choice import (
     PoolLoad,
     PoolOption,
@@ -39,6 +31,14 @@ from gpupool.policies.pool_choice import (
     choose_first,
     wait_s,
 )
+from gpupool.policies.power import (
+    DEFAULT_MAX_SM_MHZ,
+    CapJob,
+    CapRules,
+    cap_fraction,
+    plan_power_caps,
+)
+from gpupool.policies.thermal import CoolestFirstPolicy
 from gpupool.sim.cloud import DOWN, STARTING, UP, CloudFleet
 from gpupool.sim.generators import GenContext, build_workload
 from gpupool.sim.scenario import run_scenario

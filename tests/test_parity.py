@@ -7,6 +7,7 @@ resumes and preemptions must match one for one, in order and in time.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from gpupool.core.quota import TeamQuota
 from gpupool.policies.cycle import PreemptionRules
 from gpupool.service.clock import ManualClock
 from gpupool.service.executor import FakeExecutor
-from gpupool.service.live import LiveConfig, LiveService, build_cluster
+from gpupool.service.live import LIVE_DEFAULTS, LiveConfig, LiveService, build_cluster
 from gpupool.service.store import NewJob, Store
 from gpupool.service.telemetry import FakeTelemetry
 from gpupool.sim.eventsim import Complete, NodeLoss, Submit, run_events
@@ -71,7 +72,14 @@ def _live(tmp_path: Path) -> list[tuple[float, str, str]]:
     telemetry = FakeTelemetry(FLEET)
     executor = FakeExecutor()
     service = LiveService(
-        LiveConfig(tmp_path / "state", TEAMS, "priority-quota", RULES, sample_s=0.0, host="h"),
+        LiveConfig(
+            tmp_path / "state",
+            dataclasses.replace(
+                LIVE_DEFAULTS, teams=TEAMS, policy="priority-quota", preemption=RULES
+            ),
+            sample_s=0.0,
+            host="h",
+        ),
         store,
         executor,
         telemetry,

@@ -27,6 +27,7 @@ see the same completions the simulator does.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -39,7 +40,14 @@ from gpupool.core.quota import TeamQuota
 from gpupool.policies.cycle import PreemptionRules
 from gpupool.service.clock import ManualClock
 from gpupool.service.executor import STDOUT_LOG, Exit
-from gpupool.service.live import LiveConfig, LiveService, build_fleet, ray_service, spec_of
+from gpupool.service.live import (
+    LIVE_DEFAULTS,
+    LiveConfig,
+    LiveService,
+    build_fleet,
+    ray_service,
+    spec_of,
+)
 from gpupool.service.ray_executor import RayExecutor
 from gpupool.service.store import NewJob, Store, database_url
 from gpupool.sim.eventsim import Placed, run_trace
@@ -236,7 +244,12 @@ def test_trace_slice_places_alike_in_simulator_and_on_ray(ray_cluster: Any, tmp_
     store.migrate()
     clock = ManualClock(0.0)
     executor = GatheringExecutor(ray_cluster.ids)
-    config = LiveConfig(tmp_path / "state", TEAMS, POLICY, RULES, sample_s=0.0, host=HOST)
+    config = LiveConfig(
+        tmp_path / "state",
+        dataclasses.replace(LIVE_DEFAULTS, teams=TEAMS, policy=POLICY, preemption=RULES),
+        sample_s=0.0,
+        host=HOST,
+    )
     service = ray_service(config, store, clock, executor=executor)
     try:
         assert (

@@ -8,6 +8,7 @@ in order: the last one kills a node.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
@@ -23,7 +24,7 @@ from gpupool.examples.ckpt_counter import expected_result
 from gpupool.policies.cycle import PreemptionRules
 from gpupool.service.api import create_app
 from gpupool.service.clock import SystemClock
-from gpupool.service.live import LiveConfig, LiveService, ray_service
+from gpupool.service.live import LIVE_DEFAULTS, LiveConfig, LiveService, ray_service
 from gpupool.service.ray_executor import RayExecutor, ray_nodes
 from gpupool.service.store import Store, database_url
 
@@ -91,11 +92,14 @@ def live(ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     store.migrate()
     config = LiveConfig(
         state_dir=tmp / "state",
-        teams=(
-            TeamQuota("serving", {"H100-80GB": 1}, {}),
-            TeamQuota("research", {}, {}),
+        scheduling=dataclasses.replace(
+            LIVE_DEFAULTS,
+            teams=(
+                TeamQuota("serving", {"H100-80GB": 1}, {}),
+                TeamQuota("research", {}, {}),
+            ),
+            preemption=PreemptionRules(0.0, 3),
         ),
-        rules=PreemptionRules(0.0, 3),
         sample_s=0.5,
         host="ray",
     )

@@ -24,11 +24,11 @@ from typing import Any
 
 from gpupool.core.lifecycle import JobState
 from gpupool.core.model import Cluster, JobKind, JobSpec, Node, NodeShare, Placement
-from gpupool.core.quota import TeamQuota
 from gpupool.errors import GpupoolError, IllegalTransition, SpecError, Unavailable
 from gpupool.policies.cycle import PreemptionRules
 from gpupool.policies.power import CapJob, plan_power_caps
 from gpupool.scheduler import Launch, Scheduler, Stop
+from gpupool.scheduler.config import SchedulerConfig
 from gpupool.service.clock import Clock
 from gpupool.service.executor import Executor, Exit, Handle, LaunchSpec
 from gpupool.service.sites import (
@@ -54,14 +54,18 @@ from gpupool.service.telemetry import (
 TERMINAL_STATES = ("succeeded", "failed", "cancelled")
 
 
+LIVE_DEFAULTS = SchedulerConfig(
+    cycle_s=1.0, online_reserve=0.0, preemption=PreemptionRules(60.0, 3)
+)
+"""The service's defaults where they differ from a scenario's: a cycle a second, no
+reserve unless configured, a minute's minimum runtime."""
+
+
 @dataclass(frozen=True)
 class LiveConfig:
     state_dir: Path
-    teams: tuple[TeamQuota, ...] = ()
-    policy: str = "priority-quota"
-    rules: PreemptionRules = field(default_factory=lambda: PreemptionRules(60.0, 3))
-    online_reserve: float = 0.0
-    cycle_s: float = 1.0
+    scheduling: SchedulerConfig = LIVE_DEFAULTS
+    """What the core decides by: the same section a scenario file has."""
     sample_s: float = 1.0
     monitor_s: float = 300.0
     host: str = field(default_factory=socket.gethostname)
@@ -73,9 +77,10 @@ class LiveConfig:
     (which join `nodes` here, down until started). None: one cluster."""
     node_sites: tuple[tuple[str, str], ...] = ()
     """(node, site) the nodes declared themselves (e.g. a Ray node's site resource)."""
-    max_starts_per_cycle: int | None = None
-    """At most this many starts per cycle (the rest next cycle): bounds how long one
-    cycle's launches hold the loop. None: no bound (the simulator's behaviour)."""
+
+    @property
+    def cycle_s(self) -> float:
+        return self.scheduling.cycle_s
 
 
 def build_cluster(
@@ -191,13 +196,14 @@ class LiveService:
         self.last_probe = -1e18
         self.gone: dict[str, tuple[str | None, float]] = {}
         """Nodes the probe or a lost job took out: (their id then, None if unlisted; when)."""
+        sched = config.scheduling
         self.scheduler = Scheduler(
             self.cluster,
-            config.teams,
-            config.policy,
-            config.rules,
-            online_reserve=config.online_reserve,
-            max_starts_per_cycle=config.max_starts_per_cycle,
+            sched.teams,
+            sched.policy,
+            sched.preemption,
+            online_reserve=sched.online_reserve,
+            max_starts_per_cycle=sched.max_starts_per_cycle,
         )
         self.cloud: CloudNodes | None = None
         if sites is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import ipaddress
 import logging
 import os
@@ -18,7 +19,7 @@ from gpupool.errors import SpecError
 from gpupool.policies.cycle import CYCLE_POLICIES, PreemptionRules
 from gpupool.service.clock import SystemClock
 from gpupool.service.executor import LocalExecutor
-from gpupool.service.live import LiveConfig, LiveService
+from gpupool.service.live import LIVE_DEFAULTS, LiveConfig, LiveService
 from gpupool.service.sites import load_sites
 from gpupool.service.store import NewJob, Store, database_url
 from gpupool.service.telemetry import FakeTelemetry, NoGpuError, NvmlTelemetry, Telemetry
@@ -221,18 +222,22 @@ def serve(args: argparse.Namespace) -> int:
     sites = load_sites(args.sites) if args.sites is not None else None
     store = Store(database_url(args.db, state_dir))
     store.migrate()
-    config = LiveConfig(
-        state_dir=state_dir,
+    scheduling = dataclasses.replace(
+        LIVE_DEFAULTS,
         teams=teams,
         policy=policy,
-        rules=rules,
+        preemption=rules,
         cycle_s=args.cycle,
-        sample_s=args.sample,
-        monitor_s=args.monitor,
-        sites=sites,
         max_starts_per_cycle=args.max_starts
         if args.max_starts is not None
         else (16 if args.ray is not None else None),
+    )
+    config = LiveConfig(
+        state_dir=state_dir,
+        scheduling=scheduling,
+        sample_s=args.sample,
+        monitor_s=args.monitor,
+        sites=sites,
     )
     telemetry: Telemetry
     if args.ray is not None:

@@ -26,8 +26,8 @@ from gpupool.core.model import JobSpec
 from gpupool.errors import SpecError
 from gpupool.federation.burst import BURST, BurstController, BurstEvent, BurstRules
 from gpupool.federation.topology import TOPOLOGY_KEYS, Topology, parse_topology
-from gpupool.scheduler import PoolChooser
 from gpupool.policies.pool_choice import PoolLoad, PoolOption, choose_across_sites
+from gpupool.scheduler import PoolChooser
 from gpupool.sizing.catalog import load_catalog
 from gpupool.specfile import SpecReader
 

@@ -50,8 +50,6 @@ from gpupool.policies.cycle import (
     RunningView,
     Start,
 )
-from gpupool.policies.power import CapJob, cap_fraction, plan_power_caps
-from gpupool.policies.thermal import CoolestFirstPolicy
 from gpupool.policies.pool_choice import (
     PoolLoad,
     PoolOption,
@@ -62,6 +60,8 @@ from gpupool.policies.pool_choice import (
     choose_first,
     pool_loads,
 )
+from gpupool.policies.power import CapJob, cap_fraction, plan_power_caps
+from gpupool.policies.thermal import CoolestFirstPolicy
 from gpupool.sim.cloud import CloudFleet
 from gpupool.sim.energy_meter import EnergyMeter, HeatMap
 from gpupool.sim.generators import GenContext, build_workload, find_traces_dir
