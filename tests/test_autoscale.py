@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+from gpupool.scheduler import Scheduler, ServiceDemand
+from gpupool.scheduler.stages import sharing_pays
 from gpupool.sim.scenario import ScenarioSim
 from gpupool.sim.scenario_config import parse_scenario
 from gpupool.sim.workload import LoadCurve, ServiceSpec, Workload
 
 FLAT = LoadCurve((0.0,), (30.0,))
+
+
+def core(*services: ServiceSpec) -> Scheduler:
+    return sim(*services).core
 
 
 def sim(*services: ServiceSpec) -> ScenarioSim:
@@ -26,14 +32,14 @@ def sim(*services: ServiceSpec) -> ScenarioSim:
 def test_no_sharing_when_the_neighbour_breaks_the_slo() -> None:
     # 120 ms alone, about 240 ms next to one more replica: over the 200 ms SLO
     svc = ServiceSpec("a", "web", FLAT, replica_rps=40.0, replica_gpu_milli=500, min_replicas=4)
-    assert not sim(svc).sharing_pays(svc, 30.0)
+    assert not sharing_pays(core(svc), "a", 30.0)
 
 
 def test_no_sharing_when_time_slicing_costs_more_gpus_than_it_saves() -> None:
     # 300 rps needs ceil(330/40) = 9 whole GPUs; shared replicas run at 0.73/2 of a GPU, so
     # ceil(330/14.6) = 23 half-GPU replicas = 11.5 GPUs: sharing loses
     svc = ServiceSpec("b", "web", FLAT, replica_rps=40.0, replica_gpu_milli=500, base_p99_ms=40.0)
-    assert not sim(svc).sharing_pays(svc, 300.0)
+    assert not sharing_pays(core(svc), "b", 300.0)
 
 
 def test_sharing_when_a_replica_floor_would_idle_whole_gpus() -> None:
@@ -41,8 +47,9 @@ def test_sharing_when_a_replica_floor_would_idle_whole_gpus() -> None:
     svc = ServiceSpec(
         "c", "web", FLAT, replica_rps=40.0, replica_gpu_milli=500, base_p99_ms=40.0, min_replicas=4
     )
-    s = sim(svc)
-    assert s.sharing_pays(svc, 30.0)
-    s.autoscale(0.0)
+    s = core(svc)
+    assert sharing_pays(s, "c", 30.0)
+    s.observe(ServiceDemand(0.0, "c", 30.0))
+    s.cycle(0.0)
     replicas = list(s.replicas["c"].values())
     assert len(replicas) == 4 and all(r.spec.gpu_milli == 500 for r in replicas)

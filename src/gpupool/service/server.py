@@ -16,13 +16,15 @@ import yaml
 
 from gpupool.core.quota import TeamQuota
 from gpupool.errors import SpecError
-from gpupool.policies.cycle import CYCLE_POLICIES, PreemptionRules
+from gpupool.scheduler.config import SchedulerConfig
+from gpupool.scheduler.schema import SCHEDULING_KEYS, parse_scheduling
 from gpupool.service.clock import SystemClock
 from gpupool.service.executor import LocalExecutor
 from gpupool.service.live import LIVE_DEFAULTS, LiveConfig, LiveService
 from gpupool.service.sites import load_sites
 from gpupool.service.store import NewJob, Store, database_url
 from gpupool.service.telemetry import FakeTelemetry, NoGpuError, NvmlTelemetry, Telemetry
+from gpupool.specfile import SpecReader
 
 DEFAULT_PORT = 8642
 
@@ -65,8 +67,22 @@ def add_serve_parser(sub: Any) -> None:
         default="token",
         help="token (default): bearer tokens; none: only when bound to loopback",
     )
-    sp.add_argument("--config", type=Path, help="YAML with teams (quotas), policy, preemption")
-    sp.add_argument("--cycle", type=float, default=1.0, help="scheduling cycle, s (1)")
+    sp.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="YAML with a scenario's scheduling section: "
+        + ", ".join(sorted(SCHEDULING_KEYS))
+        + " (scenarios/README.md); absent keys keep the service defaults "
+        "(1 s cycle, no online reserve, 60 s minimum runtime before preemption)",
+    )
+    sp.add_argument(
+        "--cycle",
+        type=float,
+        default=None,
+        help="scheduling cycle, s; overrides the config file's cycle_s (default: the "
+        "file's cycle_s, else 1)",
+    )
     sp.add_argument("--sample", type=float, default=1.0, help="telemetry sampling, s (1)")
     sp.add_argument(
         "--monitor",
@@ -115,37 +131,46 @@ def _loopback(host: str) -> bool:
         return False
 
 
-def load_service_config(path: Path | None) -> tuple[tuple[TeamQuota, ...], str, PreemptionRules]:
+def load_service_config(path: Path | None, defaults: SchedulerConfig) -> SchedulerConfig:
+    """`--config FILE`: the scheduling section of a scenario file (SCHEDULING_KEYS) over
+    `defaults`; no file, or an empty one, is `defaults`. The quotas are checked against
+    the fleet later, once it is known (gpupool.scheduler.schema.check_fleet)."""
     if path is None:
-        return (), "priority-quota", PreemptionRules(60.0, 3)
+        return defaults
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError) as err:
-        raise SpecError(f"{path}: cannot read the service config: {err}") from None
-    if not isinstance(raw, dict):
-        raise SpecError(f"{path}: expected a mapping with teams:, policy:, preemption:")
-    unknown = set(raw) - {"teams", "policy", "preemption"}
-    if unknown:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as err:
         raise SpecError(
-            f"{path}: unknown key(s) {sorted(unknown)}; allowed: teams, policy, preemption"
+            f"{path}: cannot read the service config ({err.strerror or err}); "
+            "check the --config path"
+        ) from None
+    except yaml.YAMLError as err:
+        raise SpecError(f"{path}: not valid YAML: {err}") from None
+    top = SpecReader(str(path)).mapping({} if raw is None else raw, "top level", SCHEDULING_KEYS)
+    return parse_scheduling(top, str(path), defaults)
+
+
+def service_scheduling(args: argparse.Namespace) -> SchedulerConfig:
+    """What the service's core decides by: LIVE_DEFAULTS, then the --config file, then
+    the command line (--cycle, when given, overrides the file's cycle_s; --max-starts),
+    and the demo teams for --demo with a file that names none."""
+    scheduling = load_service_config(args.config, LIVE_DEFAULTS)
+    if args.cycle is not None:
+        if not args.cycle > 0:
+            raise SpecError(f"--cycle must be a positive number of seconds, got {args.cycle}")
+        scheduling = dataclasses.replace(scheduling, cycle_s=args.cycle)
+    if args.demo and not scheduling.teams:
+        scheduling = dataclasses.replace(
+            scheduling, teams=(TeamQuota("serving", {}, {}), TeamQuota("research", {}, {}))
         )
-    teams = []
-    for k, t in enumerate(raw.get("teams") or []):
-        if not isinstance(t, dict) or "name" not in t:
-            raise SpecError(f"{path}: teams[{k}]: expected {{name, guaranteed, max}}")
-        teams.append(
-            TeamQuota(
-                str(t["name"]),
-                {str(a): int(b) for a, b in (t.get("guaranteed") or {}).items()},
-                {str(a): int(b) for a, b in (t.get("max") or {}).items()},
-            )
-        )
-    policy = str(raw.get("policy", "priority-quota"))
-    if policy not in CYCLE_POLICIES:
-        raise SpecError(f"{path}: policy {policy!r}; choose {', '.join(CYCLE_POLICIES)}")
-    pre = raw.get("preemption") or {}
-    rules = PreemptionRules(float(pre.get("min_runtime_s", 60.0)), int(pre.get("max_per_job", 3)))
-    return tuple(teams), policy, rules
+    if args.max_starts is not None and args.max_starts < 1:
+        raise SpecError(f"--max-starts must be at least 1, got {args.max_starts}")
+    return dataclasses.replace(
+        scheduling,
+        max_starts_per_cycle=args.max_starts
+        if args.max_starts is not None
+        else (16 if args.ray is not None else None),
+    )
 
 
 def open_telemetry(fake: str | None, demo: bool) -> Telemetry:
@@ -201,14 +226,7 @@ def serve(args: argparse.Namespace) -> int:
         )
     state_dir: Path = args.state_dir
     state_dir.mkdir(parents=True, exist_ok=True)
-    teams, policy, rules = load_service_config(args.config)
-    if args.demo and not teams:
-        teams = (
-            TeamQuota("serving", {}, {}),
-            TeamQuota("research", {}, {}),
-        )
-    if args.max_starts is not None and args.max_starts < 1:
-        raise SpecError(f"--max-starts must be at least 1, got {args.max_starts}")
+    scheduling = service_scheduling(args)
     if args.sites is not None and args.ray is None:
         raise SpecError(
             "--sites places jobs over the nodes of a Ray cluster: add --ray ADDRESS "
@@ -222,16 +240,6 @@ def serve(args: argparse.Namespace) -> int:
     sites = load_sites(args.sites) if args.sites is not None else None
     store = Store(database_url(args.db, state_dir))
     store.migrate()
-    scheduling = dataclasses.replace(
-        LIVE_DEFAULTS,
-        teams=teams,
-        policy=policy,
-        preemption=rules,
-        cycle_s=args.cycle,
-        max_starts_per_cycle=args.max_starts
-        if args.max_starts is not None
-        else (16 if args.ray is not None else None),
-    )
     config = LiveConfig(
         state_dir=state_dir,
         scheduling=scheduling,

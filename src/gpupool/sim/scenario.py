@@ -1,10 +1,11 @@
-"""Scenario simulator: teams on a shared pool, services that autoscale, preemption with
-checkpoints, quotas and co-location, driven one scheduling cycle at a time.
+"""Scenario simulator: the world a scenario's jobs run in, driving the decision core.
 
-Each cycle: arrivals join the queue, services resize to their look-ahead load, the cycle
-policy returns a plan, and every command is validated before it is applied. Between
-cycles, jobs progress at their co-location speed; preempted jobs write their checkpoint
-and leave, and a job waiting on them (a Claim) starts the moment they are gone.
+It decides nothing. Each cycle it tells the core what happened (arrivals, measured
+progress, GPU temperatures, service demand, cloud nodes that joined), asks it for the
+cycle's commands and carries them out in its models: jobs progress at their co-location
+and power-cap speed, preempted jobs write their checkpoint and leave (their claimants
+start the moment they are gone), cloud nodes spin up and are billed, requests are
+served against their SLO, energy, cost, carbon and heat are metered.
 
 Preemption model (calibrated, shared/calibration): jobs snapshot their state to host
 memory every `checkpoint_interval_s` of running time, for free. Preempting a job flushes
@@ -15,100 +16,141 @@ since that snapshot. Resuming reads it back (state / 1.2 GB/s) and restarts the 
 
 from __future__ import annotations
 
-import bisect
 import heapq
 import math
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from gpupool.core.engine import DecisionLog, Engine
-from gpupool.core.lifecycle import TERMINAL, JobState, check_transition
+from gpupool.core.engine import DecisionLog
+from gpupool.core.lifecycle import TERMINAL, JobState
 from gpupool.core.model import MILLI_PER_GPU, Cluster, JobKind, JobSpec, Node, Placement
-from gpupool.core.quota import QuotaBook
-from gpupool.core.state import BoolArray, ClusterState
-from gpupool.energy.deferral import DeferrableJob, plan_starts
+from gpupool.core.state import BoolArray
 from gpupool.energy.power import Load, load_of
 from gpupool.energy.powercap import SetPowerCap, speed_at
 from gpupool.energy.tariff import Tariff, load_tariff
 from gpupool.energy.thermal import ThermalModel
-from gpupool.errors import PlanRejected, SpecError
-from gpupool.federation.burst import BurstController, BurstRules
+from gpupool.errors import SpecError
 from gpupool.federation.topology import Topology, parse_topology
-from gpupool.policies.consolidate import ConsolidatePolicy
-from gpupool.policies.cycle import (
-    CYCLE_POLICIES,
-    Claim,
-    CycleView,
-    PendingView,
-    Preempt,
-    RunningView,
-    Start,
+from gpupool.policies.power import cap_fraction
+from gpupool.scheduler import (
+    Burst,
+    Cancel,
+    Command,
+    Defer,
+    Event,
+    Finished,
+    GpuTemps,
+    JobProgress,
+    JobRecord,
+    Launch,
+    NodeUp,
+    Progress,
+    Reclaim,
+    Scheduler,
+    ServiceDemand,
+    Stop,
+    Submitted,
+    Vacated,
 )
-from gpupool.policies.pool_choice import (
-    PoolLoad,
-    PoolOption,
-    charge,
-    choose_across_sites,
-    choose_blind,
-    choose_cost_aware,
-    choose_first,
-    pool_loads,
-)
-from gpupool.policies.power import CapJob, cap_fraction, plan_power_caps
-from gpupool.policies.thermal import CoolestFirstPolicy
-from gpupool.sim.cloud import CloudFleet
 from gpupool.sim.energy_meter import EnergyMeter, HeatMap
 from gpupool.sim.generators import GenContext, build_workload, find_traces_dir
 from gpupool.sim.scenario_config import ScenarioConfig
 from gpupool.sim.workload import ServiceSpec, Workload
 from gpupool.sizing.catalog import load_catalog
-from gpupool.sizing.planner import sized_options
 
-Progress = Callable[[int, int], None]
+ProgressFn = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class CycleAt:
+    """In a recorded event stream: the driver ran a cycle at this time."""
+
+    t_s: float
 
 
 @dataclass
 class Run:
-    spec: JobSpec
-    gpu_type: str
-    ready_s: float
-    state: JobState = JobState.PENDING
+    """A job as the world sees it: the core's record (state, pool, spec) and the world's
+    measurements (work done, checkpoints, time held, GPU-seconds, power cap)."""
+
+    rec: JobRecord
     done_s: float = 0.0
     saved_s: float = 0.0
     since_snapshot_s: float = 0.0
     overhead_s: float = 0.0
-    run_started_s: float = 0.0
-    first_start_s: float | None = None
-    end_s: float | None = None
-    end_reason: str = ""
-    preemptions: int = 0
     lost_work_s: float = 0.0
     run_time_s: float = 0.0
     held_s: float = 0.0
     gpu_s: float = 0.0
     vacate_at: float | None = None
-    service: str | None = None
     speed: float = 1.0
     """Work done per second: co-location slowdown times the power cap's."""
-    options: tuple[PoolOption, ...] = ()
-    """Pools the job could run on (one, unless it may choose a GPU type or site)."""
     cap_frac: float | None = None
     """Power cap as a fraction of TDP while it runs; None: uncapped."""
     cap_speed: float = 1.0
     transfer_s: float = 0.0
     """Time spent moving its dataset to the site it ran at."""
+    started: bool = False
+
+    @property
+    def spec(self) -> JobSpec:
+        return self.rec.spec
+
+    @property
+    def state(self) -> JobState:
+        return self.rec.state
+
+    @property
+    def gpu_type(self) -> str:
+        return self.rec.gpu_type
+
+    @property
+    def service(self) -> str | None:
+        return self.rec.service
+
+    @property
+    def preemptions(self) -> int:
+        return self.rec.preemptions
+
+    @property
+    def run_started_s(self) -> float:
+        return self.rec.run_started_s
+
+    @property
+    def first_start_s(self) -> float | None:
+        return self.rec.first_start_s
+
+    @property
+    def end_s(self) -> float | None:
+        return self.rec.end_s
+
+    @property
+    def end_reason(self) -> str:
+        return self.rec.end_reason
+
+    @property
+    def ready_s(self) -> float:
+        return self.rec.ready_s
 
 
 @dataclass
 class ServiceStats:
     requests: float = 0.0
     ok: float = 0.0
+
+
+@dataclass(frozen=True)
+class CloudEvent:
+    t_s: float
+    action: str
+    nodes: int
+    reason: str
 
 
 @dataclass
@@ -146,84 +188,54 @@ def _cluster(cfg: ScenarioConfig) -> tuple[Cluster, dict[str, BoolArray], list[s
     return Cluster(cfg.name, tuple(nodes)), masks, node_pool
 
 
-def _islands(cfg: ScenarioConfig, cluster: Cluster) -> dict[str, BoolArray]:
-    """Static partitions: each team owns whole nodes covering its guarantee."""
-    owned = {t.team: np.zeros(len(cluster.nodes), dtype=np.bool_) for t in cfg.teams}
-    for pool in cfg.pools:
-        idx = [
-            i
-            for i, n in enumerate(cluster.nodes)
-            if n.cluster in (pool.site, cfg.name) and n.gpu_model == pool.gpu_type
-        ]
-        cursor = 0
-        for team in cfg.teams:
-            gpus = team.guaranteed.get(pool.key, 0)
-            if gpus % pool.gpus_per_node:
-                raise SpecError(
-                    f"{cfg.path}: static mode gives teams whole nodes; team {team.team}'s "
-                    f"guarantee of {gpus} {pool.gpu_type} is not a multiple of {pool.gpus_per_node}"
-                )
-            count = gpus // pool.gpus_per_node
-            owned[team.team][idx[cursor : cursor + count]] = True
-            cursor += count
-    return owned
+DOWN, STARTING, UP = 0, 1, 2
 
 
 class ScenarioSim:
     def __init__(self, cfg: ScenarioConfig, workload: Workload) -> None:
         self.cfg = cfg
-        self.cluster, self.pool_nodes, self.node_pool = _cluster(cfg)
-        self.state = ClusterState(self.cluster)
-        self.state.share_cap = cfg.share_cap
-        self.rng = np.random.default_rng(cfg.seed)
-        self.placement: ConsolidatePolicy | CoolestFirstPolicy = ConsolidatePolicy()
-        """Where a claimant goes when its victims leave (policies plan the rest)."""
-        self.engine = Engine(self.state, self.placement, self.rng)
-        self.policy = CYCLE_POLICIES[cfg.policy]()
-        pool_gpus = {p.key: p.nodes * p.gpus_per_node for p in cfg.pools}
-        self.pool_gpus = pool_gpus
-        self.quotas = QuotaBook(cfg.teams, pool_gpus, cfg.windows)
-        self.team_nodes = _islands(cfg, self.cluster) if cfg.mode == "static" else None
-        self.reserve = {t: math.ceil(cfg.online_reserve * n) for t, n in pool_gpus.items()}
+        self.cluster, masks, self.node_pool = _cluster(cfg)
         self.known_teams = {t.team for t in cfg.teams}
-        self.runs: dict[str, Run] = {}
-        self.active: dict[str, Run] = {}
-        self.running: dict[str, Run] = {}
-        """Runs holding GPUs: running, or preempted and still writing their checkpoint."""
-        self.replicas: dict[str, dict[str, Run]] = defaultdict(dict)
-        """Runs not yet in a terminal state: what each cycle looks at."""
-        self.queues: dict[str, list[tuple[tuple[object, ...], str]]] = defaultdict(list)
-        """Each team's waiting jobs in the policy's order (kept sorted as jobs come and go)."""
-        self.queue_depth = cfg.queue_depth
-        self.held: dict[tuple[str, str], int] = defaultdict(int)
-        """GPUs each (team, GPU type) holds in running jobs; vacating ones excluded."""
-        self.arrivals = sorted(workload.jobs, key=lambda j: (j.submit_s, j.job_id))
-        self.services = {s.name: s for s in workload.services}
-        self.service_stats = {s.name: ServiceStats() for s in workload.services}
-        self.replica_seq: dict[str, int] = defaultdict(int)
-        self.claims: dict[str, set[str]] = {}
-        self.claim_grace: dict[str, float] = {}
-        self.claim_nodes: dict[str, tuple[int, ...]] = {}
-        self.room_since: dict[tuple[str, str], float] = {}
-        """When each (team, GPU type) last got room under its guarantee (a job left)."""
-        self.owed_since: dict[str, float] = {}
-        self.dirty = True
-        """Something the policy looks at changed since its last (empty) plan. Planning is
-        pure, so an unchanged view gives the same empty plan: skip it."""
-        self.window_since = 0.0
-        """When the current quota window began: new guarantees make room too."""
-        self._window: object = None
-        self.vacates: list[tuple[float, str]] = []
-        self.violation_s: dict[str, float] = defaultdict(float)
-        self.hour_gpu_s: list[float] = []
         for team in {j.team for j in workload.jobs} | {s.team for s in workload.services}:
             if team not in self.known_teams:
                 raise SpecError(f"{cfg.path}: the workload uses team {team!r}, not under teams:")
+        self.pool_gpus = {p.key: p.nodes * p.gpus_per_node for p in cfg.pools}
+        self.arrivals = sorted(workload.jobs, key=lambda j: (j.submit_s, j.job_id))
+        self.services = {s.name: s for s in workload.services}
+        self.service_stats = {s.name: ServiceStats() for s in workload.services}
         self.sized = workload.sized
         self._setup_sites()
-        self._setup_energy()
+        self.core = Scheduler(
+            self.cluster,
+            cfg.scheduler_config(),
+            node_pool=self.node_pool,
+            pool_price=self.pool_price,
+            topology=self.topology,
+            catalog=self.catalog,
+            tariffs=self._tariffs(),
+            cloud_nodes=[self.cluster.nodes[k].name for k in self.cloud_nodes],
+            services=[s.template for s in workload.services],
+            seed=cfg.seed,
+        )
+        self.state = self.core.state
+        self.engine = self.core.engine
+        self.jobs: dict[str, Run] = {}
+        self.running: dict[str, Run] = {}
+        """Runs holding GPUs: running, or preempted and still writing their checkpoint."""
+        self.vacates: list[tuple[float, str]] = []
+        self.violation_s: dict[str, float] = defaultdict(float)
+        self.owed_since: dict[str, float] = {}
+        self.hour_gpu_s: list[float] = []
+        self.caps: dict[tuple[int, int], SetPowerCap] = {}
+        """The power command each simulated card carries out now."""
+        self.cap_commands = 0
+        self.cycle_end = 0.0
+        self.recorded: list[Event | CycleAt] | None = None
+        """When set, every event fed to the core is appended (parity tests)."""
+        self.commands: list[tuple[float, Command]] | None = None
+        self._setup_energy(masks)
 
-    # ---- sites, prices, energy ----------------------------------------------------------------
+    # ---- the world's fixtures: sites, prices, clouds, energy, heat ----------------------------
     def _setup_sites(self) -> None:
         cfg = self.cfg
         base = Path(cfg.path).parent if cfg.path else Path.cwd()
@@ -245,47 +257,23 @@ class ScenarioSim:
                 price = self.catalog[pool.gpu_type].price_usd_per_hour
             self.pool_price[pool.key] = price or 0.0
         self.node_site = tuple(n.cluster for n in self.cluster.nodes)
-        self.rejected_remote: set[str] = set()
-        self.cloud: CloudFleet | None = None
+        self.cloud_nodes: tuple[int, ...] = ()
+        self.cloud_status: dict[int, int] = {}
+        self.cloud_ready_at: dict[int, float] = {}
+        self.cloud_billed_usd = 0.0
+        self.cloud_events: list[CloudEvent] = []
+        self.spinup_s = 0.0
         if cloud_pools and self.topology is not None:
-            nodes = tuple(i for i, key in enumerate(self.node_pool) if key in cloud_pools)
-            sites = {cfg.pool(self.node_pool[i]).site for i in nodes}
-            spinup = max(self.topology.site(s).spinup_s for s in sites)
-            self.cloud = CloudFleet(
-                BurstController(self._burst_rules(len(nodes))),
-                nodes,
-                {i: self.node_pool[i] for i in nodes},
-                spinup,
-                {i: self.pool_price[self.node_pool[i]] for i in nodes},
+            self.cloud_nodes = tuple(
+                i for i, key in enumerate(self.node_pool) if key in cloud_pools
             )
-            self.cloud.mask_out(self.pool_nodes)
+            sites = {cfg.pool(self.node_pool[i]).site for i in self.cloud_nodes}
+            self.spinup_s = max(self.topology.site(s).spinup_s for s in sites)
+            self.cloud_status = dict.fromkeys(self.cloud_nodes, DOWN)
 
-    def _burst_rules(self, max_nodes: int) -> BurstRules:
-        raw = dict(self.cfg.burst or {})
-        d = BurstRules(max_cloud_nodes=max_nodes)
-        return BurstRules(
-            util_threshold=float(raw.get("util_threshold", d.util_threshold)),
-            sustain_s=60.0 * float(raw.get("sustain_min", d.sustain_s / 60.0)),
-            pending_gpu_threshold=int(raw.get("pending_gpus", d.pending_gpu_threshold)),
-            pending_sustain_s=60.0
-            * float(raw.get("pending_sustain_min", d.pending_sustain_s / 60.0)),
-            reclaim_util=float(raw.get("reclaim_util", d.reclaim_util)),
-            reclaim_sustain_s=60.0
-            * float(raw.get("reclaim_sustain_min", d.reclaim_sustain_s / 60.0)),
-            nodes_per_burst=int(raw.get("nodes_per_burst", d.nodes_per_burst)),
-            max_cloud_nodes=max_nodes,
-        )
-
-    def _setup_energy(self) -> None:
-        cfg = self.cfg
-        e = cfg.energy
-        tdp = np.array(
-            [
-                self.catalog[n.gpu_model].tdp_w if n.gpu_model in self.catalog else 0.0
-                for n in self.cluster.nodes
-            ]
-        )
-        base = Path(cfg.path).parent if cfg.path else Path.cwd()
+    def _tariffs(self) -> dict[str, Tariff | None]:
+        e = self.cfg.energy
+        base = Path(self.cfg.path).parent if self.cfg.path else Path.cwd()
 
         def tariff(name: str | None) -> Tariff | None:
             if name is None:
@@ -295,7 +283,21 @@ class ScenarioSim:
 
         default = tariff(e.tariff)
         sites = sorted(set(self.node_site))
-        tariffs = {s: tariff(e.site_tariffs[s]) if s in e.site_tariffs else default for s in sites}
+        self.tariff_of = {
+            s: tariff(e.site_tariffs[s]) if s in e.site_tariffs else default for s in sites
+        }
+        return self.tariff_of
+
+    def _setup_energy(self, masks: dict[str, BoolArray]) -> None:
+        cfg = self.cfg
+        e = cfg.energy
+        tdp = np.array(
+            [
+                self.catalog[n.gpu_model].tdp_w if n.gpu_model in self.catalog else 0.0
+                for n in self.cluster.nodes
+            ]
+        )
+        sites = sorted(set(self.node_site))
         cloud_sites = frozenset(
             s
             for s in sites
@@ -303,246 +305,100 @@ class ScenarioSim:
             and s in {x.name for x in self.topology.sites}
             and self.topology.site(s).kind == "cloud"
         )
-        self.meter = EnergyMeter(self.state, tdp, self.node_site, tariffs, e.pue, cloud_sites)
-        self.tariff_of = tariffs
+        self.meter = EnergyMeter(
+            self.state, tdp, self.node_site, self.tariff_of, e.pue, cloud_sites
+        )
         self.heat: HeatMap | None = None
         th = e.thermal
         if th.aware or th.hot_nodes or e.tariff is not None:
             inlet = np.full(self.state.node_count, th.inlet_c)
-            for mask in self.pool_nodes.values():  # hot aisle: the last nodes of each pool
-                idx = np.flatnonzero(mask)
-                if th.hot_nodes:
+            for mask in masks.values():  # hot aisle: the last on-prem nodes of each pool
+                idx = [k for k in np.flatnonzero(mask).tolist() if k not in self.cloud_status]
+                if th.hot_nodes and idx:
                     inlet[idx[-th.hot_nodes :]] = th.hot_inlet_c
             model = ThermalModel.calibrated()
             temps = np.repeat(inlet[:, None], self.state.gpu_left.shape[1], axis=1).astype(float)
             self.heat = HeatMap(model, inlet, th.threshold_c, temps)
-            if th.aware:
-                self.placement = CoolestFirstPolicy(self.heat.temps_c)
-                self.engine.policy = self.placement
-        self.deferred: set[str] = set()
-        self._deferral_known: set[str] = set()
-        self.deferral_due = 0.0
-        self.caps: dict[tuple[int, int], SetPowerCap] = {}
-        """The power command each card carries out now (absent: the card's defaults)."""
-        self.cap_commands = 0
 
-    # ---- helpers ------------------------------------------------------------------------
-    def options_for(
-        self, job: JobSpec, service: ServiceSpec | None = None
-    ) -> tuple[PoolOption, ...]:
-        """Every pool the job may run on, with its GPU count and run time there."""
-        request = self.sized.get(job.job_id)
-        sized: dict[str, tuple[int, float | None]] = {}
-        if request is not None:
-            types = sorted({p.gpu_type for p in self.cfg.pools if p.gpu_type in self.catalog})
-            for name, opt in sized_options(request, self.catalog, types).items():
-                if opt.fits and opt.run_s is not None:
-                    sized[name] = (opt.count, opt.run_s)
-        out = []
-        for pool in self.cfg.pools:
-            if request is not None:
-                if pool.gpu_type not in sized:
-                    continue
-                count, duration = sized[pool.gpu_type]
-            elif job.allows_model(pool.gpu_type):
-                count, duration = job.gpu_count, job.duration_s
-            else:
-                continue
-            if count > pool.nodes * pool.gpus_per_node:
-                continue
-            out.append(
-                PoolOption(
-                    pool.key, pool.gpu_type, pool.site, count, duration, self.pool_price[pool.key]
-                )
-            )
-        if self.cfg.placement.gpu_type == "first" and request is None and self.topology is None:
-            return tuple(out[:1])
-        return tuple(out)
+    # ---- compatibility views ------------------------------------------------------------------
+    def job(self, job_id: str) -> Run:
+        run = self.jobs.get(job_id)
+        if run is None:
+            run = self.jobs[job_id] = Run(self.core.records[job_id])
+        return run
 
-    def pool_loads(self) -> dict[str, PoolLoad]:
-        """Free GPUs and drain time of every pool, from one pass over the jobs."""
-        work: dict[str, float] = defaultdict(float)
-        for r in self.running.values():
-            if r.spec.duration_s is not None:
-                work[r.gpu_type] += r.spec.gpu_count * max(0.0, r.spec.duration_s - r.done_s)
-        for q in self.queues.values():
-            for _, job_id in q:
-                r = self.runs[job_id]
-                if r.spec.duration_s is not None:
-                    work[r.gpu_type] += r.spec.gpu_count * (r.spec.duration_s - r.done_s)
-        return pool_loads(self.state, self.pool_nodes, work)
+    @property
+    def runs(self) -> dict[str, Run]:
+        """Every job the core knows, in submission order, with the world's measurements."""
+        return {job_id: self.job(job_id) for job_id in self.core.records}
 
-    def choose(self, run: Run, loads: dict[str, PoolLoad], now: float) -> PoolOption | None:
-        options = run.options
-        svc = self.services.get(run.service) if run.service is not None else None
-        if self.topology is not None:
-            choice, decision = choose_across_sites(
-                run.spec,
-                options,
-                loads,
-                self.topology,
-                now,
-                self.cfg.placement.site == "locality-aware",
-                svc.user_region if svc is not None else None,
-                svc.latency_bound_ms if svc is not None else None,
-                self.cfg.placement.value_of_time_usd_per_h,
-            )
-            if (
-                choice is not None
-                and choice.rejected_remote
-                and run.spec.job_id not in self.rejected_remote
-            ):
-                self.rejected_remote.add(run.spec.job_id)
-                refused = "; ".join(f"{site}: {why}" for site, why in decision.rejected)
-                self.engine.note(run.spec.job_id, now, f"remote refused ({refused})")
-            if choice is None:
-                return None
-            return choice.option
-        if len(options) == 1 or self.cfg.placement.gpu_type == "first":
-            return choose_first(options).option
-        if self.cfg.placement.gpu_type == "blind":
-            return choose_blind(options, loads).option
-        return choose_cost_aware(
-            run.spec, options, loads, now, self.cfg.placement.value_of_time_usd_per_h
-        ).option
+    @property
+    def replicas(self) -> dict[str, dict[str, JobRecord]]:
+        return self.core.replicas
 
-    def retarget(self, run: Run, option: PoolOption) -> None:
-        """Point a waiting job at a pool: its GPU count and work become that pool's."""
-        if run.gpu_type == option.pool and run.spec.gpu_count == option.gpu_count:
-            return
-        queued = run.state in (JobState.PENDING, JobState.SUSPENDED) and run.gpu_type
-        if queued:
-            self.dequeue(run)
-        run.spec = replace(
-            run.spec,
-            gpu_count=option.gpu_count,
-            duration_s=option.duration_s,
-            gpu_models=frozenset({option.gpu_type}),
-        )
-        run.gpu_type = option.pool
-        self.dirty = True
-        if queued:
-            self.enqueue(run)
+    def usage(self, team: str, gpu_type: str) -> int:
+        return self.core.usage(team, gpu_type)
 
-    def rechoose(self, now: float) -> None:
-        """Each cycle, waiting jobs that never ran follow capacity to their best pool."""
-        movable = [
-            r
-            for r in self.active.values()
-            if len(r.options) > 1 and r.state is JobState.PENDING and r.first_start_s is None
-        ]
-        if not movable:
-            return
-        loads = self.pool_loads()
-        movable.sort(key=lambda r: (r.ready_s, r.spec.job_id))
-        for r in movable[: self.queue_depth * 8]:
-            option = self.choose(r, loads, now)
-            if option is None:
-                continue
-            self.retarget(r, option)
-            charge(loads, option, self.state, self.pool_nodes)
+    # ---- feeding the core ---------------------------------------------------------------------
+    def feed(self, event: Event) -> list[Command]:
+        if self.recorded is not None:
+            self.recorded.append(event)
+        return self.core.observe(event)
 
-    def write_s(self, job: JobSpec) -> float:
-        return self.cfg.checkpoint.write_s(job.state_gib_per_gpu)
+    def cycle(self, now: float) -> list[Command]:
+        if self.recorded is not None:
+            self.recorded.append(CycleAt(now))
+        return self.core.cycle(now)
 
-    def submit(self, job: JobSpec, now: float, service: str | None = None) -> None:
-        run = Run(job, "", ready_s=job.submit_s if service is None else now, service=service)
-        self.runs[job.job_id] = run
-        self.active[job.job_id] = run
-        self.dirty = True
-        if service is not None:
-            self.replicas[service][job.job_id] = run
-        run.options = self.options_for(job)
-        option = None
-        if run.options:
-            option = (
-                self.choose(run, self.pool_loads(), now) if len(run.options) > 1 else run.options[0]
-            )
-        room = 0
-        if option is not None:
-            self.retarget(run, option)
-            room = self.pool_gpus[option.pool]
-            if self.team_nodes is not None:
-                island = self.team_nodes[job.team] & self.pool_nodes[option.pool]
-                room = int(self.state.gpu_count[island].sum())
-        if option is None or run.spec.gpu_count > room:
-            why = (
-                f"needs {run.spec.gpu_count} GPUs, at most {room} usable"
-                if option is not None
-                else self._unplaceable_reason(job, run)
-            )
-            run.state = check_transition(job.job_id, run.state, JobState.UNPLACEABLE)
-            run.end_s, run.end_reason = now, why
-            self.engine.note(job.job_id, now, "unplaceable")
-            del self.active[job.job_id]
-            if service is not None:
-                self.replicas[service].pop(job.job_id, None)
-            return
-        self.enqueue(run)
+    def carry_out(self, commands: list[Command], at: float) -> None:
+        if self.commands is not None:
+            self.commands += [(at, c) for c in commands]
+        capped = False
+        for c in commands:
+            if isinstance(c, Launch):
+                self.start(self.job(c.job_id), c.resume)
+            elif isinstance(c, Stop):
+                self.preempt(self.job(c.job_id), at)
+            elif isinstance(c, Cancel):
+                self.running.pop(c.job_id, None)
+            elif isinstance(c, SetPowerCap):
+                key = (c.node, c.gpu)
+                if c.is_reset:
+                    self.caps.pop(key, None)
+                else:
+                    self.caps[key] = c
+                self.cap_commands += 1
+                capped = True
+            elif isinstance(c, Burst):
+                for name in c.nodes:
+                    k = self.core.node_index[name]
+                    self.cloud_status[k] = STARTING
+                    self.cloud_ready_at[k] = at + self.spinup_s
+                self.cloud_events.append(CloudEvent(at, "burst", len(c.nodes), c.reason))
+            elif isinstance(c, Reclaim):
+                for name in c.nodes:
+                    self.cloud_status[self.core.node_index[name]] = DOWN
+                self.cloud_events.append(CloudEvent(at, "reclaim", len(c.nodes), c.reason))
+            elif isinstance(c, Defer):
+                pass  # the core holds the job; the world has nothing to do
+        if capped or self.caps:
+            self.apply_caps()
 
-    def _unplaceable_reason(self, job: JobSpec, run: Run) -> str:
-        if job.job_id in self.sized:
-            return "its model fits no GPU type of this cluster within the GPU counts tried"
-        if not run.options:
-            return f"allows {sorted(job.gpu_models)}; no such pool"
-        return "no site meets its latency bound"
-
-    def enqueue(self, run: Run) -> None:
-        bisect.insort(
-            self.queues[run.spec.team],
-            (self.policy.queue_key(run.spec, run.ready_s), run.spec.job_id),
-        )
-
-    def dequeue(self, run: Run) -> None:
-        queue = self.queues[run.spec.team]
-        entry = (self.policy.queue_key(run.spec, run.ready_s), run.spec.job_id)
-        k = bisect.bisect_left(queue, entry)
-        if k < len(queue) and queue[k] == entry:
-            queue.pop(k)
-
-    def start(
-        self, run: Run, plan_start: Start | None, now: float, nodes: tuple[int, ...] = ()
-    ) -> bool:
+    def start(self, run: Run, resumed: bool) -> None:
         job = run.spec
-        if plan_start is None:
-            allowed = self.pool_nodes[run.gpu_type].copy()
-            if self.team_nodes is not None:
-                allowed &= self.team_nodes[job.team]
-            placement = None
-            if nodes:
-                held = np.zeros_like(allowed)
-                held[list(nodes)] = True
-                placement = self.placement.place(self.state, job, self.rng, allowed & held)
-            if placement is None:
-                placement = self.placement.place(self.state, job, self.rng, allowed)
-            if placement is None:
-                return False
-        else:
-            placement = plan_start.placement
-        usage = self.usage(job.team, run.gpu_type)
-        if usage + job.gpu_count > self.quotas.maximum(job.team, run.gpu_type, now):
-            raise PlanRejected(f"job {job.job_id}: team {job.team} would exceed its maximum")
-        resumed = run.state is JobState.SUSPENDED
-        self.engine.apply(job, placement, now, "resume" if resumed else "start")
-        self.dequeue(run)
         self.owed_since.pop(job.job_id, None)
-        run.state = check_transition(job.job_id, run.state, JobState.RUNNING)
-        self.held[(job.team, run.gpu_type)] += job.gpu_count
         self.running[job.job_id] = run
-        self.dirty = True
-        run.speed = self.speed_of(run)
-        run.run_started_s = now
+        run.speed = self.core.speed_of(run.rec, run.cap_speed)
         run.since_snapshot_s = 0.0
         run.overhead_s = (
             self.cfg.checkpoint.resume_s(job.state_gib_per_gpu)
             if resumed
             else self.cfg.checkpoint.process_start_s
         )
-        if run.first_start_s is None:
-            run.first_start_s = now
+        if not run.started:
+            run.started = True
             run.transfer_s = self.transfer_s(run)
             run.overhead_s += run.transfer_s
-        return True
 
     def transfer_s(self, run: Run) -> float:
         """Moving the job's dataset to the site it starts at, with its GPUs held."""
@@ -552,86 +408,42 @@ class ScenarioSim:
         site = self.cfg.pool(run.gpu_type).site
         return self.topology.transfer_s(job.dataset, site, job.dataset_gb)
 
-    def usage(self, team: str, gpu_type: str) -> int:
-        return self.held.get((team, gpu_type), 0)
-
-    def preempt(
-        self,
-        run: Run,
-        reason: str,
-        now: float,
-        reclaim: bool = False,
-        for_online_of: str | None = None,
-    ) -> None:
-        job = run.spec
-        above = self.usage(job.team, run.gpu_type) > self.quotas.guaranteed(
-            job.team, run.gpu_type, now
-        )
-        self.cfg.preemption.check(
-            job, run.preemptions, above, now - run.run_started_s, reclaim, for_online_of
-        )
-        run.state = check_transition(job.job_id, run.state, JobState.PREEMPTING)
-        self.held[(job.team, run.gpu_type)] -= job.gpu_count
-        self.room_since[(job.team, run.gpu_type)] = now
-        self.dirty = True
-        run.preemptions += 1
+    def preempt(self, run: Run, now: float) -> None:
         lost = run.done_s - run.saved_s
         run.lost_work_s += lost
         run.done_s = run.saved_s
-        run.vacate_at = now + self.write_s(job)
-        heapq.heappush(self.vacates, (run.vacate_at, job.job_id))
-        self.engine.note(job.job_id, now, f"preempt ({reason}; loses {lost:.0f}s)")
+        run.vacate_at = now + self.cfg.checkpoint.write_s(run.spec.state_gib_per_gpu)
+        heapq.heappush(self.vacates, (run.vacate_at, run.spec.job_id))
+
+    def apply_caps(self) -> None:
+        """Each running job's speed and draw under the caps its cards carry."""
+        for r, placement in self.working():
+            load = load_of(r.spec.kind)
+            tdp = float(self.meter.tdp_w[placement.shares[0].node])
+            fracs = [
+                cap_fraction(cmd, load, tdp)
+                for cmd in (self.caps.get((p.node, g)) for p in placement.shares for g in p.gpus)
+                if cmd is not None
+            ]
+            frac = min((f for f in fracs if f is not None), default=None)
+            if frac != r.cap_frac:
+                r.cap_frac = frac
+                r.cap_speed = 1.0 if frac is None else speed_at(load, frac)
+                r.speed = self.core.speed_of(r.rec, r.cap_speed)
 
     def vacate(self, run: Run, at: float) -> None:
-        self.engine.release(run.spec.job_id, at, "suspend")
         self.running.pop(run.spec.job_id, None)
-        self.dirty = True
-        run.state = check_transition(run.spec.job_id, run.state, JobState.SUSPENDED)
         run.vacate_at = None
-        run.ready_s = at
-        self.enqueue(run)
-        for claimant, victims in list(self.claims.items()):
-            victims.discard(run.spec.job_id)
-            if not victims:
-                del self.claims[claimant]
-                waiting = self.runs[claimant]
-                if waiting.state in (JobState.PENDING, JobState.SUSPENDED):
-                    self.start(waiting, None, at, self.claim_nodes.pop(claimant, ()))
-                    self.advance(waiting, at, self.cycle_end)
+        for c in self.feed(Vacated(at, run.spec.job_id)):
+            self.carry_out([c], at)
+            if isinstance(c, Launch):
+                self.advance(self.job(c.job_id), at, self.cycle_end)
 
     def finish(self, run: Run, at: float, state: JobState, reason: str) -> None:
-        job_id = run.spec.job_id
-        if run.state is JobState.RUNNING:
-            self.held[(run.spec.team, run.gpu_type)] -= run.spec.gpu_count
-            self.room_since[(run.spec.team, run.gpu_type)] = at
-        elif run.state in (JobState.PENDING, JobState.SUSPENDED):
-            self.dequeue(run)
-        if run.state in (JobState.RUNNING, JobState.PREEMPTING):
-            self.engine.release(job_id, at, "finish" if state is JobState.FINISHED else "stop")
-        if run.state is JobState.PREEMPTING:
-            run.state = check_transition(job_id, run.state, JobState.SUSPENDED)
-        run.state = check_transition(job_id, run.state, state)
-        run.end_s, run.end_reason = at, reason
-        self.dirty = True
-        self.active.pop(job_id, None)
-        self.running.pop(job_id, None)
-        if run.service is not None:
-            self.replicas[run.service].pop(job_id, None)
+        self.running.pop(run.spec.job_id, None)
+        self.carry_out(self.feed(Finished(at, run.spec.job_id, state, reason)), at)
 
     # ---- progress -------------------------------------------------------------------------
-    def speed_of(self, run: Run) -> float:
-        placement = self.state.placements.get(run.spec.job_id)
-        if placement is None or run.spec.gpu_milli == MILLI_PER_GPU:
-            return run.cap_speed  # a whole GPU is never shared
-        speed = run.cap_speed
-        for share in placement.shares:
-            for g in share.gpus:
-                sharers = int(
-                    self.state.online_on_gpu[share.node, g] + self.state.other_on_gpu[share.node, g]
-                )
-                speed = min(speed, self.cfg.colocation.speed(run.spec.kind, sharers))
-        return speed
-
     def advance(self, run: Run, a: float, b: float) -> float | None:
         """Run from a to b; return the finish time if the work completes."""
         if run.state is not JobState.RUNNING or b <= a:
@@ -687,54 +499,6 @@ class ScenarioSim:
             run.gpu_s += run.spec.gpu_count * (hi - lo) * run.spec.gpu_milli / MILLI_PER_GPU
 
     # ---- services ---------------------------------------------------------------------------
-    def replicas_needed(self, svc: ServiceSpec, load_rps: float, shared: bool) -> int:
-        speed = self.cfg.colocation.speed(JobKind.ONLINE, self.cfg.share_cap) if shared else 1.0
-        want = math.ceil(load_rps * self.cfg.autoscale_headroom / (svc.replica_rps * speed) - 1e-9)
-        return min(max(want, svc.min_replicas), svc.max_replicas)
-
-    def sharing_pays(self, svc: ServiceSpec, load_rps: float) -> bool:
-        """Pack a service's replicas onto shared GPUs only where the model says it helps:
-        the p99 next to `share_cap - 1` neighbours still meets the SLO, and the GPUs the
-        shared replicas take (slowed by time-slicing) are fewer than whole-GPU replicas."""
-        if svc.replica_gpu_milli >= MILLI_PER_GPU:
-            return False
-        p99 = svc.base_p99_ms * self.cfg.colocation.online_p99_factor(
-            [JobKind.ONLINE] * (self.cfg.share_cap - 1)
-        )
-        if p99 > svc.slo_p99_ms:
-            return False
-        shared_gpus = self.replicas_needed(svc, load_rps, True) * svc.replica_gpu_milli / 1000
-        return shared_gpus < self.replicas_needed(svc, load_rps, False)
-
-    def autoscale(self, now: float) -> None:
-        for svc in self.services.values():
-            peak = svc.load.peak(now, now + self.cfg.autoscale_lookahead_s, self.cfg.cycle_s)
-            shared = self.sharing_pays(svc, peak)
-            want = self.replicas_needed(svc, peak, shared)
-            mine = list(self.replicas[svc.name].values())
-            if len(mine) < want:
-                for _ in range(want - len(mine)):
-                    self.replica_seq[svc.name] += 1
-                    job = JobSpec(
-                        job_id=f"{svc.name}-r{self.replica_seq[svc.name]}",
-                        gpu_count=1,
-                        gpu_milli=svc.replica_gpu_milli if shared else MILLI_PER_GPU,
-                        gpu_models=svc.gpu_models,
-                        team=svc.team,
-                        priority=svc.priority,
-                        kind=JobKind.ONLINE,
-                        submit_s=now,
-                    )
-                    self.submit(job, now, service=svc.name)
-            elif len(mine) > want:
-                # drop waiting replicas first, then the youngest running ones
-                # waiting replicas first, then those on the emptiest nodes, so that the
-                # GPUs freed join other free GPUs instead of leaving holes
-                mine.sort(key=lambda r: (r.state is JobState.RUNNING, -self.node_free(r)))
-                for r in mine[: len(mine) - want]:
-                    self.claims.pop(r.spec.job_id, None)
-                    self.finish(r, now, JobState.CANCELLED, "scaled down")
-
     def serve(self, now: float, end: float) -> None:
         """Requests in [now, end] served within the SLO, per service."""
         dt = end - now
@@ -743,9 +507,10 @@ class ScenarioSim:
             stats = self.service_stats[svc.name]
             stats.requests += load * dt
             capacity = 0.0
-            for r in self.replicas[svc.name].values():
-                if r.state is not JobState.RUNNING:
+            for rec in self.core.replicas[svc.name].values():
+                if rec.state is not JobState.RUNNING:
                     continue
+                r = self.job(rec.job_id)
                 ready = max(0.0, dt - r.overhead_s) if r.run_started_s >= now - 1e-9 else dt
                 neighbours = self.neighbour_kinds(r)
                 p99 = svc.base_p99_ms * self.cfg.colocation.online_p99_factor(neighbours)
@@ -760,12 +525,6 @@ class ScenarioSim:
         if self.topology is None or svc.user_region is None:
             return 0.0
         return self.topology.latency_ms(svc.user_region, self.cfg.pool(run.gpu_type).site)
-
-    def node_free(self, run: Run) -> int:
-        placement = self.state.placements.get(run.spec.job_id)
-        if placement is None:
-            return 0
-        return int(self.state.whole_free[placement.shares[0].node])
 
     def neighbour_kinds(self, run: Run) -> list[JobKind]:
         placement = self.state.placements.get(run.spec.job_id)
@@ -782,14 +541,15 @@ class ScenarioSim:
     def owed_starts(self, now: float) -> dict[str, list[tuple[float, Run]]]:
         """Waiting jobs that fit inside their team's guarantee, with the time each is owed
         a start by: one cycle plus its victims' checkpoint time after it became runnable."""
+        core = self.core
         owed: dict[str, list[tuple[float, Run]]] = defaultdict(list)
-        waiting: dict[tuple[str, str], list[Run]] = defaultdict(list)
-        for r in self.visible(now):
+        waiting: dict[tuple[str, str], list[JobRecord]] = defaultdict(list)
+        for r in core.visible(now):
             waiting[(r.spec.team, r.gpu_type)].append(r)
         previous, self.owed_since = self.owed_since, {}
-        for (team, gpu_type), runs in waiting.items():
-            room = self.quotas.guaranteed(team, gpu_type, now) - self.usage(team, gpu_type)
-            for r in runs:  # queue order: what the team would run first is owed first
+        for (team, gpu_type), recs in waiting.items():
+            room = core.quotas.guaranteed(team, gpu_type, now) - core.usage(team, gpu_type)
+            for r in recs:  # queue order: what the team would run first is owed first
                 job_id = r.spec.job_id
                 if r.spec.gpu_count > room:
                     continue
@@ -798,11 +558,11 @@ class ScenarioSim:
                 if since is None:
                     # owed from when it was runnable and its team had room for it
                     since = max(
-                        r.ready_s, self.room_since.get((team, gpu_type), 0.0), self.window_since
+                        r.ready_s, core.room_since.get((team, gpu_type), 0.0), core.window_since
                     )
                 self.owed_since[job_id] = since
-                grace = self.cfg.cycle_s + self.claim_grace.get(job_id, 0.0)
-                owed[team].append((since + grace, r))
+                grace = self.cfg.cycle_s + core.claim_grace.get(job_id, 0.0)
+                owed[team].append((since + grace, self.job(job_id)))
         return owed
 
     def check_guarantees(
@@ -827,7 +587,22 @@ class ScenarioSim:
             self.violation_s[team] += covered
 
     # ---- the loop ---------------------------------------------------------------------------
-    def run(self, progress: Progress | None = None) -> None:
+    def observe_into_core(self, now: float) -> None:
+        """What the world measured since the last cycle: progress and temperatures."""
+        self.feed(
+            Progress(
+                now,
+                {
+                    job_id: JobProgress(r.done_s, r.saved_s, r.speed, r.overhead_s, r.cap_speed)
+                    for job_id, r in self.running.items()
+                    if r.state is JobState.RUNNING
+                },
+            )
+        )
+        if self.heat is not None and self.cfg.energy.thermal.aware:
+            self.feed(GpuTemps(now, self.heat.temps_c.copy(), self.heat.inlet_c.copy()))
+
+    def run(self, progress: ProgressFn | None = None) -> None:
         cfg = self.cfg
         now = 0.0
         nxt = 0
@@ -835,44 +610,38 @@ class ScenarioSim:
         for k in range(cycles):
             now = k * cfg.cycle_s
             self.cycle_end = min(now + cfg.cycle_s, cfg.horizon_s)
+            self.observe_into_core(now)
             while nxt < len(self.arrivals) and self.arrivals[nxt].submit_s <= now:
-                self.submit(self.arrivals[nxt], now)
+                job = self.arrivals[nxt]
+                self.feed(Submitted(now, job, self.sized.get(job.job_id)))
                 nxt += 1
-            window = self.quotas.window(now)
-            if window is not self._window:
-                self._window, self.window_since = window, now
-                self.dirty = True
-            if self.cloud is not None:
-                self.burst_tick(now)
-            self.autoscale(now)
-            self.rechoose(now)
-            if cfg.energy.price_aware:
-                self.defer(now)
-            if self.dirty:
-                self.dirty = False
-                self.apply(self.policy.plan(self.view(now)), now)
-            if cfg.energy.power_capping or cfg.energy.thermal.aware:
-                self.set_power_caps(now)
+            for n in self.cloud_nodes:  # nodes whose spin-up ended join their pool
+                if self.cloud_status[n] == STARTING and self.cloud_ready_at[n] <= now:
+                    self.cloud_status[n] = UP
+                    self.feed(NodeUp(now, self.cluster.nodes[n].name))
+            for svc in self.services.values():
+                peak = svc.load.peak(now, now + cfg.autoscale_lookahead_s, cfg.cycle_s)
+                self.feed(ServiceDemand(now, svc.name, peak))
+            self.carry_out(self.cycle(now), now)
+            self.bill_cloud()
             for r in self.running.values():
                 if r.state is JobState.RUNNING and r.spec.gpu_milli < MILLI_PER_GPU:
-                    r.speed = self.speed_of(r)
+                    r.speed = self.core.speed_of(r.rec, r.cap_speed)
             self.serve(now, self.cycle_end)
             owed = self.owed_starts(now)
             self.step(now, self.cycle_end)
             self.check_guarantees(owed, now, self.cycle_end)
             self.meter_tick(now, self.cycle_end - now)
-            usage: dict[str, float] = defaultdict(float)
-            for r in self.running.values():
-                usage[r.spec.team] += r.spec.gpu_count
-            self.quotas.record_usage(usage, cfg.cycle_s)
+            used = sum(r.spec.gpu_count for r in self.running.values())
             hour = int(now // 3600)
             while len(self.hour_gpu_s) <= hour:
                 self.hour_gpu_s.append(0.0)
-            self.hour_gpu_s[hour] += sum(usage.values()) * (self.cycle_end - now)
+            self.hour_gpu_s[hour] += used * (self.cycle_end - now)
             if progress is not None and (k % max(1, cycles // 100) == 0 or k == cycles - 1):
                 progress(k + 1, cycles)
         end = cfg.horizon_s
-        for r in sorted(self.active.values(), key=lambda r: r.spec.job_id):
+        for rec in sorted(self.core.active.values(), key=lambda r: r.spec.job_id):
+            r = self.job(rec.job_id)
             if r.service is not None:
                 self.finish(r, end, JobState.CANCELLED, "scenario ended (service replica)")
             elif r.state is JobState.PENDING and r.first_start_s is None:
@@ -880,16 +649,47 @@ class ScenarioSim:
             else:
                 self.finish(r, end, JobState.CANCELLED, "scenario ended before it finished")
         for job in self.arrivals[nxt:]:
-            self.submit(job, end)
-            r = self.runs[job.job_id]
+            self.feed(Submitted(end, job, self.sized.get(job.job_id)))
+            r = self.job(job.job_id)
             if r.state not in TERMINAL:
                 self.finish(r, end, JobState.CANCELLED, "submitted after the scenario ended")
 
+    def step(self, now: float, end: float) -> None:
+        events: list[tuple[float, int, str]] = []
+        for job_id, r in list(self.running.items()):
+            if r.state is JobState.RUNNING:
+                done = self.advance(r, now, end)
+                if done is not None:
+                    events.append((done, 1, job_id))
+            elif r.state is JobState.PREEMPTING:
+                upto = end if r.vacate_at is None else min(end, r.vacate_at)
+                self.charge(r, now, max(0.0, upto - now), 0.0)
+                self.account(r, now, upto)
+        while self.vacates and self.vacates[0][0] <= end:
+            at, job_id = heapq.heappop(self.vacates)
+            events.append((at, 0, job_id))
+        for at, kind, job_id in sorted(events):
+            r = self.job(job_id)
+            if kind == 0 and r.state is JobState.PREEMPTING:
+                self.vacate(r, at)
+            elif kind == 1 and r.state is JobState.RUNNING:
+                self.finish(r, at, JobState.FINISHED, "completed")
+
     # ---- energy, heat, clouds -----------------------------------------------------------------
+    def bill_cloud(self) -> None:
+        """Cloud nodes are billed from the start request until handed back."""
+        for n in self.cloud_nodes:
+            if self.cloud_status[n] != DOWN:
+                gpus = int(self.state.gpu_count[n])
+                self.cloud_billed_usd += (
+                    gpus * self.cfg.cycle_s * self.pool_price[self.node_pool[n]] / 3600.0
+                )
+
     def up_nodes(self) -> BoolArray:
-        if self.cloud is None:
-            return np.ones(self.state.node_count, dtype=np.bool_)
-        return self.cloud.up_mask(self.state.node_count)
+        mask = np.ones(self.state.node_count, dtype=np.bool_)
+        for n in self.cloud_nodes:
+            mask[n] = self.cloud_status[n] != DOWN
+        return mask
 
     def working(self) -> Iterator[tuple[Run, Placement]]:
         """Running jobs (not those writing their checkpoint) with where they run."""
@@ -919,337 +719,14 @@ class ScenarioSim:
                     power[part.node, g] += share * extra
         idle = real & up[:, None] & (self.state.gpu_left == MILLI_PER_GPU)
         self.heat.step(power, dt, idle, self.state.model_id)
-        if isinstance(self.placement, CoolestFirstPolicy):
-            self.placement.temps_c = self.heat.temps_c
-
-    def burst_tick(self, now: float) -> None:
-        assert self.cloud is not None
-        onprem = np.ones(self.state.node_count, dtype=np.bool_)
-        onprem[list(self.cloud.nodes)] = False
-        gpus = int(self.state.gpu_count[onprem].sum())
-        free = int(self.state.whole_free[onprem].sum())
-        util = (gpus - free) / gpus if gpus else 0.0
-        cloud_pools = set(self.cloud.pool_of.values())
-        waiting = sum(
-            r.spec.gpu_count
-            for r in self.active.values()
-            if r.state in (JobState.PENDING, JobState.SUSPENDED)
-            and r.gpu_type not in cloud_pools
-            and r.spec.job_id not in self.deferred
-        )
-        pending = max(0, waiting - free)
-        events = self.cloud.tick(now, self.cfg.cycle_s, self.state, self.pool_nodes, util, pending)
-        for ev in events:
-            self.engine.note(
-                f"cloud-{ev.action}", now, f"{ev.action} {ev.nodes} node(s): {ev.reason}"
-            )
-            self.dirty = True
-
-    def defer(self, now: float) -> None:
-        """Hold deadline-bound work for cheaper hours (energy.price_aware), re-planned at
-        each slot boundary or when the deferrable set changes."""
-        e = self.cfg.energy
-        kinds = (JobKind.TRAINING, JobKind.OFFLINE, JobKind.BATCH)
-        waiting = [
-            r
-            for r in self.active.values()
-            if r.state in (JobState.PENDING, JobState.SUSPENDED)
-            and r.spec.deadline_s is not None
-            and r.spec.kind in kinds
-        ]
-        ids = {r.spec.job_id for r in waiting}
-        if now < self.deferral_due and ids <= self.deferred | self._deferral_known:
-            self.deferred &= ids
-            return
-        self.deferral_due = (now // e.deferral_slot_s + 1) * e.deferral_slot_s
-        self._deferral_known = ids
-        before = set(self.deferred)
-        self.deferred = set()
-        by_pool: dict[str, list[Run]] = defaultdict(list)
-        for r in waiting:
-            by_pool[r.gpu_type].append(r)
-        for pool, runs in by_pool.items():
-            tariff = self.tariff_of.get(self.site_of(pool))
-            if tariff is None:
-                continue
-            capacity = int(self.state.gpu_count[self.pool_nodes[pool]].sum())
-            busy: list[tuple[int, float]] = []
-            for r in self.running.values():
-                if r.gpu_type == pool:
-                    left = ((r.spec.duration_s or 0.0) - r.done_s) / max(r.speed, 1e-9)
-                    busy.append((r.spec.gpu_count, now + left + r.overhead_s))
-            for r in self.active.values():  # waiting work that is not deferrable runs first
-                if (
-                    r.gpu_type == pool
-                    and r.state in (JobState.PENDING, JobState.SUSPENDED)
-                    and r.spec.job_id not in ids
-                ):
-                    busy.append((r.spec.gpu_count, now + (r.spec.duration_s or 0.0)))
-            waits: dict[int, float] = {}
-            width = self.state.max_gpus_per_node
-            longest = max(
-                (r.spec.duration_s or 0.0 for r in self.running.values() if r.gpu_type == pool),
-                default=0.0,
-            )
-            for r in runs:
-                if r.spec.gpu_count not in waits:
-                    wait = self.fit_wait_s(pool, r.spec.gpu_count, now)
-                    if r.spec.gpu_count >= width:
-                        wait = max(wait, longest)
-                    waits[r.spec.gpu_count] = wait
-            # A job's run counts the wait for GPUs of its shape, so that it is forced early
-            # enough to get them by its latest start. A job that needs whole nodes may have
-            # to wait for a node to drain whatever starts before it: the longest job
-            # running there bounds that wait (forced jobs start before any other).
-            jobs = [
-                DeferrableJob(
-                    r.spec.job_id,
-                    r.spec.gpu_count,
-                    ((r.spec.duration_s or 0.0) - r.done_s)
-                    + self.restart_s(r)
-                    + waits[r.spec.gpu_count],
-                    r.ready_s,
-                    float(r.spec.deadline_s or 0.0),
-                )
-                for r in runs
-            ]
-            plan = plan_starts(
-                now,
-                jobs,
-                capacity,
-                busy,
-                tariff.price_at,
-                slot_s=e.deferral_slot_s,
-                margin_s=e.deferral_margin_s,
-            )
-            held = {r.spec.job_id for r in runs} - set(plan.start_now)
-            if plan.forced:
-                # Jobs out of slack go first: what merely got cheap waits until they run,
-                # so a job moved for price never loses its GPUs to one that could wait.
-                held |= set(plan.start_now) - set(plan.forced)
-            self.deferred |= held
-        if self.deferred != before:
-            self.dirty = True
-
-    def fit_wait_s(self, pool: str, gpus: int, now: float) -> float:
-        """How long until running work frees GPUs of this shape in the pool: `gpus` on one
-        node, or that many whole nodes for a wider job (from the running jobs' ends)."""
-        ends: dict[int, list[tuple[float, int]]] = defaultdict(list)
-        for r in self.running.values():
-            placement = self.state.placements.get(r.spec.job_id)
-            if r.gpu_type != pool or placement is None:
-                continue
-            left = ((r.spec.duration_s or 0.0) - r.done_s) / max(r.speed, 1e-9) + r.overhead_s
-            if r.vacate_at is not None:
-                left = r.vacate_at - now
-            for part in placement.shares:
-                ends[part.node].append((max(0.0, left), len(part.gpus)))
-        width = self.state.max_gpus_per_node
-        need, nodes_needed = (gpus, 1) if gpus <= width else (width, math.ceil(gpus / width))
-        times = []
-        for n in np.flatnonzero(self.pool_nodes[pool]).tolist():
-            free = int(self.state.whole_free[n])
-            if int(self.state.gpu_count[n]) < need:
-                continue
-            t = 0.0
-            for end, count in sorted(ends.get(n, [])):
-                if free >= need:
-                    break
-                free += count
-                t = end
-            times.append(t)
-        times.sort()
-        return times[nodes_needed - 1] if len(times) >= nodes_needed else 0.0
-
-    def restart_s(self, run: Run) -> float:
-        if run.state is JobState.SUSPENDED:
-            return self.cfg.checkpoint.resume_s(run.spec.state_gib_per_gpu)
-        return self.cfg.checkpoint.process_start_s + self.transfer_s(run)
-
-    def set_power_caps(self, now: float) -> None:
-        """The core's SetPowerCap plan, carried out on the simulated cards."""
-        e = self.cfg.energy
-        jobs = []
-        for r, placement in self.working():
-            gpus = tuple((p.node, g) for p in placement.shares for g in p.gpus)
-            left = ((r.spec.duration_s or 0.0) - r.done_s) / max(r.speed, 1e-9) * r.cap_speed
-            jobs.append(
-                CapJob(
-                    r.spec.job_id,
-                    r.spec.kind,
-                    gpus,
-                    float(self.meter.tdp_w[gpus[0][0]]) if gpus else 0.0,
-                    r.spec.deadline_s,
-                    left + r.overhead_s,
-                )
-            )
-        site_price = {}
-        for site, tariff in self.tariff_of.items():
-            site_price[site] = (
-                (tariff.price_at(now), tariff.mean_price()) if tariff is not None else None
-            )
-        hot: dict[tuple[int, int], float] = {}
-        if e.thermal.aware and self.heat is not None:
-            # A card is capped when it runs hot or would settle above the threshold at its
-            # job's power: to the power whose steady temperature sits 2 C under it.
-            model, limit_c = self.heat.model, e.thermal.threshold_c - 2.0
-            for job in jobs:
-                for n, g in job.gpus:
-                    inlet = float(self.heat.inlet_c[n])
-                    draw = self.meter.job_power_w(n, job.kind, None)
-                    if (
-                        self.heat.temps_c[n, g] > limit_c
-                        or inlet + draw * model.r_c_per_w > limit_c
-                    ):
-                        hot[(n, g)] = max(0.0, (limit_c - inlet) / model.r_c_per_w)
-        commands = plan_power_caps(
-            jobs,
-            now,
-            {n: site_price.get(self.node_site[n]) for n in range(self.state.node_count)},
-            hot,
-            price_capping=e.power_capping,
-        )
-        held = {(c.node, c.gpu) for c in commands}
-        for key in [k for k in self.caps if k not in held]:  # cards whose job left: reset
-            del self.caps[key]
-            self.cap_commands += 1
-        for c in commands:
-            key = (c.node, c.gpu)
-            if c.is_reset:
-                if self.caps.pop(key, None) is not None:
-                    self.cap_commands += 1
-            elif self.caps.get(key) != c:
-                self.caps[key] = c
-                self.cap_commands += 1
-        for r, placement in self.working():
-            load = load_of(r.spec.kind)
-            tdp = float(self.meter.tdp_w[placement.shares[0].node])
-            fracs = [
-                cap_fraction(cmd, load, tdp)
-                for cmd in (self.caps.get((p.node, g)) for p in placement.shares for g in p.gpus)
-                if cmd is not None
-            ]
-            frac = min((f for f in fracs if f is not None), default=None)
-            if frac != r.cap_frac:
-                r.cap_frac = frac
-                r.cap_speed = 1.0 if frac is None else speed_at(load, frac)
-                r.speed = self.speed_of(r)
-
-    def step(self, now: float, end: float) -> None:
-        events: list[tuple[float, int, str]] = []
-        for job_id, r in list(self.running.items()):
-            if r.state is JobState.RUNNING:
-                done = self.advance(r, now, end)
-                if done is not None:
-                    events.append((done, 1, job_id))
-            elif r.state is JobState.PREEMPTING:
-                upto = end if r.vacate_at is None else min(end, r.vacate_at)
-                self.charge(r, now, max(0.0, upto - now), 0.0)
-                self.account(r, now, upto)
-        while self.vacates and self.vacates[0][0] <= end:
-            at, job_id = heapq.heappop(self.vacates)
-            events.append((at, 0, job_id))
-        for at, kind, job_id in sorted(events):
-            r = self.runs[job_id]
-            if kind == 0 and r.state is JobState.PREEMPTING:
-                self.vacate(r, at)
-            elif kind == 1 and r.state is JobState.RUNNING:
-                self.finish(r, at, JobState.FINISHED, "completed")
-
-    def visible(self, now: float) -> list[Run]:
-        """The waiting jobs a cycle considers: the head of each team's queue, plus (further
-        back) jobs small enough for the room left under the team's guarantee, so that a
-        queue headed by big borrowing jobs cannot hide what the team is owed."""
-        out: list[Run] = []
-        depth = self.queue_depth
-        deferred = self.deferred
-        for team, queue in self.queues.items():
-            if deferred:
-                queue = [e for e in queue if e[1] not in deferred]
-            head = [self.runs[job_id] for _, job_id in queue[:depth]]
-            out += head
-            extra = 0
-            for _, job_id in queue[depth : depth * 16]:
-                r = self.runs[job_id]
-                room = self.quotas.guaranteed(team, r.gpu_type, now) - self.usage(team, r.gpu_type)
-                if r.spec.gpu_count <= room:
-                    out.append(r)
-                    extra += 1
-                    if extra >= depth:
-                        break
-        return out
-
-    def view(self, now: float) -> CycleView:
-        running: dict[str, RunningView] = {}
-        pending: list[PendingView] = []
-        vacating: set[str] = set()
-        for job_id, r in self.running.items():
-            if r.state is JobState.PREEMPTING:
-                vacating.add(job_id)
-            rate = max(r.speed, 1e-9)
-            left = ((r.spec.duration_s or math.inf) - r.done_s) / rate + r.overhead_s
-            running[job_id] = RunningView(
-                spec=r.spec,
-                gpu_type=r.gpu_type,
-                run_started_s=r.run_started_s,
-                preemptions=r.preemptions,
-                vacate_s=self.write_s(r.spec),
-                lost_work_s=r.done_s - r.saved_s,
-                resume_s=self.cfg.checkpoint.resume_s(r.spec.state_gib_per_gpu),
-                est_end_s=now + left,
-            )
-        for r in self.visible(now):
-            pending.append(
-                PendingView(r.spec, r.gpu_type, r.ready_s, self.write_s(r.spec), r.preemptions)
-            )
-        return CycleView(
-            now_s=now,
-            cycle_s=self.cfg.cycle_s,
-            state=self.state,
-            running=running,
-            pending=pending,
-            claimed=frozenset(self.claims),
-            vacating=frozenset(vacating),
-            quotas=self.quotas,
-            pool_nodes=self.pool_nodes,
-            team_nodes=self.team_nodes,
-            reserve=self.reserve,
-            rules=self.cfg.preemption,
-            rng=self.rng,
-            placement=self.placement,
-        )
-
-    def apply(self, commands: list[Start | Preempt | Claim], now: float) -> None:
-        for c in commands:
-            run = self.runs.get(c.job_id)
-            if run is None:
-                raise PlanRejected(f"the plan names an unknown job {c.job_id}")
-            if isinstance(c, Start):
-                if (
-                    self.claims.pop(c.job_id, None) is not None
-                ):  # GPUs freed before its victims left
-                    self.claim_nodes.pop(c.job_id, None)
-                    self.claim_grace.pop(c.job_id, None)
-                self.start(run, c, now)
-            elif isinstance(c, Preempt):
-                self.preempt(run, c.reason, now, c.reclaim, c.for_online_of)
-            else:
-                victims = {v for v in c.victims if self.runs[v].state is JobState.PREEMPTING}
-                if victims:
-                    self.claims[c.job_id] = victims
-                    self.claim_nodes[c.job_id] = c.nodes
-                    self.claim_grace[c.job_id] = max(
-                        self.write_s(self.runs[v].spec) for v in victims
-                    )
-                else:
-                    self.start(run, None, now)
 
     # ---- results ------------------------------------------------------------------------------
     def summary(self, wall_s: float) -> dict[str, Any]:
         cfg = self.cfg
-        jobs = [r for r in self.runs.values() if r.service is None]
+        runs = self.runs  # one join of core and world records for the whole report
+        jobs = [r for r in runs.values() if r.service is None]
         total_gpu_s = sum(self.pool_gpus.values()) * cfg.horizon_s
-        used = sum(r.gpu_s for r in self.runs.values())
+        used = sum(r.gpu_s for r in runs.values())
 
         def stats(rs: list[Run]) -> dict[str, Any]:
             fin = [r for r in rs if r.state is JobState.FINISHED]
@@ -1282,7 +759,7 @@ class ScenarioSim:
             t_req = sum(self.service_stats[s.name].requests for s in svc)
             t_ok = sum(self.service_stats[s.name].ok for s in svc)
             replicas_gpu_s = sum(
-                r.gpu_s for r in self.runs.values() if r.service is not None and r.spec.team == team
+                r.gpu_s for r in runs.values() if r.service is not None and r.spec.team == team
             )
             entry = stats(mine)
             entry["gpu_hours"] = round((sum(r.gpu_s for r in mine) + replicas_gpu_s) / 3600, 1)
@@ -1318,9 +795,7 @@ class ScenarioSim:
                 sum(r.lost_work_s * r.spec.gpu_count for r in jobs) / 3600, 2
             ),
             "replicas_started": sum(
-                1
-                for r in self.runs.values()
-                if r.service is not None and r.first_start_s is not None
+                1 for r in runs.values() if r.service is not None and r.first_start_s is not None
             ),
             "kinds": {
                 kind.value: stats([r for r in jobs if r.spec.kind is kind])
@@ -1338,7 +813,7 @@ class ScenarioSim:
     def run_cost_usd(self, run: Run) -> float:
         """What the GPU time costs where it ran; cloud time is billed per node instead."""
         if not run.gpu_type or (
-            self.cloud is not None and run.gpu_type in self.cloud.pool_of.values()
+            self.cloud_nodes and run.gpu_type in {self.node_pool[n] for n in self.cloud_nodes}
         ):
             return 0.0
         return run.gpu_s * self.pool_price.get(run.gpu_type, 0.0) / 3600.0
@@ -1356,8 +831,8 @@ class ScenarioSim:
         total = self.meter.total()
         finished = [r for r in jobs if r.state is JobState.FINISHED and r.end_s is not None]
         jct = [r.end_s - r.spec.submit_s for r in finished if r.end_s is not None]
-        cloud_usd = self.cloud.billed_usd if self.cloud is not None else 0.0
-        events = self.cloud.events if self.cloud is not None else []
+        cloud_usd = self.cloud_billed_usd
+        events = self.cloud_events
         currencies = sorted({t.currency for t in self.tariff_of.values() if t is not None})
         clusters: dict[str, Any] = {}
         for site in sorted(set(self.node_site)):
@@ -1395,7 +870,7 @@ class ScenarioSim:
                 }
                 for e in events
             ],
-            "rejected_remote_placements": len(self.rejected_remote),
+            "rejected_remote_placements": len(self.core.rejected_remote),
             "transfer_hours": round(sum(r.transfer_s for r in jobs) / 3600, 2),
             "gpu_hours_by_type": {k: round(v, 1) for k, v in sorted(by_type.items())},
             "power_cap_commands": self.cap_commands,
@@ -1449,7 +924,7 @@ class ScenarioSim:
             if life <= 0:
                 continue
             wanted += life
-            allowed = self.cfg.cycle_s + self.claim_grace.get(r.spec.job_id, 0.0)
+            allowed = self.cfg.cycle_s + self.core.claim_grace.get(r.spec.job_id, 0.0)
             served += min(life, r.held_s + allowed)
         return served / wanted if wanted else None
 
@@ -1464,7 +939,7 @@ def _count(items: Any) -> dict[str, int]:
 def run_scenario(
     cfg: ScenarioConfig,
     traces_dir: Path | None = None,
-    progress: Progress | None = None,
+    progress: ProgressFn | None = None,
     workload: Workload | None = None,
 ) -> ScenarioResult:
     started = time.perf_counter()

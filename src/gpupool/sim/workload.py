@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from gpupool.core.model import MILLI_PER_GPU, JobSpec
 from gpupool.errors import SpecError
+from gpupool.scheduler.jobs import ServiceTemplate
 
 if TYPE_CHECKING:
     from gpupool.sizing.planner import PlanRequest
@@ -74,6 +75,24 @@ class ServiceSpec:
     user_region: str | None = None
     """Where the service's users are; with latency_bound_ms, limits where replicas go."""
     latency_bound_ms: float | None = None
+
+    @property
+    def template(self) -> ServiceTemplate:
+        """What the scheduling core needs of it (everything but the load curve)."""
+        return ServiceTemplate(
+            self.name,
+            self.team,
+            self.replica_rps,
+            self.slo_p99_ms,
+            self.base_p99_ms,
+            self.replica_gpu_milli,
+            self.min_replicas,
+            self.max_replicas,
+            self.gpu_models,
+            self.priority,
+            self.user_region,
+            self.latency_bound_ms,
+        )
 
     def __post_init__(self) -> None:
         if self.replica_rps <= 0:

@@ -1,0 +1,78 @@
+"""What the core returns: commands a driver carries out (a process, an NVML call, a
+cloud start), each decided, validated and logged by the core."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpupool.core.model import JobSpec, Placement
+from gpupool.energy.powercap import SetPowerCap
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Start (or resume) a job on these GPUs now."""
+
+    job_id: str
+    placement: Placement
+    resume: bool
+    spec: JobSpec | None = None
+    """The job as the core runs it: sized and pointed at its pool, or a new replica."""
+    service: str | None = None
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Preempt a running job: it checkpoints and leaves (the driver says when)."""
+
+    job_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """End a job for good (a scaled-down replica): stop it with its grace period."""
+
+    job_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Burst:
+    """Start these cloud nodes; the driver reports each with NodeUp once it joined."""
+
+    nodes: tuple[str, ...]
+    reason: str
+
+
+@dataclass(frozen=True)
+class Reclaim:
+    """Stop these idle cloud nodes (already out of the pool)."""
+
+    nodes: tuple[str, ...]
+    reason: str
+
+
+@dataclass(frozen=True)
+class Defer:
+    """A waiting job is held for cheaper hours; it still starts before its deadline."""
+
+    job_id: str
+    until_s: float
+    reason: str
+
+
+Decision = Launch | Stop
+Command = Launch | Stop | Cancel | SetPowerCap | Burst | Reclaim | Defer
+
+__all__ = [
+    "Burst",
+    "Cancel",
+    "Command",
+    "Decision",
+    "Defer",
+    "Launch",
+    "Reclaim",
+    "SetPowerCap",
+    "Stop",
+]

@@ -1,0 +1,713 @@
+"""The decision core: the only code in gpupool that decides.
+
+It is fed events with their times (a job submitted, finished, vacated, lost; a node down
+or up; measured progress; GPU temperatures; service demand) and returns commands
+(Launch, Stop, Cancel, SetPowerCap, Burst, Reclaim, Defer). It never reads a clock, a
+process or a database. The scenario simulator's world and the live service feed it the
+same way, so the same events give the same decisions (tests/test_parity_all.py).
+
+The order of a cycle's stages lives in `cycle()` alone: fair-share usage of the last
+interval, quota window, cloud burst, service replicas, pool choice, price deferral, the
+cycle policy's plan (validated and applied), power caps.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterator, Mapping, Sequence
+
+import numpy as np
+
+from gpupool.core.engine import DecisionLog, Engine
+from gpupool.core.lifecycle import TERMINAL, JobState, check_transition
+from gpupool.core.model import MILLI_PER_GPU, Cluster, JobSpec, Node, Placement
+from gpupool.core.quota import QuotaBook, QuotaWindow
+from gpupool.core.state import BoolArray, ClusterState
+from gpupool.energy.powercap import SetPowerCap
+from gpupool.energy.tariff import Tariff
+from gpupool.errors import NotFoundError, PlanRejected, SpecError
+from gpupool.federation.topology import Topology
+from gpupool.policies.consolidate import ConsolidatePolicy
+from gpupool.policies.cycle import (
+    CYCLE_POLICIES,
+    Claim,
+    CycleView,
+    PendingView,
+    Preempt,
+    RunningView,
+    Start,
+)
+from gpupool.policies.pool_choice import PoolLoad, PoolOption, pool_loads
+from gpupool.policies.thermal import CoolestFirstPolicy
+from gpupool.scheduler import stages
+from gpupool.scheduler.commands import Command, Launch, Stop
+from gpupool.scheduler.config import SchedulerConfig
+from gpupool.scheduler.events import (
+    Event,
+    Finished,
+    GpuTemps,
+    Lost,
+    NodeDown,
+    Progress,
+    ServiceDemand,
+    Submitted,
+    Vacated,
+)
+from gpupool.scheduler.jobs import WAITING, JobRecord, ServiceTemplate, TeamQueues
+from gpupool.sizing.catalog import Catalog
+from gpupool.sizing.planner import PlanRequest
+
+
+def pool_key(node: Node, multi_site: bool) -> str:
+    """A pool is the nodes of one GPU model (of one site, when there are several)."""
+    return f"{node.cluster}/{node.gpu_model}" if multi_site else node.gpu_model
+
+
+class Scheduler:
+    def __init__(
+        self,
+        cluster: Cluster,
+        config: SchedulerConfig | None = None,
+        *,
+        node_pool: Sequence[str] | None = None,
+        pool_price: Mapping[str, float] | None = None,
+        topology: Topology | None = None,
+        catalog: Catalog | None = None,
+        tariffs: Mapping[str, Tariff | None] | None = None,
+        cloud_nodes: Sequence[str] = (),
+        services: Sequence[ServiceTemplate] = (),
+        seed: int = 0,
+        log: DecisionLog | None = None,
+    ) -> None:
+        """node_pool: each node's pool key (default: its GPU model, or site/model when the
+        nodes are in several sites). tariffs: per site. cloud_nodes: nodes a Burst starts;
+        they are out of the pool until they join (NodeUp)."""
+        cfg = config or SchedulerConfig()
+        if cfg.policy not in CYCLE_POLICIES:
+            raise SpecError(f"unknown policy {cfg.policy!r}; choose {', '.join(CYCLE_POLICIES)}")
+        self.config = cfg
+        self.cluster = cluster
+        self.state = ClusterState(cluster)
+        self.state.share_cap = cfg.share_cap
+        self.rng = np.random.default_rng(seed)
+        self.thermal_aware = cfg.energy.thermal.aware
+        self.placement: ConsolidatePolicy | CoolestFirstPolicy = (
+            CoolestFirstPolicy(None) if self.thermal_aware else ConsolidatePolicy()
+        )
+        """Where a claimant goes when its victims leave (policies plan the rest)."""
+        self.engine = Engine(self.state, self.placement, self.rng, log)
+        self.policy = CYCLE_POLICIES[cfg.policy]()
+        multi_site = len({n.cluster for n in cluster.nodes}) > 1
+        self.node_pool = (
+            list(node_pool)
+            if node_pool is not None
+            else [pool_key(n, multi_site) for n in cluster.nodes]
+        )
+        if len(self.node_pool) != len(cluster.nodes):
+            raise SpecError("node_pool must name one pool per node")
+        order = list(dict.fromkeys(self.node_pool))
+        self.pool_nodes: dict[str, BoolArray] = {
+            key: np.array([k == key for k in self.node_pool], dtype=np.bool_) for key in order
+        }
+        self.pool_model = {
+            k: n.gpu_model for k, n in zip(self.node_pool, cluster.nodes, strict=True)
+        }
+        self.pool_site = {k: n.cluster for k, n in zip(self.node_pool, cluster.nodes, strict=True)}
+        self.pool_gpus = {
+            key: int(self.state.gpu_count[mask].sum()) for key, mask in self.pool_nodes.items()
+        }
+        self.pool_price = dict(pool_price or {})
+        self.node_index = {n.name: i for i, n in enumerate(cluster.nodes)}
+        self.quotas = QuotaBook(cfg.teams, self.pool_gpus, cfg.windows)
+        self.team_nodes = self._islands() if cfg.mode == "static" else None
+        self.reserve = {t: math.ceil(cfg.online_reserve * n) for t, n in self.pool_gpus.items()}
+        self.topology = topology
+        self.catalog = catalog
+        self.tariffs: dict[str, Tariff | None] = dict(tariffs or {})
+        self.node_site = tuple(n.cluster for n in cluster.nodes)
+        self.tdp_w = np.array(
+            [
+                catalog[n.gpu_model].tdp_w
+                if catalog is not None and n.gpu_model in catalog
+                else 0.0
+                for n in cluster.nodes
+            ]
+        )
+        self.services = {s.name: s for s in services}
+        self.demand: dict[str, float] = {}
+        self.replica_seq: dict[str, int] = defaultdict(int)
+        self.records: dict[str, JobRecord] = {}
+        self.active: dict[str, JobRecord] = {}
+        """Records not in a terminal state."""
+        self.running: dict[str, JobRecord] = {}
+        """Records holding GPUs: running, or preempted and still writing their checkpoint."""
+        self.replicas: dict[str, dict[str, JobRecord]] = defaultdict(dict)
+        self.queues = TeamQueues(self.policy.queue_key)
+        self.held: dict[tuple[str, str], int] = defaultdict(int)
+        """GPUs each (team, pool) holds in running jobs; vacating ones excluded."""
+        self.sized: dict[str, PlanRequest] = {}
+        self.claims: dict[str, set[str]] = {}
+        self.claim_grace: dict[str, float] = {}
+        self.claim_nodes: dict[str, tuple[int, ...]] = {}
+        self.room_since: dict[tuple[str, str], float] = {}
+        """When each (team, pool) last got room under its guarantee (a job left)."""
+        self.window_since = 0.0
+        """When the current quota window began: new guarantees make room too."""
+        self._window: QuotaWindow | str | None = "unset"
+        self.dirty = True
+        """Something the policy looks at changed since its last (empty) plan. Planning is
+        pure, so an unchanged view gives the same empty plan: skip it."""
+        self.ready_claims: list[str] = []
+        """Claimants whose victims ended by themselves: the next cycle starts them first."""
+        self.healthy = np.ones(len(cluster.nodes), dtype=np.bool_)
+        self.measured = False
+        """A driver reports progress (Progress); else the core estimates it."""
+        self.last_cycle_s: float | None = None
+        self.rejected_remote: set[str] = set()
+        self.deferral = stages.Deferral()
+        self.caps: dict[tuple[int, int], SetPowerCap] = {}
+        """The power command each card carries out now (absent: the card's defaults)."""
+        self.temps_c: np.ndarray | None = None
+        self.inlet_c: np.ndarray | None = None
+        self.cloud = stages.Cloud.of(self, cloud_nodes) if cloud_nodes else None
+
+    def _islands(self) -> dict[str, BoolArray]:
+        """Static partitions: each team owns whole nodes covering its guarantee."""
+        nodes = self.cluster.nodes
+        owned = {t.team: np.zeros(len(nodes), dtype=np.bool_) for t in self.config.teams}
+        for key, mask in self.pool_nodes.items():
+            idx = np.flatnonzero(mask).tolist()
+            per_node = nodes[idx[0]].gpu_count
+            cursor = 0
+            for team in self.config.teams:
+                gpus = team.guaranteed.get(key, 0)
+                if gpus % per_node:
+                    raise SpecError(
+                        f"static mode gives teams whole nodes; team {team.team}'s guarantee "
+                        f"of {gpus} {self.pool_model[key]} is not a multiple of {per_node}"
+                    )
+                count = gpus // per_node
+                owned[team.team][idx[cursor : cursor + count]] = True
+                cursor += count
+        return owned
+
+    # ---- events -------------------------------------------------------------------------------
+    def observe(self, event: Event) -> list[Command]:
+        """Take one event; what it lets start right away (claimants of a vacated job)."""
+        if isinstance(event, Submitted):
+            self.submit(event.job, event.t_s, sized=event.sized)
+        elif isinstance(event, Progress):
+            self.measured = True
+            for job_id, p in event.jobs.items():
+                r = self.records[job_id]
+                r.done_s, r.saved_s, r.speed, r.overhead_s, r.cap_speed = p
+        elif isinstance(event, Vacated):
+            return self.vacated(event.job_id, event.t_s)
+        elif isinstance(event, Finished):
+            return self.finished(event.job_id, event.t_s, event.state, event.reason)
+        elif isinstance(event, Lost):
+            return self.lost(event.job_id, event.t_s, event.reason)
+        elif isinstance(event, GpuTemps):
+            self.temps_c, self.inlet_c = event.temps_c, event.inlet_c
+            if isinstance(self.placement, CoolestFirstPolicy):
+                self.placement.temps_c = event.temps_c
+        elif isinstance(event, ServiceDemand):
+            if event.service not in self.services:
+                raise NotFoundError(f"service {event.service} is not known to the scheduler")
+            self.demand[event.service] = event.peak_rps
+        elif isinstance(event, NodeDown):
+            self.node_down(event.node, event.t_s, event.reason)
+        else:
+            self.node_up(event.node, event.t_s)
+        return []
+
+    def submit(
+        self,
+        job: JobSpec,
+        now: float,
+        service: str | None = None,
+        sized: PlanRequest | None = None,
+    ) -> JobRecord:
+        if job.job_id in self.records:
+            raise SpecError(f"job {job.job_id} was submitted already")
+        if sized is not None:
+            self.sized[job.job_id] = sized
+        r = JobRecord(job, "", ready_s=job.submit_s if service is None else now, service=service)
+        self.records[job.job_id] = r
+        self.active[job.job_id] = r
+        self.dirty = True
+        if service is not None:
+            self.replicas[service][job.job_id] = r
+        r.options = stages.options_for(self, job)
+        option = None
+        why = ""
+        if r.options:
+            if len(r.options) > 1:
+                option, why = stages.choose(self, r, self.pool_loads(), now)
+            else:
+                option = r.options[0]
+        room = 0
+        if option is not None:
+            stages.retarget(self, r, option)
+            room = self.pool_gpus[option.pool]
+            if self.team_nodes is not None:
+                island = self.team_nodes[job.team] & self.pool_nodes[option.pool]
+                room = int(self.state.gpu_count[island].sum())
+        if option is None or r.spec.gpu_count > room:
+            why = (
+                f"needs {r.spec.gpu_count} GPUs, at most {room} usable"
+                if option is not None
+                else why or self._unplaceable_reason(job, r)
+            )
+            r.state = check_transition(job.job_id, r.state, JobState.UNPLACEABLE)
+            r.end_s, r.end_reason = now, why
+            self.engine.note(job.job_id, now, "unplaceable")
+            del self.active[job.job_id]
+            if service is not None:
+                self.replicas[service].pop(job.job_id, None)
+            return r
+        self.queues.add(r)
+        return r
+
+    def _unplaceable_reason(self, job: JobSpec, r: JobRecord) -> str:
+        if job.job_id in self.sized:
+            return "its model fits no GPU type of this cluster within the GPU counts tried"
+        if not r.options:
+            have = ", ".join(sorted(set(self.pool_model.values())))
+            return f"allows {sorted(job.gpu_models)}; no such pool (this cluster has {have})"
+        return "no site meets its latency bound"
+
+    def restore(
+        self,
+        job: JobSpec,
+        state: JobState,
+        placement: Placement | None,
+        now: float,
+        preemptions: int = 0,
+        attempts: int = 0,
+    ) -> None:
+        """Rebuild a job after a restart, in the state the database holds."""
+        r = JobRecord(job, "", ready_s=now, preemptions=preemptions, attempts=attempts)
+        r.options = stages.options_for(self, job)
+        if placement is not None and placement.nodes:
+            r.gpu_type = self.node_pool[placement.nodes[0]]
+        elif r.options:
+            r.gpu_type = r.options[0].pool
+        else:
+            raise SpecError(
+                f"job {job.job_id} asks for {sorted(job.gpu_models)}; this cluster has "
+                f"{', '.join(sorted(set(self.pool_model.values())))}"
+            )
+        if attempts:
+            r.first_start_s = now
+        self.records[job.job_id] = r
+        self.active[job.job_id] = r
+        if state in (JobState.RUNNING, JobState.PREEMPTING) and placement is not None:
+            self.state.validate(job, placement)
+            self.engine.apply(job, placement, now, "restore")
+            r.state = state
+            r.run_started_s = now
+            self.running[job.job_id] = r
+            if state is JobState.RUNNING:
+                self.held[(job.team, r.gpu_type)] += job.gpu_count
+        elif state in WAITING:
+            r.state = state
+            self.queues.add(r)
+        else:
+            r.state = state
+            del self.active[job.job_id]
+        self.dirty = True
+
+    def finished(self, job_id: str, at: float, state: JobState, reason: str = "") -> list[Command]:
+        """The job ended by itself (or was cancelled): its GPUs are free."""
+        r = self._record(job_id)
+        if r.state in TERMINAL:
+            return []
+        if r.state is JobState.RUNNING:
+            self.held[(r.spec.team, r.gpu_type)] -= r.spec.gpu_count
+            self.room_since[(r.spec.team, r.gpu_type)] = at
+        elif r.state in WAITING:
+            self.queues.remove(r)
+        if r.state in (JobState.RUNNING, JobState.PREEMPTING):
+            self.engine.release(job_id, at, "finish" if state is JobState.FINISHED else "stop")
+        if r.state is JobState.PREEMPTING:
+            r.state = check_transition(job_id, r.state, JobState.SUSPENDED)
+        r.state = check_transition(job_id, r.state, state)
+        r.end_s, r.end_reason = at, reason
+        self.dirty = True
+        self.active.pop(job_id, None)
+        self.running.pop(job_id, None)
+        self.claims.pop(job_id, None)
+        if r.service is not None:
+            self.replicas[r.service].pop(job_id, None)
+        self._release_claims(job_id)
+        return []
+
+    def vacated(self, job_id: str, at: float) -> list[Command]:
+        """A preempted job has written its checkpoint and left: requeue it, and start the
+        jobs that were waiting for its GPUs."""
+        r = self._record(job_id)
+        self.engine.release(job_id, at, "suspend")
+        self.running.pop(job_id, None)
+        self.dirty = True
+        r.state = check_transition(job_id, r.state, JobState.SUSPENDED)
+        r.vacate_at = None
+        r.ready_s = at
+        self.queues.add(r)
+        return self._wake_claims(job_id, at)
+
+    def lost(self, job_id: str, at: float, reason: str) -> list[Command]:
+        """The job died without finishing (crash, lost node): back to the queue, to
+        resume from its last checkpoint."""
+        r = self._record(job_id)
+        if r.state is JobState.RUNNING:
+            self.held[(r.spec.team, r.gpu_type)] -= r.spec.gpu_count
+            self.room_since[(r.spec.team, r.gpu_type)] = at
+        self.engine.release(job_id, at, f"lost ({reason})")
+        self.running.pop(job_id, None)
+        r.state = check_transition(job_id, r.state, JobState.SUSPENDED)
+        r.vacate_at = None
+        r.ready_s = at
+        r.done_s = r.saved_s
+        self.queues.add(r)
+        self.dirty = True
+        self._release_claims(job_id)
+        return []
+
+    def node_down(self, node: str, now: float, reason: str = "") -> list[str]:
+        """A node died or turned unhealthy: nothing more goes there. Returns the jobs that
+        ran on it (the driver stops them and reports each with Lost)."""
+        k = self._node(node)
+        self.healthy[k] = False
+        for mask in self.pool_nodes.values():
+            mask[k] = False
+        self.engine.note(f"node:{node}", now, "node-lost")
+        self.dirty = True
+        return sorted(
+            job_id
+            for job_id, p in self.state.placements.items()
+            if k in p.nodes and self.records[job_id].state is JobState.RUNNING
+        )
+
+    def node_up(self, node: str, now: float) -> None:
+        """A lost node is healthy again, or a started cloud node joined: it takes work."""
+        k = self._node(node)
+        if self.cloud is not None and k in self.cloud.status:
+            self.cloud.joined(self, k)
+            return
+        if self.healthy[k]:
+            return
+        self.healthy[k] = True
+        self.pool_nodes[self.node_pool[k]][k] = True
+        self.engine.note(f"node:{node}", now, "node-restored")
+        self.dirty = True
+
+    # ---- the cycle ----------------------------------------------------------------------------
+    def cycle(self, now: float) -> list[Command]:
+        """One scheduling cycle: every stage, in this order, and the commands it decided."""
+        cfg = self.config
+        out: list[Command] = []
+        ready, self.ready_claims = self.ready_claims, []
+        for claimant in ready:
+            r = self.records[claimant]
+            if r.state in WAITING:
+                launch = self._start_anywhere(r, now, self.claim_nodes.pop(claimant, ()))
+                if launch is not None:
+                    out.append(launch)
+        if self.last_cycle_s is not None and now > self.last_cycle_s:
+            usage: dict[str, float] = defaultdict(float)
+            for r in self.running.values():
+                usage[r.spec.team] += r.spec.gpu_count
+            self.quotas.record_usage(usage, now - self.last_cycle_s)
+        self.last_cycle_s = now
+        if not self.measured:
+            self._estimate(now)
+        window = self.quotas.window(now)
+        if window is not self._window:
+            self._window, self.window_since = window, now
+            self.dirty = True
+        if self.cloud is not None:
+            out += self.cloud.tick(self, now)
+        if self.services:
+            out += stages.autoscale(self, now)
+        stages.rechoose(self, now)
+        if cfg.energy.price_aware:
+            out += self.deferral.plan(self, now)
+        if self.dirty:
+            self.dirty = False
+            self._apply(self.policy.plan(self.view(now)), now, out)
+        if cfg.energy.power_capping or cfg.energy.thermal.aware:
+            out += stages.power_caps(self, now)
+        return out
+
+    def _apply(
+        self, commands: list[Start | Preempt | Claim], now: float, out: list[Command]
+    ) -> None:
+        starts = 0
+        limit = self.config.max_starts_per_cycle
+        for c in commands:
+            r = self.records.get(c.job_id)
+            if r is None:
+                raise PlanRejected(f"the plan names an unknown job {c.job_id}")
+            if isinstance(c, Start):
+                if limit is not None and starts >= limit:
+                    self.dirty = True  # planned again next cycle
+                    continue
+                starts += 1
+                if (
+                    self.claims.pop(c.job_id, None) is not None
+                ):  # GPUs freed before its victims left
+                    self.claim_nodes.pop(c.job_id, None)
+                    self.claim_grace.pop(c.job_id, None)
+                out.append(self._start(r, c.placement, now))
+            elif isinstance(c, Preempt):
+                out.append(self._preempt(r, c, now))
+            else:
+                victims = {v for v in c.victims if self.records[v].state is JobState.PREEMPTING}
+                if victims:
+                    self.claims[c.job_id] = victims
+                    self.claim_nodes[c.job_id] = c.nodes
+                    self.claim_grace[c.job_id] = max(
+                        self.config.checkpoint.write_s(self.records[v].spec.state_gib_per_gpu)
+                        for v in victims
+                    )
+                else:
+                    launch = self._start_anywhere(r, now)
+                    if launch is not None:
+                        out.append(launch)
+
+    def _start_anywhere(
+        self, r: JobRecord, now: float, nodes: tuple[int, ...] = ()
+    ) -> Launch | None:
+        """Start a claimant where the placement finds room, preferring the nodes held for it."""
+        allowed = self.pool_nodes[r.gpu_type].copy()
+        if self.team_nodes is not None:
+            allowed &= self.team_nodes[r.spec.team]
+        placement = None
+        if nodes:
+            held = np.zeros_like(allowed)
+            held[list(nodes)] = True
+            placement = self.placement.place(self.state, r.spec, self.rng, allowed & held)
+        if placement is None:
+            placement = self.placement.place(self.state, r.spec, self.rng, allowed)
+        if placement is None:
+            return None
+        return self._start(r, placement, now)
+
+    def _start(self, r: JobRecord, placement: Placement, now: float) -> Launch:
+        job = r.spec
+        if self.held[(job.team, r.gpu_type)] + job.gpu_count > self.quotas.maximum(
+            job.team, r.gpu_type, now
+        ):
+            raise PlanRejected(f"job {job.job_id}: team {job.team} would exceed its maximum")
+        if not all(self.healthy[k] for k in placement.nodes):
+            raise PlanRejected(f"job {job.job_id}: the plan uses a node that is down")
+        resumed = r.state is JobState.SUSPENDED
+        self.engine.apply(job, placement, now, "resume" if resumed else "start")
+        self.queues.remove(r)
+        r.state = check_transition(job.job_id, r.state, JobState.RUNNING)
+        self.held[(job.team, r.gpu_type)] += job.gpu_count
+        self.running[job.job_id] = r
+        self.dirty = True
+        r.attempts += 1
+        r.run_started_s = now
+        ck = self.config.checkpoint
+        r.overhead_s = ck.resume_s(job.state_gib_per_gpu) if resumed else ck.process_start_s
+        if r.first_start_s is None:
+            r.first_start_s = now
+            r.overhead_s += stages.transfer_s(self, r)
+        r.speed = self.speed_of(r)
+        r.start_done_s, r.start_overhead_s = r.done_s, r.overhead_s
+        return Launch(job.job_id, placement, resumed, job, r.service)
+
+    def _preempt(self, r: JobRecord, c: Preempt, now: float) -> Stop:
+        job = r.spec
+        above = self.held[(job.team, r.gpu_type)] > self.quotas.guaranteed(
+            job.team, r.gpu_type, now
+        )
+        self.config.preemption.check(
+            job, r.preemptions, above, now - r.run_started_s, c.reclaim, c.for_online_of
+        )
+        r.state = check_transition(job.job_id, r.state, JobState.PREEMPTING)
+        self.held[(job.team, r.gpu_type)] -= job.gpu_count
+        self.room_since[(job.team, r.gpu_type)] = now
+        self.dirty = True
+        r.preemptions += 1
+        lost = r.done_s - r.saved_s
+        r.done_s = r.saved_s
+        r.vacate_at = now + self.config.checkpoint.write_s(job.state_gib_per_gpu)
+        self.engine.note(job.job_id, now, f"preempt ({c.reason}; loses {lost:.0f}s)")
+        return Stop(job.job_id, c.reason)
+
+    def _wake_claims(self, job_id: str, at: float) -> list[Command]:
+        out: list[Command] = []
+        for claimant, victims in list(self.claims.items()):
+            victims.discard(job_id)
+            if victims:
+                continue
+            del self.claims[claimant]
+            r = self.records[claimant]
+            if r.state in WAITING:
+                launch = self._start_anywhere(r, at, self.claim_nodes.pop(claimant, ()))
+                if launch is not None:
+                    out.append(launch)
+        return out
+
+    def _release_claims(self, job_id: str) -> None:
+        """A victim ended without vacating (it finished, failed or was lost): claimants
+        left with no victim start at the next cycle's beginning."""
+        for claimant, victims in list(self.claims.items()):
+            victims.discard(job_id)
+            if not victims:
+                del self.claims[claimant]
+                self.ready_claims.append(claimant)
+
+    # ---- progress -----------------------------------------------------------------------------
+    def speed_of(self, r: JobRecord, cap_speed: float | None = None) -> float:
+        """Work per second: the power cap's slowdown times co-location's on shared GPUs."""
+        cap = r.cap_speed if cap_speed is None else cap_speed
+        placement = self.state.placements.get(r.spec.job_id)
+        if placement is None or r.spec.gpu_milli == MILLI_PER_GPU:
+            return cap  # a whole GPU is never shared
+        speed = cap
+        for share in placement.shares:
+            for g in share.gpus:
+                sharers = int(
+                    self.state.online_on_gpu[share.node, g] + self.state.other_on_gpu[share.node, g]
+                )
+                speed = min(speed, self.config.colocation.speed(r.spec.kind, sharers))
+        return speed
+
+    def _estimate(self, now: float) -> None:
+        """No driver measures progress: work since the last start at speed 1, saved at the
+        last whole checkpoint interval."""
+        for r in self.running.values():
+            if r.state is not JobState.RUNNING:
+                continue
+            ran = now - r.run_started_s
+            r.overhead_s = max(0.0, r.start_overhead_s - ran)
+            work = max(0.0, ran - r.start_overhead_s)
+            interval = r.spec.checkpoint_interval_s
+            r.done_s = r.start_done_s + work
+            r.saved_s = r.start_done_s + (work // interval) * interval if interval > 0 else r.done_s
+
+    # ---- views --------------------------------------------------------------------------------
+    def usage(self, team: str, pool: str) -> int:
+        return self.held.get((team, pool), 0)
+
+    def pool_loads(self) -> dict[str, PoolLoad]:
+        """Free GPUs and drain time of every pool, from one pass over the jobs."""
+        work: dict[str, float] = defaultdict(float)
+        for r in self.running.values():
+            if r.spec.duration_s is not None:
+                work[r.gpu_type] += r.spec.gpu_count * max(0.0, r.spec.duration_s - r.done_s)
+        for q in self.queues.by_team.values():
+            for _, job_id in q:
+                r = self.records[job_id]
+                if r.spec.duration_s is not None:
+                    work[r.gpu_type] += r.spec.gpu_count * (r.spec.duration_s - r.done_s)
+        return pool_loads(self.state, self.pool_nodes, work)
+
+    def visible(self, now: float) -> list[JobRecord]:
+        """The waiting jobs a cycle considers: the head of each team's queue, plus (further
+        back) jobs small enough for the room left under the team's guarantee, so that a
+        queue headed by big borrowing jobs cannot hide what the team is owed."""
+        out: list[JobRecord] = []
+        depth = self.config.queue_depth
+        deferred = self.deferral.held
+        for team, queue in self.queues.by_team.items():
+            if deferred:
+                queue = [e for e in queue if e[1] not in deferred]
+            out += [self.records[job_id] for _, job_id in queue[:depth]]
+            extra = 0
+            for _, job_id in queue[depth : depth * 16]:
+                r = self.records[job_id]
+                room = self.quotas.guaranteed(team, r.gpu_type, now) - self.usage(team, r.gpu_type)
+                if r.spec.gpu_count <= room:
+                    out.append(r)
+                    extra += 1
+                    if extra >= depth:
+                        break
+        return out
+
+    def view(self, now: float) -> CycleView:
+        ck = self.config.checkpoint
+        running: dict[str, RunningView] = {}
+        vacating: set[str] = set()
+        for job_id, r in self.running.items():
+            if r.state is JobState.PREEMPTING:
+                vacating.add(job_id)
+            rate = max(r.speed, 1e-9)
+            left = ((r.spec.duration_s or math.inf) - r.done_s) / rate + r.overhead_s
+            running[job_id] = RunningView(
+                spec=r.spec,
+                gpu_type=r.gpu_type,
+                run_started_s=r.run_started_s,
+                preemptions=r.preemptions,
+                vacate_s=ck.write_s(r.spec.state_gib_per_gpu),
+                lost_work_s=r.done_s - r.saved_s,
+                resume_s=ck.resume_s(r.spec.state_gib_per_gpu),
+                est_end_s=now + left,
+            )
+        pending = [
+            PendingView(
+                r.spec, r.gpu_type, r.ready_s, ck.write_s(r.spec.state_gib_per_gpu), r.preemptions
+            )
+            for r in self.visible(now)
+        ]
+        return CycleView(
+            now_s=now,
+            cycle_s=self.config.cycle_s,
+            state=self.state,
+            running=running,
+            pending=pending,
+            claimed=frozenset(self.claims),
+            vacating=frozenset(vacating),
+            quotas=self.quotas,
+            pool_nodes=self.pool_nodes,
+            team_nodes=self.team_nodes,
+            reserve=self.reserve,
+            rules=self.config.preemption,
+            rng=self.rng,
+            placement=self.placement,
+        )
+
+    def working(self) -> Iterator[tuple[JobRecord, Placement]]:
+        """Running jobs (not those writing their checkpoint) with where they run."""
+        for r in self.running.values():
+            placement = self.state.placements.get(r.spec.job_id)
+            if r.state is JobState.RUNNING and placement is not None:
+                yield r, placement
+
+    # ---- queries for drivers ------------------------------------------------------------------
+    @property
+    def log(self) -> DecisionLog:
+        return self.engine.log
+
+    def waiting(self) -> int:
+        return len(self.queues)
+
+    def placements(self) -> Mapping[str, Placement]:
+        return self.state.placements
+
+    def pool_of_node(self, k: int) -> str:
+        return self.node_pool[k]
+
+    def deferred_until(self, job_id: str) -> float | None:
+        return self.deferral.until.get(job_id) if job_id in self.deferral.held else None
+
+    def _record(self, job_id: str) -> JobRecord:
+        r = self.records.get(job_id)
+        if r is None:
+            raise NotFoundError(f"job {job_id} is not known to the scheduler")
+        return r
+
+    def _node(self, node: str) -> int:
+        k = self.node_index.get(node)
+        if k is None:
+            raise NotFoundError(f"node {node} is not in this cluster")
+        return k
+
+    def options(self, job: JobSpec) -> tuple[PoolOption, ...]:
+        return stages.options_for(self, job)

@@ -1,0 +1,108 @@
+"""What drivers tell the core: things that happened, each with the time it happened.
+
+The simulator's world and the live service (database, executor, telemetry, node probe)
+produce the same events, so the core cannot tell them apart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+from gpupool.core.lifecycle import JobState
+from gpupool.core.model import JobSpec
+from gpupool.sizing.planner import PlanRequest
+
+
+@dataclass(frozen=True)
+class Submitted:
+    t_s: float
+    job: JobSpec
+    sized: PlanRequest | None = None
+    """A job given by its model: sized per GPU type when it arrives."""
+
+
+@dataclass(frozen=True)
+class Finished:
+    """It ended by itself, failed, or was cancelled: its GPUs are free."""
+
+    t_s: float
+    job_id: str
+    state: JobState = JobState.FINISHED
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Vacated:
+    """A stopped job has written its checkpoint and left."""
+
+    t_s: float
+    job_id: str
+
+
+@dataclass(frozen=True)
+class Lost:
+    """It died without finishing (crash, lost node): requeue from its checkpoint."""
+
+    t_s: float
+    job_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class NodeDown:
+    t_s: float
+    node: str
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class NodeUp:
+    """A node is healthy again, or a cloud node the core started has joined."""
+
+    t_s: float
+    node: str
+
+
+class JobProgress(NamedTuple):
+    """A running job's work as its driver measures it (seconds of work at full speed)."""
+
+    done_s: float
+    saved_s: float
+    speed: float
+    overhead_s: float
+    cap_speed: float
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Measured progress of jobs; without it the core estimates (speed 1, no slowdown)."""
+
+    t_s: float
+    jobs: Mapping[str, JobProgress]
+
+
+@dataclass(frozen=True)
+class GpuTemps:
+    """GPU temperatures [node, gpu] and each node's inlet air, e.g. from NVML."""
+
+    t_s: float
+    temps_c: np.ndarray
+    inlet_c: np.ndarray
+
+
+@dataclass(frozen=True)
+class ServiceDemand:
+    """The peak request rate a service expects over the core's look-ahead."""
+
+    t_s: float
+    service: str
+    peak_rps: float
+
+
+Event = (
+    Submitted | Finished | Vacated | Lost | NodeDown | NodeUp | Progress | GpuTemps | ServiceDemand
+)

@@ -1,0 +1,515 @@
+"""The stages of a cycle other than the policy's plan: pool choice, service replicas,
+price deferral, power caps and cloud burst. Each reads and changes the core's state
+(passed in) and returns the commands it decided; `Scheduler.cycle` runs them in order."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from gpupool.core.lifecycle import JobState
+from gpupool.core.model import MILLI_PER_GPU, JobKind, JobSpec
+from gpupool.energy.deferral import DeferrableJob, plan_starts
+from gpupool.energy.power import PowerModel, load_of
+from gpupool.energy.powercap import SetPowerCap
+from gpupool.energy.thermal import ThermalModel
+from gpupool.federation.burst import BurstController, BurstRules
+from gpupool.policies.pool_choice import (
+    PoolLoad,
+    PoolOption,
+    charge,
+    choose_across_sites,
+    choose_blind,
+    choose_cost_aware,
+    choose_first,
+)
+from gpupool.policies.power import CapJob, plan_power_caps
+from gpupool.scheduler.commands import Burst, Cancel, Command, Defer, Reclaim
+from gpupool.scheduler.jobs import WAITING, JobRecord
+from gpupool.sizing.planner import sized_options
+
+if TYPE_CHECKING:
+    from gpupool.scheduler.core import Scheduler
+
+
+# ---- pools: GPU type and site ---------------------------------------------------------------
+def options_for(core: Scheduler, job: JobSpec) -> tuple[PoolOption, ...]:
+    """Every pool the job may run on, with its GPU count and run time there."""
+    request = core.sized.get(job.job_id)
+    sized: dict[str, tuple[int, float | None]] = {}
+    if request is not None and core.catalog is not None:
+        catalog = core.catalog
+        types = sorted({m for m in core.pool_model.values() if m in catalog})
+        for name, opt in sized_options(request, catalog, types).items():
+            if opt.fits and opt.run_s is not None:
+                sized[name] = (opt.count, opt.run_s)
+    out = []
+    for key in core.pool_nodes:
+        model = core.pool_model[key]
+        if request is not None:
+            if model not in sized:
+                continue
+            count, duration = sized[model]
+        elif job.allows_model(model):
+            count, duration = job.gpu_count, job.duration_s
+        else:
+            continue
+        if count > core.pool_gpus[key]:
+            continue
+        site = core.pool_site[key]
+        out.append(PoolOption(key, model, site, count, duration, core.pool_price.get(key, 0.0)))
+    placement = core.config.placement
+    if placement.gpu_type == "first" and request is None and core.topology is None:
+        return tuple(out[:1])
+    return tuple(out)
+
+
+def choose(
+    core: Scheduler, r: JobRecord, loads: dict[str, PoolLoad], now: float
+) -> tuple[PoolOption | None, str]:
+    """The pool a waiting job should wait for, and why (None: no acceptable pool)."""
+    options = r.options
+    placement = core.config.placement
+    svc = core.services.get(r.service) if r.service is not None else None
+    if core.topology is not None:
+        choice, decision = choose_across_sites(
+            r.spec,
+            options,
+            loads,
+            core.topology,
+            now,
+            placement.site == "locality-aware",
+            svc.user_region if svc is not None else None,
+            svc.latency_bound_ms if svc is not None else None,
+            placement.value_of_time_usd_per_h,
+        )
+        if choice is not None and choice.rejected_remote and r.job_id not in core.rejected_remote:
+            core.rejected_remote.add(r.job_id)
+            refused = "; ".join(f"{site}: {why}" for site, why in decision.rejected)
+            core.engine.note(r.job_id, now, f"remote refused ({refused})")
+        if choice is None:
+            return None, decision.reason
+        return choice.option, decision.reason
+    if len(options) == 1 or placement.gpu_type == "first":
+        picked = choose_first(options)
+    elif placement.gpu_type == "blind":
+        picked = choose_blind(options, loads)
+    else:
+        picked = choose_cost_aware(r.spec, options, loads, now, placement.value_of_time_usd_per_h)
+    return picked.option, picked.reason
+
+
+def retarget(core: Scheduler, r: JobRecord, option: PoolOption) -> None:
+    """Point a waiting job at a pool: its GPU count and work become that pool's."""
+    if r.gpu_type == option.pool and r.spec.gpu_count == option.gpu_count:
+        return
+    queued = r.state in WAITING and r.gpu_type
+    if queued:
+        core.queues.remove(r)
+    r.spec = replace(
+        r.spec,
+        gpu_count=option.gpu_count,
+        duration_s=option.duration_s,
+        gpu_models=frozenset({option.gpu_type}),
+    )
+    r.gpu_type = option.pool
+    core.dirty = True
+    if queued:
+        core.queues.add(r)
+
+
+def rechoose(core: Scheduler, now: float) -> None:
+    """Each cycle, waiting jobs that never ran follow capacity to their best pool."""
+    movable = [
+        r
+        for r in core.active.values()
+        if len(r.options) > 1 and r.state is JobState.PENDING and r.first_start_s is None
+    ]
+    if not movable:
+        return
+    loads = core.pool_loads()
+    movable.sort(key=lambda r: (r.ready_s, r.spec.job_id))
+    for r in movable[: core.config.queue_depth * 8]:
+        option, _ = choose(core, r, loads, now)
+        if option is None:
+            continue
+        retarget(core, r, option)
+        charge(loads, option, core.state, core.pool_nodes)
+
+
+def transfer_s(core: Scheduler, r: JobRecord) -> float:
+    """Moving the job's dataset to the site it starts at, with its GPUs held."""
+    job = r.spec
+    if core.topology is None or job.dataset is None or job.dataset_gb <= 0:
+        return 0.0
+    return core.topology.transfer_s(job.dataset, core.pool_site[r.gpu_type], job.dataset_gb)
+
+
+# ---- services: replicas that follow demand ---------------------------------------------------
+def replicas_needed(core: Scheduler, name: str, load_rps: float, shared: bool) -> int:
+    svc = core.services[name]
+    cfg = core.config
+    speed = cfg.colocation.speed(JobKind.ONLINE, cfg.share_cap) if shared else 1.0
+    want = math.ceil(load_rps * cfg.autoscale_headroom / (svc.replica_rps * speed) - 1e-9)
+    return min(max(want, svc.min_replicas), svc.max_replicas)
+
+
+def sharing_pays(core: Scheduler, name: str, load_rps: float) -> bool:
+    """Pack a service's replicas onto shared GPUs only where the model says it helps: the
+    p99 next to `share_cap - 1` neighbours still meets the SLO, and the GPUs the shared
+    replicas take (slowed by time-slicing) are fewer than whole-GPU replicas."""
+    svc = core.services[name]
+    cfg = core.config
+    if svc.replica_gpu_milli >= MILLI_PER_GPU:
+        return False
+    p99 = svc.base_p99_ms * cfg.colocation.online_p99_factor([JobKind.ONLINE] * (cfg.share_cap - 1))
+    if p99 > svc.slo_p99_ms:
+        return False
+    shared_gpus = replicas_needed(core, name, load_rps, True) * svc.replica_gpu_milli / 1000
+    return shared_gpus < replicas_needed(core, name, load_rps, False)
+
+
+def autoscale(core: Scheduler, now: float) -> list[Command]:
+    """Each service to the replicas its expected peak needs: new replicas are submitted,
+    surplus ones cancelled (waiting ones first, then those on the emptiest nodes, so the
+    GPUs freed join other free GPUs instead of leaving holes)."""
+    out: list[Command] = []
+    for svc in core.services.values():
+        peak = core.demand.get(svc.name, 0.0)
+        shared = sharing_pays(core, svc.name, peak)
+        want = replicas_needed(core, svc.name, peak, shared)
+        mine = list(core.replicas[svc.name].values())
+        if len(mine) < want:
+            for _ in range(want - len(mine)):
+                core.replica_seq[svc.name] += 1
+                job = JobSpec(
+                    job_id=f"{svc.name}-r{core.replica_seq[svc.name]}",
+                    gpu_count=1,
+                    gpu_milli=svc.replica_gpu_milli if shared else MILLI_PER_GPU,
+                    gpu_models=svc.gpu_models,
+                    team=svc.team,
+                    priority=svc.priority,
+                    kind=JobKind.ONLINE,
+                    submit_s=now,
+                )
+                core.submit(job, now, service=svc.name)
+        elif len(mine) > want:
+            mine.sort(key=lambda r: (r.state is JobState.RUNNING, -_node_free(core, r)))
+            for r in mine[: len(mine) - want]:
+                core.claims.pop(r.job_id, None)
+                holding = r.state is JobState.RUNNING
+                core.finished(r.job_id, now, JobState.CANCELLED, "scaled down")
+                if holding:
+                    out.append(Cancel(r.job_id, "scaled down"))
+    return out
+
+
+def _node_free(core: Scheduler, r: JobRecord) -> int:
+    placement = core.state.placements.get(r.spec.job_id)
+    if placement is None:
+        return 0
+    return int(core.state.whole_free[placement.shares[0].node])
+
+
+# ---- price deferral --------------------------------------------------------------------------
+@dataclass
+class Deferral:
+    """Deadline-bound work held for cheaper hours (energy.price_aware), re-planned at each
+    slot boundary or when the deferrable set changes; never past a job's deadline."""
+
+    held: set[str] = field(default_factory=set)
+    until: dict[str, float] = field(default_factory=dict)
+    known: set[str] = field(default_factory=set)
+    due_s: float = 0.0
+
+    def plan(self, core: Scheduler, now: float) -> list[Command]:
+        e = core.config.energy
+        kinds = (JobKind.TRAINING, JobKind.OFFLINE, JobKind.BATCH)
+        waiting = [
+            r
+            for r in core.active.values()
+            if r.state in WAITING and r.spec.deadline_s is not None and r.spec.kind in kinds
+        ]
+        ids = {r.job_id for r in waiting}
+        if now < self.due_s and ids <= self.held | self.known:
+            self.held &= ids
+            return []
+        self.due_s = (now // e.deferral_slot_s + 1) * e.deferral_slot_s
+        self.known = ids
+        before = set(self.held)
+        self.held = set()
+        planned: dict[str, float] = {}
+        by_pool: dict[str, list[JobRecord]] = defaultdict(list)
+        for r in waiting:
+            by_pool[r.gpu_type].append(r)
+        for pool, runs in by_pool.items():
+            tariff = core.tariffs.get(core.pool_site[pool])
+            if tariff is None:
+                continue
+            capacity = int(core.state.gpu_count[core.pool_nodes[pool]].sum())
+            busy: list[tuple[int, float]] = []
+            for r in core.running.values():
+                if r.gpu_type == pool:
+                    left = ((r.spec.duration_s or 0.0) - r.done_s) / max(r.speed, 1e-9)
+                    busy.append((r.spec.gpu_count, now + left + r.overhead_s))
+            for r in core.active.values():  # waiting work that is not deferrable runs first
+                if r.gpu_type == pool and r.state in WAITING and r.job_id not in ids:
+                    busy.append((r.spec.gpu_count, now + (r.spec.duration_s or 0.0)))
+            waits: dict[int, float] = {}
+            width = core.state.max_gpus_per_node
+            longest = max(
+                (r.spec.duration_s or 0.0 for r in core.running.values() if r.gpu_type == pool),
+                default=0.0,
+            )
+            for r in runs:
+                if r.spec.gpu_count not in waits:
+                    wait = fit_wait_s(core, pool, r.spec.gpu_count, now)
+                    if r.spec.gpu_count >= width:
+                        wait = max(wait, longest)
+                    waits[r.spec.gpu_count] = wait
+            # A job's run counts the wait for GPUs of its shape, so that it is forced early
+            # enough to get them by its latest start. A job that needs whole nodes may have
+            # to wait for a node to drain whatever starts before it: the longest job
+            # running there bounds that wait (forced jobs start before any other).
+            jobs = [
+                DeferrableJob(
+                    r.job_id,
+                    r.spec.gpu_count,
+                    ((r.spec.duration_s or 0.0) - r.done_s)
+                    + _restart_s(core, r)
+                    + waits[r.spec.gpu_count],
+                    r.ready_s,
+                    float(r.spec.deadline_s or 0.0),
+                )
+                for r in runs
+            ]
+            plan = plan_starts(
+                now,
+                jobs,
+                capacity,
+                busy,
+                tariff.price_at,
+                slot_s=e.deferral_slot_s,
+                margin_s=e.deferral_margin_s,
+            )
+            held = {r.job_id for r in runs} - set(plan.start_now)
+            if plan.forced:
+                # Jobs out of slack go first: what merely got cheap waits until they run,
+                # so a job moved for price never loses its GPUs to one that could wait.
+                held |= set(plan.start_now) - set(plan.forced)
+            self.held |= held
+            for job_id in held:
+                planned[job_id] = plan.planned_start_s.get(job_id, now)
+        out: list[Command] = []
+        if self.held != before:
+            core.dirty = True
+        for job_id in sorted(self.held):
+            until = max(planned.get(job_id, now), now)
+            if job_id not in before or self.until.get(job_id) != until:
+                out.append(Defer(job_id, until, "price"))
+            self.until[job_id] = until
+        for job_id in before - self.held:
+            self.until.pop(job_id, None)
+        return out
+
+
+def fit_wait_s(core: Scheduler, pool: str, gpus: int, now: float) -> float:
+    """How long until running work frees GPUs of this shape in the pool: `gpus` on one
+    node, or that many whole nodes for a wider job (from the running jobs' ends)."""
+    ends: dict[int, list[tuple[float, int]]] = defaultdict(list)
+    for r in core.running.values():
+        placement = core.state.placements.get(r.spec.job_id)
+        if r.gpu_type != pool or placement is None:
+            continue
+        left = ((r.spec.duration_s or 0.0) - r.done_s) / max(r.speed, 1e-9) + r.overhead_s
+        if r.vacate_at is not None:
+            left = r.vacate_at - now
+        for part in placement.shares:
+            ends[part.node].append((max(0.0, left), len(part.gpus)))
+    width = core.state.max_gpus_per_node
+    need, nodes_needed = (gpus, 1) if gpus <= width else (width, math.ceil(gpus / width))
+    times = []
+    for n in np.flatnonzero(core.pool_nodes[pool]).tolist():
+        free = int(core.state.whole_free[n])
+        if int(core.state.gpu_count[n]) < need:
+            continue
+        t = 0.0
+        for end, count in sorted(ends.get(n, [])):
+            if free >= need:
+                break
+            free += count
+            t = end
+        times.append(t)
+    times.sort()
+    return times[nodes_needed - 1] if len(times) >= nodes_needed else 0.0
+
+
+def _restart_s(core: Scheduler, r: JobRecord) -> float:
+    ck = core.config.checkpoint
+    if r.state is JobState.SUSPENDED:
+        return ck.resume_s(r.spec.state_gib_per_gpu)
+    return ck.process_start_s + transfer_s(core, r)
+
+
+# ---- power caps ------------------------------------------------------------------------------
+_POWER = PowerModel.calibrated()
+_THERMAL = ThermalModel.calibrated()
+
+
+def power_caps(core: Scheduler, now: float) -> list[Command]:
+    """SetPowerCap for every card whose command changes: memory-bound clock locks, price
+    and deadline caps, hot cards; a reset for every card whose job left."""
+    e = core.config.energy
+    jobs = []
+    for r, placement in core.working():
+        gpus = tuple((p.node, g) for p in placement.shares for g in p.gpus)
+        left = ((r.spec.duration_s or 0.0) - r.done_s) / max(r.speed, 1e-9) * r.cap_speed
+        jobs.append(
+            CapJob(
+                r.job_id,
+                r.spec.kind,
+                gpus,
+                float(core.tdp_w[gpus[0][0]]) if gpus else 0.0,
+                r.spec.deadline_s,
+                left + r.overhead_s,
+            )
+        )
+    site_price = {}
+    for site, tariff in core.tariffs.items():
+        site_price[site] = (
+            (tariff.price_at(now), tariff.mean_price()) if tariff is not None else None
+        )
+    hot: dict[tuple[int, int], float] = {}
+    if e.thermal.aware and core.temps_c is not None and core.inlet_c is not None:
+        # A card is capped when it runs hot or would settle above the threshold at its
+        # job's power: to the power whose steady temperature sits 2 C under it.
+        limit_c = e.thermal.threshold_c - 2.0
+        r_c_per_w = _THERMAL.r_c_per_w
+        for job in jobs:
+            for n, g in job.gpus:
+                inlet = float(core.inlet_c[n])
+                draw = _POWER.gpu_power_w(float(core.tdp_w[n]), load_of(job.kind))
+                if core.temps_c[n, g] > limit_c or inlet + draw * r_c_per_w > limit_c:
+                    hot[(n, g)] = max(0.0, (limit_c - inlet) / r_c_per_w)
+    commands = plan_power_caps(
+        jobs,
+        now,
+        {n: site_price.get(core.node_site[n]) for n in range(core.state.node_count)},
+        hot,
+        price_capping=e.power_capping,
+    )
+    out: list[Command] = []
+    held = {(c.node, c.gpu) for c in commands}
+    for key in [k for k in core.caps if k not in held]:  # cards whose job left: reset
+        del core.caps[key]
+        out.append(SetPowerCap(key[0], key[1], None, None, "its job left: defaults"))
+    for c in commands:
+        key = (c.node, c.gpu)
+        if c.is_reset:
+            if core.caps.pop(key, None) is not None:
+                out.append(c)
+        elif core.caps.get(key) != c:
+            core.caps[key] = c
+            out.append(c)
+    return out
+
+
+# ---- cloud burst and reclaim -----------------------------------------------------------------
+DOWN, STARTING, UP = 0, 1, 2
+
+
+@dataclass
+class Cloud:
+    """Cloud nodes: down until a Burst starts them, in the pool once they join, handed
+    back (Reclaim) when idle. The driver starts and stops them and reports joins."""
+
+    controller: BurstController
+    nodes: tuple[int, ...]
+    """Cloud node indices, in the order they are started."""
+    pools: frozenset[str]
+    status: dict[int, int] = field(default_factory=dict)
+
+    @staticmethod
+    def of(core: Scheduler, names: Sequence[str]) -> Cloud:
+        listed = tuple(core.node_index[n] for n in names)
+        cloud = Cloud(
+            BurstController(burst_rules(core.config.burst, len(listed))),
+            listed,
+            frozenset(core.node_pool[k] for k in listed),
+        )
+        for k in listed:
+            cloud.status[k] = DOWN
+            core.pool_nodes[core.node_pool[k]][k] = False
+        return cloud
+
+    def joined(self, core: Scheduler, k: int) -> None:
+        if self.status[k] == STARTING:
+            self.status[k] = UP
+            core.pool_nodes[core.node_pool[k]][k] = True
+
+    def tick(self, core: Scheduler, now: float) -> list[Command]:
+        state = core.state
+        onprem = np.ones(state.node_count, dtype=np.bool_)
+        onprem[list(self.nodes)] = False
+        gpus = int(state.gpu_count[onprem].sum())
+        free = int(state.whole_free[onprem].sum())
+        util = (gpus - free) / gpus if gpus else 0.0
+        waiting = sum(
+            r.spec.gpu_count
+            for r in core.active.values()
+            if r.state in WAITING
+            and r.gpu_type not in self.pools
+            and r.job_id not in core.deferral.held
+        )
+        pending = max(0, waiting - free)
+        up = [n for n in self.nodes if self.status[n] == UP]
+        starting = [n for n in self.nodes if self.status[n] == STARTING]
+        idle = [n for n in up if state.whole_free[n] == state.gpu_count[n]]
+        gpus_up = sum(int(state.gpu_count[n]) for n in up)
+        used = sum(int(state.gpu_count[n] - state.whole_free[n]) for n in up)
+        cloud_util = used / gpus_up if gpus_up else 0.0
+        events = self.controller.observe(
+            now, util, pending, len(up), len(starting), cloud_util, len(idle)
+        )
+        out: list[Command] = []
+        names = [n.name for n in core.cluster.nodes]
+        for ev in events:
+            if ev.action == "burst":
+                down = [n for n in self.nodes if self.status[n] == DOWN][: ev.nodes]
+                for n in down:
+                    self.status[n] = STARTING
+                out.append(Burst(tuple(names[n] for n in down), ev.reason))
+            else:
+                gone = idle[: ev.nodes]
+                for n in gone:
+                    self.status[n] = DOWN
+                    core.pool_nodes[core.node_pool[n]][n] = False
+                out.append(Reclaim(tuple(names[n] for n in gone), ev.reason))
+            core.engine.note(
+                f"cloud-{ev.action}", now, f"{ev.action} {ev.nodes} node(s): {ev.reason}"
+            )
+            core.dirty = True
+        return out
+
+
+def burst_rules(raw: Mapping[str, Any] | None, max_nodes: int) -> BurstRules:
+    """The scheduling section's burst rules (durations in minutes) for `max_nodes` nodes."""
+    given = dict(raw or {})
+    d = BurstRules(max_cloud_nodes=max_nodes)
+    return BurstRules(
+        util_threshold=float(given.get("util_threshold", d.util_threshold)),
+        sustain_s=60.0 * float(given.get("sustain_min", d.sustain_s / 60.0)),
+        pending_gpu_threshold=int(given.get("pending_gpus", d.pending_gpu_threshold)),
+        pending_sustain_s=60.0
+        * float(given.get("pending_sustain_min", d.pending_sustain_s / 60.0)),
+        reclaim_util=float(given.get("reclaim_util", d.reclaim_util)),
+        reclaim_sustain_s=60.0
+        * float(given.get("reclaim_sustain_min", d.reclaim_sustain_s / 60.0)),
+        nodes_per_burst=int(given.get("nodes_per_burst", d.nodes_per_burst)),
+        max_cloud_nodes=max_nodes,
+    )
