@@ -15,11 +15,12 @@ from gpupool.core.model import Cluster, JobKind, JobSpec, Node
 from gpupool.core.quota import TeamQuota
 from gpupool.errors import SpecError
 from gpupool.policies.cycle import PreemptionRules
-from gpupool.scheduler import Launch, Scheduler, Stop
+from gpupool.scheduler import Burst, Command, Launch, NodeUp, Reclaim, Scheduler, Stop
+from gpupool.scheduler.config import PlacementConfig, SchedulerConfig
 from gpupool.service.clock import ManualClock
 from gpupool.service.executor import FakeExecutor
 from gpupool.service.live import LiveConfig, LiveService
-from gpupool.service.sites import CloudNodes, make_chooser, pool_prices, read_sites
+from gpupool.service.sites import CloudNodes, SitesConfig, pool_prices, read_sites
 from gpupool.service.store import NewJob, Store
 from gpupool.service.telemetry import FakeTelemetry
 
@@ -122,14 +123,31 @@ def job(job_id: str, gpus: int, t: float, **kw: Any) -> JobSpec:
     return JobSpec(job_id, gpu_count=gpus, team="ml", submit_s=t, duration_s=3600.0, **kw)
 
 
-def fed_scheduler() -> Scheduler:
-    cfg = read_sites(sites(), "sites.yaml")
-    s = Scheduler(two_sites(), (), "fifo", PreemptionRules(60.0, 3), chooser=make_chooser(cfg))
-    s.pool_price = pool_prices(cfg, {k: (s.pool_site[k], m) for k, m in s.pool_model.items()})
-    return s
+def config(**kw: Any) -> SchedulerConfig:
+    """The service's defaults (1 s cycle, no reserve, 60 s minimum runtime) and `kw`."""
+    base: dict[str, Any] = {
+        "policy": "fifo",
+        "cycle_s": 1.0,
+        "online_reserve": 0.0,
+        "preemption": PreemptionRules(60.0, 3),
+    }
+    return SchedulerConfig(**(base | kw))
 
 
-def placed(decisions: Sequence[Launch | Stop], s: Scheduler) -> dict[str, str]:
+def fed_scheduler(cfg: SitesConfig | None = None, cluster: Cluster | None = None) -> Scheduler:
+    cfg = cfg or read_sites(sites(), "sites.yaml")
+    cluster = cluster or two_sites()
+    pools = {f"{n.cluster}/{n.gpu_model}": (n.cluster, n.gpu_model) for n in cluster.nodes}
+    return Scheduler(
+        cluster,
+        config(placement=PlacementConfig(site=cfg.placement), burst=cfg.burst),
+        topology=cfg.topology,
+        pool_price=pool_prices(cfg, pools),
+        cloud_nodes=[c.name for c in cfg.cloud_nodes],
+    )
+
+
+def placed(decisions: Sequence[Command], s: Scheduler) -> dict[str, str]:
     return {
         d.job_id: s.cluster.nodes[d.placement.shares[0].node].name
         for d in decisions
@@ -154,14 +172,14 @@ def test_work_goes_where_it_finishes_first_unless_its_data_would_take_longer() -
         s.submit(job(k, 4, t), t)
         s.cycle(t)
     # a and b fill both sites; c and d wait, one at each (the shorter queue)
-    assert {s.tickets["a"].gpu_type, s.tickets["b"].gpu_type} == set(s.pool_nodes)
-    assert {s.tickets["c"].gpu_type, s.tickets["d"].gpu_type} == set(s.pool_nodes)
+    assert {s.records["a"].gpu_type, s.records["b"].gpu_type} == set(s.pool_nodes)
+    assert {s.records["c"].gpu_type, s.records["d"].gpu_type} == set(s.pool_nodes)
     # 1.35 TB over the 1 Gbps link takes 3 h to move: each waits where its data is
     for site in ("east", "west"):
         name = f"far-{site}"
         s.submit(job(name, 1, 4.0, dataset=f"corpus-{site}", dataset_gb=1350.0), 4.0)
         s.cycle(4.0)
-        assert s.tickets[name].gpu_type == f"{site}/A100-80GB"
+        assert s.records[name].gpu_type == f"{site}/A100-80GB"
         notes = [d.action for d in s.log.decisions if d.job_id == name]
         assert any(n.startswith(f"pool {site}/A100-80GB: ") for n in notes), notes
 
@@ -171,7 +189,9 @@ def test_a_claimant_whose_victim_ends_by_itself_is_launched() -> None:
     of the next cycle as a Launch (it used to be started in the core but never launched)."""
     cluster = Cluster("c", (Node("n", "A100-80GB", 1, 1_000_000, 1 << 30, cluster="c"),))
     teams = (TeamQuota("serving", {"A100-80GB": 1}, {}), TeamQuota("research", {}, {}))
-    s = Scheduler(cluster, teams, "priority-quota", PreemptionRules(0.0, 3))
+    s = Scheduler(
+        cluster, config(teams=teams, policy="priority-quota", preemption=PreemptionRules(0.0, 3))
+    )
     s.submit(JobSpec("train", team="research", kind=JobKind.TRAINING), 0.0)
     assert [type(d) for d in s.cycle(0.0)] == [Launch]
     s.submit(JobSpec("chat", team="serving", kind=JobKind.ONLINE, priority=100), 1.0)
@@ -179,7 +199,7 @@ def test_a_claimant_whose_victim_ends_by_itself_is_launched() -> None:
     s.finished("train", 2.0, JobState.FINISHED)  # exit 0 before it saw SIGTERM
     out = s.cycle(2.0)
     assert [(type(d), d.job_id) for d in out] == [(Launch, "chat")]
-    assert s.tickets["chat"].state is JobState.RUNNING
+    assert s.records["chat"].state is JobState.RUNNING
 
 
 # ---- cloud nodes --------------------------------------------------------------------------------
@@ -193,24 +213,50 @@ class Runner:
         return lambda: self.code
 
 
-def test_cloud_nodes_burst_after_the_sustain_window_and_reclaim_when_idle(tmp_path: Path) -> None:
+def test_the_core_bursts_after_the_sustain_window_and_reclaims_when_idle() -> None:
+    cfg = read_sites(sites(cloud=CLOUD, burst=FAST), "sites.yaml")
+    cluster = Cluster(
+        "fed",
+        (
+            Node("e1", "A100-80GB", 4, 1_000_000, 1 << 30, cluster="east"),
+            Node("c1", "H100", 4, 1_000_000, 1 << 30, cluster="cloud"),
+        ),
+    )
+    s = fed_scheduler(cfg, cluster)
+    s.submit(job("a", 4, 0.0, gpu_models=frozenset({"A100-80GB"})), 0.0)
+    s.submit(job("b", 4, 0.0), 0.0)  # any GPU: waits while c1 is down
+
+    def clouds(t: float) -> list[Command]:
+        return [c for c in s.cycle(t) if isinstance(c, Burst | Reclaim)]
+
+    assert clouds(0.0) == [] and clouds(9.0) == []  # 9 s < the 10 s sustain window
+    burst = clouds(10.0)
+    assert [(type(c), c.nodes) for c in burst] == [(Burst, ("c1",))]
+    assert "pending" in burst[0].reason
+    assert clouds(11.0) == []  # no second burst while it starts
+    assert "b" not in s.placements()
+    s.observe(NodeUp(20.0, "c1"))
+    launches = [c for c in s.cycle(20.0) if isinstance(c, Launch)]
+    assert [(c.job_id, s.cluster.nodes[c.placement.nodes[0]].name) for c in launches] == [
+        ("b", "c1")
+    ]
+    s.finished("b", 21.0, JobState.FINISHED)
+    assert clouds(21.0) == []  # idle: the reclaim window opens
+    reclaim = clouds(45.0)
+    assert [(type(c), c.nodes) for c in reclaim] == [(Reclaim, ("c1",))]
+    assert "cloud utilisation 0% < 30%" in reclaim[0].reason
+    assert not s.pool_nodes["cloud/H100"].any()  # out of the pool while it stops
+
+
+def test_cloud_nodes_run_the_commands_the_core_decides(tmp_path: Path) -> None:
     cfg = read_sites(sites(cloud=CLOUD, burst=FAST), "sites.yaml")
     runner = Runner()
     cloud = CloudNodes(cfg, tmp_path, runner)
-    assert cloud.tick(0.0, 1.0, 4, {}) == []
-    assert cloud.tick(9.0, 1.0, 4, {}) == []  # 9 s < 10 s
-    events = cloud.tick(10.0, 1.0, 4, {})
-    assert [k for k, _, _ in events] == ["cloud-burst"]
-    assert "start c1" in events[0][1] and "for 0 min" in events[0][1]
+    assert cloud.start("c1", "3 GPUs pending", 10.0).startswith("start c1: 3 GPUs pending; ran ")
     assert runner.calls == [["start-node", "c1", "H100", "4", "cloud"]]
     assert cloud.state("c1") == "starting"
-    assert cloud.tick(11.0, 1.0, 4, {}) == []  # no second burst while it starts
     assert cloud.joined("c1", 20.0) == "cloud node c1 joined 10 s after its start"
-    assert cloud.tick(21.0, 0.5, 0, {"c1": 4}) == []  # busy: kept
-    assert cloud.tick(30.0, 0.5, 0, {"c1": 0}) == []  # idle, window opens
-    events = cloud.tick(50.0, 0.5, 0, {"c1": 0})
-    assert [(k, out) for k, _, out in events] == [("cloud-reclaim", ("c1",))]
-    assert "cloud utilisation 0% < 30% for 0 min" in events[0][1]
+    assert cloud.stop("c1", "idle", 50.0) == "stop c1: idle; ran stop-node c1"
     assert runner.calls[-1] == ["stop-node", "c1"]
     assert cloud.left("c1", 55.0) == "cloud node c1 stopped (reclaimed)"
 
@@ -219,11 +265,11 @@ def test_a_cloud_node_that_never_joins_is_given_up(tmp_path: Path) -> None:
     cfg = read_sites(sites(cloud=CLOUD, burst=FAST), "sites.yaml")
     runner = Runner(code=3)
     cloud = CloudNodes(cfg, tmp_path, runner)
-    cloud.tick(0.0, 1.0, 4, {})
-    cloud.tick(10.0, 1.0, 4, {})
-    kinds = [k for k, _, _ in cloud.tick(11.0, 1.0, 4, {})]
+    cloud.start("c1", "pending", 10.0)
+    kinds = [k for k, _, _ in cloud.check(11.0)]
     assert kinds == ["cloud-error"]  # the start command failed (exit 3)
-    events = cloud.tick(75.0, 1.0, 4, {})
+    events = cloud.check(75.0)
+    assert [(k, out) for k, _, out in events if "did not join" in _] == [("cloud-error", ("c1",))]
     assert any("did not join within 60 s" in m for _, m, _ in events)
     assert cloud.state("c1") == "stopping"
 
@@ -327,7 +373,7 @@ def test_the_sites_file_in_docs_ray_md_is_valid() -> None:
 
 def test_a_cap_on_starts_per_cycle_spreads_them_over_cycles() -> None:
     cluster = Cluster("c", (Node("n", "A100-80GB", 8, 1_000_000, 1 << 30, cluster="c"),))
-    s = Scheduler(cluster, (), "fifo", PreemptionRules(60.0, 3), max_starts_per_cycle=3)
+    s = Scheduler(cluster, config(max_starts_per_cycle=3))
     for k in range(7):
         s.submit(JobSpec(str(k), team="ml"), 0.0)
     counts = [len(s.cycle(float(t))) for t in range(4)]

@@ -13,6 +13,7 @@ from typing import Any
 
 from gpupool.core.calibration import CheckpointModel, ColocationModel
 from gpupool.core.quota import QuotaWindow, TeamQuota
+from gpupool.federation.burst import BurstRules
 from gpupool.policies.cycle import PreemptionRules
 
 MODES = ("pool", "static")
@@ -84,8 +85,8 @@ class SchedulerConfig:
     colocation: ColocationModel = field(default_factory=ColocationModel.calibrated)
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     energy: EnergyConfig = field(default_factory=EnergyConfig)
-    burst: Mapping[str, Any] | None = None
-    """Cloud burst and reclaim rules (federation.burst), in the scenario's units."""
+    burst: Mapping[str, Any] | BurstRules | None = None
+    """Cloud burst and reclaim rules: a scenario's section (minutes) or the rules."""
     max_starts_per_cycle: int | None = None
     """Apply at most this many of a plan's starts; the rest are planned again next cycle
     (a live executor that takes long per launch keeps its loop responsive)."""

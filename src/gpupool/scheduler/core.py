@@ -245,6 +245,8 @@ class Scheduler:
         if r.options:
             if len(r.options) > 1:
                 option, why = stages.choose(self, r, self.pool_loads(), now)
+                if option is not None:
+                    self.engine.note(job.job_id, now, f"pool {option.pool}: {why}")
             else:
                 option = r.options[0]
         room = 0
@@ -274,6 +276,9 @@ class Scheduler:
         if job.job_id in self.sized:
             return "its model fits no GPU type of this cluster within the GPU counts tried"
         if not r.options:
+            fits = [n for k, n in self.pool_gpus.items() if job.allows_model(self.pool_model[k])]
+            if fits:
+                return f"needs {job.gpu_count} GPUs, at most {max(fits)} usable"
             have = ", ".join(sorted(set(self.pool_model.values())))
             return f"allows {sorted(job.gpu_models)}; no such pool (this cluster has {have})"
         return "no site meets its latency bound"
@@ -331,7 +336,7 @@ class Scheduler:
             self.queues.remove(r)
         if r.state in (JobState.RUNNING, JobState.PREEMPTING):
             self.engine.release(job_id, at, "finish" if state is JobState.FINISHED else "stop")
-        if r.state is JobState.PREEMPTING:
+        if r.state is JobState.PREEMPTING and state is JobState.CANCELLED:
             r.state = check_transition(job_id, r.state, JobState.SUSPENDED)
         r.state = check_transition(job_id, r.state, state)
         r.end_s, r.end_reason = at, reason
@@ -379,10 +384,16 @@ class Scheduler:
         """A node died or turned unhealthy: nothing more goes there. Returns the jobs that
         ran on it (the driver stops them and reports each with Lost)."""
         k = self._node(node)
-        self.healthy[k] = False
+        cloud = self.cloud is not None and k in self.cloud.status
+        if self.cloud is not None and cloud:
+            was = self.cloud.status[k]
+            self.cloud.status[k] = stages.DOWN  # it left, or never joined
+        else:
+            self.healthy[k] = False
         for mask in self.pool_nodes.values():
             mask[k] = False
-        self.engine.note(f"node:{node}", now, "node-lost")
+        if not cloud or was == stages.UP:
+            self.engine.note(f"node:{node}", now, "node-lost")
         self.dirty = True
         return sorted(
             job_id

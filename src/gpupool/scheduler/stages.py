@@ -135,9 +135,11 @@ def rechoose(core: Scheduler, now: float) -> None:
     loads = core.pool_loads()
     movable.sort(key=lambda r: (r.ready_s, r.spec.job_id))
     for r in movable[: core.config.queue_depth * 8]:
-        option, _ = choose(core, r, loads, now)
+        option, why = choose(core, r, loads, now)
         if option is None:
             continue
+        if option.pool != r.gpu_type:
+            core.engine.note(r.job_id, now, f"pool {option.pool}: {why}")
         retarget(core, r, option)
         charge(loads, option, core.state, core.pool_nodes)
 
@@ -420,13 +422,14 @@ def power_caps(core: Scheduler, now: float) -> list[Command]:
 
 
 # ---- cloud burst and reclaim -----------------------------------------------------------------
-DOWN, STARTING, UP = 0, 1, 2
+DOWN, STARTING, UP, STOPPING = 0, 1, 2, 3
 
 
 @dataclass
 class Cloud:
     """Cloud nodes: down until a Burst starts them, in the pool once they join, handed
-    back (Reclaim) when idle. The driver starts and stops them and reports joins."""
+    back (Reclaim) when idle and stopping until they have left. The driver starts and
+    stops them and reports joins (NodeUp) and departures (NodeDown)."""
 
     controller: BurstController
     nodes: tuple[int, ...]
@@ -487,7 +490,7 @@ class Cloud:
             else:
                 gone = idle[: ev.nodes]
                 for n in gone:
-                    self.status[n] = DOWN
+                    self.status[n] = STOPPING
                     core.pool_nodes[core.node_pool[n]][n] = False
                 out.append(Reclaim(tuple(names[n] for n in gone), ev.reason))
             core.engine.note(
@@ -497,8 +500,10 @@ class Cloud:
         return out
 
 
-def burst_rules(raw: Mapping[str, Any] | None, max_nodes: int) -> BurstRules:
+def burst_rules(raw: Mapping[str, Any] | BurstRules | None, max_nodes: int) -> BurstRules:
     """The scheduling section's burst rules (durations in minutes) for `max_nodes` nodes."""
+    if isinstance(raw, BurstRules):
+        return replace(raw, max_cloud_nodes=max_nodes)
     given = dict(raw or {})
     d = BurstRules(max_cloud_nodes=max_nodes)
     return BurstRules(

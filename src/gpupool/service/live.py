@@ -24,10 +24,21 @@ from typing import Any
 
 from gpupool.core.lifecycle import JobState
 from gpupool.core.model import Cluster, JobKind, JobSpec, Node, NodeShare, Placement
+from gpupool.energy.tariff import Tariff, load_tariff
 from gpupool.errors import GpupoolError, IllegalTransition, SpecError, Unavailable
 from gpupool.policies.cycle import PreemptionRules
-from gpupool.policies.power import CapJob, plan_power_caps
-from gpupool.scheduler import Launch, Scheduler, Stop
+from gpupool.scheduler import (
+    Burst,
+    Cancel,
+    Command,
+    Defer,
+    Launch,
+    Reclaim,
+    Scheduler,
+    SetPowerCap,
+    Stop,
+    pool_key,
+)
 from gpupool.scheduler.config import SchedulerConfig
 from gpupool.service.clock import Clock
 from gpupool.service.executor import Executor, Exit, Handle, LaunchSpec
@@ -37,7 +48,6 @@ from gpupool.service.sites import (
     CloudNodes,
     CommandRunner,
     SitesConfig,
-    make_chooser,
     pool_prices,
     with_cloud_nodes,
 )
@@ -50,6 +60,7 @@ from gpupool.service.telemetry import (
     Signals,
     Telemetry,
 )
+from gpupool.sizing.catalog import load_catalog
 
 TERMINAL_STATES = ("succeeded", "failed", "cancelled")
 
@@ -197,27 +208,41 @@ class LiveService:
         self.gone: dict[str, tuple[str | None, float]] = {}
         """Nodes the probe or a lost job took out: (their id then, None if unlisted; when)."""
         sched = config.scheduling
+        multi_site = len({n.cluster for n in self.cluster.nodes}) > 1
+        pools = {pool_key(n, multi_site): (n.cluster, n.gpu_model) for n in self.cluster.nodes}
+        catalog = load_catalog()
+        topology = None
+        prices = {
+            key: catalog[model].price_usd_per_hour if model in catalog else 0.0
+            for key, (_, model) in pools.items()
+        }
+        if sites is not None:
+            topology = sites.topology
+            prices = pool_prices(sites, pools)
+            sched = dataclasses.replace(
+                sched,
+                placement=dataclasses.replace(
+                    sched.placement,
+                    site=sites.placement,
+                    value_of_time_usd_per_h=sites.value_of_time_usd_per_h,
+                ),
+                burst=sites.burst,
+            )
         self.scheduler = Scheduler(
             self.cluster,
-            sched.teams,
-            sched.policy,
-            sched.preemption,
-            online_reserve=sched.online_reserve,
-            max_starts_per_cycle=sched.max_starts_per_cycle,
+            sched,
+            pool_price=prices,
+            topology=topology,
+            catalog=catalog,
+            tariffs=_site_tariffs(sched, {n.cluster for n in self.cluster.nodes}),
+            cloud_nodes=[c.name for c in sites.cloud_nodes] if sites is not None else (),
         )
         self.cloud: CloudNodes | None = None
-        if sites is not None:
-            self.scheduler.chooser = make_chooser(sites)
-            self.scheduler.pool_price = pool_prices(
-                sites,
-                {k: (self.scheduler.pool_site[k], m) for k, m in self.scheduler.pool_model.items()},
-            )
-            if sites.cloud_nodes:
-                self.cloud = CloudNodes(sites, config.state_dir, cloud_runner)
-                now = clock.now()
-                for c in sites.cloud_nodes:  # out of the pool until started and joined
-                    self.scheduler.node_lost(c.name, now)
-                    self.gone[c.name] = (None, now)
+        if sites is not None and sites.cloud_nodes:
+            self.cloud = CloudNodes(sites, config.state_dir, cloud_runner)
+            now = clock.now()
+            for c in sites.cloud_nodes:  # out of the pool until started and joined
+                self.gone[c.name] = (None, now)
         self.lock = threading.RLock()
         self.wake = threading.Event()
         self.stopping = threading.Event()
@@ -333,7 +358,7 @@ class LiveService:
             if self.probe is not None and now - self.last_probe >= self.PROBE_S:
                 self._probe(now)
             if self.cloud is not None:
-                self._burst(now)
+                self._check_cloud(now)
             self._carry_out(self.scheduler.cycle(now), now)
 
     def run_dir(self, job_id: int) -> Path:
@@ -393,7 +418,7 @@ class LiveService:
                 if now_id != was_id or now - since >= self.RESTORE_AFTER_S:
                     del self.gone[name]
                     self._node_joined(name, now_id)
-                    self.scheduler.node_restored(name, now)
+                    self.scheduler.node_up(name, now)
                     self.store.add_event("node-healthy", f"node {name} is back", now)
 
     def _probe_cloud(self, name: str, now_id: str | None, now: float) -> None:
@@ -403,6 +428,7 @@ class LiveService:
             why = self.cloud.left(name, now)
             if name in self.gone:  # reclaimed: already out of the pool, nothing ran there
                 self.gone[name] = (None, now)
+                self.scheduler.node_down(name, now, why)
                 self.store.add_event("cloud-node-down", why, now)
             else:
                 self._node_down(name, None, now, why)
@@ -410,7 +436,7 @@ class LiveService:
             why = self.cloud.joined(name, now)
             self._node_joined(name, now_id)
             self.gone.pop(name, None)
-            self.scheduler.node_restored(name, now)
+            self.scheduler.node_up(name, now)
             self.store.add_event("cloud-node-up", why, now)
 
     def _node_joined(self, name: str, node_id: str) -> None:
@@ -418,37 +444,14 @@ class LiveService:
         if remember is not None:
             remember(name, node_id)
 
-    def _burst(self, now: float) -> None:
-        """Cloud burst and reclaim, measured as the simulator measures (sim/scenario)."""
+    def _check_cloud(self, now: float) -> None:
+        """Start and stop commands that ended, and started nodes that never joined."""
         assert self.cloud is not None
-        if not self.cloud.due(now):
-            return
-        state = self.scheduler.state
-        cloud = self.cloud.names()
-        onprem_gpus = onprem_free = 0
-        busy: dict[str, int] = {}
-        for k, node in enumerate(self.cluster.nodes):
-            gpus, free = int(state.gpu_count[k]), int(state.whole_free[k])
-            if node.name in cloud:
-                busy[node.name] = gpus - free
-            elif node.name not in self.gone and node.name not in self.bad_nodes:
-                onprem_gpus += gpus
-                onprem_free += free
-        util = (onprem_gpus - onprem_free) / onprem_gpus if onprem_gpus else 0.0
-        cloud_pools = {self.scheduler.node_pool[self.scheduler.node_index[n]] for n in cloud}
-        waiting = sum(
-            t.spec.gpu_count
-            for _, job_id in self.scheduler.queue
-            for t in (self.scheduler.tickets[job_id],)
-            if t.gpu_type not in cloud_pools
-        )
-        pending = max(0, waiting - onprem_free)
-        for kind, message, out in self.cloud.tick(now, util, pending, busy):
+        for kind, message, gave_up in self.cloud.check(now):
             self.store.add_event(kind, message, now)
-            for name in out:  # reclaimed: nothing may start there while it stops
-                if name not in self.gone:
-                    self.scheduler.node_lost(name, now)
-                    self.gone[name] = (None, now)
+            for name in gave_up:  # it will not join: the core counts it down again
+                self.scheduler.node_down(name, now, message)
+                self.gone[name] = (None, now)
 
     def _node_down(self, name: str, node_id: str | None, now: float, why: str) -> None:
         first = name not in self.gone
@@ -457,7 +460,7 @@ class LiveService:
             return
         self.nodes_lost[name] += 1
         self.store.add_event("node-lost", why, now)
-        for job_id in self.scheduler.node_lost(name, now):
+        for job_id in self.scheduler.node_down(name, now, why):
             row = self.store.get(int(job_id))
             self.evicting[job_id] = f"{why}; requeued from its checkpoint"
             if job_id in self.executor.handles():
@@ -467,17 +470,15 @@ class LiveService:
     def _ingest(self, now: float) -> None:
         for row in self.store.list(state="pending", after_id=self.seen_id, limit=10_000):
             self.seen_id = max(self.seen_id, row.id)
-            if str(row.id) not in self.scheduler.tickets:
-                ticket = self.scheduler.submit(spec_of(row), now)
-                if ticket.state is JobState.UNPLACEABLE:
+            if str(row.id) not in self.scheduler.records:
+                record = self.scheduler.submit(spec_of(row), now)
+                if record.state is JobState.UNPLACEABLE:
                     self._transition(
                         row.id,
                         "failed",
                         now,
                         ("pending",),
-                        reason=ticket.reason
-                        or f"needs {row.gpu_count} GPUs of a kind this machine does not "
-                        f"have that many of ({', '.join(sorted(self.scheduler.pool_gpus))})",
+                        reason=f"cannot run here: {record.end_reason}",
                         ended_at=now,
                     )
 
@@ -487,10 +488,10 @@ class LiveService:
             now = self.clock.now()
             row = self.store.request_cancel(job_id, now)
             key = str(job_id)
-            ticket = self.scheduler.tickets.get(key)
+            record = self.scheduler.records.get(key)
             if row.state == "cancelled":
-                if ticket is not None:
-                    self.scheduler.finished(key, now, JobState.CANCELLED)
+                if record is not None:
+                    self.scheduler.finished(key, now, JobState.CANCELLED, "cancelled on request")
             elif row.state in ("running", "preempting") and key in self.executor.handles():
                 self.executor.cancel(key, row.grace_s, now)
             self.wake.set()
@@ -588,7 +589,7 @@ class LiveService:
             if index not in unhealthy:
                 self.bad_nodes.discard(name)
                 if name not in self.gone:
-                    self.scheduler.node_restored(name, now)
+                    self.scheduler.node_up(name, now)
                 self.store.add_event("node-healthy", f"node {name} is healthy again", now)
         for s in self.samples:
             if s.healthy:
@@ -604,34 +605,83 @@ class LiveService:
                 continue
             why = f"node {name} unhealthy: GPU {s.index} {s.problem}"
             self.store.add_event("node-unhealthy", why, now)
-            for job_id in self.scheduler.node_lost(name, now):
+            for job_id in self.scheduler.node_down(name, now, why):
                 row = self.store.get(int(job_id))
                 self.evicting[job_id] = f"{why}; requeued from its checkpoint"
                 self.executor.preempt(job_id, row.grace_s, now)
 
     # ---- outputs ----------------------------------------------------------------------------
-    def _carry_out(self, decisions: Sequence[Launch | Stop], now: float) -> None:
-        """Launches between two stops go out together (an executor with `launch_many`
-        starts them in parallel); the order of launches and stops is kept."""
+    def _carry_out(self, commands: Sequence[Command], now: float) -> None:
+        """Launches between two other commands go out together (an executor with
+        `launch_many` starts them in parallel); the order of the commands is kept."""
         batch: list[Launch] = []
-        for d in decisions:
-            if isinstance(d, Launch):
-                batch.append(d)
+        for c in commands:
+            if isinstance(c, Launch):
+                batch.append(c)
                 continue
             self._launch_all(batch, now)
             batch = []
-            row = self.store.get(int(d.job_id))
-            self._transition(
-                row.id,
-                "preempting",
-                now,
-                ("running",),
-                reason=d.reason,
-                preemptions=row.preemptions + 1,
-            )
-            self.executor.preempt(d.job_id, row.grace_s, now)
-            self._decided(now, "preempt", d.job_id)
+            if isinstance(c, Stop):
+                row = self.store.get(int(c.job_id))
+                self._transition(
+                    row.id,
+                    "preempting",
+                    now,
+                    ("running",),
+                    reason=c.reason,
+                    preemptions=row.preemptions + 1,
+                )
+                self.executor.preempt(c.job_id, row.grace_s, now)
+                self._decided(now, "preempt", c.job_id)
+            elif isinstance(c, Cancel):
+                if c.job_id in self.executor.handles():
+                    self.executor.cancel(c.job_id, self.store.get(int(c.job_id)).grace_s, now)
+            elif isinstance(c, SetPowerCap):
+                self._power_cap(c, now)
+            elif isinstance(c, Defer):
+                until = time.strftime("%H:%M", time.localtime(c.until_s))
+                self._update(
+                    int(c.job_id),
+                    now,
+                    ("pending", "suspended"),
+                    "deferred",
+                    reason=f"deferred until {until} ({c.reason})",
+                )
+            elif isinstance(c, Burst):
+                assert self.cloud is not None
+                for name in c.nodes:
+                    self.store.add_event("cloud-burst", self.cloud.start(name, c.reason, now), now)
+            elif isinstance(c, Reclaim):
+                assert self.cloud is not None
+                for name in c.nodes:  # out of the pool already: nothing starts there
+                    self.gone[name] = (None, now)
+                    self.store.add_event("cloud-reclaim", self.cloud.stop(name, c.reason, now), now)
         self._launch_all(batch, now)
+
+    def _power_cap(self, c: SetPowerCap, now: float) -> None:
+        """A SetPowerCap of the core on the node and GPU it names (a reset included)."""
+        node = self.cluster.nodes[c.node].name
+        tele = self.tele_index.get((c.node, c.gpu))
+        if tele is None:
+            message = "no telemetry for this GPU: skipped"
+        else:
+            device = dataclasses.replace(c, node=0, gpu=tele)
+            result = self.telemetry.apply(device)
+            message = f"{'applied' if result.ok else 'skipped'} ({result.message})"
+        holder = next(
+            (
+                job_id
+                for job_id, p in self.scheduler.placements().items()
+                if any(s.node == c.node and c.gpu in s.gpus for s in p.shares)
+            ),
+            None,
+        )
+        self.store.add_event(
+            "power-cap",
+            f"node {node} GPU {self.devices[(c.node, c.gpu)]}: {c.reason}: {message}",
+            now,
+            job_id=int(holder) if holder is not None and holder.isdigit() else None,
+        )
 
     def _launch_all(self, batch: Sequence[Launch], now: float) -> None:
         ready = [p for p in (self._prepare(d, now) for d in batch) if p is not None]
@@ -753,28 +803,11 @@ class LiveService:
         self._decided(now, action, d.job_id)
 
     def _load(self, devices: tuple[int, ...], row: JobRow) -> None:
-        """Tell a fake fleet what runs where, and cap memory-bound work (SetPowerCap)."""
+        """Tell a fake fleet what runs where."""
         set_load = getattr(self.telemetry, "set_load", None)
         if set_load is not None:
             for dev in devices:
                 set_load(dev, 100.0, 1024)
-        kind = JobKind(row.kind)
-        if kind is JobKind.OFFLINE and devices:
-            tdp = next((g.power_limit_w for g in self.inventory if g.index == devices[0]), None)
-            if tdp:
-                job = CapJob(str(row.id), kind, tuple((0, d) for d in devices), tdp, None, 0.0)
-                max_mhz = {
-                    0: next((g.max_sm_mhz for g in self.inventory if g.max_sm_mhz), 1980) or 1980
-                }
-                for cmd in plan_power_caps([job], self.clock.now(), {}, {}, True, None, max_mhz):
-                    result = self.telemetry.apply(cmd)
-                    self.store.add_event(
-                        "power-cap",
-                        f"GPU {cmd.gpu}: {cmd.reason}: "
-                        f"{'applied' if result.ok else 'skipped'} ({result.message})",
-                        self.clock.now(),
-                        job_id=row.id,
-                    )
 
     def _unload(self, row: JobRow) -> None:
         set_load = getattr(self.telemetry, "set_load", None)
@@ -807,6 +840,14 @@ class LiveService:
     ) -> None:
         try:
             self.store.transition(job_id, to, now, expect=expect, **fields)
+        except IllegalTransition as err:
+            self.store.add_event("error", str(err), now, job_id=job_id)
+
+    def _update(
+        self, job_id: int, now: float, expect: tuple[str, ...], event: str, **fields: Any
+    ) -> None:
+        try:
+            self.store.update(job_id, now, expect=expect, event=event, **fields)
         except IllegalTransition as err:
             self.store.add_event("error", str(err), now, job_id=job_id)
 
@@ -882,6 +923,14 @@ class LiveService:
                 },
                 "scheduler_error": self.loop_error,
             }
+
+
+def _site_tariffs(config: SchedulerConfig, sites: set[str]) -> dict[str, Tariff | None]:
+    """The electricity tariff of each site (energy.tariff, energy.site_tariffs)."""
+    e = config.energy
+    names = {site: e.site_tariffs.get(site, e.tariff) for site in sorted(sites)}
+    loaded = {name: load_tariff(name) for name in set(names.values()) if name is not None}
+    return {site: loaded[name] if name is not None else None for site, name in names.items()}
 
 
 def ray_service(

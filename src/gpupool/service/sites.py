@@ -22,12 +22,9 @@ from typing import Any, Protocol
 
 import yaml
 
-from gpupool.core.model import JobSpec
 from gpupool.errors import SpecError
-from gpupool.federation.burst import BURST, BurstController, BurstEvent, BurstRules
+from gpupool.federation.burst import BurstRules
 from gpupool.federation.topology import TOPOLOGY_KEYS, Topology, parse_topology
-from gpupool.policies.pool_choice import PoolLoad, PoolOption, choose_across_sites
-from gpupool.scheduler import PoolChooser
 from gpupool.sizing.catalog import load_catalog
 from gpupool.specfile import SpecReader
 
@@ -214,21 +211,6 @@ def pool_prices(cfg: SitesConfig, pools: Mapping[str, tuple[str, str]]) -> dict[
     return out
 
 
-def make_chooser(cfg: SitesConfig) -> PoolChooser:
-    """The simulator's site choice (policies/pool_choice.choose_across_sites), for the live core."""
-    aware = cfg.placement == "locality-aware"
-
-    def choose(
-        job: JobSpec, options: Sequence[PoolOption], loads: Mapping[str, PoolLoad], now_s: float
-    ) -> tuple[PoolOption | None, str]:
-        choice, decision = choose_across_sites(
-            job, options, loads, cfg.topology, now_s, aware, None, None, cfg.value_of_time_usd_per_h
-        )
-        return (choice.option if choice is not None else None), decision.reason
-
-    return choose
-
-
 # ---- cloud nodes ------------------------------------------------------------------------------
 class CommandRunner(Protocol):
     """Runs a node's start or stop command without waiting for it."""
@@ -261,7 +243,7 @@ class CloudStatus:
 
 
 class CloudNodes:
-    """Starts and stops cloud nodes as the burst controller decides, and tracks them.
+    """Starts and stops cloud nodes as the core decides (Burst, Reclaim), and tracks them.
 
     A node is down, starting (its start command ran; waiting for it to join), up (the
     cluster lists it) or stopping (its stop command ran; waiting for it to leave). The
@@ -274,7 +256,6 @@ class CloudNodes:
         self.cfg = cfg
         self.state_dir = state_dir
         self.runner = runner or ProcessRunner()
-        self.controller = BurstController(cfg.burst)
         self.status = {c.name: CloudStatus(c) for c in cfg.cloud_nodes}
         self.last_check_s = -math.inf
 
@@ -322,15 +303,23 @@ class CloudNodes:
             return f"cloud node {node} stopped (reclaimed)"
         return f"cloud node {node} left the cluster unasked"
 
-    def tick(
-        self,
-        now_s: float,
-        onprem_util: float,
-        pending_gpus: int,
-        busy_gpus: Mapping[str, int],
-    ) -> list[tuple[str, str, tuple[str, ...]]]:
-        """One look, every check_s (earlier calls return nothing): (event kind, message,
-        nodes to take out of the pool now)."""
+    def start(self, node: str, reason: str, now_s: float) -> str:
+        """The core decided a burst: run the node's start command (it joins later)."""
+        st = self.status[node]
+        cmd = self._run(st, "start", now_s)
+        st.state = STARTING
+        return f"start {node}: {reason}; ran {cmd}"
+
+    def stop(self, node: str, reason: str, now_s: float) -> str:
+        """The core reclaimed the node: run its stop command (it leaves later)."""
+        st = self.status[node]
+        cmd = self._run(st, "stop", now_s)
+        st.state = STOPPING
+        return f"stop {node}: {reason}; ran {cmd}"
+
+    def check(self, now_s: float) -> list[tuple[str, str, tuple[str, ...]]]:
+        """Every check_s (earlier calls return nothing): commands that ended badly, and
+        started nodes that did not join in time (stopped; the third item names them)."""
         out: list[tuple[str, str, tuple[str, ...]]] = []
         if not self.due(now_s):
             return out
@@ -358,34 +347,7 @@ class CloudNodes:
                         "cloud-error",
                         f"cloud node {st.node.name} did not join within "
                         f"{self.cfg.join_timeout_s:.0f} s; stopping it: {cmd}",
-                        (),
+                        (st.node.name,),
                     )
                 )
-        up = [st for st in self.status.values() if st.state == UP]
-        starting = [st for st in self.status.values() if st.state == STARTING]
-        idle = [st for st in up if busy_gpus.get(st.node.name, 0) == 0]
-        gpus_up = sum(st.node.gpus for st in up)
-        used = sum(min(busy_gpus.get(st.node.name, 0), st.node.gpus) for st in up)
-        cloud_util = used / gpus_up if gpus_up else 0.0
-        events: list[BurstEvent] = self.controller.observe(
-            now_s, onprem_util, pending_gpus, len(up), len(starting), cloud_util, len(idle)
-        )
-        for ev in events:
-            if ev.action == BURST:
-                down = [st for st in self.status.values() if st.state == DOWN][: ev.nodes]
-                for st in down:
-                    cmd = self._run(st, "start", now_s)
-                    st.state = STARTING
-                    out.append(("cloud-burst", f"start {st.node.name}: {ev.reason}; ran {cmd}", ()))
-            else:
-                for st in idle[: ev.nodes]:
-                    cmd = self._run(st, "stop", now_s)
-                    st.state = STOPPING
-                    out.append(
-                        (
-                            "cloud-reclaim",
-                            f"stop {st.node.name}: {ev.reason}; ran {cmd}",
-                            (st.node.name,),
-                        )
-                    )
         return out

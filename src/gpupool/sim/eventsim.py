@@ -20,7 +20,7 @@ from gpupool.core.model import Cluster, JobSpec
 from gpupool.core.quota import TeamQuota
 from gpupool.errors import SpecError
 from gpupool.policies.cycle import PreemptionRules
-from gpupool.scheduler import Decision, Launch, Scheduler
+from gpupool.scheduler import Command, Launch, Scheduler, SchedulerConfig, Stop
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,20 @@ class NodeLoss:
 Event = Submit | Complete | NodeLoss
 
 
+def _core(
+    cluster: Cluster, teams: Sequence[TeamQuota], policy: str, rules: PreemptionRules | None
+) -> Scheduler:
+    """The core as the live service runs it by default: a cycle a second, no reserve."""
+    config = SchedulerConfig(
+        policy=policy,
+        teams=tuple(teams),
+        cycle_s=1.0,
+        online_reserve=0.0,
+        preemption=rules or PreemptionRules(60.0, 3),
+    )
+    return Scheduler(cluster, config)
+
+
 def run_events(
     cluster: Cluster,
     events: Sequence[Event],
@@ -53,14 +67,14 @@ def run_events(
     rules: PreemptionRules | None = None,
 ) -> list[tuple[float, str, str]]:
     """(time, start|resume|preempt, job id) for every decision, in order."""
-    scheduler = Scheduler(cluster, tuple(teams), policy, rules or PreemptionRules(60.0, 3))
+    scheduler = _core(cluster, teams, policy, rules)
     out: list[tuple[float, str, str]] = []
 
-    def record(t: float, decisions: Sequence[Decision]) -> None:
+    def record(t: float, decisions: Sequence[Command]) -> None:
         for d in decisions:
             if isinstance(d, Launch):
                 out.append((t, "resume" if d.resume else "start", d.job_id))
-            else:
+            elif isinstance(d, Stop):
                 out.append((t, "preempt", d.job_id))
                 record(t, scheduler.vacated(d.job_id, t))
 
@@ -72,7 +86,7 @@ def run_events(
             state = JobState.FINISHED if ev.ok else JobState.FAILED
             scheduler.finished(ev.job_id, t, state)
         else:
-            for job_id in scheduler.node_lost(ev.node, t):
+            for job_id in scheduler.node_down(ev.node, t):
                 scheduler.lost(job_id, t, f"node {ev.node} lost")
         record(t, scheduler.cycle(t))
     return out
@@ -103,7 +117,7 @@ def run_trace(
     for job in jobs:
         if job.duration_s is None:
             raise SpecError(f"job {job.job_id}: a trace job needs a duration_s")
-    scheduler = Scheduler(cluster, tuple(teams), policy, rules or PreemptionRules(60.0, 3))
+    scheduler = _core(cluster, teams, policy, rules)
     arrivals = sorted(jobs, key=lambda j: j.submit_s)  # stable: ties keep their order
     left = {j.job_id: float(j.duration_s or 0.0) for j in jobs}
     """Run time each job still needs."""
@@ -133,7 +147,7 @@ def run_trace(
             for d in decisions:
                 if isinstance(d, Launch):
                     launched(t, d)
-                else:
+                elif isinstance(d, Stop):
                     out.append((t, "preempt", d.job_id, ()))
                     left[d.job_id] -= t - since.pop(d.job_id)
                     stopped.append(d.job_id)

@@ -49,6 +49,7 @@ from gpupool.scheduler import (
     JobProgress,
     JobRecord,
     Launch,
+    NodeDown,
     NodeUp,
     Progress,
     Reclaim,
@@ -376,8 +377,9 @@ class ScenarioSim:
                     self.cloud_ready_at[k] = at + self.spinup_s
                 self.cloud_events.append(CloudEvent(at, "burst", len(c.nodes), c.reason))
             elif isinstance(c, Reclaim):
-                for name in c.nodes:
+                for name in c.nodes:  # a simulated node leaves the moment it is stopped
                     self.cloud_status[self.core.node_index[name]] = DOWN
+                    self.feed(NodeDown(at, name))
                 self.cloud_events.append(CloudEvent(at, "reclaim", len(c.nodes), c.reason))
             elif isinstance(c, Defer):
                 pass  # the core holds the job; the world has nothing to do
