@@ -14,12 +14,13 @@ from typing import Any
 import numpy as np
 import pytest
 
+from gpupool.core.lifecycle import JobState
 from gpupool.core.model import Cluster, JobKind, JobSpec, Node, NodeShare, Placement
 from gpupool.core.state import ClusterState
 from gpupool.energy.power import Load
 from gpupool.energy.powercap import SetPowerCap, best_cap
 from gpupool.errors import SpecError
-from gpupool.federation.burst import BURST, RECLAIM, BurstController, BurstRules
+from gpupool.federation.burst import BurstRules
 from gpupool.federation.topology import DataLocation, Link, Site, Topology
 from gpupool.policies.consolidate import ConsolidatePolicy
 from gpupool.policies.pool_choice import (
@@ -39,7 +40,8 @@ from gpupool.policies.power import (
     plan_power_caps,
 )
 from gpupool.policies.thermal import CoolestFirstPolicy
-from gpupool.sim.cloud import DOWN, STARTING, UP, CloudFleet
+from gpupool.scheduler import Burst, NodeDown, NodeUp, Reclaim, Scheduler, SchedulerConfig
+from gpupool.scheduler.stages import DOWN, STARTING, STOPPING, UP
 from gpupool.sim.generators import GenContext, build_workload
 from gpupool.sim.scenario import run_scenario
 from gpupool.sim.scenario_config import load_scenario
@@ -539,13 +541,12 @@ def test_coolest_first_places_a_cpu_only_job(with_temps: bool) -> None:
 
 
 # =============================================================================================
-# 4. sim/cloud.py CloudFleet with a real BurstController
+# 4. cloud burst and reclaim, decided by the core with a real BurstController
 
 
-def _fleet() -> tuple[CloudFleet, ClusterState, dict[str, np.ndarray]]:
-    """Node 0 on-prem, nodes 1 and 2 cloud (4 GPUs each, $3 and $6 per GPU-hour)."""
+def _cloud_core() -> Scheduler:
+    """Node n0 on-prem, n1 and n2 cloud (4 H100 each)."""
     nodes = tuple(Node(f"n{i}", "H100", 4, 64_000, 512_000) for i in range(3))
-    state = ClusterState(Cluster("c", nodes))
     rules = BurstRules(
         util_threshold=0.9,
         sustain_s=900.0,
@@ -556,83 +557,52 @@ def _fleet() -> tuple[CloudFleet, ClusterState, dict[str, np.ndarray]]:
         nodes_per_burst=2,
         max_cloud_nodes=2,
     )
-    fleet = CloudFleet(
-        controller=BurstController(rules),
-        nodes=(1, 2),
-        pool_of={1: "cloud", 2: "cloud"},
-        spinup_s=300.0,
-        price_usd_per_gpu_hour={1: 3.0, 2: 6.0},
+    config = SchedulerConfig(policy="fifo", online_reserve=0.0, burst=rules)
+    return Scheduler(
+        Cluster("c", nodes),
+        config,
+        node_pool=["onprem", "cloud", "cloud"],
+        cloud_nodes=["n1", "n2"],
     )
-    # deliberately wrong masks: mask_out must put the cloud nodes down
-    pools = {
-        "onprem": np.array([True, False, False]),
-        "cloud": np.array([False, True, True]),
-    }
-    fleet.mask_out(pools)
-    return fleet, state, pools
 
 
 def test_cloud_nodes_start_down_and_masked_out() -> None:
-    fleet, _, pools = _fleet()
-    assert fleet.status == {1: DOWN, 2: DOWN}
-    assert pools["cloud"].tolist() == [False, False, False]
-    assert pools["onprem"].tolist() == [True, False, False]
-    assert fleet.up_mask(3).tolist() == [True, False, False]
+    core = _cloud_core()
+    assert core.cloud is not None and set(core.cloud.status.values()) == {DOWN}
+    assert core.pool_nodes["cloud"].tolist() == [False, False, False]
+    assert core.pool_nodes["onprem"].tolist() == [True, False, False]
 
 
-def test_cloud_burst_spinup_billing_and_reclaim_timeline() -> None:
-    fleet, state, pools = _fleet()
+def test_cloud_burst_join_and_reclaim_timeline() -> None:
+    core = _cloud_core()
+    core.submit(JobSpec("a", gpu_count=4, gpu_models=frozenset({"H100"})), 0.0)
+    core.submit(JobSpec("b", gpu_count=4, gpu_models=frozenset({"H100"})), 0.0)
 
-    def tick(t: float, pending: int) -> list[str]:
-        events = fleet.tick(t, 60.0, state, pools, onprem_util=0.5, pending_gpus=pending)
-        return [e.action for e in events]
+    def tick(t: float) -> list[tuple[str, tuple[str, ...]]]:
+        return [
+            (type(c).__name__, c.nodes) for c in core.cycle(t) if isinstance(c, Burst | Reclaim)
+        ]
 
-    # t=0, 60: 4 GPUs pending, window open since 0 but < 120 s: nothing happens, no bill
-    assert tick(0.0, 4) == []
-    assert tick(60.0, 4) == []
-    assert fleet.billed_usd == 0.0
-    # t=120: pending for 120 s -> burst 2 nodes, STARTING, ready at 120 + 300 = 420
-    assert tick(120.0, 4) == [BURST]
-    assert fleet.status == {1: STARTING, 2: STARTING}
-    assert fleet.ready_at == {1: 420.0, 2: 420.0}
-    assert pools["cloud"].tolist() == [False, False, False]
-    assert fleet.up_mask(3).tolist() == [True, True, True]  # starting nodes draw power
-    # billed from the request: 2 nodes x 4 GPUs x 60 s = 480 GPU-s
-    assert fleet.up_gpu_s == 480.0
-    # t=180..360: still spinning up, not in the pool, billed
-    for t in (180.0, 240.0, 300.0, 360.0):
-        assert tick(t, 0) == []
-        assert fleet.status == {1: STARTING, 2: STARTING}
-        assert not pools["cloud"].any()
-    # t=420: spin-up over -> UP and in the pool mask
-    assert tick(420.0, 0) == []
-    assert fleet.status == {1: UP, 2: UP}
-    assert pools["cloud"].tolist() == [False, True, True]
-    # a 1-GPU job lands on node 1: cloud utilisation 1/8 = 12.5% < 30%, node 2 idle
-    state.allocate(JobSpec("w", gpu_count=1), Placement((NodeShare(1, (0,), 1000),)))
-    assert tick(480.0, 0) == []  # cold since 420: 60 s < 120 s
-    # t=540: cold for 120 s -> reclaim the idle node only (node 2), node 1 keeps running
-    assert tick(540.0, 0) == [RECLAIM]
-    assert fleet.events[-1].nodes == 1
-    assert fleet.status == {1: UP, 2: DOWN}
-    assert pools["cloud"].tolist() == [False, True, False]
-    assert fleet.up_mask(3).tolist() == [True, True, False]
-    # bill: node 1 billed at ticks 120..540 (8 x 60 s x 4 GPUs = 1920 GPU-s at $3/h = $1.60),
-    # node 2 at ticks 120..480 (7 x 60 x 4 = 1680 GPU-s at $6/h = $2.80): $4.40, 3600 GPU-s
-    assert fleet.up_gpu_s == 3600.0
-    assert fleet.billed_usd == pytest.approx(4.40)
-    # still cold later, but node 1 is busy: never reclaimed while it runs work
-    for t in (600.0, 660.0, 720.0, 780.0):
-        assert tick(t, 0) == []
-    assert fleet.status == {1: UP, 2: DOWN}
-    # 4 more ticks of node 1 only: 4 x 60 x 4 = 960 GPU-s at $3/h = $0.80
-    assert fleet.billed_usd == pytest.approx(5.20)
-    # utilisation 1/4 = 25% < 30% has held since the last reclaim restarted the window at
-    # 540 (840 - 540 = 300 s >= 120 s): as soon as node 1 is idle it is handed back
-    state.release("w")
-    assert tick(840.0, 0) == [RECLAIM]
-    assert fleet.status == {1: DOWN, 2: DOWN}
-    assert not pools["cloud"].any()
+    # t=0, 60: 4 GPUs pending, the window open since 0 but < 120 s: nothing happens
+    assert tick(0.0) == [] and tick(60.0) == []
+    # t=120: pending for 120 s -> burst 2 nodes; out of the pool until they join
+    assert tick(120.0) == [("Burst", ("n1", "n2"))]
+    assert core.cloud is not None and set(core.cloud.status.values()) == {STARTING}
+    assert not core.pool_nodes["cloud"].any()
+    for t in (180.0, 240.0, 300.0, 360.0):  # no second burst while they start
+        assert tick(t) == []
+    core.observe(NodeUp(420.0, "n1"))
+    core.observe(NodeUp(420.0, "n2"))
+    assert set(core.cloud.status.values()) == {UP}
+    assert core.pool_nodes["cloud"].tolist() == [False, True, True]
+    core.finished("b", 420.0, JobState.CANCELLED, "not needed")
+    assert tick(420.0) == [] and tick(480.0) == []  # cold since 420: 60 s < 120 s
+    # t=540: cold for 120 s, both idle -> reclaimed; stopping (out of the pool) until gone
+    assert tick(540.0) == [("Reclaim", ("n1", "n2"))]
+    assert set(core.cloud.status.values()) == {STOPPING}
+    assert not core.pool_nodes["cloud"].any()
+    core.observe(NodeDown(560.0, "n1"))
+    assert core.cloud.status[1] == DOWN and core.cloud.status[2] == STOPPING
 
 
 # =============================================================================================

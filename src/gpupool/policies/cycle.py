@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -95,8 +96,9 @@ class PreemptionRules:
             raise PlanRejected(f"job {job.job_id} has not run its minimum time yet")
 
 
-@dataclass(frozen=True)
-class RunningView:
+class RunningView(NamedTuple):
+    """A running job as a cycle sees it (a tuple: thousands are built per cycle)."""
+
     spec: JobSpec
     gpu_type: str
     run_started_s: float
@@ -109,8 +111,9 @@ class RunningView:
     est_end_s: float
 
 
-@dataclass(frozen=True)
-class PendingView:
+class PendingView(NamedTuple):
+    """A waiting job as a cycle sees it."""
+
     spec: JobSpec
     gpu_type: str
     ready_s: float

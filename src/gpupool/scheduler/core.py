@@ -147,6 +147,8 @@ class Scheduler:
         self.held: dict[tuple[str, str], int] = defaultdict(int)
         """GPUs each (team, pool) holds in running jobs; vacating ones excluded."""
         self.sized: dict[str, PlanRequest] = {}
+        self.choosers: dict[str, JobRecord] = {}
+        """Never-started jobs with more than one pool: each cycle points them at the best."""
         self.claims: dict[str, set[str]] = {}
         self.claim_grace: dict[str, float] = {}
         self.claim_nodes: dict[str, tuple[int, ...]] = {}
@@ -270,6 +272,8 @@ class Scheduler:
                 self.replicas[service].pop(job.job_id, None)
             return r
         self.queues.add(r)
+        if len(r.options) > 1:
+            self.choosers[job.job_id] = r
         return r
 
     def _unplaceable_reason(self, job: JobSpec, r: JobRecord) -> str:
@@ -344,6 +348,7 @@ class Scheduler:
         self.active.pop(job_id, None)
         self.running.pop(job_id, None)
         self.claims.pop(job_id, None)
+        self.choosers.pop(job_id, None)
         if r.service is not None:
             self.replicas[r.service].pop(job_id, None)
         self._release_claims(job_id)
@@ -432,7 +437,9 @@ class Scheduler:
                 usage[r.spec.team] += r.spec.gpu_count
             self.quotas.record_usage(usage, now - self.last_cycle_s)
         self.last_cycle_s = now
-        if not self.measured:
+        if not self.measured and (
+            self.dirty or self.choosers or cfg.energy.price_aware or cfg.energy.power_capping
+        ):
             self._estimate(now)
         window = self.quotas.window(now)
         if window is not self._window:
@@ -528,6 +535,7 @@ class Scheduler:
         if r.first_start_s is None:
             r.first_start_s = now
             r.overhead_s += stages.transfer_s(self, r)
+            self.choosers.pop(job.job_id, None)
         r.speed = self.speed_of(r)
         r.start_done_s, r.start_overhead_s = r.done_s, r.overhead_s
         return Launch(job.job_id, placement, resumed, job, r.service)
@@ -631,11 +639,18 @@ class Scheduler:
             if deferred:
                 queue = [e for e in queue if e[1] not in deferred]
             out += [self.records[job_id] for _, job_id in queue[:depth]]
+            if len(queue) <= depth:
+                continue
+            rooms = {
+                pool: self.quotas.guaranteed(team, pool, now) - self.usage(team, pool)
+                for pool in self.pool_nodes
+            }
+            if max(rooms.values(), default=-1) < 0:
+                continue  # nothing further back fits inside the guarantee
             extra = 0
             for _, job_id in queue[depth : depth * 16]:
                 r = self.records[job_id]
-                room = self.quotas.guaranteed(team, r.gpu_type, now) - self.usage(team, r.gpu_type)
-                if r.spec.gpu_count <= room:
+                if r.spec.gpu_count <= rooms.get(r.gpu_type, 0):
                     out.append(r)
                     extra += 1
                     if extra >= depth:
@@ -646,20 +661,27 @@ class Scheduler:
         ck = self.config.checkpoint
         running: dict[str, RunningView] = {}
         vacating: set[str] = set()
+        costs: dict[float, tuple[float, float]] = {}
+        """(checkpoint write, resume) per GiB of state: a handful of distinct sizes."""
         for job_id, r in self.running.items():
             if r.state is JobState.PREEMPTING:
                 vacating.add(job_id)
+            spec = r.spec
+            gib = spec.state_gib_per_gpu
+            cost = costs.get(gib)
+            if cost is None:
+                cost = costs[gib] = (ck.write_s(gib), ck.resume_s(gib))
             rate = max(r.speed, 1e-9)
-            left = ((r.spec.duration_s or math.inf) - r.done_s) / rate + r.overhead_s
+            left = ((spec.duration_s or math.inf) - r.done_s) / rate + r.overhead_s
             running[job_id] = RunningView(
-                spec=r.spec,
-                gpu_type=r.gpu_type,
-                run_started_s=r.run_started_s,
-                preemptions=r.preemptions,
-                vacate_s=ck.write_s(r.spec.state_gib_per_gpu),
-                lost_work_s=r.done_s - r.saved_s,
-                resume_s=ck.resume_s(r.spec.state_gib_per_gpu),
-                est_end_s=now + left,
+                spec,
+                r.gpu_type,
+                r.run_started_s,
+                r.preemptions,
+                cost[0],
+                r.done_s - r.saved_s,
+                cost[1],
+                now + left,
             )
         pending = [
             PendingView(

@@ -126,9 +126,7 @@ def retarget(core: Scheduler, r: JobRecord, option: PoolOption) -> None:
 def rechoose(core: Scheduler, now: float) -> None:
     """Each cycle, waiting jobs that never ran follow capacity to their best pool."""
     movable = [
-        r
-        for r in core.active.values()
-        if len(r.options) > 1 and r.state is JobState.PENDING and r.first_start_s is None
+        r for r in core.choosers.values() if r.state is JobState.PENDING and r.first_start_s is None
     ]
     if not movable:
         return
