@@ -421,7 +421,11 @@ class Scheduler:
 
     # ---- the cycle ----------------------------------------------------------------------------
     def cycle(self, now: float) -> list[Command]:
-        """One scheduling cycle: every stage, in this order, and the commands it decided."""
+        """One scheduling cycle: every stage, in this order, and the commands it decided.
+
+        Claimants whose victims ended start at any call; the stages run at most once per
+        `cycle_s` (a driver may call more often, e.g. after every event), so the same events
+        give the same decisions however often a driver asks."""
         cfg = self.config
         out: list[Command] = []
         ready, self.ready_claims = self.ready_claims, []
@@ -431,11 +435,14 @@ class Scheduler:
                 launch = self._start_anywhere(r, now, self.claim_nodes.pop(claimant, ()))
                 if launch is not None:
                     out.append(launch)
-        if self.last_cycle_s is not None and now > self.last_cycle_s:
+        last = self.last_cycle_s
+        if last is not None and now < last + cfg.cycle_s - 1e-9:
+            return out  # the stages run at most once per cycle_s, whoever calls
+        if last is not None:
             usage: dict[str, float] = defaultdict(float)
             for r in self.running.values():
                 usage[r.spec.team] += r.spec.gpu_count
-            self.quotas.record_usage(usage, now - self.last_cycle_s)
+            self.quotas.record_usage(usage, now - last)
         self.last_cycle_s = now
         if not self.measured and (
             self.dirty or self.choosers or cfg.energy.price_aware or cfg.energy.power_capping

@@ -103,6 +103,13 @@ class ServiceDemand:
     peak_rps: float
 
 
+@dataclass(frozen=True)
+class CycleAt:
+    """In a recorded event stream: the driver ran a cycle at this time."""
+
+    t_s: float
+
+
 Event = (
     Submitted | Finished | Vacated | Lost | NodeDown | NodeUp | Progress | GpuTemps | ServiceDemand
 )

@@ -21,6 +21,8 @@ from gpupool.core.quota import TeamQuota
 from gpupool.errors import SpecError
 from gpupool.policies.cycle import PreemptionRules
 from gpupool.scheduler import Command, Launch, Scheduler, SchedulerConfig, Stop
+from gpupool.scheduler import Event as CoreEvent
+from gpupool.scheduler.events import CycleAt
 
 
 @dataclass(frozen=True)
@@ -155,4 +157,17 @@ def run_trace(
                 for d in scheduler.vacated(job_id, t):
                     if isinstance(d, Launch):
                         launched(t, d)
+    return out
+
+
+def replay(core: Scheduler, stream: Sequence[CoreEvent | CycleAt]) -> list[tuple[float, Command]]:
+    """Feed a recorded event stream (events, and the times cycles ran) into a core; every
+    command it returns, with the time, in order. A core that depends only on its inputs
+    gives the recording driver's commands and decision log again."""
+    out: list[tuple[float, Command]] = []
+    for item in stream:
+        if isinstance(item, CycleAt):
+            out += [(item.t_s, c) for c in core.cycle(item.t_s)]
+        else:
+            out += [(item.t_s, c) for c in core.observe(item)]
     return out

@@ -59,6 +59,7 @@ from gpupool.scheduler import (
     Submitted,
     Vacated,
 )
+from gpupool.scheduler.events import CycleAt
 from gpupool.sim.energy_meter import EnergyMeter, HeatMap
 from gpupool.sim.generators import GenContext, build_workload, find_traces_dir
 from gpupool.sim.scenario_config import ScenarioConfig
@@ -66,13 +67,6 @@ from gpupool.sim.workload import ServiceSpec, Workload
 from gpupool.sizing.catalog import load_catalog
 
 ProgressFn = Callable[[int, int], None]
-
-
-@dataclass(frozen=True)
-class CycleAt:
-    """In a recorded event stream: the driver ran a cycle at this time."""
-
-    t_s: float
 
 
 @dataclass
@@ -206,18 +200,8 @@ class ScenarioSim:
         self.service_stats = {s.name: ServiceStats() for s in workload.services}
         self.sized = workload.sized
         self._setup_sites()
-        self.core = Scheduler(
-            self.cluster,
-            cfg.scheduler_config(),
-            node_pool=self.node_pool,
-            pool_price=self.pool_price,
-            topology=self.topology,
-            catalog=self.catalog,
-            tariffs=self._tariffs(),
-            cloud_nodes=[self.cluster.nodes[k].name for k in self.cloud_nodes],
-            services=[s.template for s in workload.services],
-            seed=cfg.seed,
-        )
+        self._tariffs()
+        self.core = self.new_core()
         self.state = self.core.state
         self.engine = self.core.engine
         self.jobs: dict[str, Run] = {}
@@ -271,6 +255,22 @@ class ScenarioSim:
             sites = {cfg.pool(self.node_pool[i]).site for i in self.cloud_nodes}
             self.spinup_s = max(self.topology.site(s).spinup_s for s in sites)
             self.cloud_status = dict.fromkeys(self.cloud_nodes, DOWN)
+
+    def new_core(self) -> Scheduler:
+        """A fresh decision core for this scenario's fleet and scheduling section (the
+        parity test replays the recorded events into one)."""
+        return Scheduler(
+            self.cluster,
+            self.cfg.scheduler_config(),
+            node_pool=self.node_pool,
+            pool_price=self.pool_price,
+            topology=self.topology,
+            catalog=self.catalog,
+            tariffs=self.tariff_of,
+            cloud_nodes=[self.cluster.nodes[k].name for k in self.cloud_nodes],
+            services=[s.template for s in self.services.values()],
+            seed=self.cfg.seed,
+        )
 
     def _tariffs(self) -> dict[str, Tariff | None]:
         e = self.cfg.energy
