@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from gpupool.core.lifecycle import JobState
 from gpupool.core.model import Cluster, JobKind, JobSpec, Node, NodeShare, Placement
 from gpupool.energy.tariff import Tariff, load_tariff
@@ -32,6 +34,7 @@ from gpupool.scheduler import (
     Cancel,
     Command,
     Defer,
+    GpuTemps,
     Launch,
     Reclaim,
     Scheduler,
@@ -571,6 +574,9 @@ class LiveService:
         self.last_sample = now
         self.samples = self.telemetry.sample(now)
         self.monitor.observe(self.samples)
+        thermal = self.config.scheduling.energy.thermal
+        if thermal.aware:
+            self.scheduler.observe(self._temps(now, thermal.inlet_c))
         if self.monitor.due(now):
             self.signals = self.monitor.evaluate(now)
             self.signals_at = now
@@ -609,6 +615,18 @@ class LiveService:
                 row = self.store.get(int(job_id))
                 self.evicting[job_id] = f"{why}; requeued from its checkpoint"
                 self.executor.preempt(job_id, row.grace_s, now)
+
+    def _temps(self, now: float, inlet_c: float) -> GpuTemps:
+        """Each GPU's measured temperature, [node, gpu] as the core counts them; a GPU
+        without a reading counts as breathing the room's air."""
+        width = max(n.gpu_count for n in self.cluster.nodes)
+        temps = np.full((len(self.cluster.nodes), width), inlet_c)
+        by_index = {s.index: s for s in self.samples}
+        for (k, g), tele in self.tele_index.items():
+            sample = by_index.get(tele)
+            if sample is not None and sample.temp_c is not None:
+                temps[k, g] = sample.temp_c
+        return GpuTemps(now, temps, np.full(len(self.cluster.nodes), inlet_c))
 
     # ---- outputs ----------------------------------------------------------------------------
     def _carry_out(self, commands: Sequence[Command], now: float) -> None:

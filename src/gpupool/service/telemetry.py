@@ -612,6 +612,8 @@ class _FakeGpu:
     locked_sm_mhz: int | None = None
     fault: str = ""
     ecc: int = 0
+    inlet_c: float | None = None
+    """The air it breathes; None: the thermal model's ambient (30 C)."""
 
 
 class FakeTelemetry(Telemetry):
@@ -625,8 +627,16 @@ class FakeTelemetry(Telemetry):
     Clocks are fixed at the H200's maxima unless a command locks the SM clock lower.
     """
 
-    def __init__(self, spec: str, catalog: Catalog | None = None) -> None:
+    def __init__(
+        self,
+        spec: str,
+        catalog: Catalog | None = None,
+        inlet_c: Mapping[int, float] | None = None,
+    ) -> None:
+        """inlet_c: the air some GPUs breathe (a hot aisle), by index; others 30 C."""
         self._gpus = [_FakeGpu(info) for info in parse_fleet(spec, catalog)]
+        for index, c in (inlet_c or {}).items():
+            self._gpu(index).inlet_c = float(c)
         power = PowerModel.calibrated()
         self._idle_frac = power.idle_frac
         self._busy_frac = power.compute_bound_frac
@@ -671,6 +681,12 @@ class FakeTelemetry(Telemetry):
             gpu.mem_util_pct = float(mem_util)
             gpu.mem_used_mib = int(mem_used_mib)
             gpu.pids = tuple(pids)
+
+    def set_inlet(self, index: int, inlet_c: float | None) -> None:
+        """The air GPU `index` breathes from now on (None: ambient): its temperature follows."""
+        gpu = self._gpu(index)
+        with self._lock:
+            gpu.inlet_c = inlet_c
 
     def fail_gpu(self, index: int, problem: str = "fell off the bus (injected fault)") -> None:
         """From now on the GPU reads as lost, with `problem` as its problem sentence."""
@@ -738,7 +754,7 @@ class FakeTelemetry(Telemetry):
             mem_used_mib=gpu.mem_used_mib,
             util_pct=gpu.util_pct,
             mem_util_pct=gpu.mem_util_pct,
-            temp_c=self._thermal.steady_c(power),
+            temp_c=self._thermal.steady_c(power, gpu.inlet_c),
             power_w=power,
             power_limit_w=limit,
             sm_clock_mhz=sm,
