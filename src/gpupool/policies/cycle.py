@@ -18,7 +18,8 @@ preemption rules) before applying it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import math
+from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -141,6 +142,8 @@ class CycleView:
     rules: PreemptionRules
     rng: np.random.Generator
     placement: ScoringPolicy = field(default_factory=ConsolidatePolicy)
+    claims: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    """Each waiting claimant's victims (still writing their checkpoints)."""
     _allowed: dict[tuple[str, str], BoolArray] = field(default_factory=dict)
 
     def allowed(self, job: JobSpec, gpu_type: str, held: BoolArray | None = None) -> BoolArray:
@@ -281,15 +284,26 @@ class PriorityQuotaPolicy(CyclePolicy):
             key = (job.team, gpu_type)
             usage[key] = usage.get(key, 0) + job.gpu_count
 
+        orphans: set[str] = set()
+
         def reclaim(job: JobSpec, gpu_type: str, own_team: bool = False) -> bool:
             victims = self._victims(
-                view, scratch, job, gpu_type, taken, excess, job.team if own_team else None
+                view,
+                scratch,
+                job,
+                gpu_type,
+                taken,
+                excess,
+                job.team if own_team else None,
+                orphans,
             )
             if victims is None:
                 return False
             nodes, chosen = victims
             for v, via_reclaim in chosen:
                 taken.add(v)
+                if v in orphans:
+                    continue  # already leaving: claimed, not preempted again
                 r = view.running[v]
                 if via_reclaim:
                     excess[(r.spec.team, r.gpu_type)] -= r.spec.gpu_count
@@ -310,6 +324,7 @@ class PriorityQuotaPolicy(CyclePolicy):
 
         # A job waiting for its victims' checkpoints takes GPUs that freed up meanwhile,
         # before a borrower can (its team already counts them in `usage`).
+        held_by = dict(view.claims)
         for p in view.pending:
             if p.spec.job_id in view.claimed:
                 plan = view.placement.place(
@@ -318,6 +333,10 @@ class PriorityQuotaPolicy(CyclePolicy):
                 if plan is not None:
                     scratch.allocate(p.spec, plan)
                     commands.append(Start(p.spec.job_id, plan))
+                    held_by.pop(p.spec.job_id, None)
+        # Victims whose claimant started elsewhere still leave: their GPUs go to the next
+        # entitled job that claims them (no second preemption), not to a borrower.
+        orphans.update(view.vacating - frozenset().union(*held_by.values()))
         waiting = [p for p in view.pending if p.spec.job_id not in view.claimed]
         online_held = {
             t: sum(
@@ -463,6 +482,7 @@ class PriorityQuotaPolicy(CyclePolicy):
         taken: set[str],
         excess: dict[tuple[str, str], int],
         team: str | None = None,
+        orphans: Set[str] = frozenset(),
     ) -> tuple[set[int], list[tuple[str, bool]]] | None:
         """Cheapest set of borrowed jobs whose GPUs, with idle ones, make room for `job`.
 
@@ -471,13 +491,14 @@ class PriorityQuotaPolicy(CyclePolicy):
         then least (lost work + checkpoint + resume) x GPUs. A job that fits in one node
         takes victims from one node (a victim spanning nodes leaves them all); a wider
         job takes whole nodes. Returns the nodes and (victim, reclaimed?) pairs.
+        Orphans (leaving already, their claimant gone) come first and cost nothing.
         """
         allowed = view.allowed(job, gpu_type)
         by_node: dict[int, list[tuple[tuple[float, float], str, int]]] = {}
         for job_id, r in view.running.items():
             if (
                 job_id in taken
-                or job_id in view.vacating
+                or (job_id in view.vacating and job_id not in orphans)
                 or r.gpu_type != gpu_type
                 or not r.spec.preemptible
                 or r.preemptions >= view.rules.max_per_job
@@ -487,15 +508,19 @@ class PriorityQuotaPolicy(CyclePolicy):
             placement = view.state.placements.get(job_id)
             if placement is None:
                 continue
-            cost = (r.lost_work_s + r.vacate_s + r.resume_s) * r.spec.gpu_count
+            key: tuple[float, float] = (
+                (-math.inf, 0.0)
+                if job_id in orphans
+                else (r.spec.priority, (r.lost_work_s + r.vacate_s + r.resume_s) * r.spec.gpu_count)
+            )
             for share in placement.shares:
-                by_node.setdefault(share.node, []).append(
-                    ((r.spec.priority, cost), job_id, len(share.gpus))
-                )
+                by_node.setdefault(share.node, []).append((key, job_id, len(share.gpus)))
 
         def admit(job_id: str, left: dict[tuple[str, str], int]) -> bool | None:
             """True if its team still holds GPUs above its guarantee (a job straddling the
             line goes whole: its team then waits with less room than the job needs)."""
+            if job_id in orphans:
+                return True
             r = view.running[job_id]
             key = (r.spec.team, r.gpu_type)
             if left.get(key, 0) > 0:

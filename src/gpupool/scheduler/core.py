@@ -711,6 +711,7 @@ class Scheduler:
             rules=self.config.preemption,
             rng=self.rng,
             placement=self.placement,
+            claims={c: frozenset(v) for c, v in self.claims.items()},
         )
 
     def working(self) -> Iterator[tuple[JobRecord, Placement]]:
@@ -719,6 +720,19 @@ class Scheduler:
             placement = self.state.placements.get(r.spec.job_id)
             if r.state is JobState.RUNNING and placement is not None:
                 yield r, placement
+
+    def room_inlet_c(self) -> np.ndarray:
+        """Each node's inlet air as configured: `thermal.inlet_c`, and `hot_inlet_c` for
+        the last `hot_nodes` on-premises nodes of each pool (a hot aisle)."""
+        th = self.config.energy.thermal
+        inlet = np.full(self.state.node_count, th.inlet_c)
+        if th.hot_nodes:
+            cloud = set(self.cloud.nodes) if self.cloud is not None else set()
+            for key in self.pool_nodes:
+                idx = [k for k, p in enumerate(self.node_pool) if p == key and k not in cloud]
+                if idx:
+                    inlet[idx[-th.hot_nodes :]] = th.hot_inlet_c
+        return inlet
 
     # ---- queries for drivers ------------------------------------------------------------------
     @property

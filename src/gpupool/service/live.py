@@ -36,6 +36,7 @@ from gpupool.scheduler import (
     Defer,
     GpuTemps,
     Launch,
+    Progress,
     Reclaim,
     Scheduler,
     SetPowerCap,
@@ -91,6 +92,8 @@ class LiveConfig:
     (which join `nodes` here, down until started). None: one cluster."""
     node_sites: tuple[tuple[str, str], ...] = ()
     """(node, site) the nodes declared themselves (e.g. a Ray node's site resource)."""
+    seed: int = 0
+    """Seeds the core's random choices (placement ties of random policies)."""
 
     @property
     def cycle_s(self) -> float:
@@ -155,6 +158,7 @@ def spec_of(row: JobRow) -> JobSpec:
         dataset_gb=row.dataset_gb,
         user_region=row.user_region,
         latency_bound_ms=row.latency_bound_ms,
+        state_gib_per_gpu=row.state_gib_per_gpu,
     )
 
 
@@ -239,6 +243,7 @@ class LiveService:
             catalog=catalog,
             tariffs=_site_tariffs(sched, {n.cluster for n in self.cluster.nodes}),
             cloud_nodes=[c.name for c in sites.cloud_nodes] if sites is not None else (),
+            seed=config.seed,
         )
         self.cloud: CloudNodes | None = None
         if sites is not None and sites.cloud_nodes:
@@ -265,6 +270,8 @@ class LiveService:
         self.placed: list[tuple[float, str, str, tuple[tuple[str, int], ...]]] = []
         """(time, start|resume, job, ((node, GPU index), ...)) of every launch."""
         self.on_decision: Callable[[float, str, str], None] | None = None
+        self.commands: list[tuple[float, Command]] | None = None
+        """When set, every command the core returned, with its time (parity tests)."""
         self.thread: threading.Thread | None = None
         self.loop_error: str | None = None
         self.jobs_dir = config.state_dir / "jobs"
@@ -354,10 +361,13 @@ class LiveService:
     def step(self) -> None:
         with self.lock:
             now = self.clock.now()
-            self._ingest(now)
+            # What ended frees GPUs before what arrived is considered; measurements come
+            # before the arrivals too (a job's pool is chosen on them), as in the simulator.
             self._reap(now)
             if now - self.last_sample >= self.config.sample_s:
                 self._sample(now)
+            self._progress(now)
+            self._ingest(now)
             if self.probe is not None and now - self.last_probe >= self.PROBE_S:
                 self._probe(now)
             if self.cloud is not None:
@@ -574,9 +584,8 @@ class LiveService:
         self.last_sample = now
         self.samples = self.telemetry.sample(now)
         self.monitor.observe(self.samples)
-        thermal = self.config.scheduling.energy.thermal
-        if thermal.aware:
-            self.scheduler.observe(self._temps(now, thermal.inlet_c))
+        if self.config.scheduling.energy.thermal.aware:
+            self.scheduler.observe(self._temps(now))
         if self.monitor.due(now):
             self.signals = self.monitor.evaluate(now)
             self.signals_at = now
@@ -616,22 +625,32 @@ class LiveService:
                 self.evicting[job_id] = f"{why}; requeued from its checkpoint"
                 self.executor.preempt(job_id, row.grace_s, now)
 
-    def _temps(self, now: float, inlet_c: float) -> GpuTemps:
-        """Each GPU's measured temperature, [node, gpu] as the core counts them; a GPU
-        without a reading counts as breathing the room's air."""
+    def _temps(self, now: float) -> GpuTemps:
+        """Each GPU's measured temperature, [node, gpu] as the core counts them, and each
+        node's inlet air as configured (a GPU without a reading counts as that air)."""
+        inlet = self.scheduler.room_inlet_c()
         width = max(n.gpu_count for n in self.cluster.nodes)
-        temps = np.full((len(self.cluster.nodes), width), inlet_c)
+        temps = np.repeat(inlet[:, None], width, axis=1)
         by_index = {s.index: s for s in self.samples}
         for (k, g), tele in self.tele_index.items():
             sample = by_index.get(tele)
-            if sample is not None and sample.temp_c is not None:
+            if sample is not None:
                 temps[k, g] = sample.temp_c
-        return GpuTemps(now, temps, np.full(len(self.cluster.nodes), inlet_c))
+        return GpuTemps(now, temps, inlet)
+
+    def _progress(self, now: float) -> None:
+        """Work done by running jobs, where the executor can tell (else the core
+        estimates it from their start times)."""
+        measure = getattr(self.executor, "progress", None)
+        if measure is not None:
+            self.scheduler.observe(Progress(now, measure(now)))
 
     # ---- outputs ----------------------------------------------------------------------------
     def _carry_out(self, commands: Sequence[Command], now: float) -> None:
         """Launches between two other commands go out together (an executor with
         `launch_many` starts them in parallel); the order of the commands is kept."""
+        if self.commands is not None:
+            self.commands += [(now, c) for c in commands]
         batch: list[Launch] = []
         for c in commands:
             if isinstance(c, Launch):

@@ -184,12 +184,13 @@ def _cluster(cfg: ScenarioConfig) -> tuple[Cluster, dict[str, BoolArray], list[s
 
 
 DOWN, STARTING, UP = 0, 1, 2
+VACATE, FINISH = 0, 1
 
 
 class ScenarioSim:
     def __init__(self, cfg: ScenarioConfig, workload: Workload) -> None:
         self.cfg = cfg
-        self.cluster, masks, self.node_pool = _cluster(cfg)
+        self.cluster, _, self.node_pool = _cluster(cfg)
         self.known_teams = {t.team for t in cfg.teams}
         for team in {j.team for j in workload.jobs} | {s.team for s in workload.services}:
             if team not in self.known_teams:
@@ -218,7 +219,7 @@ class ScenarioSim:
         self.recorded: list[Event | CycleAt] | None = None
         """When set, every event fed to the core is appended (parity tests)."""
         self.commands: list[tuple[float, Command]] | None = None
-        self._setup_energy(masks)
+        self._setup_energy()
 
     # ---- the world's fixtures: sites, prices, clouds, energy, heat ----------------------------
     def _setup_sites(self) -> None:
@@ -289,7 +290,7 @@ class ScenarioSim:
         }
         return self.tariff_of
 
-    def _setup_energy(self, masks: dict[str, BoolArray]) -> None:
+    def _setup_energy(self) -> None:
         cfg = self.cfg
         e = cfg.energy
         tdp = np.array(
@@ -312,14 +313,18 @@ class ScenarioSim:
         self.heat: HeatMap | None = None
         th = e.thermal
         if th.aware or th.hot_nodes or e.tariff is not None:
-            inlet = np.full(self.state.node_count, th.inlet_c)
-            for mask in masks.values():  # hot aisle: the last on-prem nodes of each pool
-                idx = [k for k in np.flatnonzero(mask).tolist() if k not in self.cloud_status]
-                if th.hot_nodes and idx:
-                    inlet[idx[-th.hot_nodes :]] = th.hot_inlet_c
+            inlet = self.core.room_inlet_c()  # the room the configuration describes
             model = ThermalModel.calibrated()
             temps = np.repeat(inlet[:, None], self.state.gpu_left.shape[1], axis=1).astype(float)
             self.heat = HeatMap(model, inlet, th.threshold_c, temps)
+
+    def attach(self, core: Scheduler) -> None:
+        """Make another core the one this world's jobs belong to (a live service's, when
+        the world stands behind its executor and telemetry)."""
+        self.core = core
+        self.state = core.state
+        self.engine = core.engine
+        self.meter.state = core.state
 
     # ---- compatibility views ------------------------------------------------------------------
     def job(self, job_id: str) -> Run:
@@ -551,7 +556,10 @@ class ScenarioSim:
         previous, self.owed_since = self.owed_since, {}
         for (team, gpu_type), recs in waiting.items():
             room = core.quotas.guaranteed(team, gpu_type, now) - core.usage(team, gpu_type)
-            for r in recs:  # queue order: what the team would run first is owed first
+            # What the team would run first is owed first: jobs holding a claim on GPUs
+            # that are being vacated for them, then the queue's order.
+            recs.sort(key=lambda r: r.spec.job_id not in core.claims)
+            for r in recs:
                 job_id = r.spec.job_id
                 if r.spec.gpu_count > room:
                     continue
@@ -657,25 +665,30 @@ class ScenarioSim:
                 self.finish(r, end, JobState.CANCELLED, "submitted after the scenario ended")
 
     def step(self, now: float, end: float) -> None:
+        for at, kind, job_id in self.timed_events(now, end):
+            r = self.job(job_id)
+            if kind == VACATE and r.state is JobState.PREEMPTING:
+                self.vacate(r, at)
+            elif kind == FINISH and r.state is JobState.RUNNING:
+                self.finish(r, at, JobState.FINISHED, "completed")
+
+    def timed_events(self, now: float, end: float) -> list[tuple[float, int, str]]:
+        """Run the jobs through [now, end]: the checkpoints written (VACATE) and the work
+        completed (FINISH) in that span, in time order (vacates first at one instant)."""
         events: list[tuple[float, int, str]] = []
         for job_id, r in list(self.running.items()):
             if r.state is JobState.RUNNING:
                 done = self.advance(r, now, end)
                 if done is not None:
-                    events.append((done, 1, job_id))
+                    events.append((done, FINISH, job_id))
             elif r.state is JobState.PREEMPTING:
                 upto = end if r.vacate_at is None else min(end, r.vacate_at)
                 self.charge(r, now, max(0.0, upto - now), 0.0)
                 self.account(r, now, upto)
         while self.vacates and self.vacates[0][0] <= end:
             at, job_id = heapq.heappop(self.vacates)
-            events.append((at, 0, job_id))
-        for at, kind, job_id in sorted(events):
-            r = self.job(job_id)
-            if kind == 0 and r.state is JobState.PREEMPTING:
-                self.vacate(r, at)
-            elif kind == 1 and r.state is JobState.RUNNING:
-                self.finish(r, at, JobState.FINISHED, "completed")
+            events.append((at, VACATE, job_id))
+        return sorted(events)
 
     # ---- energy, heat, clouds -----------------------------------------------------------------
     def bill_cloud(self) -> None:
