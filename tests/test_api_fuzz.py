@@ -257,6 +257,17 @@ def job_like(values: st.SearchStrategy[Any]) -> st.SearchStrategy[dict[str, Any]
             "duration_s": values,
             "gpu_model": st.sampled_from(["A100-80GB", "H100"]) | values,
             "cwd": values,
+            "state_gib_per_gpu": st.floats(-1, 100) | values,
+            "sizing": st.fixed_dictionaries(
+                {"model": st.sampled_from(["llama-3-8b", "mixtral-8x7b", "gpt-5"])},
+                optional={
+                    "task": st.sampled_from(["inference", "training"]),
+                    "batch": st.integers(0, 64),
+                    "tokens": st.floats(-1, 1e9) | values,
+                    "deadline_s": st.floats(0, 1e5),
+                },
+            )
+            | values,
             "extra": values,
         },
     )

@@ -228,7 +228,7 @@ def test_a_0001_database_upgrades_in_place(url: str, open_store: Callable[[], St
         assert "dataset" not in _columns(engine)
 
         store.migrate()
-        assert _version(engine) == ["0002"]
+        assert _version(engine) == ["0003"]  # the head (0003 followed 0002)
         assert set(PLACED) <= _columns(engine)
         [old] = store.list()
         assert (old.name, old.team, old.command, dict(old.env)) == (

@@ -168,6 +168,21 @@ def test_max_starts_is_still_the_command_lines() -> None:
         service_scheduling(serve_args("--max-starts", "0"))
 
 
+def test_with_sites_the_sites_file_alone_gives_burst_and_site_placement(tmp_path: Path) -> None:
+    sites = str(tmp_path / "sites.yaml")  # only its name matters here
+    ok = write(tmp_path, "placement: {gpu_type: cost-aware}\n", "ok.yaml")
+    assert service_scheduling(
+        serve_args("--config", str(ok), "--sites", sites)
+    ).placement.gpu_type == ("cost-aware")
+    both = write(tmp_path, "burst: {sustain_min: 5}\nplacement: {site: locality-aware}\n")
+    with pytest.raises(
+        SpecError,
+        match=rf"{re.escape(str(both))}: burst, placement.site: with --sites these come from",
+    ):
+        service_scheduling(serve_args("--config", str(both), "--sites", sites))
+    assert service_scheduling(serve_args("--config", str(both))).burst == {"sustain_min": 5}
+
+
 # ---- refused, naming the key ------------------------------------------------------------------
 def test_unknown_key_is_refused_naming_it_and_the_allowed_ones(tmp_path: Path) -> None:
     path = write(tmp_path, "polcy: fifo\n")

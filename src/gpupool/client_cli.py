@@ -18,7 +18,11 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from gpupool.errors import GpupoolError, SpecError
+from gpupool.plan_cli import parse_count
 from gpupool.reports.table import render
+from gpupool.sizing.memory import BYTES_PER_ELEM, OPTIMIZERS, RECOMPUTE
+from gpupool.sizing.planner import TASKS
+from gpupool.sizing.shapes import SHAPE_KEYS, shape_names
 
 if TYPE_CHECKING:
     import httpx
@@ -171,7 +175,14 @@ def add_client_parsers(sub: Any) -> None:
         metavar="MS",
         help="latency bound to --user-region, for online-inference (needs --user-region)",
     )
+    p.add_argument(
+        "--checkpoint-gib",
+        metavar="GIB",
+        help="checkpoint size: GiB of state per GPU the job writes when preempted (and reads "
+        "back when resumed); the scheduler prices preemption by it (default 0: vacates at once)",
+    )
     p.add_argument("--idempotency-key", help="a retry with the same key returns the same job")
+    _add_sizing_flags(p)
     p.add_argument("job_argv", nargs="*", metavar="command", help="the job's command, after --")
     p.set_defaults(client_handler=cmd_submit)
 
@@ -200,6 +211,112 @@ def add_client_parsers(sub: Any) -> None:
     p.add_argument("--once", action="store_true", help="print one frame and exit")
     p.add_argument("--interval", type=float, default=1.0, help="seconds between frames")
     p.set_defaults(client_handler=cmd_top)
+
+
+SIZING_FLAGS = (
+    "task",
+    "precision",
+    "kv_precision",
+    "context",
+    "seq_len",
+    "batch",
+    "grad_accum",
+    "zero_stage",
+    "recompute",
+    "optimizer",
+    "tokens",
+    "counts",
+)
+"""The submit flags (dests) that go into the job's sizing, besides --model / --shape."""
+
+
+def _add_sizing_flags(p: argparse.ArgumentParser) -> None:
+    """--model or --shape and the planner's flags, as `gpupool plan` names them."""
+    g = p.add_argument_group(
+        "sizing by model",
+        "Give the job's model (--model or --shape) instead of, or besides, --gpus: the "
+        "scheduler then decides per GPU type how many GPUs it needs, as `gpupool plan` sizes "
+        "it. The other flags here need --model or --shape; left out, they take the "
+        "planner's defaults.",
+    )
+    model = g.add_mutually_exclusive_group()
+    model.add_argument("--model", help=f"a known model: {', '.join(shape_names())}")
+    model.add_argument(
+        "--shape",
+        metavar="K=V,...",
+        help="any other model as key=value pairs, as for gpupool plan: "
+        f"{', '.join(SHAPE_KEYS)} (layers, hidden, heads required)",
+    )
+    g.add_argument(
+        "--task",
+        choices=TASKS,
+        help="inference (default) or training; without --kind the job's kind follows it "
+        "(offline-inference or training)",
+    )
+    g.add_argument("--precision", choices=tuple(BYTES_PER_ELEM), help="default bf16")
+    g.add_argument("--kv-precision", choices=tuple(BYTES_PER_ELEM), help="default: weights'")
+    g.add_argument("--context", type=int, help="inference: tokens per sequence in KV cache")
+    g.add_argument("--seq-len", type=int, help="training: tokens per sequence")
+    g.add_argument(
+        "--batch",
+        type=int,
+        help="inference: concurrent sequences; training: micro-batch per data-parallel rank",
+    )
+    g.add_argument("--grad-accum", type=int, help="training: micro-batches per step")
+    g.add_argument("--zero-stage", type=int, choices=(0, 1, 2, 3), help="training")
+    g.add_argument("--recompute", choices=RECOMPUTE, help="training")
+    g.add_argument("--optimizer", choices=OPTIMIZERS, help="training")
+    g.add_argument("--tokens", help="the work: tokens to generate or train on (5e8, 500M, 2B)")
+    g.add_argument("--counts", metavar="N,N,...", help="GPU counts to try (default 1,2,4,8)")
+
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def parse_sizing(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The job's sizing from --model / --shape and the planner's flags (None without a
+    model), checked as the server will check it, so a mistake is refused before sending."""
+    given = {k: getattr(args, k) for k in SIZING_FLAGS if getattr(args, k) is not None}
+    if args.model is None and args.shape is None:
+        if given:
+            raise SpecError(
+                f"{_flag(next(iter(given)))} sizes a job by its model: give --model (or "
+                "--shape) too, e.g. gpupool submit --model llama-3-8b --batch 8 -- python serve.py"
+            )
+        return None
+    from gpupool.service.sizing_field import SHAPE_FIELDS, SizingError, plan_request_from
+    from gpupool.sizing.shapes import get_shape, parse_shape
+
+    sizing: dict[str, Any] = {}
+    if args.model is not None:
+        sizing["model"] = get_shape(args.model).name  # the name as the server knows it
+    else:
+        shape = parse_shape(args.shape)
+        sizing["shape"] = {k: getattr(shape, k) for k in SHAPE_FIELDS}
+    sizing.update(given)
+    if args.tokens is not None:
+        sizing["tokens"] = parse_count(args.tokens, "--tokens")
+    if args.counts is not None:
+        sizing["counts"] = parse_counts(args.counts)
+    try:
+        plan_request_from(sizing)
+    except SizingError as err:
+        where = err.loc[0] if err.loc else "model"
+        flag = "--shape" if where == "shape" else _flag(where)
+        raise SpecError(f"{flag}: {err.reason}") from None
+    return sizing
+
+
+def parse_counts(text: str) -> list[int]:
+    """'1,2,4,8' -> [1, 2, 4, 8]."""
+    try:
+        counts = [int(c) for c in text.split(",") if c.strip()]
+    except ValueError:
+        raise SpecError(f"--counts {text!r}: use whole numbers, e.g. 1,2,4,8") from None
+    if not counts or min(counts) < 1:
+        raise SpecError(f"--counts {text!r}: counts must be 1 or more")
+    return counts
 
 
 def run_client(args: argparse.Namespace) -> int | None:
@@ -254,6 +371,15 @@ def cmd_submit(client: Client, args: argparse.Namespace) -> int:
                 "--latency-bound-ms needs --user-region (latency from where?); give both"
             )
         spec["latency_bound_ms"] = parse_number(args.latency_bound_ms, "--latency-bound-ms")
+    if args.checkpoint_gib is not None:
+        spec["state_gib_per_gpu"] = parse_number(
+            args.checkpoint_gib, "--checkpoint-gib", allow_zero=True
+        )
+    sizing = parse_sizing(args)
+    if sizing is not None:
+        spec["sizing"] = sizing
+        if args.job_kind is None:  # as the simulator's model-jobs generator kinds them
+            spec["kind"] = "training" if sizing.get("task") == "training" else "offline-inference"
     job = client.submit(spec, args.idempotency_key)
     if args.json:
         _print_json(job)
@@ -434,6 +560,7 @@ def job_block(j: dict[str, Any], now: float) -> str:
         ("ended", _when(j.get("ended_at"), now)),
         ("exit code", "-" if j.get("exit_code") is None else j["exit_code"]),
         ("checkpoint", "never" if cp is None else f"every {_span(cp)}"),
+        *_sizing_facts(j),
         ("grace", _span(j["grace_s"]) if j.get("grace_s") is not None else "-"),
         ("reason", j.get("reason") or "-"),
     ]
@@ -458,6 +585,39 @@ def _placement_facts(j: dict[str, Any], now: float) -> list[tuple[str, object]]:
     if j.get("latency_bound_ms") is not None:
         facts.append(("latency", f"within {j['latency_bound_ms']:g} ms"))
     return facts
+
+
+def _sizing_facts(j: dict[str, Any]) -> list[tuple[str, object]]:
+    """The checkpoint size and the model the job is sized by; only those that are set."""
+    facts: list[tuple[str, object]] = []
+    gib = j.get("state_gib_per_gpu")
+    if gib:
+        facts.append(("ckpt size", f"{gib:g} GiB per GPU (written when preempted)"))
+    sizing = j.get("sizing")
+    if isinstance(sizing, dict):
+        facts.append(("sized by", sizing_line(sizing)))
+    return facts
+
+
+def sizing_line(s: dict[str, Any]) -> str:
+    """'llama-3-8b inference bf16, context 2048, batch 8, 1,000,000 tokens'."""
+    raw = s.get("shape")
+    shape: dict[str, Any] = raw if isinstance(raw, dict) else {}
+    model = s.get("model") or shape.get("name") or "custom shape"
+    task = s.get("task") or "inference"
+    parts = [f"{model} {task} {s.get('precision') or 'bf16'}"]
+    if task == "training":
+        parts.append(
+            f"seq {s.get('seq_len', '-')} x micro-batch {s.get('batch', '-')} "
+            f"x accum {s.get('grad_accum', '-')}"
+        )
+    else:
+        parts.append(f"context {s.get('context', '-')}, batch {s.get('batch', '-')}")
+    if isinstance(s.get("tokens"), int | float):
+        parts.append(f"{s['tokens']:,.0f} tokens")
+    if isinstance(s.get("deadline_s"), int | float):
+        parts.append(f"within {_span(s['deadline_s'])}")
+    return ", ".join(parts)
 
 
 def _gpus(j: dict[str, Any]) -> str:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from datetime import datetime, timedelta, timezone
 from importlib import resources
 from pathlib import Path
 from typing import Any, Final
@@ -379,3 +380,41 @@ def _parse_text(text: str, path: str, default_name: str) -> Tariff:
     except yaml.YAMLError as exc:
         raise SpecError(f"{path}: not valid YAML: {exc}") from None
     return parse_tariff(raw, path, default_name)
+
+
+@dataclass(frozen=True)
+class WallClockTariff(Tariff):
+    """The same tariff read on the wall clock, for the live service: t_s is Unix time,
+    priced at the tariff's own local hour (UTC + utc_offset_h) of the real calendar (29
+    February is priced as the 28th). A scenario's time 0 is local midnight of 1 January
+    1970, so a scenario and the live service read the same price at the same t_s."""
+
+    def scenario_s(self, t_s: float) -> float:
+        """Unix time as this tariff's scenario time (the base class's convention)."""
+        tz = timezone(timedelta(hours=self.utc_offset_h))
+        local = datetime.fromtimestamp(t_s, tz)
+        day = local.timetuple().tm_yday - 1
+        leap = local.year % 4 == 0 and (local.year % 100 != 0 or local.year % 400 == 0)
+        if leap and day >= 59:
+            day -= 1
+        midnight = local.replace(hour=0, minute=0, second=0, microsecond=0)
+        into_day = (local - midnight).total_seconds()
+        first = _FIRST_DAY[self.start_month - 1]
+        return ((day - first) % 365) * 86_400.0 + into_day - self.utc_offset_h * 3600.0
+
+    def _hour(self, t_s: float) -> tuple[int, float]:
+        return super()._hour(self.scenario_s(t_s))
+
+    def prices_at(self, t_s: npt.ArrayLike) -> FloatArray:
+        times = np.atleast_1d(np.asarray(t_s, dtype=np.float64))
+        return super().prices_at([self.scenario_s(float(t)) for t in times])
+
+    def next_change_s(self, t_s: float) -> float:
+        here = self.scenario_s(t_s)
+        return t_s + (super().next_change_s(here) - here)
+
+
+def on_wall_clock(tariff: Tariff) -> WallClockTariff:
+    """`tariff`, read on Unix time (see WallClockTariff)."""
+    values = {f.name: getattr(tariff, f.name) for f in fields(tariff) if f.init}
+    return WallClockTariff(**values)

@@ -423,9 +423,10 @@ class Scheduler:
     def cycle(self, now: float) -> list[Command]:
         """One scheduling cycle: every stage, in this order, and the commands it decided.
 
-        Claimants whose victims ended start at any call; the stages run at most once per
-        `cycle_s` (a driver may call more often, e.g. after every event), so the same events
-        give the same decisions however often a driver asks."""
+        Claimants whose victims ended start at any call; the stages run when `cycle_s` has
+        passed since they last ran, or again at that same instant (several events at one
+        time), never in between: a driver may call after every event and the same events
+        still give the same decisions."""
         cfg = self.config
         out: list[Command] = []
         ready, self.ready_claims = self.ready_claims, []
@@ -436,9 +437,9 @@ class Scheduler:
                 if launch is not None:
                     out.append(launch)
         last = self.last_cycle_s
-        if last is not None and now < last + cfg.cycle_s - 1e-9:
-            return out  # the stages run at most once per cycle_s, whoever calls
-        if last is not None:
+        if last is not None and last < now < last + cfg.cycle_s - 1e-9:
+            return out  # the stages run once per cycle_s (again at the same instant)
+        if last is not None and now > last:
             usage: dict[str, float] = defaultdict(float)
             for r in self.running.values():
                 usage[r.spec.team] += r.spec.gpu_count

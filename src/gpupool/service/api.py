@@ -20,12 +20,23 @@ from fastapi import Depends, FastAPI, Header, HTTPException, Path, Query, Reques
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    Strict,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from gpupool.errors import ConflictError, GpupoolError, NotFoundError, SpecError
+from gpupool.service import sizing_field as sf
 from gpupool.service.live import LiveService
 from gpupool.service.store import JobRow, NewJob, Principal, Store
 from gpupool.service.telemetry import dcgm_name
+from gpupool.sizing.planner import PlanRequest
 
 MAX_BODY_BYTES = 64 * 1024
 MAX_ID = 2**31 - 1
@@ -34,6 +45,199 @@ JobId = Annotated[int, Path(ge=1, le=MAX_ID)]
 PRIORITIES = {"low": 0, "normal": 50, "high": 100}
 NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 KINDS = Literal["training", "online-inference", "offline-inference", "batch"]
+MAX_STATE_GIB = 1e5
+"""state_gib_per_gpu: at most 100 TiB of checkpoint per GPU."""
+
+
+def _whole(lo: int, hi: int, default: Any = ..., description: str | None = None) -> Any:
+    """A strict integer field (no booleans, no numeric strings) within lo..hi."""
+    return Field(default, ge=lo, le=hi, strict=True, description=description)
+
+
+def _choice(key: str, description: str, nullable: bool = False) -> Any:
+    """A string field that must be one of sizing_field.CHOICES[key] (said in the schema)."""
+    choices: list[Any] = list(sf.CHOICES[key])
+    return Field(
+        sf.DEFAULTS[key],
+        description=description,
+        json_schema_extra={"enum": [*choices, None] if nullable else choices},
+    )
+
+
+class ShapeIn(BaseModel):
+    """A model that is not packaged, by its shape: layers, hidden and heads at least. The
+    rest take the usual choices: kv_heads = heads, head_dim = hidden / heads, ffn_hidden =
+    8/3 x hidden, vocab 32000, params_b estimated from the shape (gpupool plan --shape)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    layers: int = _whole(1, sf.SHAPE_INTS["layers"], description="Transformer layers.")
+    hidden: int = _whole(1, sf.SHAPE_INTS["hidden"], description="Hidden size.")
+    heads: int = _whole(1, sf.SHAPE_INTS["heads"], description="Attention heads.")
+    kv_heads: int | None = _whole(1, sf.SHAPE_INTS["kv_heads"], None, "Key/value heads.")
+    head_dim: int | None = _whole(1, sf.SHAPE_INTS["head_dim"], None)
+    vocab: int | None = _whole(1, sf.SHAPE_INTS["vocab"], None)
+    ffn_hidden: int | None = _whole(1, sf.SHAPE_INTS["ffn_hidden"], None)
+    params_b: float | None = Field(
+        None, gt=0, le=sf.MAX_PARAMS_B, allow_inf_nan=False, description="Parameters, billions."
+    )
+    active_params_b: float | None = Field(
+        None,
+        gt=0,
+        le=sf.MAX_PARAMS_B,
+        allow_inf_nan=False,
+        description="Parameters a token runs through, billions (mixture-of-experts models).",
+    )
+    name: str | None = Field(
+        None,
+        min_length=1,
+        max_length=sf.MAX_SHAPE_NAME,
+        json_schema_extra={"pattern": "^[^\\x00]*$"},
+    )
+    source: str | None = Field(
+        None,
+        min_length=1,
+        max_length=sf.MAX_SHAPE_SOURCE,
+        description="Where the numbers come from.",
+        json_schema_extra={"pattern": "^[^\\x00]*$"},
+    )
+
+    @field_validator("name", "source")
+    @classmethod
+    def _no_nul(cls, v: str | None) -> str | None:
+        if v is not None and "\x00" in v:
+            raise ValueError("must not contain NUL characters")
+        return v
+
+    @model_validator(mode="after")
+    def _shape(self) -> ShapeIn:
+        try:
+            sf.shape_from(self.model_dump(exclude_none=True))
+        except sf.SizingError as err:
+            raise ValueError(err.reason) from None
+        return self
+
+
+class SizingIn(BaseModel):
+    """Size the job by its model, as `gpupool plan` does (the planner's PlanRequest): give
+    model or shape, and the work. The scheduler then decides per GPU type how many GPUs the
+    job needs (the fewest that fit, and with deadline_s the fewest that meet it) instead of
+    taking gpus. Inference: batch concurrent sequences of context tokens, tokens to generate;
+    training: micro-batch batch per data-parallel rank of seq_len tokens, grad_accum
+    micro-batches per step, tokens to train on. Stored as given plus the planner's defaults."""
+
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"dependentRequired": {"deadline_s": ["tokens"]}}
+    )
+
+    model: str | None = Field(
+        None,
+        description="A packaged model (exactly one of model and shape).",
+        json_schema_extra={"enum": [*sf.model_names(), None]},
+    )
+    shape: ShapeIn | None = Field(None, description="Any other model, by its shape.")
+    task: str = _choice("task", "inference or training.")
+    precision: str = _choice("precision", "Weights (and training math) precision.")
+    kv_precision: str | None = _choice("kv_precision", "KV cache precision.", nullable=True)
+    context: int = _whole(
+        1, sf.MAX_SEQ_TOKENS, sf.DEFAULTS["context"], "Inference: tokens held in KV cache."
+    )
+    seq_len: int = _whole(
+        1, sf.MAX_SEQ_TOKENS, sf.DEFAULTS["seq_len"], "Training: tokens per sequence."
+    )
+    batch: int = _whole(
+        1,
+        sf.MAX_BATCH,
+        sf.DEFAULTS["batch"],
+        "Inference: concurrent sequences; training: micro-batch per data-parallel rank.",
+    )
+    grad_accum: int = _whole(
+        1, sf.MAX_GRAD_ACCUM, sf.DEFAULTS["grad_accum"], "Training: micro-batches per step."
+    )
+    tokens: float | None = Field(
+        None,
+        gt=0,
+        le=sf.MAX_TOKENS,
+        allow_inf_nan=False,
+        description="The work: tokens to generate or train on.",
+    )
+    deadline_s: float | None = Field(
+        None,
+        gt=0,
+        le=sf.MAX_DEADLINE_S,
+        allow_inf_nan=False,
+        description="Run time (seconds) the sizing should meet; needs tokens.",
+    )
+    counts: list[Annotated[int, Strict(), Field(ge=1, le=sf.MAX_COUNT)]] = Field(
+        list(sf.DEFAULTS["counts"]),  # pydantic copies it for every instance
+        min_length=1,
+        max_length=sf.MAX_COUNTS,
+        description="GPU counts to try.",
+    )
+    gpus: (
+        list[
+            Annotated[
+                str,
+                Field(
+                    min_length=1,
+                    max_length=sf.MAX_NAME,
+                    json_schema_extra={"pattern": "^[^\\x00]*$"},
+                ),
+            ]
+        ]
+        | None
+    ) = Field(
+        None,
+        min_length=1,
+        max_length=sf.MAX_GPU_TYPES,
+        description="GPU types to plan for (gpupool plan); the scheduler sizes the job for "
+        "the GPU types of its cluster.",
+    )
+    zero_stage: int = _whole(0, 3, sf.DEFAULTS["zero_stage"], "Training: ZeRO stage.")
+    recompute: str = _choice("recompute", "Training: activation recomputation.")
+    optimizer: str = _choice("optimizer", "Training: the optimizer.")
+
+    _request: PlanRequest | None = PrivateAttr(None)
+
+    @field_validator("model")
+    @classmethod
+    def _model(cls, v: str | None) -> str | None:
+        return None if v is None else _sized(sf.check_model, v)
+
+    @field_validator("task", "precision", "kv_precision", "recompute", "optimizer")
+    @classmethod
+    def _choices(cls, v: str | None, info: ValidationInfo) -> str | None:
+        key = str(info.field_name)
+        return None if v is None else _sized(lambda x: sf.check_choice(key, x), v)
+
+    @field_validator("gpus")
+    @classmethod
+    def _gpu_names(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None and any("\x00" in g for g in v):
+            raise ValueError("must not contain NUL characters")
+        return v
+
+    @model_validator(mode="after")
+    def _plan_request(self) -> SizingIn:
+        """The definitive check: the planner's PlanRequest must build from what was given."""
+        try:
+            self._request = sf.plan_request_from(self.model_dump(exclude_unset=True))
+        except sf.SizingError as err:
+            raise ValueError(str(err)) from None
+        return self
+
+    def mapping(self) -> dict[str, Any]:
+        """The canonical mapping the store keeps (sizing_field.sizing_of)."""
+        assert self._request is not None  # set by the validator
+        return sf.sizing_of(self._request)
+
+
+def _sized(check: Callable[[object], str], value: object) -> str:
+    """check(value), its SizingError as the ValueError pydantic reports at the field."""
+    try:
+        return check(value)
+    except sf.SizingError as err:
+        raise ValueError(err.reason) from None
 
 
 class JobIn(BaseModel):
@@ -52,7 +256,12 @@ class JobIn(BaseModel):
     team: str | None = Field(None, min_length=1, max_length=64, pattern=NAME)
     kind: KINDS = "training"
     priority: Annotated[int, Strict()] | Literal["low", "normal", "high"] = "normal"
-    gpus: int = Field(1, ge=0, le=1024)
+    gpus: int = Field(
+        1,
+        ge=0,
+        le=1024,
+        description="GPUs the job needs; with sizing, the scheduler decides per GPU type.",
+    )
     gpu_model: str | None = Field(None, min_length=1, max_length=64)
     checkpoint_every_s: float | None = Field(None, gt=0, le=1e7)
     grace_s: float = Field(60.0, ge=0, le=86_400)
@@ -94,6 +303,21 @@ class JobIn(BaseModel):
         validate_default=True,  # so a missing one is checked against latency_bound_ms
         description="Where the job's users are; required with latency_bound_ms.",
         json_schema_extra={"pattern": "^[^\\x00]*$"},
+    )
+    # what the decision core sizes the job and prices its preemption by
+    state_gib_per_gpu: float = Field(
+        0.0,
+        ge=0,
+        le=MAX_STATE_GIB,
+        allow_inf_nan=False,
+        description="Checkpoint size: GiB of state per GPU the job writes when preempted "
+        "(and reads back when resumed). The scheduler turns it into checkpoint write and "
+        "resume times; 0 counts as vacating its GPUs at once.",
+    )
+    sizing: SizingIn | None = Field(
+        None,
+        description="Size the job by its model instead of (or besides) gpus: the planner's "
+        "request (gpupool plan). Stored with every field filled in.",
     )
 
     @field_validator("priority")
@@ -172,6 +396,8 @@ def job_json(row: JobRow) -> dict[str, Any]:
         "deadline_at": row.deadline_at,
         "user_region": row.user_region,
         "latency_bound_ms": row.latency_bound_ms,
+        "state_gib_per_gpu": row.state_gib_per_gpu,
+        "sizing": None if row.sizing is None else dict(row.sizing),
     }
 
 
@@ -185,9 +411,16 @@ class SubmitBatcher:
 
     MAX_BATCH = 256
 
-    def __init__(self, store: Store, wake: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        wake: Callable[[], None] | None = None,
+        now: Callable[[], float] = time.time,
+    ) -> None:
         self.store = store
         self.wake = wake
+        self.now = now
+        """The scheduler's clock: a job's submit time is on the clock the core decides by."""
         self.pending: list[tuple[NewJob, str | None, asyncio.Future[tuple[JobRow, bool]]]] = []
         self.flushing = False
         self.task: asyncio.Future[None] | None = None
@@ -207,13 +440,13 @@ class SubmitBatcher:
                 del self.pending[: self.MAX_BATCH]
                 try:
                     results = await run_in_threadpool(
-                        self.store.submit_group, [(j, k) for j, k, _ in batch], time.time()
+                        self.store.submit_group, [(j, k) for j, k, _ in batch], self.now()
                     )
                 except Exception:
                     # each on its own, so only that one hears of its error
                     for job, key, future in batch:
                         try:
-                            one = await run_in_threadpool(self.store.submit, job, time.time(), key)
+                            one = await run_in_threadpool(self.store.submit, job, self.now(), key)
                         except Exception as err:
                             if not future.done():
                                 future.set_exception(err)
@@ -324,7 +557,7 @@ def create_app(service: LiveService, store: Store, auth: bool = True) -> FastAPI
     )
     app.state.store = store
     app.state.auth = auth
-    batcher = SubmitBatcher(store, service.wake.set)
+    batcher = SubmitBatcher(store, service.wake.set, service.clock.now)
     app.state.tokens = {}
 
     def own(who: Principal, row: JobRow) -> None:
@@ -388,6 +621,8 @@ def create_app(service: LiveService, store: Store, auth: bool = True) -> FastAPI
             deadline_at=body.deadline_at,
             user_region=body.user_region,
             latency_bound_ms=body.latency_bound_ms,
+            state_gib_per_gpu=body.state_gib_per_gpu,
+            sizing=None if body.sizing is None else body.sizing.mapping(),
         )
 
     @app.post(
@@ -410,7 +645,7 @@ def create_app(service: LiveService, store: Store, auth: bool = True) -> FastAPI
 
     @app.post("/v1/jobs/batch", status_code=201, summary="Submit up to 1,000 jobs at once")
     def submit_batch(body: BatchIn, who: Who) -> dict[str, Any]:
-        rows = store.submit_many([new_job(j, who) for j in body.jobs], time.time())
+        rows = store.submit_many([new_job(j, who) for j in body.jobs], service.clock.now())
         service.wake.set()
         return {"jobs": [job_json(r) for r in rows]}
 

@@ -26,7 +26,7 @@ import numpy as np
 
 from gpupool.core.lifecycle import JobState
 from gpupool.core.model import Cluster, JobKind, JobSpec, Node, NodeShare, Placement
-from gpupool.energy.tariff import Tariff, load_tariff
+from gpupool.energy.tariff import Tariff, load_tariff, on_wall_clock
 from gpupool.errors import GpupoolError, IllegalTransition, SpecError, Unavailable
 from gpupool.policies.cycle import PreemptionRules
 from gpupool.scheduler import (
@@ -44,6 +44,7 @@ from gpupool.scheduler import (
     pool_key,
 )
 from gpupool.scheduler.config import SchedulerConfig
+from gpupool.scheduler.schema import check_fleet
 from gpupool.service.clock import Clock
 from gpupool.service.executor import Executor, Exit, Handle, LaunchSpec
 from gpupool.service.sites import (
@@ -55,6 +56,7 @@ from gpupool.service.sites import (
     pool_prices,
     with_cloud_nodes,
 )
+from gpupool.service.sizing_field import plan_request_from
 from gpupool.service.store import JobRow, Store
 from gpupool.service.telemetry import (
     FakeTelemetry,
@@ -94,6 +96,8 @@ class LiveConfig:
     """(node, site) the nodes declared themselves (e.g. a Ray node's site resource)."""
     seed: int = 0
     """Seeds the core's random choices (placement ties of random policies)."""
+    source: str = "the scheduling configuration"
+    """Where `scheduling` came from (the --config file), for error messages."""
 
     @property
     def cycle_s(self) -> float:
@@ -245,6 +249,7 @@ class LiveService:
             cloud_nodes=[c.name for c in sites.cloud_nodes] if sites is not None else (),
             seed=config.seed,
         )
+        check_fleet(sched, self.scheduler.pool_gpus, config.source)
         self.cloud: CloudNodes | None = None
         if sites is not None and sites.cloud_nodes:
             self.cloud = CloudNodes(sites, config.state_dir, cloud_runner)
@@ -484,7 +489,8 @@ class LiveService:
         for row in self.store.list(state="pending", after_id=self.seen_id, limit=10_000):
             self.seen_id = max(self.seen_id, row.id)
             if str(row.id) not in self.scheduler.records:
-                record = self.scheduler.submit(spec_of(row), now)
+                sized = plan_request_from(row.sizing) if row.sizing is not None else None
+                record = self.scheduler.submit(spec_of(row), now, sized=sized)
                 if record.state is JobState.UNPLACEABLE:
                     self._transition(
                         row.id,
@@ -966,7 +972,9 @@ def _site_tariffs(config: SchedulerConfig, sites: set[str]) -> dict[str, Tariff 
     """The electricity tariff of each site (energy.tariff, energy.site_tariffs)."""
     e = config.energy
     names = {site: e.site_tariffs.get(site, e.tariff) for site in sorted(sites)}
-    loaded = {name: load_tariff(name) for name in set(names.values()) if name is not None}
+    loaded = {
+        name: on_wall_clock(load_tariff(name)) for name in set(names.values()) if name is not None
+    }
     return {site: loaded[name] if name is not None else None for site, name in names.items()}
 
 

@@ -9,6 +9,7 @@ import logging
 import os
 import sys
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ from gpupool.core.quota import TeamQuota
 from gpupool.errors import SpecError
 from gpupool.scheduler.config import SchedulerConfig
 from gpupool.scheduler.schema import SCHEDULING_KEYS, parse_scheduling
-from gpupool.service.clock import SystemClock
+from gpupool.service.clock import Clock, StartedClock, SystemClock
 from gpupool.service.executor import LocalExecutor
 from gpupool.service.live import LIVE_DEFAULTS, LiveConfig, LiveService
 from gpupool.service.sites import load_sites
@@ -84,6 +85,24 @@ def add_serve_parser(sub: Any) -> None:
         "file's cycle_s, else 1)",
     )
     sp.add_argument("--sample", type=float, default=1.0, help="telemetry sampling, s (1)")
+    sp.add_argument(
+        "--fake-inlet",
+        metavar="GPU=C,...",
+        help="with --fake-gpus: the air some fake GPUs breathe, e.g. 0=45,1=45 (a hot "
+        "aisle; the others 30 C): their temperatures follow, for thermal placement",
+    )
+    sp.add_argument(
+        "--clock-start",
+        metavar="TIME",
+        help="rehearse a schedule: the scheduler's clock starts at this UTC time "
+        "(2026-12-01T23:59:00, or Unix seconds) instead of now",
+    )
+    sp.add_argument(
+        "--clock-speed",
+        type=float,
+        default=1.0,
+        help="with --clock-start: scheduler seconds per real second (1)",
+    )
     sp.add_argument(
         "--monitor",
         type=float,
@@ -153,7 +172,9 @@ def load_service_config(path: Path | None, defaults: SchedulerConfig) -> Schedul
 def service_scheduling(args: argparse.Namespace) -> SchedulerConfig:
     """What the service's core decides by: LIVE_DEFAULTS, then the --config file, then
     the command line (--cycle, when given, overrides the file's cycle_s; --max-starts),
-    and the demo teams for --demo with a file that names none."""
+    and the demo teams for --demo with a file that names none. With --sites, the sites
+    file alone gives the burst rules and site placement (live.py applies them over
+    these), so the --config file must leave them out."""
     scheduling = load_service_config(args.config, LIVE_DEFAULTS)
     if args.cycle is not None:
         if not args.cycle > 0:
@@ -163,6 +184,27 @@ def service_scheduling(args: argparse.Namespace) -> SchedulerConfig:
         scheduling = dataclasses.replace(
             scheduling, teams=(TeamQuota("serving", {}, {}), TeamQuota("research", {}, {}))
         )
+    if args.sites is not None:
+        d = LIVE_DEFAULTS
+        given = [
+            key
+            for key, value, default in (
+                ("burst", scheduling.burst, d.burst),
+                ("placement.site", scheduling.placement.site, d.placement.site),
+                (
+                    "placement.value_of_time_usd_per_h",
+                    scheduling.placement.value_of_time_usd_per_h,
+                    d.placement.value_of_time_usd_per_h,
+                ),
+            )
+            if value != default
+        ]
+        if given:
+            raise SpecError(
+                f"{args.config}: {', '.join(given)}: with --sites these come from "
+                f"{args.sites} (burst:, placement:, value_of_time_usd_per_h:); "
+                "drop them from --config or from --sites"
+            )
     if args.max_starts is not None and args.max_starts < 1:
         raise SpecError(f"--max-starts must be at least 1, got {args.max_starts}")
     return dataclasses.replace(
@@ -173,9 +215,50 @@ def service_scheduling(args: argparse.Namespace) -> SchedulerConfig:
     )
 
 
-def open_telemetry(fake: str | None, demo: bool) -> Telemetry:
+def parse_inlet(text: str | None) -> dict[int, float]:
+    """--fake-inlet 0=45,1=45 -> {0: 45.0, 1: 45.0}."""
+    out: dict[int, float] = {}
+    for part in (text or "").split(","):
+        if not part.strip():
+            continue
+        gpu, sep, temp = part.partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            out[int(gpu)] = float(temp)
+        except ValueError:
+            raise SpecError(
+                f"--fake-inlet {text!r}: write GPU=CELSIUS pairs, e.g. 0=45,1=45"
+            ) from None
+    return out
+
+
+def open_clock(start: str | None, speed: float) -> Clock:
+    """The system clock, or with --clock-start one that starts then (and runs `speed`x)."""
+    if start is None:
+        if speed != 1.0:
+            raise SpecError("--clock-speed needs --clock-start (the moment the clock starts at)")
+        return SystemClock()
+    try:
+        at = float(start)
+    except ValueError:
+        try:
+            moment = datetime.fromisoformat(start)
+        except ValueError:
+            raise SpecError(
+                f"--clock-start {start!r}: give a UTC time like 2026-12-01T23:59:00 or Unix seconds"
+            ) from None
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=UTC)
+        at = moment.timestamp()
+    return StartedClock(at, speed)
+
+
+def open_telemetry(fake: str | None, demo: bool, inlet: str | None = None) -> Telemetry:
+    if inlet and not fake:
+        raise SpecError("--fake-inlet is for a fake fleet: add --fake-gpus")
     if fake:
-        return FakeTelemetry(fake)
+        return FakeTelemetry(fake, inlet_c=parse_inlet(inlet))
     try:
         return NvmlTelemetry()
     except NoGpuError as err:
@@ -246,14 +329,21 @@ def serve(args: argparse.Namespace) -> int:
         sample_s=args.sample,
         monitor_s=args.monitor,
         sites=sites,
+        source=str(args.config) if args.config is not None else "the service's defaults",
     )
     telemetry: Telemetry
     if args.ray is not None:
         live = _ray_live(args, config, store)
         telemetry = live.telemetry
     else:
-        telemetry = open_telemetry(args.fake_gpus, args.demo)
-        live = LiveService(config, store, LocalExecutor(), telemetry, SystemClock())
+        telemetry = open_telemetry(args.fake_gpus, args.demo, args.fake_inlet)
+        live = LiveService(
+            config,
+            store,
+            LocalExecutor(),
+            telemetry,
+            open_clock(args.clock_start, args.clock_speed),
+        )
     url = f"http://{args.host}:{args.port}"
     print(
         f"gpupool serving on {url} ({len(live.inventory)} GPUs: "
@@ -309,5 +399,8 @@ def _ray_live(args: argparse.Namespace, config: LiveConfig, store: Store) -> Liv
             "`ray start --head` and pass its address (host:port), or auto"
         ) from None
     return ray_service(
-        config, store, SystemClock(), executor=RayExecutor(namespace=args.ray_namespace)
+        config,
+        store,
+        open_clock(args.clock_start, args.clock_speed),
+        executor=RayExecutor(namespace=args.ray_namespace),
     )

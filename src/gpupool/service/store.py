@@ -53,6 +53,7 @@ from gpupool.errors import (
     NotFoundError,
     SpecError,
 )
+from gpupool.service.sizing_field import plan_request_from
 
 KINDS: tuple[str, ...] = ("training", "online-inference", "offline-inference", "batch")
 STATES: tuple[str, ...] = (
@@ -163,6 +164,9 @@ class JobModel(Base):
     deadline_at: Mapped[float | None] = mapped_column(Double)
     user_region: Mapped[str | None] = mapped_column(String)
     latency_bound_ms: Mapped[float | None] = mapped_column(Double)
+    # what the decision core sizes and prices preemption by (revision 0003)
+    state_gib_per_gpu: Mapped[float] = mapped_column(Double, server_default=text("0"))
+    sizing: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
 
 
 class EventModel(Base):
@@ -216,11 +220,20 @@ class NewJob:
     user_region: str | None = None
     latency_bound_ms: float | None = None
     """Only meaningful for online-inference; needs user_region."""
+    state_gib_per_gpu: float = 0.0
+    """Checkpoint size: GiB of state per GPU the job writes when preempted (and reads back
+    when resumed); 0: it vacates its GPUs at once."""
+    sizing: Mapping[str, Any] | None = None
+    """A job given by its model: the planner's PlanRequest as a mapping
+    (gpupool.service.sizing_field); the core then sizes it per GPU type."""
 
     def __post_init__(self) -> None:
         # a list or a caller's dict would make two equal specs compare unequal or change later
         object.__setattr__(self, "command", tuple(self.command))
         object.__setattr__(self, "env", dict(self.env))
+        if self.sizing is not None:
+            # as JSON reads it back (lists, not tuples), so a stored spec equals its NewJob
+            object.__setattr__(self, "sizing", _as_json(self.sizing))
 
 
 @dataclass(frozen=True)
@@ -264,6 +277,9 @@ class JobRow:
     deadline_at: float | None = None
     user_region: str | None = None
     latency_bound_ms: float | None = None
+    state_gib_per_gpu: float = 0.0
+    sizing: Mapping[str, Any] | None = None
+    """gpupool.service.sizing_field.plan_request_of(row) makes it a PlanRequest again."""
 
     @property
     def terminal(self) -> bool:
@@ -291,6 +307,8 @@ class JobRow:
             deadline_at=self.deadline_at,
             user_region=self.user_region,
             latency_bound_ms=self.latency_bound_ms,
+            state_gib_per_gpu=self.state_gib_per_gpu,
+            sizing=self.sizing,
         )
 
 
@@ -377,6 +395,7 @@ def _check_new(job: NewJob) -> None:
     if job.grace_s < 0 or job.max_retries < 0:
         raise SpecError("grace_s and max_retries must not be negative")
     _check_placement(job)
+    _check_sizing(job)
 
 
 def _check_placement(job: NewJob) -> None:
@@ -394,6 +413,27 @@ def _check_placement(job: NewJob) -> None:
             raise SpecError(
                 "latency_bound_ms needs user_region (latency from where?); set both or neither"
             )
+
+
+def _check_sizing(job: NewJob) -> None:
+    """The checkpoint size, and the model request by building the planner's PlanRequest
+    (a SizingError, which is a SpecError, names the offending field)."""
+    gib = job.state_gib_per_gpu
+    if isinstance(gib, bool) or not isinstance(gib, int | float) or not math.isfinite(gib):
+        raise SpecError(f"state_gib_per_gpu is {gib!r}; give 0 or more GiB per GPU")
+    if gib < 0:
+        raise SpecError(f"state_gib_per_gpu is {gib}; give 0 or more GiB per GPU")
+    if job.sizing is not None:
+        plan_request_from(job.sizing)
+
+
+def _as_json(value: Any) -> Any:
+    """A copy of a JSON-like value in the types a JSON column reads back as."""
+    if isinstance(value, Mapping):
+        return {k: _as_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_as_json(v) for v in value]
+    return value
 
 
 def _job_row(m: JobModel) -> JobRow:
@@ -435,6 +475,8 @@ def _job_row(m: JobModel) -> JobRow:
         deadline_at=m.deadline_at,
         user_region=m.user_region,
         latency_bound_ms=m.latency_bound_ms,
+        state_gib_per_gpu=float(m.state_gib_per_gpu),
+        sizing=None if m.sizing is None else dict(m.sizing),
     )
 
 
@@ -496,6 +538,8 @@ def _job_values(job: NewJob, idempotency_key: str | None, now_s: float) -> dict[
         "deadline_at": job.deadline_at,
         "user_region": job.user_region,
         "latency_bound_ms": job.latency_bound_ms,
+        "state_gib_per_gpu": float(job.state_gib_per_gpu),
+        "sizing": None if job.sizing is None else _as_json(job.sizing),
     }
     return values
 

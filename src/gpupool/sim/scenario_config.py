@@ -16,6 +16,7 @@ from gpupool.core.calibration import CheckpointModel, ColocationModel
 from gpupool.core.quota import QuotaWindow, TeamQuota
 from gpupool.errors import NotFoundError, SpecError
 from gpupool.federation import TOPOLOGY_KEYS
+from gpupool.federation.burst import BurstRules
 from gpupool.policies.cycle import PreemptionRules
 from gpupool.scheduler.config import (
     EnergyConfig,
@@ -82,7 +83,8 @@ class ScenarioConfig:
     """An operator's GPU catalogue file overriding or extending the shipped one."""
     federation: Mapping[str, Any] | None = None
     """Sites, data locations and links (gpupool.federation.parse_topology)."""
-    burst: Mapping[str, Any] | None = None
+    burst: Mapping[str, Any] | BurstRules | None = None
+    """The `burst:` section as written (minutes; gpupool.scheduler.schema checks it)."""
     path: str = ""
 
     def scheduler_config(self) -> SchedulerConfig:
