@@ -137,7 +137,7 @@ def figure_differences(recorded: dict[str, Any], computed: dict[str, Any]) -> li
     return differences(kept, computed)
 
 
-@pytest.mark.parametrize("case", CASES, ids=[f"{c.results}:{c.row}" for c in CASES])
+@pytest.mark.parametrize("case", CASES, ids=[c.row for c in CASES])
 def test_recorded_scenario_figures_are_reproduced(case: Recorded) -> None:
     recorded = recorded_rows(case.results).get(case.row)
     assert recorded is not None, f"bench/results/{case.results} has no row {case.row!r}"
