@@ -1,6 +1,6 @@
 """Cloud burst and reclaim: start cloud nodes when on-prem stays full, stop idle ones.
 
-`BurstController` is a deterministic state machine. The simulator calls `observe` with
+`BurstController` is a deterministic state machine. The decision core calls `observe` with
 what it measures; the controller answers with the events to carry out (start or stop
 this many cloud nodes), each with the reason in words. Every condition must hold for a
 sustain window first, so a short spike neither buys nodes nor throws them away.

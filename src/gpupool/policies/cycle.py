@@ -2,9 +2,9 @@
 
 A plan is a list of commands: Start (a job on a placement), Preempt (a running job, with
 a reason) and Claim (start this job as soon as these victims have vacated). The policy
-plans on a scratch copy of the cluster state; the scenario driver validates every
-command against the real state (capacity, co-location, quota maxima, lifecycle,
-preemption rules) before applying it.
+plans on a scratch copy of the cluster state; the decision core (gpupool.scheduler)
+validates every command against the real state (capacity, co-location, quota maxima,
+lifecycle, preemption rules) before applying it.
 
 * fifo      strict submit order; the head blocks the queue.
 * backfill  fifo with EASY backfill: the blocked head gets a reservation, and a later

@@ -2,7 +2,7 @@
 
 A job given by a model is sized per GPU type by the planner: how many GPUs of that type
 hold it and how long its work takes there. A plain job may allow several types at the
-same count and duration. Before each scheduling cycle the simulator asks a chooser to
+same count and duration. Each scheduling cycle the decision core asks a chooser to
 point every waiting, never-started job at one pool; the cycle policy then plans within
 pools as before. Choices are re-made each cycle until the job starts, so a job follows
 capacity as it frees; once started it stays on its GPU type (its progress is counted in

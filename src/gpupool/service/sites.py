@@ -1,13 +1,13 @@
-"""Live multi-cluster: which site each node is in, how a job picks its site, cloud nodes.
+"""Live multi-cluster: which site each node is in, and the cloud nodes' commands.
 
 One YAML file describes the federation the service runs over. Its `federation:` section
-is the simulator's topology (sites with region, kind and prices; data locations; links),
-so a policy proven in `gpupool simulate scenario` places live jobs by the very same rules
-(`policies.pool_choice.choose_across_sites`). Nodes name their site there (`nodes:`) or declare it
-themselves (a Ray node's `gpupool_site_<site>` resource). Cloud nodes are declared up
-front and stay out of the pool until their start command has made them join; the burst
-controller of the simulator decides when to start and stop them, and every decision is
-written to the event log with its reason.
+is the scenario files' topology (sites with region, kind and prices; data locations;
+links), so the core places live jobs by the same rules as in a simulated scenario
+(`policies.pool_choice.choose_across_sites`). Nodes name their site there (`nodes:`) or
+declare it themselves (a Ray node's `gpupool_site_<site>` resource). Cloud nodes are
+declared up front and stay out of the pool until their start command has made them join;
+the core decides when to start and stop them (Burst, Reclaim) and CloudNodes runs the
+commands; every decision is written to the event log with its reason.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ class SitesConfig:
     """argv template; {node} {site} {model} {gpus} {state_dir} are filled in."""
     stop_command: tuple[str, ...] = ()
     check_s: float = 5.0
-    """How often the burst controller looks."""
+    """How often the start and stop commands' exits and the join timeouts are checked."""
     join_timeout_s: float = 600.0
     """A started cloud node that has not joined by then is given up (and stopped)."""
 
@@ -247,8 +247,8 @@ class CloudNodes:
 
     A node is down, starting (its start command ran; waiting for it to join), up (the
     cluster lists it) or stopping (its stop command ran; waiting for it to leave). The
-    caller reports which cloud nodes the cluster lists and how busy they are, and gets
-    back what happened, in words, for the event log."""
+    caller reports which cloud nodes the cluster lists, and gets back what happened, in
+    words, for the event log."""
 
     def __init__(
         self, cfg: SitesConfig, state_dir: Path, runner: CommandRunner | None = None
