@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 T0 = 1_700_000_000.0
 
 # The lifecycle as the service promises it, written out independently of store.TRANSITIONS.
-LEGAL = {
+LEGAL = {  # the core's lifecycle (core/lifecycle.py) in the store's words
     ("pending", "running"),
     ("pending", "cancelled"),
     ("pending", "failed"),
@@ -36,16 +36,13 @@ LEGAL = {
     ("running", "succeeded"),
     ("running", "failed"),
     ("running", "cancelled"),
-    ("running", "pending"),
     ("running", "suspended"),
     ("preempting", "suspended"),
     ("preempting", "succeeded"),
     ("preempting", "failed"),
     ("preempting", "cancelled"),
-    ("preempting", "pending"),
     ("suspended", "running"),
     ("suspended", "cancelled"),
-    ("suspended", "failed"),
 }
 ALL_STATES = ("pending", "running", "preempting", "suspended", "succeeded", "failed", "cancelled")
 PATH_TO = {

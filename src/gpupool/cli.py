@@ -16,7 +16,7 @@ from gpupool import __version__
 from gpupool.client_cli import add_client_parsers, run_client
 from gpupool.errors import GpupoolError, SpecError
 from gpupool.plan_cli import add_plan_parser, run_plan
-from gpupool.policies import placement_names, queue_names
+from gpupool.policies import cycle_names, placement_names, queue_names
 from gpupool.progress import ProgressBar
 from gpupool.reports.table import render
 from gpupool.sim.experiments import (
@@ -161,6 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "policies":
             print("placement:", ", ".join(placement_names()))
             print("queue:    ", ", ".join(queue_names()))
+            print("cycle:    ", ", ".join(cycle_names()))
             return 0
         if args.command == "plan":
             return run_plan(args)

@@ -31,6 +31,7 @@ from gpupool.core.state import BoolArray, ClusterState
 from gpupool.errors import PlanRejected
 from gpupool.policies.base import ScoringPolicy
 from gpupool.policies.consolidate import ConsolidatePolicy
+from gpupool.policies.registry import factories, register
 
 
 @dataclass(frozen=True)
@@ -593,8 +594,8 @@ class PriorityQuotaPolicy(CyclePolicy):
         return picked, sorted(victims.items())
 
 
-CYCLE_POLICIES: dict[str, Callable[[], CyclePolicy]] = {
-    "fifo": FifoPolicy,
-    "backfill": BackfillPolicy,
-    "priority-quota": PriorityQuotaPolicy,
-}
+register("cycle", "fifo")(FifoPolicy)
+register("cycle", "backfill")(BackfillPolicy)
+register("cycle", "priority-quota")(PriorityQuotaPolicy)
+CYCLE_POLICIES: dict[str, Callable[[], CyclePolicy]] = factories("cycle")
+"""The registry's cycle policies (kept under this name for the core and the CLI)."""

@@ -2,21 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from gpupool.policies.base import QueuePolicy
 from gpupool.policies.registry import register_queue
 
-
-@dataclass(frozen=True)
-class QueuePolicy:
-    """Orders jobs by a key; `preemptive` lets a better-ranked job evict a running one.
-
-    `blocking` stops at the first job that does not fit (strict order, no backfill).
-    """
-
-    name: str
-    preemptive: bool
-    blocking: bool
+__all__ = ["QueuePolicy"]
 
 
 @register_queue("fifo")

@@ -1,18 +1,24 @@
-"""Name -> policy factories. Modules register themselves on import."""
+"""The one registry of policies: kind (placement, queue, cycle) -> name -> factory.
+
+Plug-ins register themselves (`@register("placement", "fgd")`) when their module is
+imported; `gpupool.policies` imports every built-in one, and the registry imports none of
+them. A name means one rule wherever it appears: `fifo` is strict submit order with the
+head blocking, as a trace replay's queue and as a scheduling cycle's policy alike.
+"""
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from gpupool.errors import NotFoundError
+from gpupool.errors import NotFoundError, SpecError
 
 if TYPE_CHECKING:
     from gpupool.core.engine import PlacementPolicy
     from gpupool.core.fragmentation import FragmentationMeter
-    from gpupool.policies.queueing import QueuePolicy
+    from gpupool.policies.base import QueuePolicy
+    from gpupool.policies.cycle import CyclePolicy
 
 
 @dataclass(frozen=True)
@@ -22,69 +28,72 @@ class PolicyContext:
     meter: FragmentationMeter | None = None
 
 
-PlacementFactory = Callable[[PolicyContext], "PlacementPolicy"]
-_PLACEMENT: dict[str, PlacementFactory] = {}
-_QUEUE: dict[str, Callable[[], QueuePolicy]] = {}
+KINDS = ("placement", "queue", "cycle")
+_REGISTRY: dict[str, dict[str, Callable[..., Any]]] = {kind: {} for kind in KINDS}
 
-_BUILTIN_MODULES = (
-    "gpupool.policies.random_fit",
-    "gpupool.policies.dot_product",
-    "gpupool.policies.gpu_clustering",
-    "gpupool.policies.gpu_packing",
-    "gpupool.policies.best_fit",
-    "gpupool.policies.fgd",
-    "gpupool.policies.consolidate",
-    "gpupool.policies.thermal",
-    "gpupool.policies.queueing",
-)
-
-F = TypeVar("F")
+F = TypeVar("F", bound=Callable[..., Any])
 
 
-def register_placement(name: str) -> Callable[[F], F]:
+def register(kind: str, name: str) -> Callable[[F], F]:
+    """Register a policy factory under `name` (placement factories take a PolicyContext)."""
+    if kind not in _REGISTRY:
+        raise SpecError(f"no policy kind {kind!r}; kinds: {', '.join(KINDS)}")
+
     def deco(factory: F) -> F:
-        _PLACEMENT[name] = factory  # type: ignore[assignment]
+        _REGISTRY[kind][name] = factory
         return factory
 
     return deco
 
 
-def register_queue(name: str) -> Callable[[F], F]:
-    def deco(factory: F) -> F:
-        _QUEUE[name] = factory  # type: ignore[assignment]
-        return factory
-
-    return deco
+def names(kind: str) -> tuple[str, ...]:
+    return tuple(_REGISTRY[kind])
 
 
-def _load_builtins() -> None:
-    for module in _BUILTIN_MODULES:
-        importlib.import_module(module)
+def factories(kind: str) -> dict[str, Callable[..., Any]]:
+    """The live table of one kind (read-only by convention)."""
+    return _REGISTRY[kind]
+
+
+def _factory(kind: str, name: str) -> Callable[..., Any]:
+    factory = _REGISTRY[kind].get(name)
+    if factory is None:
+        raise NotFoundError(
+            f"no {kind} policy named {name!r}; choose one of: {', '.join(_REGISTRY[kind])}"
+        )
+    return factory
 
 
 def placement_names() -> tuple[str, ...]:
-    _load_builtins()
-    return tuple(_PLACEMENT)
+    return names("placement")
 
 
 def queue_names() -> tuple[str, ...]:
-    _load_builtins()
-    return tuple(_QUEUE)
+    return names("queue")
+
+
+def cycle_names() -> tuple[str, ...]:
+    return names("cycle")
 
 
 def placement_policy(name: str, context: PolicyContext | None = None) -> PlacementPolicy:
-    _load_builtins()
-    factory = _PLACEMENT.get(name)
-    if factory is None:
-        raise NotFoundError(
-            f"no placement policy named {name!r}; choose one of: {', '.join(_PLACEMENT)}"
-        )
-    return factory(context or PolicyContext())
+    policy: PlacementPolicy = _factory("placement", name)(context or PolicyContext())
+    return policy
 
 
 def queue_policy(name: str) -> QueuePolicy:
-    _load_builtins()
-    factory = _QUEUE.get(name)
-    if factory is None:
-        raise NotFoundError(f"no queue policy named {name!r}; choose one of: {', '.join(_QUEUE)}")
-    return factory()
+    policy: QueuePolicy = _factory("queue", name)()
+    return policy
+
+
+def cycle_policy(name: str) -> CyclePolicy:
+    policy: CyclePolicy = _factory("cycle", name)()
+    return policy
+
+
+def register_placement(name: str) -> Callable[[F], F]:
+    return register("placement", name)
+
+
+def register_queue(name: str) -> Callable[[F], F]:
+    return register("queue", name)

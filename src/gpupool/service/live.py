@@ -57,7 +57,7 @@ from gpupool.service.sites import (
     with_cloud_nodes,
 )
 from gpupool.service.sizing_field import plan_request_from
-from gpupool.service.store import JobRow, Store
+from gpupool.service.store import TERMINAL, JobRow, Store
 from gpupool.service.telemetry import (
     FakeTelemetry,
     GpuInfo,
@@ -67,9 +67,6 @@ from gpupool.service.telemetry import (
     Telemetry,
 )
 from gpupool.sizing.catalog import load_catalog
-
-TERMINAL_STATES = ("succeeded", "failed", "cancelled")
-
 
 LIVE_DEFAULTS = SchedulerConfig(
     cycle_s=1.0, online_reserve=0.0, preemption=PreemptionRules(60.0, 3)
@@ -523,7 +520,7 @@ class LiveService:
     def _exited(self, ex: Exit, now: float) -> None:
         job_id = int(ex.job_id)
         row = self.store.get(job_id)
-        if row.state in TERMINAL_STATES:
+        if row.state in TERMINAL:
             return
         key = ex.job_id
         self._unload(row)

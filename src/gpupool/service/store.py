@@ -46,6 +46,8 @@ from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import ArgumentError, IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
+from gpupool.core.lifecycle import TRANSITIONS as CORE_TRANSITIONS
+from gpupool.core.lifecycle import JobState
 from gpupool.errors import (
     ConflictError,
     GpupoolError,
@@ -56,27 +58,29 @@ from gpupool.errors import (
 from gpupool.service.sizing_field import plan_request_from
 
 KINDS: tuple[str, ...] = ("training", "online-inference", "offline-inference", "batch")
-STATES: tuple[str, ...] = (
-    "pending",
-    "running",
-    "preempting",
-    "suspended",
-    "succeeded",
-    "failed",
-    "cancelled",
-)
-TRANSITIONS: dict[str, frozenset[str]] = {
-    "pending": frozenset({"running", "cancelled", "failed"}),
-    # running/preempting -> pending: requeue after a crash or a lost node
-    "running": frozenset(
-        {"preempting", "succeeded", "failed", "cancelled", "pending", "suspended"}
-    ),
-    "preempting": frozenset({"suspended", "succeeded", "failed", "cancelled", "pending"}),
-    "suspended": frozenset({"running", "cancelled", "failed"}),
-    "succeeded": frozenset(),
-    "failed": frozenset(),
-    "cancelled": frozenset(),
+STATE_OF: dict[JobState, str] = {
+    JobState.PENDING: "pending",
+    JobState.RUNNING: "running",
+    JobState.PREEMPTING: "preempting",
+    JobState.SUSPENDED: "suspended",
+    JobState.FINISHED: "succeeded",
+    JobState.FAILED: "failed",
+    JobState.CANCELLED: "cancelled",
+    JobState.UNPLACEABLE: "failed",
 }
+"""The core's lifecycle in the database's words: a job the fleet cannot run has failed."""
+STATES: tuple[str, ...] = tuple(dict.fromkeys(STATE_OF.values()))
+
+
+def _transitions() -> dict[str, frozenset[str]]:
+    """The store's table is the core's (core/lifecycle.TRANSITIONS), renamed."""
+    out: dict[str, set[str]] = {name: set() for name in STATES}
+    for state, allowed in CORE_TRANSITIONS.items():
+        out[STATE_OF[state]] |= {STATE_OF[t] for t in allowed}
+    return {name: frozenset(nxt) for name, nxt in out.items()}
+
+
+TRANSITIONS: dict[str, frozenset[str]] = _transitions()
 TERMINAL: frozenset[str] = frozenset(s for s, nxt in TRANSITIONS.items() if not nxt)
 SETTABLE: frozenset[str] = frozenset(
     {

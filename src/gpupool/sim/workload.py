@@ -9,7 +9,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING
 
 from gpupool.core.model import MILLI_PER_GPU, JobSpec
@@ -78,21 +78,8 @@ class ServiceSpec:
 
     @property
     def template(self) -> ServiceTemplate:
-        """What the scheduling core needs of it (everything but the load curve)."""
-        return ServiceTemplate(
-            self.name,
-            self.team,
-            self.replica_rps,
-            self.slo_p99_ms,
-            self.base_p99_ms,
-            self.replica_gpu_milli,
-            self.min_replicas,
-            self.max_replicas,
-            self.gpu_models,
-            self.priority,
-            self.user_region,
-            self.latency_bound_ms,
-        )
+        """What the scheduling core needs of it: every field but the load curve."""
+        return ServiceTemplate(**{f.name: getattr(self, f.name) for f in fields(ServiceTemplate)})
 
     def __post_init__(self) -> None:
         if self.replica_rps <= 0:
