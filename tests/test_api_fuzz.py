@@ -181,6 +181,15 @@ def _run(
     return statuses
 
 
+def _without_sizing(case: Any) -> Any:
+    jobs = case.body.get("jobs") if isinstance(case.body, dict) else None
+    if isinstance(jobs, list):
+        for job in jobs:
+            if isinstance(job, dict):
+                job.pop("sizing", None)
+    return case
+
+
 def _no_long_poll(path: str) -> dict[str, Any] | None:
     # GET /v1/events?wait= is a long poll of up to 30 s, legitimately: do not wait here.
     return {"wait": 0} if path == "/v1/events" else None
@@ -196,6 +205,11 @@ def test_schemathesis_no_server_error(fuzzed: Fuzzed, schema: Any, method: str, 
             for headers in (fuzzed.admin, fuzzed.team)
         ]
     ).filter(_small_integers)
+    if path == "/v1/jobs/batch":
+        # A sized job is valid only if its fields agree with each other (the planner's
+        # rules, tested by tests/test_job_sizing_fields.py); one such job in a batch makes
+        # the whole batch a 422, so the fuzzer would hardly ever reach the application.
+        strategy = strategy.map(_without_sizing)
     statuses = _run(fuzzed, strategy, method, path, shrink=True)
     # the generator reached the application, not only its validation layer
     assert sum(statuses.values()) >= 30, statuses

@@ -106,7 +106,8 @@ def test_preempted_training_resumes_from_its_checkpoint(server: Server) -> None:
     )
     assert out.returncode == 0, out.stderr
     online = json.loads(out.stdout)["id"]
-    wait_for(lambda: _show(url, train)["state"] == "suspended", 30, "the preemption")
+    # counted, not caught in the act: it is suspended only while the online job runs
+    wait_for(lambda: _show(url, train)["preemptions"] == 1, 30, "the preemption")
     wait_for(lambda: _show(url, online)["state"] == "succeeded", 30, "the online job")
     wait_for(lambda: _show(url, train)["state"] == "succeeded", 60, "the resumed training")
     job = _show(url, train)
