@@ -199,7 +199,7 @@ def test_a_preempted_training_job_resumes_on_another_node_with_its_progress(
         "A100-80GB", "--json", "--", PY, "-c", UNTIL, str(tmp_path / "online-done"),
     )  # fmt: skip
     online = int(json.loads(out.stdout)["id"])
-    wait_for(lambda: show(url, train)["state"] == "suspended", 60, "the training to yield")
+    wait_for(lambda: show(url, train)["state"] == "suspended", 120, "the training to yield")
     wait_for(lambda: show(url, online)["state"] != "pending", 30, "the online job to start")
     assert {g["node"] for g in show(url, online)["gpus"]} == {first}
     done.touch()  # the blocker ends: its node is the only one with room for 4 GPUs
