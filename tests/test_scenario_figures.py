@@ -1,14 +1,14 @@
 """The scenario figures recorded under bench/results are the ones the code computes now.
 
-bench/bench_scenarios.py writes bench/results/scenarios.json and bench/bench_issue4.py
-writes bench/results/issue4.json; the READMEs and docs quote those figures. The
+bench/bench_scenarios.py writes bench/results/scenarios.json and bench/bench_resources.py
+writes bench/results/resources.json; the READMEs and docs quote those figures. The
 simulation is deterministic, so a scenario rerun exactly as the bench runs it (same file,
 same policy override, same trace inputs) must reproduce every figure the JSON records,
 floats included, bit for bit. Only wall_s (a timing) is left out. Keys the summary has
 gained since the run was recorded are not checked; a recorded key that is gone is a
 failure.
 
-Covered: the aware/blind pairs of bench_issue4.py (hetero, energy, energy-caiso,
+Covered: the aware/blind pairs of bench_resources.py (hetero, energy, energy-caiso,
 multicluster; no trace files needed) and one ITP row of bench_scenarios.py under a policy
 override (skipped without the ITP trace). The other recorded rows take from 6 s
 (daynight) to minutes (islands) each and are left to `make bench`. About 50 s in all on
@@ -42,7 +42,7 @@ class Recorded:
     """One recorded run: which results file holds it, and how its bench script ran it."""
 
     results: str
-    """scenarios.json (bench_scenarios.py) or issue4.json (bench_issue4.py)."""
+    """scenarios.json (bench_scenarios.py) or resources.json (bench_resources.py)."""
     scenario: str
     """The scenario file's stem under scenarios/."""
     policy: str | None = None
@@ -57,7 +57,7 @@ class Recorded:
 
 CASES = [
     *(
-        Recorded("issue4.json", f"{pair}-{mode}")
+        Recorded("resources.json", f"{pair}-{mode}")
         for pair in ("hetero", "energy", "energy-caiso", "multicluster")
         for mode in ("blind", "aware")
     ),
@@ -74,7 +74,7 @@ CASES = [
 def recorded_rows(results: str) -> dict[str, dict[str, Any]]:
     """The recorded summaries of one results file, by row name."""
     payload = json.loads((RESULTS / results).read_text(encoding="utf-8"))
-    if results == "issue4.json":
+    if results == "resources.json":
         return dict(payload["runs"])
     return {row["scenario"]: row for row in payload["scenarios"]}
 
@@ -87,7 +87,7 @@ def rerun(case: Recorded) -> dict[str, Any]:
         cfg = replace(cfg, policy=case.policy, name=f"{cfg.name}/{case.policy}")
     result = run_scenario(cfg)
     out = dict(result.summary)
-    if case.results == "issue4.json" and case.scenario.startswith("multicluster"):
+    if case.results == "resources.json" and case.scenario.startswith("multicluster"):
         out["far_data"] = next(r for r in result.jobs if r["job_id"] == "far-data")
     return json.loads(json.dumps(out))
 
@@ -159,7 +159,7 @@ def test_recorded_scenario_figures_are_reproduced(case: Recorded) -> None:
 def test_figure_comparison_catches_a_changed_or_missing_figure() -> None:
     """The comparison itself: a last-digit change anywhere, a lost key or list entry, a
     number turned into a string, all reported with their path; timings are not."""
-    recorded = recorded_rows("issue4.json")["multicluster-aware"]
+    recorded = recorded_rows("resources.json")["multicluster-aware"]
     same = json.loads(json.dumps(recorded))
     assert figure_differences(recorded, same) == []
 

@@ -2,7 +2,7 @@
 
 Runs scenarios/{hetero,energy,multicluster}-{blind,aware}.yaml two at a time, times the
 planner over every shipped model shape x catalogue GPU, and writes
-bench/results/issue4.json and issue4.md with the machine described.
+bench/results/resources.json and resources.md with the machine described.
 """
 
 from __future__ import annotations
@@ -139,8 +139,8 @@ def main() -> int:
     ]
     out = ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "issue4.md").write_text("\n".join(lines), encoding="utf-8")
-    (out / "issue4.json").write_text(
+    (out / "resources.md").write_text("\n".join(lines), encoding="utf-8")
+    (out / "resources.json").write_text(
         json.dumps(
             {"machine": machine, "wall_s": round(wall, 1), "planner": timing, "runs": results},
             indent=2,
