@@ -88,9 +88,13 @@ class FakeServer:
             jobs = [
                 j
                 for j in self.jobs.values()
-                if q.get("state") in (None, j["state"]) and q.get("team") in (None, j["team"])
+                if q.get("state") in (None, j["state"])
+                and q.get("team") in (None, j["team"])
+                and int(q.get("after", 0)) < j["id"] < int(q.get("before", 2**31))
             ]
-            return httpx.Response(200, json={"jobs": jobs})
+            if q.get("order") == "desc":
+                jobs.reverse()
+            return httpx.Response(200, json={"jobs": jobs[: int(q.get("limit", 1000))]})
         if path == "/v1/cluster":
             return httpx.Response(200, json=self.cluster)
         if path == "/v1/events":
@@ -250,7 +254,8 @@ def test_submit_sends_the_spec_and_keeps_the_command_after_dashes(
         "duration_s": 5400.0,
         "env": {"A": "1", "B": "x=y", "C": ""},
     }
-    assert "Idempotency-Key" not in server.requests[-1].headers
+    # a fresh key per invocation, so the client's own retries cannot make a second job
+    assert server.requests[-1].headers["Idempotency-Key"].startswith("cli-")
     assert "Authorization" not in server.requests[-1].headers
 
 
@@ -325,13 +330,15 @@ def test_ls_prints_an_aligned_table_and_passes_filters(
         "reason",
     ]
     assert len({len(line) for line in lines}) == 1, "columns line up"
-    assert "train" in lines[2] and "running" in lines[2] and "1h02m" in lines[2]
-    assert "1 x H100" in lines[3] and "pending" in lines[3] and "1m0" in lines[3]
-    assert "waiting for 4 free GPUs" in lines[3]
+    # newest first
+    assert "train" in lines[3] and "running" in lines[3] and "1h02m" in lines[3]
+    assert "1 x H100" in lines[2] and "pending" in lines[2] and "1m0" in lines[2]
+    assert "waiting for 4 free GPUs" in lines[2]
 
     code, out, _ = run(["ls", "--state", "running", "--team", "ml", "--json"], capsys)
     assert [j["name"] for j in json.loads(out)["jobs"]] == ["train"]
-    assert dict(server.requests[-1].url.params) == {"state": "running", "team": "ml"}
+    params = dict(server.requests[-1].url.params)
+    assert params == {"state": "running", "team": "ml", "limit": "101", "order": "desc"}
 
     code, out, _ = run(["ls", "--state", "failed"], capsys)
     assert (code, out) == (0, "no jobs (state failed)\n")

@@ -102,7 +102,7 @@ def test_migrate_twice_is_a_no_op_and_keeps_data(store: Store, url: str) -> None
     engine = create_engine(url)
     with engine.connect() as conn:
         assert conn.execute(text("SELECT version_num FROM alembic_version")).scalars().all() == [
-            "0003"
+            "0004"
         ]
     engine.dispose()
 

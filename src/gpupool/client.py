@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import codecs
 import os
+import ssl
+import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -42,8 +45,33 @@ def client_settings(url: str | None, token: str | None) -> tuple[str, str | None
     return url or DEFAULT_URL, token
 
 
+def ca_cert_setting(flag: str | None) -> str | None:
+    """The CA certificate to trust for https: --ca-cert, then GPUPOOL_CA_CERT, then the
+    config file's ca_cert; None: the system's trust store."""
+    value = flag or os.environ.get("GPUPOOL_CA_CERT") or None
+    return value or _read_config().get("ca_cert") or None
+
+
+def tls_context(ca_cert: str | None) -> ssl.SSLContext:
+    """Verify the server against ca_cert (a PEM file), or the system's trust store."""
+    if ca_cert is None:
+        return ssl.create_default_context()
+    path = Path(ca_cert).expanduser()
+    if not path.is_file():
+        raise NotFoundError(
+            f"CA certificate {path} is not a file; fix --ca-cert, GPUPOOL_CA_CERT or ca_cert "
+            "in the config file"
+        )
+    try:
+        return ssl.create_default_context(cafile=str(path))
+    except ssl.SSLError as exc:
+        raise SpecError(
+            f"{path} is not a PEM CA certificate ({exc.reason}); fix the file"
+        ) from None
+
+
 def _read_config() -> dict[str, str]:
-    """The url and token keys of the config file; other keys belong to other tools."""
+    """The url, token and ca_cert keys of the config file; other keys belong to other tools."""
     named = os.environ.get("GPUPOOL_CONFIG")
     path = Path(named).expanduser() if named else Path.home() / ".config/gpupool/config.yaml"
     if not path.is_file():
@@ -63,7 +91,7 @@ def _read_config() -> dict[str, str]:
     if not isinstance(data, dict):
         raise SpecError(f"{path} must be a mapping with the keys url and token")
     out: dict[str, str] = {}
-    for key in ("url", "token"):
+    for key in ("url", "token", "ca_cert"):
         value = data.get(key)
         if value is None:
             continue
@@ -82,6 +110,8 @@ class Client:
         token: str | None = None,
         timeout_s: float = 10.0,
         transport: httpx.BaseTransport | None = None,
+        ca_cert: str | None = None,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         if not url.startswith(("http://", "https://")):
             raise SpecError(
@@ -93,8 +123,16 @@ class Client:
         headers = {"User-Agent": f"gpupool/{__version__}"}
         if token:
             headers["Authorization"] = f"Bearer {token}"
+        self.sleep = sleep
+        verify: ssl.SSLContext | bool = (
+            tls_context(ca_cert) if self.url.startswith("https://") else True
+        )
         self._http = httpx.Client(
-            base_url=self.url, headers=headers, timeout=timeout_s, transport=transport
+            base_url=self.url,
+            headers=headers,
+            timeout=timeout_s,
+            transport=transport,
+            verify=verify,
         )
 
     def __enter__(self) -> Client:
@@ -111,10 +149,30 @@ class Client:
     def close(self) -> None:
         self._http.close()
 
-    def submit(self, spec: dict[str, Any], idempotency_key: str | None = None) -> dict[str, Any]:
-        """Create a job; with the same idempotency key a retry returns the first job."""
+    def submit(
+        self, spec: dict[str, Any], idempotency_key: str | None = None, attempts: int = 1
+    ) -> dict[str, Any]:
+        """Create a job; with the same idempotency key a retry returns the first job.
+
+        With a key, up to `attempts` tries when the answer is lost (connection dropped,
+        timeout, 502/503/504), each with the same key: the server creates the job once."""
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
-        return _object(self._request("POST", "/v1/jobs", json=spec, headers=headers))
+        if idempotency_key:
+            hint = (
+                "the job may have been created: rerun with --idempotency-key "
+                f"{idempotency_key} to retry without making a second one"
+            )
+        else:
+            hint = "the job may have been created: check `gpupool ls` before submitting again"
+        resp = self._request(
+            "POST",
+            "/v1/jobs",
+            json=spec,
+            headers=headers,
+            attempts=attempts if idempotency_key else 1,
+            hint=hint,
+        )
+        return _object(resp)
 
     def jobs(
         self,
@@ -122,10 +180,20 @@ class Client:
         team: str | None = None,
         limit: int | None = None,
         after: int | None = None,
+        before: int | None = None,
+        order: str | None = None,
     ) -> list[dict[str, Any]]:
+        """One page of jobs as the server sends it (see all_jobs to page through)."""
         params = {
             k: v
-            for k, v in (("state", state), ("team", team), ("limit", limit), ("after", after))
+            for k, v in (
+                ("state", state),
+                ("team", team),
+                ("limit", limit),
+                ("after", after),
+                ("before", before),
+                ("order", order),
+            )
             if v is not None
         }
         body = _object(self._request("GET", "/v1/jobs", params=params))
@@ -133,6 +201,67 @@ class Client:
         if not isinstance(jobs, list):
             raise GpupoolError(f"{self.url}/v1/jobs answered without a jobs list; {_PROTOCOL}")
         return jobs
+
+    def all_jobs(
+        self,
+        state: str | None = None,
+        team: str | None = None,
+        limit: int | None = None,
+        newest_first: bool = True,
+        page: int = 1000,
+    ) -> tuple[list[dict[str, Any]], bool]:
+        """Up to `limit` jobs (None: every one), paging through the server's list; and
+        whether more are left. Newest first unless newest_first is False."""
+        out: list[dict[str, Any]] = []
+        cursor: int | None = None
+        while limit is None or len(out) < limit:
+            want = page if limit is None else min(page, limit - len(out) + 1)
+            if newest_first:
+                got = self.jobs(state, team, limit=want, before=cursor, order="desc")
+            else:
+                got = self.jobs(state, team, limit=want, after=cursor, order="asc")
+            got = [j for j in got if cursor is None or _beyond(j, cursor, newest_first)][:want]
+            out += got
+            if len(got) < want:
+                return out, False
+            cursor = int(got[-1]["id"])
+        return out[:limit], True
+
+    # -- tokens and the audit trail (admin) --
+    def create_token(
+        self,
+        name: str,
+        team: str | None = None,
+        role: str | None = None,
+        expires_in_s: float | None = None,
+    ) -> dict[str, Any]:
+        """A new token: its fields, and under "token" the secret, shown this once."""
+        body: dict[str, Any] = {"name": name}
+        for key, value in (("team", team), ("role", role), ("expires_in_s", expires_in_s)):
+            if value is not None:
+                body[key] = value
+        return _object(self._request("POST", "/v1/tokens", json=body))
+
+    def tokens(self) -> list[dict[str, Any]]:
+        return _list(self._request("GET", "/v1/tokens"), "tokens")
+
+    def revoke_token(self, ref: str) -> dict[str, Any]:
+        """Revoke the token with this name (or id); refused from its next request on."""
+        return _object(self._request("POST", f"/v1/tokens/{ref}/revoke"))
+
+    def audit(
+        self,
+        limit: int = 100,
+        before: int | None = None,
+        since: float | None = None,
+        token: str | None = None,
+    ) -> list[dict[str, Any]]:
+        params = {
+            k: v
+            for k, v in (("limit", limit), ("before", before), ("since", since), ("token", token))
+            if v is not None
+        }
+        return _list(self._request("GET", "/v1/audit", params=params), "audit")
 
     def job(self, id: int) -> dict[str, Any]:
         return _object(self._request("GET", f"/v1/jobs/{id}"))
@@ -184,33 +313,96 @@ class Client:
         json: Any = None,
         headers: dict[str, str] | None = None,
         timeout: float | None = None,
+        attempts: int = 1,
+        hint: str = "try again",
     ) -> httpx.Response:
-        try:
-            resp = self._http.request(
-                method,
-                path,
-                params=params,
-                json=json,
-                headers=headers,
-                timeout=self.timeout_s if timeout is None else timeout,
+        """One call; `attempts` > 1 only for calls that are safe to repeat, which are
+        repeated (after 0.5, 1, 2... s) when the answer is lost or the server is busy."""
+        for attempt in range(1, attempts + 1):
+            last = attempt == attempts
+            try:
+                resp = self._http.request(
+                    method,
+                    path,
+                    params=params,
+                    json=json,
+                    headers=headers,
+                    timeout=self.timeout_s if timeout is None else timeout,
+                )
+            except httpx.HTTPError as exc:
+                if last:
+                    raise self._lost(exc, method, path, timeout, hint) from None
+            else:
+                if resp.is_success:
+                    return resp
+                if last or resp.status_code not in RETRYABLE:
+                    raise _error(resp, self.url, method, path)
+            self.sleep(min(0.5 * 2 ** (attempt - 1), 4.0))
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _lost(
+        self,
+        exc: httpx.HTTPError,
+        method: str,
+        path: str,
+        timeout: float | None,
+        hint: str,
+    ) -> GpupoolError:
+        """What a transport failure means for the user, and what to do."""
+        untrusted = _cause(exc, ssl.SSLCertVerificationError)
+        if untrusted is not None:
+            return GpupoolError(
+                f"the gpupool server at {self.url} has a certificate this client does not "
+                f"trust ({untrusted.verify_message or untrusted}); pass --ca-cert FILE or set "
+                "GPUPOOL_CA_CERT to the certificate of the CA that signed it"
             )
-        except (httpx.ConnectError, httpx.ConnectTimeout):
-            raise GpupoolError(
+        if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
+            return GpupoolError(
                 f"cannot reach the gpupool server at {self.url}; is `gpupool serve` running? "
                 "set GPUPOOL_URL (or --url) to its address"
-            ) from None
-        except httpx.TimeoutException:
-            raise GpupoolError(
+            )
+        if isinstance(exc, httpx.TimeoutException):
+            return GpupoolError(
                 f"the gpupool server at {self.url} did not answer {method} {path} within "
-                f"{timeout or self.timeout_s:g} s; it may be overloaded, try again"
-            ) from None
-        except httpx.HTTPError as exc:
-            raise GpupoolError(
-                f"lost the connection to the gpupool server at {self.url} ({exc}); try again"
-            ) from None
-        if resp.is_success:
-            return resp
-        raise _error(resp, self.url, method, path)
+                f"{timeout or self.timeout_s:g} s; it may be overloaded; {hint}"
+            )
+        return GpupoolError(
+            f"lost the connection to the gpupool server at {self.url} ({exc}); {hint}"
+        )
+
+
+RETRYABLE = frozenset({502, 503, 504})
+"""Answers that mean the request may not have been handled: a proxy's or an overloaded
+server's (uvicorn's --limit-concurrency answers 503)."""
+
+
+def _cause(exc: BaseException, kind: type[ssl.SSLCertVerificationError]) -> Any:
+    """The first exception of `kind` in exc's chain of causes, or None."""
+    seen: BaseException | None = exc
+    for _ in range(16):
+        if seen is None:
+            return None
+        if isinstance(seen, kind):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def _beyond(job: dict[str, Any], cursor: int, newest_first: bool) -> bool:
+    """Whether a job lies past the paging cursor (a server that ignores before/after
+    must not make the pager loop)."""
+    job_id = job.get("id")
+    if not isinstance(job_id, int):
+        return False
+    return job_id < cursor if newest_first else job_id > cursor
+
+
+def _list(resp: httpx.Response, key: str) -> list[dict[str, Any]]:
+    body = _object(resp)
+    items = body.get(key)
+    if not isinstance(items, list):
+        raise GpupoolError(f"{resp.request.url} answered without a {key} list; {_PROTOCOL}")
+    return items
 
 
 _PROTOCOL = "is it a gpupool server speaking API version 1?"

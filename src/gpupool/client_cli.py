@@ -1,7 +1,11 @@
-"""`gpupool submit|ls|show|cancel|logs|top`: drive a running gpupool server from a terminal.
+"""`gpupool submit|ls|show|cancel|logs|top|token|audit`: drive a running gpupool server from
+a terminal.
 
 httpx is imported only when one of these commands runs, so the simulator's commands start
-as fast as before.
+as fast as before. What the server sends (job names, commands, reasons, node names) is
+shown with control characters escaped (printable()), so a job named with terminal escapes
+cannot paint over anyone's screen; `gpupool logs` alone prints the job's own bytes as they
+are, like `cat` of the job's output would.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ import re
 import shlex
 import sys
 import time
+import unicodedata
+import uuid
 from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -38,6 +44,10 @@ KINDS = ("training", "online-inference", "offline-inference", "batch")
 PRIORITIES = ("low", "normal", "high")
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
 CLEAR = "\x1b[H\x1b[2J"
+SUBMIT_ATTEMPTS = 4
+"""Tries of one `gpupool submit` when the answer is lost, all with the same Idempotency-Key."""
+LS_LIMIT = 100
+TOP_LIMIT = 50
 
 _UNITS = (("d", 86400.0), ("h", 3600.0), ("m", 60.0), ("s", 1.0))
 _DURATION = re.compile(
@@ -134,6 +144,12 @@ def add_client_parsers(sub: Any) -> None:
         "--url", help="server URL (default: GPUPOOL_URL, config file, or http://127.0.0.1:8642)"
     )
     conn.add_argument("--token", help="API token (default: GPUPOOL_TOKEN or the config file)")
+    conn.add_argument(
+        "--ca-cert",
+        metavar="FILE",
+        help="for an https URL: the CA certificate (PEM) to trust (default: GPUPOOL_CA_CERT, "
+        "the config file's ca_cert, else the system's trust store)",
+    )
     as_json = argparse.ArgumentParser(add_help=False)
     as_json.add_argument("--json", action="store_true", help="print the server's JSON")
 
@@ -181,7 +197,11 @@ def add_client_parsers(sub: Any) -> None:
         help="checkpoint size: GiB of state per GPU the job writes when preempted (and reads "
         "back when resumed); the scheduler prices preemption by it (default 0: vacates at once)",
     )
-    p.add_argument("--idempotency-key", help="a retry with the same key returns the same job")
+    p.add_argument(
+        "--idempotency-key",
+        help="a retry with the same key returns the same job (default: a fresh key per "
+        "invocation, reused by its own retries)",
+    )
     _add_sizing_flags(p)
     p.add_argument("job_argv", nargs="*", metavar="command", help="the job's command, after --")
     p.set_defaults(client_handler=cmd_submit)
@@ -189,6 +209,8 @@ def add_client_parsers(sub: Any) -> None:
     p = sub.add_parser("ls", parents=[conn, as_json], help="list the server's jobs")
     p.add_argument("--state", help="only jobs in this state (pending, running, ...)")
     p.add_argument("--team", help="only this team's jobs")
+    _add_paging_flags(p, LS_LIMIT)
+    p.add_argument("--oldest-first", action="store_true", help="oldest jobs first")
     p.set_defaults(client_handler=cmd_ls)
 
     p = sub.add_parser("show", parents=[conn, as_json], help="show one job")
@@ -210,7 +232,62 @@ def add_client_parsers(sub: Any) -> None:
     )
     p.add_argument("--once", action="store_true", help="print one frame and exit")
     p.add_argument("--interval", type=float, default=1.0, help="seconds between frames")
+    _add_paging_flags(p, TOP_LIMIT)
     p.set_defaults(client_handler=cmd_top)
+    add_credential_parsers(sub, conn, as_json)
+
+
+def _add_paging_flags(p: argparse.ArgumentParser, default: int) -> None:
+    g = p.add_mutually_exclusive_group()
+    g.add_argument(
+        "--limit",
+        type=int,
+        default=default,
+        metavar="N",
+        help=f"show the newest N jobs ({default})",
+    )
+    g.add_argument("--all", action="store_true", help="show every job, page by page")
+
+
+def add_credential_parsers(sub: Any, conn: argparse.ArgumentParser, as_json: Any) -> None:
+    """`gpupool token create|ls|revoke` and `gpupool audit` (admin tokens)."""
+    p = sub.add_parser("token", help="create, list and revoke API tokens (admin)")
+    tsub = p.add_subparsers(dest="token_command", metavar="{create,ls,revoke}", required=True)
+    c = tsub.add_parser(
+        "create",
+        parents=[conn, as_json],
+        help="make a token and print it once",
+        epilog="examples: gpupool token create ci-nlp --team nlp --expires 30d; "
+        "gpupool token create grafana --read-only; gpupool token create ops --admin",
+    )
+    c.add_argument("name", help="who or what will use it (letters, digits, _ . -)")
+    role = c.add_mutually_exclusive_group(required=True)
+    role.add_argument("--team", help="a member of this team: acts for its jobs only")
+    role.add_argument("--admin", action="store_true", help="sees and does everything")
+    role.add_argument(
+        "--read-only",
+        action="store_true",
+        help="sees the queue and the cluster, changes nothing, reads no logs",
+    )
+    c.add_argument("--expires", metavar="DURATION", help="stops working after this (30d, 12h)")
+    c.set_defaults(client_handler=cmd_token_create)
+    ls = tsub.add_parser("ls", parents=[conn, as_json], help="list tokens (never the secrets)")
+    ls.set_defaults(client_handler=cmd_token_ls)
+    r = tsub.add_parser("revoke", parents=[conn, as_json], help="revoke a token at once")
+    r.add_argument("ref", metavar="NAME|ID")
+    r.set_defaults(client_handler=cmd_token_revoke)
+
+    a = sub.add_parser(
+        "audit",
+        parents=[conn, as_json],
+        help="who did what, when, from where (admin)",
+        description="The audit trail, newest first: token changes, every request that "
+        "changed something or was refused, admin reads of tokens and of the trail.",
+    )
+    a.add_argument("--limit", type=int, default=100, metavar="N", help="newest N rows (100)")
+    a.add_argument("--since", metavar="DURATION", help="only this recent (e.g. 1d, 2h)")
+    a.add_argument("--by", dest="audit_token", metavar="NAME", help="only the rows of this token")
+    a.set_defaults(client_handler=cmd_audit)
 
 
 SIZING_FLAGS = (
@@ -326,10 +403,11 @@ def run_client(args: argparse.Namespace) -> int | None:
     )
     if handler is None:
         return None
-    from gpupool.client import Client, client_settings
+    from gpupool.client import Client, ca_cert_setting, client_settings
 
     url, token = client_settings(args.url, args.token)
-    with Client(url, token, transport=TRANSPORT) as client:
+    ca_cert = ca_cert_setting(args.ca_cert) if url.startswith("https://") else None
+    with Client(url, token, transport=TRANSPORT, ca_cert=ca_cert, sleep=sleep) as client:
         return handler(client, args)
 
 
@@ -380,7 +458,9 @@ def cmd_submit(client: Client, args: argparse.Namespace) -> int:
         spec["sizing"] = sizing
         if args.job_kind is None:  # as the simulator's model-jobs generator kinds them
             spec["kind"] = "training" if sizing.get("task") == "training" else "offline-inference"
-    job = client.submit(spec, args.idempotency_key)
+    # one key per invocation: its own retries reuse it, so a lost answer never makes two jobs
+    key = args.idempotency_key or f"cli-{uuid.uuid4()}"
+    job = client.submit(spec, key, attempts=SUBMIT_ATTEMPTS)
     if args.json:
         _print_json(job)
     else:
@@ -388,10 +468,21 @@ def cmd_submit(client: Client, args: argparse.Namespace) -> int:
     return 0
 
 
+def _limit(args: argparse.Namespace) -> int | None:
+    if args.all:
+        return None
+    if args.limit < 1:
+        raise SpecError(f"--limit {args.limit}: show at least 1 job, or --all")
+    return int(args.limit)
+
+
 def cmd_ls(client: Client, args: argparse.Namespace) -> int:
-    jobs = client.jobs(state=args.state, team=args.team)
+    """Newest first (--oldest-first to turn it), the newest --limit or --all of them."""
+    jobs, more = client.all_jobs(
+        state=args.state, team=args.team, limit=_limit(args), newest_first=not args.oldest_first
+    )
     if args.json:
-        _print_json({"jobs": jobs})
+        _print_json({"jobs": jobs, "more": more})
         return 0
     if not jobs:
         filters = ", ".join(
@@ -400,7 +491,106 @@ def cmd_ls(client: Client, args: argparse.Namespace) -> int:
         print(f"no jobs{f' ({filters})' if filters else ''}")
         return 0
     print(job_table(jobs, time.time()))
+    if more:
+        which = "oldest" if args.oldest_first else "newest"
+        print(f"the {which} {len(jobs)} jobs shown; more exist: --limit N or --all")
     return 0
+
+
+def cmd_token_create(client: Client, args: argparse.Namespace) -> int:
+    role = "admin" if args.admin else "read-only" if args.read_only else "team"
+    expires = None if args.expires is None else parse_duration(args.expires, "--expires")
+    made = client.create_token(args.name, args.team, role, expires)
+    if args.json:
+        _print_json(made)
+        return 0
+    scope = f"team {made.get('team')}" if made.get("role") == "team" else made.get("role")
+    until = made.get("expires_at")
+    print(
+        f"token {printable(str(made.get('name')))} (id {made.get('id')}) for {scope}, "
+        + ("never expires" if until is None else f"expires {_stamp(until)}")
+    )
+    print(f"  {made.get('token')}")
+    print("shown once: store it now (export GPUPOOL_TOKEN=... or the config file's token:)")
+    return 0
+
+
+def cmd_token_ls(client: Client, args: argparse.Namespace) -> int:
+    tokens = client.tokens()
+    if args.json:
+        _print_json({"tokens": tokens})
+        return 0
+    if not tokens:
+        print("no tokens")
+        return 0
+    rows = [
+        [
+            t.get("id", "?"),
+            printable(str(t.get("name") or "-")),
+            t.get("role") or "-",
+            printable(str(t.get("team") or "-")),
+            t.get("state") or "-",
+            _stamp(t.get("created_at")),
+            "never" if t.get("expires_at") is None else _stamp(t.get("expires_at")),
+            printable(str(t.get("created_by") or "-")),
+        ]
+        for t in tokens
+    ]
+    headers = ["id", "name", "role", "team", "state", "created", "expires", "by"]
+    print(render(headers, rows))
+    return 0
+
+
+def cmd_token_revoke(client: Client, args: argparse.Namespace) -> int:
+    gone = client.revoke_token(args.ref)
+    if args.json:
+        _print_json(gone)
+    else:
+        print(f"token {printable(str(gone.get('name')))} (id {gone.get('id')}) revoked")
+    return 0
+
+
+def cmd_audit(client: Client, args: argparse.Namespace) -> int:
+    if args.limit < 1:
+        raise SpecError(f"--limit {args.limit}: ask for at least 1 row")
+    since = None if args.since is None else time.time() - parse_duration(args.since, "--since")
+    rows = client.audit(limit=args.limit, since=since, token=args.audit_token)
+    if args.json:
+        _print_json({"audit": rows})
+        return 0
+    if not rows:
+        print("no audit rows")
+        return 0
+    table = [
+        [
+            r.get("id", "?"),
+            _stamp(r.get("at_s")),
+            printable(str(r.get("token") or "-")),
+            printable(_who(r)),
+            printable(str(r.get("action") or "-")),
+            printable(f"{r.get('method') or ''} {r.get('path') or ''}".strip() or "-"),
+            "-" if r.get("status") is None else r["status"],
+            printable(str(r.get("client") or "-")),
+            _cut(printable(str(r.get("detail") or "")), 60),
+        ]
+        for r in rows
+    ]
+    headers = ["id", "at", "token", "role", "action", "request", "status", "from", "detail"]
+    print(render(headers, table))
+    return 0
+
+
+def _who(r: dict[str, Any]) -> str:
+    role = r.get("role")
+    if role is None:
+        return "-"
+    return f"team {r.get('team')}" if role == "team" else str(role)
+
+
+def _stamp(at: Any) -> str:
+    if not isinstance(at, int | float):
+        return "-"
+    return datetime.fromtimestamp(at).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def cmd_show(client: Client, args: argparse.Namespace) -> int:
@@ -449,7 +639,8 @@ def cmd_top(client: Client, args: argparse.Namespace) -> int:
     shown in place and retried, so a server restart does not end the view."""
     if not args.interval > 0:
         raise SpecError("--interval must be more than zero seconds")
-    frame = top_frame(client, time.time())
+    limit = _limit(args)
+    frame = top_frame(client, time.time(), limit)
     if args.once:
         print(frame)
         return 0
@@ -458,26 +649,38 @@ def cmd_top(client: Client, args: argparse.Namespace) -> int:
         sys.stdout.flush()
         sleep(args.interval)
         try:
-            frame = top_frame(client, time.time())
+            frame = top_frame(client, time.time(), limit)
         except GpupoolError as exc:
             frame = f"{_clock(time.time())}  {exc}\nretrying every {args.interval:g} s"
 
 
-def top_frame(client: Client, now: float) -> str:
-    """One screen: the header with queue and signals, the GPU table, the live jobs."""
+def top_frame(client: Client, now: float, limit: int | None = TOP_LIMIT) -> str:
+    """One screen: the header with queue and signals, the GPU table, the live jobs
+    (running, then suspended, then pending, each newest first; `limit` in all, None: all)."""
     cluster = client.cluster()
-    jobs = [j for state in ("running", "suspended", "pending") for j in client.jobs(state=state)]
+    jobs: list[dict[str, Any]] = []
+    more = False
+    for state in ("running", "suspended", "pending"):
+        left = None if limit is None else limit - len(jobs)
+        if left is not None and left <= 0:
+            more = more or bool(client.jobs(state=state, limit=1))
+            continue
+        got, over = client.all_jobs(state=state, limit=left)
+        jobs += got
+        more = more or over
     queue = cluster.get("queue") or {}
     sig = cluster.get("signals") or {}
     lines = [
         f"gpupool top  {client.url}  {_clock(now)}  "
         f"queue: {queue.get('running', '?')} running, {queue.get('pending', '?')} pending",
-        _signals_line(sig, now),
+        printable(_signals_line(sig, now)),
         "",
         gpu_table(cluster.get("nodes") or []),
         "",
         job_table(jobs, now, placement=True) if jobs else "no running or pending jobs",
     ]
+    if more:
+        lines.append(f"{len(jobs)} jobs shown; more are live: top --limit N or --all")
     return "\n".join(lines)
 
 
@@ -513,6 +716,7 @@ def gpu_table(nodes: list[dict[str, Any]]) -> str:
                     "ok" if healthy else (g.get("problem") or "unhealthy"),
                 ]
             )
+            rows[-1] = _safe(rows[-1])
     if not rows:
         return "no GPUs reported"
     headers = ["node", "gpu", "model", "util %", "mem GiB", "temp C", "power W", "job"]
@@ -529,18 +733,18 @@ def job_table(jobs: list[dict[str, Any]], now: float, placement: bool = False) -
         state = j.get("state", "?") + (" (preempting)" if j.get("preempting") else "")
         row: list[object] = [
             j.get("id", "?"),
-            j.get("name") or "-",
+            printable(str(j.get("name") or "-")),
             j.get("team") or "-",
             j.get("kind") or "-",
             j.get("priority", "-"),
             _gpus(j),
             state,
             _age(j, now),
-            _cut(j.get("reason") or "", 48),
+            _cut(printable(str(j.get("reason") or "")), 48),
         ]
         if placement:
-            row.insert(6, _cut(_placement(j) or "-", 32))
-        rows.append(row)
+            row.insert(6, _cut(printable(_placement(j) or "-"), 32))
+        rows.append(_safe(row))
     return render(headers, rows)
 
 
@@ -565,8 +769,10 @@ def job_block(j: dict[str, Any], now: float) -> str:
         ("reason", j.get("reason") or "-"),
     ]
     facts += _placement_facts(j, now)
-    lines = [f"job {j.get('id', '?')}  {j.get('name') or '-'}  ({state})"]
-    lines += [f"  {k:<12}{v}" for k, v in facts]
+    lines = [
+        f"job {j.get('id', '?')}  {printable(str(j.get('name') or '-'))}  ({printable(state)})"
+    ]
+    lines += [f"  {k:<12}{printable(str(v))}" for k, v in facts]
     return "\n".join(lines)
 
 
@@ -671,6 +877,36 @@ def _memory(used_mib: Any, total_mib: Any) -> str:
     used = "-" if used_mib is None else f"{used_mib / 1024:.1f}"
     total = "-" if total_mib is None else f"{total_mib / 1024:.1f}"
     return f"{used}/{total}"
+
+
+_NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+_UNPRINTABLE = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+"""Controls (C0, DEL, C1: ESC starts every terminal escape), format characters (bidi
+overrides, zero-width ones), lone surrogates and line/paragraph separators."""
+
+
+def printable(text: str) -> str:
+    """text with every control or format character written as an escape (\\x1b, \\n,
+    \\u202e), so it shows as what it is instead of acting on the terminal."""
+    if text.isprintable():
+        return text
+    out = []
+    for ch in text:
+        if ch in _NAMED_ESCAPES:
+            out.append(_NAMED_ESCAPES[ch])
+        elif unicodedata.category(ch) in _UNPRINTABLE:
+            n = ord(ch)
+            out.append(
+                f"\\x{n:02x}" if n < 0x100 else f"\\u{n:04x}" if n < 0x10000 else f"\\U{n:08x}"
+            )
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def _safe(row: list[object]) -> list[object]:
+    """A table row with its text cells made printable()."""
+    return [printable(c) if isinstance(c, str) else c for c in row]
 
 
 def _cut(text: str, width: int) -> str:

@@ -5,7 +5,10 @@ loop picks it up within a cycle (the API wakes it). Bad input gets a 422 naming 
 field; bodies over 64 KiB get a 413; an Idempotency-Key header makes a retried submit
 return the job it created the first time. Tokens: an admin token sees and does
 everything; a team token sees the whole queue but submits, cancels and reads logs only
-for its team's jobs.
+for its team's jobs; a read-only token sees the queue and the cluster and changes
+nothing. A revoked or expired token is refused at its next request (auth.TokenCache);
+changes, refusals and admin reads are audited (GET /v1/audit). /metrics and the API's
+documentation (/docs, /redoc, /openapi.json) need a token unless opened.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ from typing import Annotated, Any, Literal
 from fastapi import Depends, FastAPI, Header, HTTPException, Path, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -33,8 +37,9 @@ from pydantic import (
 
 from gpupool.errors import ConflictError, GpupoolError, NotFoundError, SpecError
 from gpupool.service import sizing_field as sf
+from gpupool.service.auth import AuditMiddleware, AuditTrail, TokenCache
 from gpupool.service.live import LiveService
-from gpupool.service.store import JobRow, NewJob, Principal, Store
+from gpupool.service.store import AuditRow, JobRow, NewJob, Principal, Store, TokenRow
 from gpupool.service.telemetry import dcgm_name
 from gpupool.sizing.planner import PlanRequest
 
@@ -361,10 +366,56 @@ class BatchIn(BaseModel):
     jobs: list[JobIn] = Field(min_length=1, max_length=1000)
 
 
+MAX_TOKEN_LIFE_S = 10 * 365 * 86400.0
+
+
 class TokenIn(BaseModel):
+    """A token to create: for a team (team given), an admin or a read-only observer."""
+
     model_config = ConfigDict(extra="forbid")
     name: str = Field(min_length=1, max_length=64, pattern=NAME)
     team: str | None = Field(None, min_length=1, max_length=64, pattern=NAME)
+    role: Literal["admin", "team", "read-only"] | None = Field(
+        None, description="Default: team with a team, admin without."
+    )
+    expires_in_s: float | None = Field(
+        None,
+        gt=0,
+        le=MAX_TOKEN_LIFE_S,
+        allow_inf_nan=False,
+        description="Seconds from now until the token stops working; none: never.",
+    )
+
+
+def token_json(row: TokenRow, now_s: float) -> dict[str, Any]:
+    return {
+        "id": row.id,
+        "name": row.name,
+        "role": row.role,
+        "team": row.team,
+        "state": row.state(now_s),
+        "created_at": row.created_at,
+        "expires_at": row.expires_at,
+        "revoked_at": row.revoked_at,
+        "created_by": row.created_by,
+    }
+
+
+def audit_json(row: AuditRow) -> dict[str, Any]:
+    e = row.entry
+    return {
+        "id": row.id,
+        "at_s": e.at_s,
+        "action": e.action,
+        "token": e.token,
+        "role": e.role,
+        "team": e.team,
+        "method": e.method,
+        "path": e.path,
+        "status": e.status,
+        "client": e.client,
+        "detail": e.detail,
+    }
 
 
 def job_json(row: JobRow) -> dict[str, Any]:
@@ -529,36 +580,78 @@ async def _too_large(send: Callable[[MutableMapping[str, Any]], Awaitable[None]]
 async def current_principal(
     request: Request, authorization: Annotated[str | None, Header()] = None
 ) -> Principal:
-    """Who is asking: the bearer token's owner (admin or a team), cached per token."""
+    """Who is asking: the bearer token's owner, cached per token (auth.TokenCache), its
+    expiry checked on every request. A read-only token is refused anything but reading."""
     if not request.app.state.auth:
         return Principal("anonymous", None)
     if not authorization or not authorization.startswith("Bearer "):
         raise HTTPException(401, "missing bearer token; set GPUPOOL_TOKEN")
     token = authorization[7:].strip()
-    tokens: dict[str, Principal] = request.app.state.tokens
-    who = tokens.get(token)
+    cache: TokenCache = request.app.state.tokens
+    now = request.app.state.wall()
+    who = cache.get(token)
     if who is None:
         # off the event loop: an unknown token reaches the database every time
-        who = await run_in_threadpool(request.app.state.store.principal, token)
+        who = await run_in_threadpool(request.app.state.store.principal, token, now)
         if who is None:
-            raise HTTPException(401, "unknown token; ask an admin for one")
-        tokens[token] = who
+            raise HTTPException(
+                401, "unknown token, or one revoked or expired; ask an admin for one"
+            )
+        cache.put(token, who)
+    request.state.gpupool_principal = who  # auth.PRINCIPAL_KEY, for the audit
+    if who.expired(now):
+        cache.forget(token_id=who.token_id, name=who.name)
+        raise HTTPException(
+            401, f"token {who.name} expired; ask an admin for a new one (gpupool token create)"
+        )
+    if who.read_only and request.method not in ("GET", "HEAD", "OPTIONS"):
+        raise HTTPException(
+            403, f"token {who.name} is read-only: it lists and shows, it changes nothing"
+        )
     return who
 
 
 Who = Annotated[Principal, Depends(current_principal)]
 
 
-def create_app(service: LiveService, store: Store, auth: bool = True) -> FastAPI:
+def create_app(
+    service: LiveService,
+    store: Store,
+    auth: bool = True,
+    *,
+    open_metrics: bool = False,
+    open_docs: bool = False,
+    audit_keep_days: float = 90.0,
+    wall: Callable[[], float] = time.time,
+) -> FastAPI:
+    """The API. open_metrics / open_docs serve /metrics and /docs, /redoc, /openapi.json
+    without a token (with auth off everything is open anyway); wall is the clock tokens
+    expire by and the audit trail is stamped with (not the scheduler's, which a rehearsal
+    may start elsewhere)."""
     app = FastAPI(
         title="gpupool",
         version="1",
         description="A GPU scheduler: submit jobs, watch them run, see the GPUs.",
+        openapi_url=None,  # served below, behind a token unless open_docs
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.store = store
     app.state.auth = auth
+    app.state.wall = wall
     batcher = SubmitBatcher(store, service.wake.set, service.clock.now)
-    app.state.tokens = {}
+    app.state.tokens = TokenCache()
+    trail = AuditTrail(store, keep_days=audit_keep_days, wall=wall)
+    app.state.audit = trail
+    docs_guard = [] if open_docs else [Depends(current_principal)]
+    metrics_guard = [] if open_metrics else [Depends(current_principal)]
+
+    def admin_only(who: Principal, what: str) -> None:
+        if not who.is_admin:
+            raise HTTPException(403, f"only an admin token {what}; token {who.name} is not one")
+
+    def peer(request: Request) -> str | None:
+        return None if request.client is None else f"{request.client.host}:{request.client.port}"
 
     def own(who: Principal, row: JobRow) -> None:
         if not who.is_admin and who.team != row.team:
@@ -656,7 +749,11 @@ def create_app(service: LiveService, store: Store, auth: bool = True) -> FastAPI
         team: Annotated[str | None, Query(max_length=64, pattern=NAME)] = None,
         limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
         after: Annotated[int, Query(ge=0, le=MAX_ID)] = 0,
+        before: Annotated[int | None, Query(ge=1, le=MAX_ID + 1)] = None,
+        order: Literal["asc", "desc"] = "asc",
     ) -> dict[str, Any]:
+        """Jobs with after < id < before, oldest first (order=asc: page on with after=the
+        last id) or newest first (order=desc: page on with before=the last id)."""
         db_state = None if state is None else state.lower()
         if db_state is not None and db_state not in (
             "pending",
@@ -667,10 +764,22 @@ def create_app(service: LiveService, store: Store, auth: bool = True) -> FastAPI
             "cancelled",
         ):
             raise HTTPException(422, [{"loc": ["query", "state"], "msg": f"unknown state {state}"}])
-        rows = store.list(state=db_state, team=team, limit=limit, after_id=after)
+
+        def page(db_state: str | None) -> list[JobRow]:
+            return store.list(
+                state=db_state,
+                team=team,
+                limit=limit,
+                after_id=after,
+                before_id=before,
+                newest_first=order == "desc",
+            )
+
+        rows = page(db_state)
         if db_state == "running":
-            rows += store.list(state="preempting", team=team, limit=limit, after_id=after)
-            rows.sort(key=lambda r: r.id)
+            rows += page("preempting")
+            rows.sort(key=lambda r: r.id, reverse=order == "desc")
+            del rows[limit:]  # a page is `limit` rows in order, so the next one misses none
         return {"jobs": [job_json(r) for r in rows]}
 
     @app.get("/v1/jobs/{job_id}", summary="One job")
@@ -731,21 +840,80 @@ def create_app(service: LiveService, store: Store, auth: bool = True) -> FastAPI
         }
 
     @app.post("/v1/tokens", status_code=201, summary="Create a token (admin)")
-    def create_token(body: TokenIn, who: Who) -> dict[str, Any]:
-        if not who.is_admin:
-            raise HTTPException(403, "only an admin token creates tokens")
-        token = store.create_token(body.name, body.team, time.time())
-        return {"name": body.name, "team": body.team, "token": token}
+    def create_token(body: TokenIn, who: Who, request: Request) -> dict[str, Any]:
+        admin_only(who, "creates tokens")
+        now = wall()
+        token, row = store.issue_token(
+            body.name,
+            body.team,
+            now,
+            role=body.role,
+            expires_at=None if body.expires_in_s is None else now + body.expires_in_s,
+            by=who,
+            client=peer(request),
+        )
+        return {**token_json(row, now), "token": token}
+
+    @app.get("/v1/tokens", summary="Every token, revoked and expired ones too (admin)")
+    def list_tokens(who: Who) -> dict[str, Any]:
+        admin_only(who, "lists tokens")
+        now = wall()
+        return {"tokens": [token_json(r, now) for r in store.tokens()]}
+
+    @app.post("/v1/tokens/{ref}/revoke", summary="Revoke a token by name or id (admin)")
+    def revoke_token(
+        ref: Annotated[str, Path(min_length=1, max_length=64, pattern=NAME)],
+        who: Who,
+        request: Request,
+    ) -> dict[str, Any]:
+        admin_only(who, "revokes tokens")
+        now = wall()
+        row = store.revoke_token(ref, now, by=who, client=peer(request))
+        app.state.tokens.forget(name=row.name, token_id=row.id)  # refused from the next request
+        return token_json(row, now)
+
+    @app.get("/v1/audit", summary="The audit trail, newest first (admin)")
+    def audit(
+        who: Who,
+        limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
+        before: Annotated[int | None, Query(ge=1, le=MAX_ID + 1)] = None,
+        since: Annotated[float | None, Query(ge=0, le=1e11)] = None,
+        token: Annotated[str | None, Query(max_length=64, pattern=NAME)] = None,
+    ) -> dict[str, Any]:
+        """Token changes, every request that changed something or was refused, and admin
+        reads of tokens and of this trail: page on with before=the last id."""
+        admin_only(who, "reads the audit trail")
+        trail.flush()
+        rows = store.audit(limit=limit, before_id=before, since_s=since, token=token)
+        return {"audit": [audit_json(r) for r in rows]}
 
     @app.get("/healthz", summary="Liveness")
     def healthz() -> dict[str, Any]:
         return {"ok": True, "scheduler_error": service.loop_error}
 
-    @app.get("/metrics", response_class=PlainTextResponse, summary="Prometheus metrics")
+    @app.get(
+        "/metrics",
+        response_class=PlainTextResponse,
+        summary="Prometheus metrics",
+        dependencies=metrics_guard,
+    )
     def metrics() -> str:
         return render_metrics(service, store)
 
+    @app.get("/openapi.json", include_in_schema=False, dependencies=docs_guard)
+    def openapi() -> JSONResponse:
+        return JSONResponse(app.openapi())
+
+    @app.get("/docs", include_in_schema=False, dependencies=docs_guard)
+    def docs() -> HTMLResponse:
+        return get_swagger_ui_html(openapi_url="/openapi.json", title="gpupool API")
+
+    @app.get("/redoc", include_in_schema=False, dependencies=docs_guard)
+    def redoc() -> HTMLResponse:
+        return get_redoc_html(openapi_url="/openapi.json", title="gpupool API")
+
     app.add_middleware(BodyLimit)
+    app.add_middleware(AuditMiddleware, trail=trail, wall=wall)
     return app
 
 

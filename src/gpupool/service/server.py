@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from gpupool.core.quota import TeamQuota
-from gpupool.errors import SpecError
+from gpupool.errors import ConflictError, SpecError
 from gpupool.scheduler.config import SchedulerConfig
 from gpupool.scheduler.schema import SCHEDULING_KEYS, parse_scheduling
 from gpupool.service.clock import Clock, StartedClock, SystemClock
@@ -139,6 +139,72 @@ def add_serve_parser(sub: Any) -> None:
         action="store_true",
         help="fake fleet if no GPU, demo teams, a few demo jobs submitted",
     )
+    add_access_flags(sp)
+
+
+DEFAULT_LIMIT_CONCURRENCY = 1024
+"""Connections (and requests in progress) served at once; beyond it, 503 at once."""
+DEFAULT_BACKLOG = 2048
+
+
+def add_access_flags(sp: Any) -> None:
+    """TLS, connection limits and what is open without a token."""
+    g = sp.add_argument_group("access")
+    g.add_argument("--tls-cert", type=Path, metavar="FILE", help="serve HTTPS: certificate (PEM)")
+    g.add_argument("--tls-key", type=Path, metavar="FILE", help="with --tls-cert: its key (PEM)")
+    g.add_argument(
+        "--limit-concurrency",
+        type=int,
+        default=DEFAULT_LIMIT_CONCURRENCY,
+        metavar="N",
+        help="at most N connections and requests at once; more get 503 "
+        f"({DEFAULT_LIMIT_CONCURRENCY})",
+    )
+    g.add_argument(
+        "--backlog",
+        type=int,
+        default=DEFAULT_BACKLOG,
+        metavar="N",
+        help=f"connections waiting to be accepted ({DEFAULT_BACKLOG})",
+    )
+    g.add_argument(
+        "--open-metrics",
+        action="store_true",
+        help="serve /metrics without a token (for a Prometheus that has none)",
+    )
+    g.add_argument(
+        "--open-docs",
+        action="store_true",
+        help="serve /docs, /redoc and /openapi.json without a token",
+    )
+    g.add_argument(
+        "--audit-days",
+        type=float,
+        default=90.0,
+        metavar="DAYS",
+        help="keep the audit trail this many days (90)",
+    )
+
+
+def uvicorn_options(args: argparse.Namespace) -> dict[str, Any]:
+    """What `serve` hands uvicorn besides the app: TLS files and connection limits."""
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise SpecError("--tls-cert and --tls-key go together: give the certificate and its key")
+    for flag, path in (("--tls-cert", args.tls_cert), ("--tls-key", args.tls_key)):
+        if path is not None and not path.is_file():
+            raise SpecError(f"{flag} {path}: no such file; give the PEM file's path")
+    if args.limit_concurrency < 1 or args.backlog < 1:
+        raise SpecError("--limit-concurrency and --backlog must be at least 1")
+    if not args.audit_days > 0:
+        raise SpecError(f"--audit-days must be more than 0, got {args.audit_days}")
+    options: dict[str, Any] = {
+        "limit_concurrency": args.limit_concurrency,
+        "backlog": args.backlog,
+    }
+    if args.tls_cert is not None:
+        options["ssl_certfile"] = str(args.tls_cert)
+        options["ssl_keyfile"] = str(args.tls_key)
+    return options
 
 
 def _loopback(host: str) -> bool:
@@ -296,6 +362,16 @@ def submit_demo(store: Store) -> None:
         )
 
 
+def bootstrap_admin(store: Store) -> str:
+    """The admin token a server without an active one makes for itself and prints once:
+    named admin, or admin-<time> when a team or read-only token holds that name."""
+    now = time.time()
+    try:
+        return store.create_token("admin", None, now)
+    except ConflictError:
+        return store.create_token(f"admin-{int(now)}", None, now)
+
+
 def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -321,6 +397,7 @@ def serve(args: argparse.Namespace) -> int:
             "(a node without any reads as a fake fleet of what it declares)"
         )
     sites = load_sites(args.sites) if args.sites is not None else None
+    served = uvicorn_options(args)
     store = Store(database_url(args.db, state_dir))
     store.migrate()
     config = LiveConfig(
@@ -344,7 +421,8 @@ def serve(args: argparse.Namespace) -> int:
             telemetry,
             open_clock(args.clock_start, args.clock_speed),
         )
-    url = f"http://{args.host}:{args.port}"
+    scheme = "https" if args.tls_cert is not None else "http"
+    url = f"{scheme}://{args.host}:{args.port}"
     print(
         f"gpupool serving on {url} ({len(live.inventory)} GPUs: "
         f"{', '.join(sorted({g.model for g in live.inventory}))}; state in {state_dir})"
@@ -357,20 +435,40 @@ def serve(args: argparse.Namespace) -> int:
                 + (" (cloud: started on burst)" if cloud else "")
             )
     if auth and not store.has_admin():
-        token = store.create_token("admin", None, time.time())
+        token = bootstrap_admin(store)
         print(f"admin token (shown once, keep it): {token}")
         print(f"  export GPUPOOL_URL={url} GPUPOOL_TOKEN={token}")
     elif not auth:
         print(f"  export GPUPOOL_URL={url}   (no authentication: loopback only)")
+    if auth and scheme == "http" and not _loopback(args.host):
+        print(
+            "  warning: tokens cross the network in clear text; "
+            "serve HTTPS with --tls-cert/--tls-key (or behind a TLS proxy)"
+        )
     sys.stdout.flush()
     if args.demo:
         submit_demo(store)
         print("demo jobs submitted; try: gpupool ls, gpupool top, gpupool logs -f 1")
-    app = create_app(live, store, auth)
+    app = create_app(
+        live,
+        store,
+        auth,
+        open_metrics=args.open_metrics,
+        open_docs=args.open_docs,
+        audit_keep_days=args.audit_days,
+    )
     live.start()
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+        uvicorn.run(
+            app,
+            host=args.host,
+            port=args.port,
+            log_level="warning",
+            access_log=False,
+            **served,
+        )
     finally:
+        app.state.audit.flush(5.0)
         live.stop()
         telemetry.close()
         if args.ray is not None:

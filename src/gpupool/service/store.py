@@ -1,4 +1,5 @@
-"""The live service's durable state: jobs, their event log and API tokens, in SQLite or PostgreSQL.
+"""The live service's durable state: jobs, their event log, API tokens and the audit trail,
+in SQLite or PostgreSQL.
 
 Every public method is exactly one transaction, so a crash (of the process or of the method)
 never leaves half a change behind, and every write is committed before the method returns, so
@@ -13,11 +14,12 @@ import hashlib
 import math
 import secrets
 import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from alembic import command
 from alembic.config import Config
@@ -42,7 +44,7 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy import update as sql_update
-from sqlalchemy.engine import Connection, make_url
+from sqlalchemy.engine import Connection, CursorResult, make_url
 from sqlalchemy.exc import ArgumentError, IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
@@ -195,6 +197,31 @@ class TokenModel(Base):
     team: Mapped[str | None] = mapped_column(String)
     hash: Mapped[str] = mapped_column(String(64), unique=True)
     created_at: Mapped[float] = mapped_column(Double)
+    # roles, expiry and revocation (revision 0004)
+    role: Mapped[str] = mapped_column(String, server_default="team")
+    expires_at: Mapped[float | None] = mapped_column(Double)
+    revoked_at: Mapped[float | None] = mapped_column(Double)
+    created_by: Mapped[str | None] = mapped_column(String)
+
+
+class AuditModel(Base):
+    """Who did what, when and from where (revision 0004): mutating requests, refused
+    credentials, admin reads and token changes. Purged by age and capped in rows."""
+
+    __tablename__ = "audit"
+    __table_args__ = {"sqlite_autoincrement": True}  # noqa: RUF012  (ids are never reused)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    at_s: Mapped[float] = mapped_column(Double, index=True)
+    action: Mapped[str] = mapped_column(String)
+    token: Mapped[str | None] = mapped_column(String)
+    role: Mapped[str | None] = mapped_column(String)
+    team: Mapped[str | None] = mapped_column(String)
+    method: Mapped[str] = mapped_column(String, server_default="")
+    path: Mapped[str] = mapped_column(Text, server_default="")
+    status: Mapped[int | None] = mapped_column(Integer)
+    client: Mapped[str | None] = mapped_column(String)
+    detail: Mapped[str] = mapped_column(Text, server_default="")
 
 
 # ---- values handed to and returned by the Store ---------------------------------------------
@@ -326,16 +353,93 @@ class EventRow:
     data: Mapping[str, Any]
 
 
+ROLES: tuple[str, ...] = ("admin", "team", "read-only")
+"""admin: sees and does everything; team: sees the queue, acts for its one team; read-only:
+sees the queue and the cluster, changes nothing and reads no team's logs."""
+
+
 @dataclass(frozen=True)
 class Principal:
-    """Who holds a token: a team member, or an admin when team is None."""
+    """Who holds a token: an admin, a member of one team, or a read-only observer.
+
+    Principal(name, team) is a team member, or an admin when team is None (the role
+    follows from the team unless given). expires_at (Unix s) travels with it, so a cached
+    principal is refused the moment its token expires."""
 
     name: str
     team: str | None
+    role: str = ""
+    expires_at: float | None = None
+    token_id: int | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.role:
+            object.__setattr__(self, "role", "admin" if self.team is None else "team")
+        if self.role not in ROLES:
+            raise SpecError(f"unknown role {self.role!r}; roles are {', '.join(ROLES)}")
 
     @property
     def is_admin(self) -> bool:
-        return self.team is None
+        return self.role == "admin"
+
+    @property
+    def read_only(self) -> bool:
+        return self.role == "read-only"
+
+    def expired(self, now_s: float) -> bool:
+        return self.expires_at is not None and now_s >= self.expires_at
+
+
+@dataclass(frozen=True)
+class TokenRow:
+    """A token as `gpupool token ls` shows it: never the token, never its hash."""
+
+    id: int
+    name: str
+    role: str
+    team: str | None
+    created_at: float
+    expires_at: float | None
+    revoked_at: float | None
+    created_by: str | None
+
+    def state(self, now_s: float) -> str:
+        if self.revoked_at is not None:
+            return "revoked"
+        if self.expires_at is not None and now_s >= self.expires_at:
+            return "expired"
+        return "active"
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    """One line of the audit trail, before it is stored (AuditRow once it has an id)."""
+
+    at_s: float
+    action: str
+    """'request' for an API call; 'token-created', 'token-revoked' for token changes."""
+    token: str | None = None
+    """The token's name (never the token); None when none or an unknown one was presented."""
+    role: str | None = None
+    team: str | None = None
+    method: str = ""
+    path: str = ""
+    status: int | None = None
+    client: str | None = None
+    """The peer address as the server saw it (a proxy in front shows as the proxy)."""
+    detail: str = ""
+
+    @staticmethod
+    def by(who: Principal | None, at_s: float, action: str, **fields: Any) -> AuditEntry:
+        if who is None:
+            return AuditEntry(at_s, action, **fields)
+        return AuditEntry(at_s, action, who.name, who.role, who.team, **fields)
+
+
+@dataclass(frozen=True)
+class AuditRow:
+    id: int
+    entry: AuditEntry
 
 
 # ---- URLs -----------------------------------------------------------------------------------
@@ -832,18 +936,24 @@ class Store:
         team: str | None = None,
         limit: int = 1000,
         after_id: int = 0,
+        before_id: int | None = None,
+        newest_first: bool = False,
     ) -> builtins.list[JobRow]:
-        """Jobs in id order, a page at a time: pass the last id seen as after_id."""
+        """Jobs in id order, a page at a time: pass the last id seen as after_id; newest
+        first, pass the last id seen as before_id."""
         if limit < 1:
             raise SpecError(f"limit is {limit}; ask for at least 1 job")
         query = select(JobModel).where(JobModel.id > after_id)
+        if before_id is not None:
+            query = query.where(JobModel.id < before_id)
         if state is not None:
             _check_state(state)
             query = query.where(JobModel.state == state)
         if team is not None:
             query = query.where(JobModel.team == team)
+        order = JobModel.id.desc() if newest_first else JobModel.id
         with self._read() as s:
-            return [_job_row(m) for m in s.scalars(query.order_by(JobModel.id).limit(limit))]
+            return [_job_row(m) for m in s.scalars(query.order_by(order).limit(limit))]
 
     def active(self) -> builtins.list[JobRow]:
         """Every job the scheduler still has to look after, in id order."""
@@ -1021,47 +1131,242 @@ class Store:
             return [_event_row(m) for m in s.scalars(query.order_by(EventModel.seq).limit(limit))]
 
     # -- tokens --
-    def create_token(self, name: str, team: str | None, now_s: float) -> str:
+    def create_token(
+        self,
+        name: str,
+        team: str | None,
+        now_s: float,
+        *,
+        role: str | None = None,
+        expires_at: float | None = None,
+        by: Principal | None = None,
+        client: str | None = None,
+    ) -> str:
         """A new API token for a team (None: an admin); only its hash is stored, so show the
         returned token to the user now: it cannot be recovered later."""
+        return self.issue_token(
+            name, team, now_s, role=role, expires_at=expires_at, by=by, client=client
+        )[0]
+
+    def issue_token(
+        self,
+        name: str,
+        team: str | None,
+        now_s: float,
+        *,
+        role: str | None = None,
+        expires_at: float | None = None,
+        by: Principal | None = None,
+        client: str | None = None,
+    ) -> tuple[str, TokenRow]:
+        """create_token, and the stored row. A name held by a revoked or expired token is
+        taken over (the audit trail keeps the old one's history); an active one's is not.
+        The audit row is written in the same transaction as the token."""
         if not name:
             raise SpecError("a token needs a name, e.g. the person or robot that will use it")
+        role = role or ("admin" if team is None else "team")
+        if role not in ROLES:
+            raise SpecError(f"unknown role {role!r}; roles are {', '.join(ROLES)}")
+        if (role == "team") != (team is not None):
+            raise SpecError(
+                "a team token needs its team (--team T); admin and read-only tokens have none"
+            )
+        if expires_at is not None and not (math.isfinite(expires_at) and expires_at > now_s):
+            raise SpecError("a token's expiry must lie in the future, e.g. --expires 30d")
         token = "gp_" + secrets.token_urlsafe(32)
+        scope = f"team {team}" if role == "team" else role
+        until = "" if expires_at is None else f", expires at {expires_at:.0f}"
         try:
             with self._write() as s:
-                s.add(TokenModel(name=name, team=team, hash=token_hash(token), created_at=now_s))
+                old = s.scalars(select(TokenModel).where(TokenModel.name == name)).one_or_none()
+                if old is not None:
+                    if _token_row(old).state(now_s) == "active":
+                        raise ConflictError(
+                            f"a token named {name!r} exists; pick another name or revoke "
+                            "that one first"
+                        )
+                    s.delete(old)
+                    s.flush()
+                model = TokenModel(
+                    name=name,
+                    team=team,
+                    hash=token_hash(token),
+                    created_at=now_s,
+                    role=role,
+                    expires_at=expires_at,
+                    revoked_at=None,
+                    created_by=None if by is None else by.name,
+                )
+                s.add(model)
                 s.flush()
-                scope = "admin" if team is None else f"team {team}"
+                row = _token_row(model)
+                entry = AuditEntry.by(
+                    by,
+                    now_s,
+                    "token-created",
+                    client=client,
+                    detail=f"token {name} (id {row.id}) for {scope}{until}",
+                )
+                s.execute(insert(AuditModel), [_audit_values(entry)])
                 self._insert_event(s, "token-created", f"token {name} created for {scope}", now_s)
         except IntegrityError as exc:
             raise ConflictError(
                 f"a token named {name!r} exists; pick another name or revoke that one first"
             ) from exc
-        return token
+        return token, row
 
-    def revoke_token(self, name: str, now_s: float) -> None:
+    def tokens(self) -> builtins.list[TokenRow]:
+        """Every token, revoked and expired ones included, in id order."""
+        with self._read() as s:
+            return [_token_row(m) for m in s.scalars(select(TokenModel).order_by(TokenModel.id))]
+
+    def revoke_token(
+        self,
+        ref: str | int,
+        now_s: float,
+        *,
+        by: Principal | None = None,
+        client: str | None = None,
+    ) -> TokenRow:
+        """Revoke the active token named ref (or, for a number no token is named, with that
+        id); refused for the last active admin token, which would lock every admin out."""
         with self._write() as s:
-            gone = s.scalars(
-                delete(TokenModel).where(TokenModel.name == name).returning(TokenModel.id)
-            ).first()
-            if gone is None:
-                raise NotFoundError(f"no token is named {name!r}; nothing was revoked")
-            self._insert_event(s, "token-revoked", f"token {name} revoked", now_s)
+            found = s.scalars(select(TokenModel).where(TokenModel.name == str(ref))).one_or_none()
+            if found is None and str(ref).isdigit() and int(ref) <= 2**31 - 1:
+                found = s.get(TokenModel, int(ref))
+            if found is None or _token_row(found).state(now_s) == "revoked":
+                raise NotFoundError(
+                    f"no token is named {ref!r} (or has that id); nothing was revoked; "
+                    "gpupool token ls lists them"
+                )
+            if found.role == "admin" and _token_row(found).state(now_s) == "active":
+                others = s.scalar(
+                    select(func.count())
+                    .select_from(TokenModel)
+                    .where(TokenModel.id != found.id, *_active_admin(now_s))
+                )
+                if not others:
+                    raise ConflictError(
+                        f"token {found.name} is the last active admin token; create another "
+                        "admin token first (gpupool token create NAME --admin)"
+                    )
+            found.revoked_at = now_s
+            s.flush()
+            row = _token_row(found)
+            entry = AuditEntry.by(
+                by, now_s, "token-revoked", client=client, detail=f"token {row.name} (id {row.id})"
+            )
+            s.execute(insert(AuditModel), [_audit_values(entry)])
+            self._insert_event(s, "token-revoked", f"token {row.name} revoked", now_s)
+            return row
 
-    def principal(self, token: str) -> Principal | None:
-        """Who a presented token belongs to, or None for an unknown or revoked one."""
+    def principal(self, token: str, now_s: float | None = None) -> Principal | None:
+        """Who a presented token belongs to, or None for an unknown, revoked or expired one
+        (now_s: the wall clock, Unix s; default now)."""
+        now = time.time() if now_s is None else now_s
         with self._read() as s:
             found = s.scalars(
                 select(TokenModel).where(TokenModel.hash == token_hash(token))
             ).one_or_none()
-            return None if found is None else Principal(found.name, found.team)
+            if found is None or _token_row(found).state(now) != "active":
+                return None
+            return Principal(found.name, found.team, found.role, found.expires_at, found.id)
 
-    def has_admin(self) -> bool:
+    def has_admin(self, now_s: float | None = None) -> bool:
+        """Whether an active (unrevoked, unexpired) admin token exists."""
+        now = time.time() if now_s is None else now_s
         with self._read() as s:
-            return (
-                s.scalar(select(TokenModel.id).where(TokenModel.team.is_(None)).limit(1))
-                is not None
-            )
+            query = select(TokenModel.id).where(*_active_admin(now)).limit(1)
+            return s.scalar(query) is not None
+
+    # -- audit --
+    def add_audit(self, entries: Sequence[AuditEntry]) -> None:
+        """Append audit entries, all in one transaction."""
+        if not entries:
+            return
+        with self._write() as s:
+            s.execute(insert(AuditModel), [_audit_values(e) for e in entries])
+
+    def audit(
+        self,
+        limit: int = 100,
+        before_id: int | None = None,
+        since_s: float | None = None,
+        token: str | None = None,
+    ) -> builtins.list[AuditRow]:
+        """Audit rows newest first, a page at a time: pass the last id seen as before_id."""
+        if limit < 1:
+            raise SpecError(f"limit is {limit}; ask for at least 1 audit row")
+        query = select(AuditModel)
+        if before_id is not None:
+            query = query.where(AuditModel.id < before_id)
+        if since_s is not None:
+            query = query.where(AuditModel.at_s >= since_s)
+        if token is not None:
+            query = query.where(AuditModel.token == token)
+        with self._read() as s:
+            found = s.scalars(query.order_by(AuditModel.id.desc()).limit(limit))
+            return [_audit_row(m) for m in found]
+
+    def purge_audit(self, older_than_s: float, keep_rows: int | None = None) -> int:
+        """Delete audit rows from before older_than_s (Unix s), and beyond the newest
+        keep_rows; returns how many went."""
+        with self._write() as s:
+            old = delete(AuditModel).where(AuditModel.at_s < older_than_s)
+            gone = cast(CursorResult[Any], s.execute(old)).rowcount
+            if keep_rows is not None:
+                top = s.scalar(select(func.max(AuditModel.id)))
+                if top is not None and top > keep_rows:
+                    cut = delete(AuditModel).where(AuditModel.id <= top - keep_rows)
+                    gone += cast(CursorResult[Any], s.execute(cut)).rowcount
+            return int(gone)
+
+
+def _active_admin(now_s: float) -> tuple[Any, ...]:
+    """WHERE clauses of an active admin token."""
+    return (
+        TokenModel.role == "admin",
+        TokenModel.revoked_at.is_(None),
+        (TokenModel.expires_at.is_(None)) | (TokenModel.expires_at > now_s),
+    )
+
+
+def _token_row(m: TokenModel) -> TokenRow:
+    role = m.role or ("admin" if m.team is None else "team")
+    return TokenRow(
+        m.id, m.name, role, m.team, m.created_at, m.expires_at, m.revoked_at, m.created_by
+    )
+
+
+def _audit_values(e: AuditEntry) -> dict[str, Any]:
+    return {
+        "at_s": e.at_s,
+        "action": e.action,
+        "token": e.token,
+        "role": e.role,
+        "team": e.team,
+        "method": e.method,
+        "path": e.path,
+        "status": e.status,
+        "client": e.client,
+        "detail": e.detail,
+    }
+
+
+def _audit_row(m: AuditModel) -> AuditRow:
+    entry = AuditEntry(
+        at_s=m.at_s,
+        action=m.action,
+        token=m.token,
+        role=m.role,
+        team=m.team,
+        method=m.method,
+        path=m.path,
+        status=m.status,
+        client=m.client,
+        detail=m.detail,
+    )
+    return AuditRow(m.id, entry)
 
 
 def _sqlite_connect(dbapi_conn: Any, _record: Any) -> None:
