@@ -93,7 +93,7 @@ def fuzzed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fuzzed]:
         FakeTelemetry("2xA100-80GB"),
         clock,
     )
-    app = create_app(service, store, auth=True)
+    app = create_app(service, store, auth=True, open_docs=True)  # the fuzzer reads the schema
     admin = {"authorization": f"Bearer {store.create_token('admin', None, 0.0)}"}
     team = {"authorization": f"Bearer {store.create_token('nlp-bot', 'nlp', 0.0)}"}
     client = TestClient(app, raise_server_exceptions=False)
