@@ -198,7 +198,8 @@ def uvicorn_options(args: argparse.Namespace) -> dict[str, Any]:
     if not args.audit_days > 0:
         raise SpecError(f"--audit-days must be more than 0, got {args.audit_days}")
     options: dict[str, Any] = {
-        "limit_concurrency": args.limit_concurrency,
+        # uvicorn refuses the connection that makes the count reach its limit
+        "limit_concurrency": args.limit_concurrency + 1,
         "backlog": args.backlog,
     }
     if args.tls_cert is not None:
