@@ -41,7 +41,7 @@ from gpupool.service.sizing_field import (
     plan_request_of,
     sizing_of,
 )
-from gpupool.service.store import MIGRATIONS_DIR, Base, NewJob, Store, database_url
+from gpupool.service.store import MIGRATIONS_DIR, Base, NewJob, Store, database_url, schema_head
 from gpupool.service.telemetry import FakeTelemetry
 from gpupool.sizing.memory import TRAINING_PRECISIONS
 from gpupool.sizing.planner import PlanRequest
@@ -424,7 +424,7 @@ def test_a_0002_database_upgrades_in_place(url: str, open_store: Callable[[], St
         assert not set(SIZED) & _columns(engine)
 
         store.migrate()
-        assert _version(engine) == ["0003"]
+        assert _version(engine) == [schema_head()]
         assert set(SIZED) <= _columns(engine)
         [old] = store.list()
         assert (old.name, old.team, old.command, dict(old.env), old.gpu_count) == (
@@ -464,7 +464,7 @@ def test_a_0002_database_upgrades_in_place(url: str, open_store: Callable[[], St
         store.close()
         again = open_store()
         again.migrate()
-        assert _version(engine) == ["0003"]
+        assert _version(engine) == [schema_head()]
         assert sizing_fields(again.get(new.id)) == UNSIZED
     finally:
         engine.dispose()

@@ -21,7 +21,7 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from gpupool.errors import ConflictError, IllegalTransition, NotFoundError, SpecError
-from gpupool.service.store import JobRow, NewJob, Principal, Store, database_url
+from gpupool.service.store import JobRow, NewJob, Principal, Store, database_url, schema_head
 from pgserver import fresh_schema, pg_url  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -102,7 +102,7 @@ def test_migrate_twice_is_a_no_op_and_keeps_data(store: Store, url: str) -> None
     engine = create_engine(url)
     with engine.connect() as conn:
         assert conn.execute(text("SELECT version_num FROM alembic_version")).scalars().all() == [
-            "0004"
+            schema_head()
         ]
     engine.dispose()
 

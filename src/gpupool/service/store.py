@@ -448,6 +448,15 @@ _URL_EXAMPLE = (
 )
 
 
+def schema_head() -> str:
+    """The newest schema revision, the one Store.migrate() brings a database to."""
+    from alembic.script import ScriptDirectory
+
+    head = ScriptDirectory(str(MIGRATIONS_DIR)).get_current_head()
+    assert head is not None, f"no migrations in {MIGRATIONS_DIR}"
+    return head
+
+
 def database_url(text: str | None, state_dir: Path) -> str:
     """The SQLAlchemy URL for a user's --database value; None means SQLite under state_dir."""
     if text is None:
