@@ -726,3 +726,51 @@ def test_zero_grace_is_allowed_but_not_negative() -> None:
         parse_duration("-1", "--grace", allow_zero=True)
     with pytest.raises(SpecError, match="use a number"):
         parse_duration("", "--grace", allow_zero=True)
+
+
+# ---- retries and escaping -------------------------------------------------------------------
+
+
+def test_submit_retries_a_lost_answer_with_the_same_key(
+    server: FakeServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    answer = server.handle
+    lost: list[int] = []
+
+    def drop_first(request: httpx.Request) -> httpx.Response:
+        resp = answer(request)  # the server acts...
+        if request.method == "POST" and not lost:
+            lost.append(resp.status_code)
+            raise httpx.ReadError("connection reset", request=request)  # ...its answer is lost
+        return resp
+
+    client_cli.TRANSPORT = httpx.MockTransport(drop_first)
+    code, out, err = run(["submit", "--json", "--", "true"], capsys)
+    assert (code, err) == (0, "") and json.loads(out)["id"] == 1
+    keys = [r.headers["Idempotency-Key"] for r in server.requests]
+    assert len(keys) == 2 and keys[0] == keys[1] and lost == [201]
+    assert len(server.jobs) == 1
+
+
+def test_submit_gives_up_naming_the_key_to_rerun_with(
+    server: FakeServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    server.down = True
+    code, _, err = run(["submit", "--idempotency-key", "k9", "--", "true"], capsys)
+    assert code == 2 and len(server.requests) == 4
+    assert "cannot reach" in err
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        ("plain name-1", "plain name-1"),
+        ("\x1b[2Jx", "\\x1b[2Jx"),
+        ("a\nb\tc\rd", "a\\nb\\tc\\rd"),
+        ("\x9b31m", "\\x9b31m"),  # the one-byte C1 escape
+        ("evil\u202etxt.exe", "evil\\u202etxt.exe"),
+        ("caf\u00e9 \u65e5\u672c", "caf\u00e9 \u65e5\u672c"),
+    ],
+)
+def test_printable_escapes_controls_and_keeps_text(text: str, shown: str) -> None:
+    assert client_cli.printable(text) == shown
