@@ -842,6 +842,7 @@ def create_app(
     @app.post("/v1/tokens", status_code=201, summary="Create a token (admin)")
     def create_token(body: TokenIn, who: Who, request: Request) -> dict[str, Any]:
         admin_only(who, "creates tokens")
+        trail.flush()  # the requests before it stay before it in the trail
         now = wall()
         token, row = store.issue_token(
             body.name,
@@ -867,6 +868,7 @@ def create_app(
         request: Request,
     ) -> dict[str, Any]:
         admin_only(who, "revokes tokens")
+        trail.flush()
         now = wall()
         row = store.revoke_token(ref, now, by=who, client=peer(request))
         app.state.tokens.forget(name=row.name, token_id=row.id)  # refused from the next request
