@@ -337,8 +337,12 @@ def tls_server(tmp_path: Path, cert: Path, key: Path, *args: str) -> Iterator[tu
 
 
 def test_the_cli_over_tls_and_the_connection_limit(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    plain_settings: list[float],
 ) -> None:
+    naps = plain_settings
     cert, key = self_signed(tmp_path)
     with tls_server(tmp_path, cert, key, "--limit-concurrency", "2") as (url, admin):
         ca = ("--ca-cert", str(cert))
@@ -366,6 +370,9 @@ def test_the_cli_over_tls_and_the_connection_limit(
         monkeypatch.delenv("GPUPOOL_CA_CERT")  # the system store does not know this CA
         code, _, err = cli(capsys, "ls", "--url", url, "--token", admin)
         assert code == 2 and "does not trust" in err and "--ca-cert" in err
+        code, _, err = cli(capsys, "submit", "--url", url, "--token", admin, "--", "true")
+        assert code == 2 and "does not trust" in err
+        assert naps == [], "an untrusted certificate is not retried"
 
         # two connections held by long polls (the limit); a third is turned away with 503
         trust = ssl.create_default_context(cafile=str(cert))

@@ -330,7 +330,7 @@ class Client:
                     timeout=self.timeout_s if timeout is None else timeout,
                 )
             except httpx.HTTPError as exc:
-                if last:
+                if last or _cause(exc, ssl.SSLCertVerificationError) is not None:
                     raise self._lost(exc, method, path, timeout, hint) from None
             else:
                 if resp.is_success:
