@@ -78,8 +78,12 @@ class JobSpec:
     """Where an online job's users are (a region of the federation)."""
     latency_bound_ms: float | None = None
     """The most network latency an online job's users accept."""
+    time_limit_s: float | None = None
+    """Wall time one run may take (since its start or resume); None: its kind's default."""
 
     def __post_init__(self) -> None:
+        if self.time_limit_s is not None and self.time_limit_s <= 0:
+            raise SpecError(f"job {self.job_id}: time_limit_s must be > 0")
         if self.gpu_count < 0:
             raise SpecError(f"job {self.job_id}: gpu_count must be >= 0, got {self.gpu_count}")
         if self.gpu_count > 0 and not 0 < self.gpu_milli <= MILLI_PER_GPU:

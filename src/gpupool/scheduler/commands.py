@@ -38,6 +38,24 @@ class Cancel:
 
 
 @dataclass(frozen=True)
+class Expire:
+    """A job ran past its time limit: stop it with its grace period; it ends as failed
+    with this reason (the driver reports Finished(FAILED) once it has left)."""
+
+    job_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Why a waiting job does not start although it may be next (a team at its limit of
+    running jobs); an empty reason: that no longer holds it back."""
+
+    job_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class Burst:
     """Start these cloud nodes; the driver reports each with NodeUp once it joined."""
 
@@ -63,7 +81,7 @@ class Defer:
 
 
 Decision = Launch | Stop
-Command = Launch | Stop | Cancel | SetPowerCap | Burst | Reclaim | Defer
+Command = Launch | Stop | Cancel | SetPowerCap | Burst | Reclaim | Defer | Expire | Wait
 
 __all__ = [
     "Burst",
@@ -71,8 +89,10 @@ __all__ = [
     "Command",
     "Decision",
     "Defer",
+    "Expire",
     "Launch",
     "Reclaim",
     "SetPowerCap",
     "Stop",
+    "Wait",
 ]

@@ -22,6 +22,20 @@ SITE_CHOICES = ("blind", "locality-aware")
 
 
 @dataclass(frozen=True)
+class TeamLimits:
+    """A team's job-count limits (Slurm's MaxJobs per association). None: no limit.
+
+    The core enforces the running limits: a team at `max_running_jobs` (or at
+    `max_cpu_jobs` for jobs with no GPU) starts nothing more until one of its jobs ends.
+    `submit_per_min` is the API's (a token bucket per team in the service)."""
+
+    max_running_jobs: int | None = None
+    max_cpu_jobs: int | None = None
+    """Running jobs with `gpus: 0` at once."""
+    submit_per_min: float | None = None
+
+
+@dataclass(frozen=True)
 class PlacementConfig:
     """How a job that could run on several pools gets one.
 
@@ -87,6 +101,11 @@ class SchedulerConfig:
     energy: EnergyConfig = field(default_factory=EnergyConfig)
     burst: Mapping[str, Any] | BurstRules | None = None
     """Cloud burst and reclaim rules: a scenario's section (minutes) or the rules."""
+    team_limits: Mapping[str, TeamLimits] = field(default_factory=dict)
+    """Per team (teams[*].max_running_jobs, max_cpu_jobs, submit_per_min)."""
+    time_limit_s: Mapping[str, float] = field(default_factory=dict)
+    """The wall-time limit of one run of a job, per kind, for jobs that give none
+    (`default_time_limit_h`); a kind absent here runs unlimited."""
     max_starts_per_cycle: int | None = None
     """Apply at most this many of a plan's starts; the rest are planned again next cycle
     (a live executor that takes long per launch keeps its loop responsive)."""

@@ -26,7 +26,7 @@ from gpupool.core.quota import QuotaBook, QuotaWindow
 from gpupool.core.state import BoolArray, ClusterState
 from gpupool.energy.powercap import SetPowerCap
 from gpupool.energy.tariff import Tariff
-from gpupool.errors import NotFoundError, PlanRejected, SpecError
+from gpupool.errors import ConflictError, NotFoundError, PlanRejected, SpecError
 from gpupool.federation.topology import Topology
 from gpupool.policies.consolidate import ConsolidatePolicy
 from gpupool.policies.cycle import (
@@ -41,15 +41,19 @@ from gpupool.policies.cycle import (
 from gpupool.policies.pool_choice import PoolLoad, PoolOption, pool_loads
 from gpupool.policies.thermal import CoolestFirstPolicy
 from gpupool.scheduler import stages
-from gpupool.scheduler.commands import Command, Launch, Stop
+from gpupool.scheduler.commands import Command, Expire, Launch, Stop, Wait
 from gpupool.scheduler.config import SchedulerConfig
 from gpupool.scheduler.events import (
+    Drain,
     Event,
     Finished,
     GpuTemps,
+    Hold,
     Lost,
     NodeDown,
     Progress,
+    Release,
+    Requeue,
     ServiceDemand,
     Submitted,
     Vacated,
@@ -57,6 +61,15 @@ from gpupool.scheduler.events import (
 from gpupool.scheduler.jobs import WAITING, JobRecord, ServiceTemplate, TeamQueues
 from gpupool.sizing.catalog import Catalog
 from gpupool.sizing.planner import PlanRequest
+
+
+def duration_text(seconds: float) -> str:
+    """4h, 90m, 1h30m, 45s: how a time limit reads in a reason."""
+    total = round(seconds)
+    h, rest = divmod(total, 3600)
+    m, sec = divmod(rest, 60)
+    parts = [f"{v}{u}" for v, u in ((h, "h"), (m, "m"), (sec, "s")) if v]
+    return "".join(parts) or f"{seconds:g}s"
 
 
 def pool_key(node: Node, multi_site: bool) -> str:
@@ -173,6 +186,18 @@ class Scheduler:
         self.temps_c: np.ndarray | None = None
         self.inlet_c: np.ndarray | None = None
         self.cloud = stages.Cloud.of(self, cloud_nodes) if cloud_nodes else None
+        self.on_hold: set[str] = set()
+        """Jobs that start only once released (held while waiting, or once requeued)."""
+        self.drained: set[int] = set()
+        """Nodes that take no new job; their running jobs run on."""
+        self.expiring: dict[str, str] = {}
+        """Jobs stopped for running past their time limit: why, until the driver's Finished."""
+        self.told_wait: dict[str, str] = {}
+        """The limit reason each waiting job was last given (Wait)."""
+        self.over_limit = False
+        """The last plan started more of a team than its limits allow (the rest dropped)."""
+        self.timed = bool(cfg.time_limit_s)
+        """Some job may have a time limit (a kind's default, or its own)."""
 
     def _islands(self) -> dict[str, BoolArray]:
         """Static partitions: each team owns whole nodes covering its guarantee."""
@@ -220,6 +245,14 @@ class Scheduler:
             self.demand[event.service] = event.peak_rps
         elif isinstance(event, NodeDown):
             self.node_down(event.node, event.t_s, event.reason)
+        elif isinstance(event, Hold):
+            self.hold(event.job_id, event.t_s)
+        elif isinstance(event, Release):
+            self.release(event.job_id, event.t_s)
+        elif isinstance(event, Requeue):
+            return self.requeue(event.job_id, event.t_s, event.reason)
+        elif isinstance(event, Drain):
+            self.drain(event.node, event.t_s, event.undo)
         else:
             self.node_up(event.node, event.t_s)
         return []
@@ -233,6 +266,7 @@ class Scheduler:
     ) -> JobRecord:
         if job.job_id in self.records:
             raise SpecError(f"job {job.job_id} was submitted already")
+        self.timed = self.timed or job.time_limit_s is not None
         if sized is not None:
             self.sized[job.job_id] = sized
         r = JobRecord(job, "", ready_s=job.submit_s if service is None else now, service=service)
@@ -297,6 +331,7 @@ class Scheduler:
         attempts: int = 0,
     ) -> None:
         """Rebuild a job after a restart, in the state the database holds."""
+        self.timed = self.timed or job.time_limit_s is not None
         r = JobRecord(job, "", ready_s=now, preemptions=preemptions, attempts=attempts)
         r.options = stages.options_for(self, job)
         if placement is not None and placement.nodes:
@@ -349,6 +384,9 @@ class Scheduler:
         self.running.pop(job_id, None)
         self.claims.pop(job_id, None)
         self.choosers.pop(job_id, None)
+        self.on_hold.discard(job_id)
+        self.expiring.pop(job_id, None)
+        self.told_wait.pop(job_id, None)
         if r.service is not None:
             self.replicas[r.service].pop(job_id, None)
         self._release_claims(job_id)
@@ -364,7 +402,7 @@ class Scheduler:
         r.state = check_transition(job_id, r.state, JobState.SUSPENDED)
         r.vacate_at = None
         r.ready_s = at
-        self.queues.add(r)
+        self._enqueue(r)
         return self._wake_claims(job_id, at)
 
     def lost(self, job_id: str, at: float, reason: str) -> list[Command]:
@@ -380,7 +418,8 @@ class Scheduler:
         r.vacate_at = None
         r.ready_s = at
         r.done_s = r.saved_s
-        self.queues.add(r)
+        self.expiring.pop(job_id, None)  # it died before its stop: it waits again
+        self._enqueue(r)
         self.dirty = True
         self._release_claims(job_id)
         return []
@@ -411,11 +450,13 @@ class Scheduler:
         k = self._node(node)
         if self.cloud is not None and k in self.cloud.status:
             self.cloud.joined(self, k)
+            if k in self.drained:
+                self.pool_nodes[self.node_pool[k]][k] = False
             return
         if self.healthy[k]:
             return
         self.healthy[k] = True
-        self.pool_nodes[self.node_pool[k]][k] = True
+        self.pool_nodes[self.node_pool[k]][k] = k not in self.drained
         self.engine.note(f"node:{node}", now, "node-restored")
         self.dirty = True
 
@@ -445,6 +486,8 @@ class Scheduler:
                 usage[r.spec.team] += r.spec.gpu_count
             self.quotas.record_usage(usage, now - last)
         self.last_cycle_s = now
+        if self.timed:
+            out += self._expire(now)
         if not self.measured and (
             self.dirty or self.choosers or cfg.energy.price_aware or cfg.energy.power_capping
         ):
@@ -463,6 +506,11 @@ class Scheduler:
         if self.dirty:
             self.dirty = False
             self._apply(self.policy.plan(self.view(now)), now, out)
+            if self.over_limit:  # once more, with the teams now at their limits hidden
+                self.over_limit = self.dirty = False
+                self._apply(self.policy.plan(self.view(now)), now, out)
+        if cfg.team_limits:
+            out += self._wait_reasons()
         if cfg.energy.power_capping or cfg.energy.thermal.aware:
             out += stages.power_caps(self, now)
         return out
@@ -472,6 +520,8 @@ class Scheduler:
     ) -> None:
         starts = 0
         limit = self.config.max_starts_per_cycle
+        if self.config.team_limits:
+            commands = self._within_limits(commands)
         for c in commands:
             r = self.records.get(c.job_id)
             if r is None:
@@ -507,6 +557,10 @@ class Scheduler:
         self, r: JobRecord, now: float, nodes: tuple[int, ...] = ()
     ) -> Launch | None:
         """Start a claimant where the placement finds room, preferring the nodes held for it."""
+        if r.job_id in self.on_hold or (
+            self.config.team_limits and self._limit_reason(r, self._running_counts())
+        ):
+            return None
         allowed = self.pool_nodes[r.gpu_type].copy()
         if self.team_nodes is not None:
             allowed &= self.team_nodes[r.spec.team]
@@ -529,6 +583,10 @@ class Scheduler:
             raise PlanRejected(f"job {job.job_id}: team {job.team} would exceed its maximum")
         if not all(self.healthy[k] for k in placement.nodes):
             raise PlanRejected(f"job {job.job_id}: the plan uses a node that is down")
+        if self.drained.intersection(placement.nodes):
+            raise PlanRejected(f"job {job.job_id}: the plan uses a drained node")
+        if job.job_id in self.on_hold:
+            raise PlanRejected(f"job {job.job_id} is on hold")
         resumed = r.state is JobState.SUSPENDED
         self.engine.apply(job, placement, now, "resume" if resumed else "start")
         self.queues.remove(r)
@@ -590,6 +648,239 @@ class Scheduler:
                 del self.claims[claimant]
                 self.ready_claims.append(claimant)
 
+    # ---- holds, requeues, drains, time and count limits ---------------------------------------
+    def _enqueue(self, r: JobRecord) -> None:
+        """Back in its team's queue, unless it is on hold (then it waits for release)."""
+        if r.job_id not in self.on_hold:
+            self.queues.add(r)
+
+    def hold(self, job_id: str, now: float) -> None:
+        """A waiting job starts only once released; a job being stopped (requeued) is
+        held once it has left. A running job cannot be held: requeue it first."""
+        r = self._record(job_id)
+        if r.state in TERMINAL:
+            raise ConflictError(f"job {job_id} has ended ({r.state.value}); nothing to hold")
+        if r.state is JobState.RUNNING:
+            raise ConflictError(
+                f"job {job_id} is running; requeue it to stop it, then hold it while it waits"
+            )
+        if job_id in self.on_hold:
+            return
+        self.on_hold.add(job_id)
+        if r.state in WAITING:
+            self.queues.remove(r)
+        self.choosers.pop(job_id, None)
+        if self.claims.pop(job_id, None) is not None:  # its victims need not leave for it
+            self.claim_nodes.pop(job_id, None)
+            self.claim_grace.pop(job_id, None)
+        self.told_wait.pop(job_id, None)
+        self.engine.note(job_id, now, "hold")
+        self.dirty = True
+
+    def release(self, job_id: str, now: float) -> None:
+        """A held job may start again, in its old place in the queue (its ready time)."""
+        r = self._record(job_id)
+        if job_id not in self.on_hold:
+            raise ConflictError(f"job {job_id} is not on hold; nothing to release")
+        self.on_hold.discard(job_id)
+        if r.state in WAITING:
+            self.queues.add(r)
+            if len(r.options) > 1 and r.first_start_s is None:
+                self.choosers[job_id] = r
+        self.engine.note(job_id, now, "release")
+        self.dirty = True
+
+    def requeue(
+        self, job_id: str, now: float, reason: str = "requeued on request"
+    ) -> list[Command]:
+        """Stop a running job as a preemption does (checkpoint, leave: Vacated), outside
+        the preemption rules since someone asked; it then waits in the queue again."""
+        r = self._record(job_id)
+        if r.state is not JobState.RUNNING:
+            where = "waiting in the queue already" if r.state in WAITING else r.state.value
+            raise ConflictError(f"job {job_id} is {where}; only a running job can be requeued")
+        job = r.spec
+        r.state = check_transition(job_id, r.state, JobState.PREEMPTING)
+        self.held[(job.team, r.gpu_type)] -= job.gpu_count
+        self.room_since[(job.team, r.gpu_type)] = now
+        self.dirty = True
+        r.preemptions += 1
+        r.done_s = r.saved_s
+        r.vacate_at = now + self.config.checkpoint.write_s(job.state_gib_per_gpu)
+        self.engine.note(job_id, now, f"requeue ({reason})")
+        return [Stop(job_id, reason)]
+
+    def drain(self, node: str, now: float, undo: bool = False) -> None:
+        """No new job goes to the node (running ones run on); undo: it takes work again
+        (when it is up: a node that is down returns with NodeUp)."""
+        k = self._node(node)
+        if undo:
+            if k not in self.drained:
+                return
+            self.drained.discard(k)
+            up = (
+                self.cloud.status[k] == stages.UP
+                if self.cloud is not None and k in self.cloud.status
+                else bool(self.healthy[k])
+            )
+            if up:
+                self.pool_nodes[self.node_pool[k]][k] = True
+            self.engine.note(f"node:{node}", now, "undrain")
+        else:
+            if k in self.drained:
+                return
+            self.drained.add(k)
+            self.pool_nodes[self.node_pool[k]][k] = False
+            self.engine.note(f"node:{node}", now, "drain")
+        self.dirty = True
+
+    def forget(self, job_id: str) -> None:
+        """Drop an ended job's record (its driver deleted the job)."""
+        r = self.records.get(job_id)
+        if r is not None and r.state in TERMINAL:
+            del self.records[job_id]
+            self.sized.pop(job_id, None)
+
+    def draining(self, node: str) -> str | None:
+        """None (takes work), `draining` (jobs still run there) or `drained` (empty)."""
+        k = self._node(node)
+        if k not in self.drained:
+            return None
+        busy = any(k in p.nodes for p in self.state.placements.values())
+        return "draining" if busy else "drained"
+
+    def time_limit_s(self, spec: JobSpec) -> float | None:
+        """The job's own limit, else its kind's default (None: unlimited)."""
+        if spec.time_limit_s is not None:
+            return spec.time_limit_s
+        return self.config.time_limit_s.get(spec.kind.value)
+
+    def _expire(self, now: float) -> list[Command]:
+        """Running jobs whose run (since their last start) reached its time limit: stop
+        them; they end as failed once they have left (the driver's Finished)."""
+        out: list[Command] = []
+        for job_id, r in self.running.items():
+            if r.state is not JobState.RUNNING:
+                continue
+            limit = self.time_limit_s(r.spec)
+            if limit is None or now - r.run_started_s < limit - 1e-9:
+                continue
+            job = r.spec
+            r.state = check_transition(job_id, r.state, JobState.PREEMPTING)
+            self.held[(job.team, r.gpu_type)] -= job.gpu_count
+            self.room_since[(job.team, r.gpu_type)] = now
+            why = f"ran past its {duration_text(limit)} time limit"
+            self.expiring[job_id] = why
+            self.engine.note(job_id, now, f"time limit ({why})")
+            out.append(Expire(job_id, why))
+        if out:
+            self.dirty = True
+        return out
+
+    def _running_counts(self) -> dict[str, tuple[int, int]]:
+        """(running jobs, running jobs with no GPU) of each team with limits; jobs still
+        leaving (preempted, stopped) count until they have left."""
+        counts: dict[str, tuple[int, int]] = {}
+        limits = self.config.team_limits
+        for r in self.running.values():
+            team = r.spec.team
+            if team in limits:
+                n, cpu = counts.get(team, (0, 0))
+                counts[team] = (n + 1, cpu + (r.spec.gpu_count == 0))
+        return counts
+
+    def _limit_reason(
+        self, r: JobRecord, counts: Mapping[str, tuple[int, int]], planned: tuple[int, int] = (0, 0)
+    ) -> str:
+        """Why the team's limits keep this job from starting now ('' if they do not)."""
+        team = r.spec.team
+        limits = self.config.team_limits.get(team)
+        if limits is None:
+            return ""
+        n, cpu = counts.get(team, (0, 0))
+        n, cpu = n + planned[0], cpu + planned[1]
+        if limits.max_running_jobs is not None and n >= limits.max_running_jobs:
+            return f"team {team} at its limit of {limits.max_running_jobs} running jobs"
+        if r.spec.gpu_count == 0 and limits.max_cpu_jobs is not None and cpu >= limits.max_cpu_jobs:
+            return f"team {team} at its limit of {limits.max_cpu_jobs} running CPU-only jobs"
+        return ""
+
+    def _under_limits(
+        self,
+        team: str,
+        queue: list[tuple[tuple[object, ...], str]],
+        counts: Mapping[str, tuple[int, int]],
+    ) -> list[tuple[tuple[object, ...], str]]:
+        """The part of a team's queue its limits let the policy see: nothing at the
+        running limit, no CPU-only job at the CPU-only limit."""
+        limits = self.config.team_limits[team]
+        n, cpu = counts.get(team, (0, 0))
+        if limits.max_running_jobs is not None and n >= limits.max_running_jobs:
+            return []
+        if limits.max_cpu_jobs is not None and cpu >= limits.max_cpu_jobs:
+            return [e for e in queue if self.records[e[1]].spec.gpu_count > 0]
+        return queue
+
+    def _within_limits(
+        self, commands: list[Start | Preempt | Claim]
+    ) -> list[Start | Preempt | Claim]:
+        """The plan less the starts and claims that would take a team past its limits,
+        and less the preemptions made only for such claims (planned again next cycle)."""
+        counts = self._running_counts()
+        planned: dict[str, tuple[int, int]] = defaultdict(lambda: (0, 0))
+        dropped: set[str] = set()
+        kept_victims: set[str] = set()
+        dropped_victims: set[str] = set()
+        for c in commands:
+            if isinstance(c, Preempt):
+                continue
+            r = self.records.get(c.job_id)
+            if r is None or r.spec.team not in self.config.team_limits:
+                if isinstance(c, Claim):
+                    kept_victims.update(c.victims)
+                continue
+            team = r.spec.team
+            if self._limit_reason(r, counts, planned[team]):
+                dropped.add(c.job_id)
+                if isinstance(c, Claim):
+                    dropped_victims.update(c.victims)
+                continue
+            n, cpu = planned[team]
+            planned[team] = (n + 1, cpu + (r.spec.gpu_count == 0))
+            if isinstance(c, Claim):
+                kept_victims.update(c.victims)
+        if not dropped:
+            return commands
+        self.dirty = self.over_limit = True
+        idle = dropped_victims - kept_victims
+        return [
+            c
+            for c in commands
+            if not (isinstance(c, Preempt) and c.job_id in idle) and c.job_id not in dropped
+        ]
+
+    def _wait_reasons(self) -> list[Command]:
+        """Wait for the jobs at the head of each limited team's queue whose limit reason
+        changed (set, or gone); the driver shows it as the job's reason."""
+        counts = self._running_counts()
+        now_why: dict[str, str] = {}
+        depth = self.config.queue_depth
+        for team in self.config.team_limits:
+            for _, job_id in self.queues.by_team.get(team, [])[:depth]:
+                why = self._limit_reason(self.records[job_id], counts)
+                if why:
+                    now_why[job_id] = why
+        out: list[Command] = []
+        for job_id, why in now_why.items():
+            if self.told_wait.get(job_id) != why:
+                out.append(Wait(job_id, why))
+        for job_id in list(self.told_wait):
+            r = self.records[job_id]
+            if job_id not in now_why and r.state in WAITING:
+                out.append(Wait(job_id, ""))
+        self.told_wait = {k: v for k, v in now_why.items()}
+        return out
+
     # ---- progress -----------------------------------------------------------------------------
     def speed_of(self, r: JobRecord, cap_speed: float | None = None) -> float:
         """Work per second: the power cap's slowdown times co-location's on shared GPUs."""
@@ -643,9 +934,13 @@ class Scheduler:
         out: list[JobRecord] = []
         depth = self.config.queue_depth
         deferred = self.deferral.held
+        limits = self.config.team_limits
+        counts = self._running_counts() if limits else {}
         for team, queue in self.queues.by_team.items():
             if deferred:
                 queue = [e for e in queue if e[1] not in deferred]
+            if team in limits:
+                queue = self._under_limits(team, queue, counts)
             out += [self.records[job_id] for _, job_id in queue[:depth]]
             if len(queue) <= depth:
                 continue

@@ -104,6 +104,41 @@ class ServiceDemand:
 
 
 @dataclass(frozen=True)
+class Hold:
+    """Someone put a waiting job on hold: it starts only once released. A job being
+    requeued (stopping) is held once it has left."""
+
+    t_s: float
+    job_id: str
+
+
+@dataclass(frozen=True)
+class Release:
+    """A held job may start again, in its old place in the queue."""
+
+    t_s: float
+    job_id: str
+
+
+@dataclass(frozen=True)
+class Requeue:
+    """Someone asked a running job to stop (checkpoint and leave) and wait again."""
+
+    t_s: float
+    job_id: str
+    reason: str = "requeued on request"
+
+
+@dataclass(frozen=True)
+class Drain:
+    """No new job goes to this node; what runs there runs on. undo: take work again."""
+
+    t_s: float
+    node: str
+    undo: bool = False
+
+
+@dataclass(frozen=True)
 class CycleAt:
     """In a recorded event stream: the driver ran a cycle at this time."""
 
@@ -111,5 +146,17 @@ class CycleAt:
 
 
 Event = (
-    Submitted | Finished | Vacated | Lost | NodeDown | NodeUp | Progress | GpuTemps | ServiceDemand
+    Submitted
+    | Finished
+    | Vacated
+    | Lost
+    | NodeDown
+    | NodeUp
+    | Progress
+    | GpuTemps
+    | ServiceDemand
+    | Hold
+    | Release
+    | Requeue
+    | Drain
 )

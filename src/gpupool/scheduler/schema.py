@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence, Set
 from typing import Any
 
 from gpupool.core.calibration import CheckpointModel
+from gpupool.core.model import JobKind
 from gpupool.core.quota import QuotaWindow, TeamQuota, clock_s
 from gpupool.errors import SpecError
 from gpupool.policies.cycle import CYCLE_POLICIES, PreemptionRules
@@ -28,6 +29,7 @@ from gpupool.scheduler.config import (
     EnergyConfig,
     PlacementConfig,
     SchedulerConfig,
+    TeamLimits,
     ThermalConfig,
 )
 from gpupool.specfile import SpecReader
@@ -57,6 +59,7 @@ SCHEDULING_KEYS: frozenset[str] = frozenset(
         "placement",
         "energy",
         "burst",
+        "default_time_limit_h",
     }
 )
 """The top-level keys of the scheduling section (a scenario file has more around them)."""
@@ -141,7 +144,9 @@ def parse_scheduling(
     nested section (`preemption: {min_runtime_s: 0}` keeps the default max_per_job).
     """
     r = ConfigReader(path)
-    teams = _teams(r, raw["teams"]) if "teams" in raw else defaults.teams
+    teams, limits = (
+        _teams(r, raw["teams"]) if "teams" in raw else (defaults.teams, defaults.team_limits)
+    )
     windows = (
         _windows(r, raw["windows"], {t.team for t in teams})
         if "windows" in raw
@@ -201,6 +206,10 @@ def parse_scheduling(
         else defaults.placement,
         energy=_energy(r, raw["energy"], defaults.energy) if "energy" in raw else defaults.energy,
         burst=burst,
+        team_limits=limits,
+        time_limit_s=_time_limits(r, raw["default_time_limit_h"])
+        if "default_time_limit_h" in raw
+        else defaults.time_limit_s,
     )
 
 
@@ -245,10 +254,17 @@ def check_fleet(config: SchedulerConfig, pools: Mapping[str, int], path: str) ->
             )
 
 
-def _teams(r: ConfigReader, raw: Any) -> tuple[TeamQuota, ...]:
+TEAM_KEYS: frozenset[str] = frozenset(
+    {"name", "guaranteed", "max", "max_running_jobs", "max_cpu_jobs", "submit_per_min"}
+)
+"""A team's entry: its GPU quota and its job-count limits (TeamLimits)."""
+
+
+def _teams(r: ConfigReader, raw: Any) -> tuple[tuple[TeamQuota, ...], dict[str, TeamLimits]]:
     teams = []
+    limits: dict[str, TeamLimits] = {}
     for k, item in enumerate(r.entries(raw, "teams", "teams ({name, guaranteed, max})")):
-        m = r.mapping(item, f"teams[{k}]", {"name", "guaranteed", "max"})
+        m = r.mapping(item, f"teams[{k}]", TEAM_KEYS)
         if "name" not in m:
             raise r.fail(f"teams[{k}]", "missing name")
         guaranteed = r.gpu_counts(m.get("guaranteed") or {}, f"teams[{k}].guaranteed")
@@ -257,7 +273,32 @@ def _teams(r: ConfigReader, raw: Any) -> tuple[TeamQuota, ...]:
             teams.append(TeamQuota(str(m["name"]), guaranteed, maximum))
         except SpecError as err:
             raise r.fail(f"teams[{k}]", str(err)) from None
-    return tuple(teams)
+        counts = {
+            key: r.integer(m[key], f"teams[{k}].{key}", 1)
+            for key in ("max_running_jobs", "max_cpu_jobs")
+            if m.get(key) is not None
+        }
+        rate = m.get("submit_per_min")
+        if counts or rate is not None:
+            limits[str(m["name"])] = TeamLimits(
+                counts.get("max_running_jobs"),
+                counts.get("max_cpu_jobs"),
+                None
+                if rate is None
+                else r.number(rate, f"teams[{k}].submit_per_min", positive=True),
+            )
+    return tuple(teams), limits
+
+
+def _time_limits(r: ConfigReader, raw: Any) -> dict[str, float]:
+    """`default_time_limit_h: {kind: hours}`: a run of a job of that kind that gives no
+    limit of its own is stopped after this long."""
+    kinds = {k.value for k in JobKind}
+    m = r.section(raw, "default_time_limit_h", kinds)
+    return {
+        str(kind): 3600.0 * r.number(h, f"default_time_limit_h.{kind}", positive=True)
+        for kind, h in m.items()
+    }
 
 
 def _windows(r: ConfigReader, raw: Any, names: set[str]) -> tuple[QuotaWindow, ...]:

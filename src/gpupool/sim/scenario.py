@@ -44,6 +44,7 @@ from gpupool.scheduler import (
     Command,
     Defer,
     Event,
+    Expire,
     Finished,
     GpuTemps,
     JobProgress,
@@ -58,6 +59,7 @@ from gpupool.scheduler import (
     Stop,
     Submitted,
     Vacated,
+    Wait,
 )
 from gpupool.scheduler.events import CycleAt
 from gpupool.sim.energy_meter import EnergyMeter, HeatMap
@@ -386,7 +388,9 @@ class ScenarioSim:
                     self.cloud_status[self.core.node_index[name]] = DOWN
                     self.feed(NodeDown(at, name))
                 self.cloud_events.append(CloudEvent(at, "reclaim", len(c.nodes), c.reason))
-            elif isinstance(c, Defer):
+            elif isinstance(c, Expire):  # past its time limit: it stops and has failed
+                self.finish(self.job(c.job_id), at, JobState.FAILED, c.reason)
+            elif isinstance(c, Defer | Wait):
                 pass  # the core holds the job; the world has nothing to do
         if capped or self.caps:
             self.apply_caps()
