@@ -14,6 +14,7 @@ documentation (/docs, /redoc, /openapi.json) need a token unless opened.
 from __future__ import annotations
 
 import asyncio
+import math
 import re
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -39,6 +40,7 @@ from gpupool.errors import ConflictError, GpupoolError, NotFoundError, SpecError
 from gpupool.service import sizing_field as sf
 from gpupool.service.auth import AuditMiddleware, AuditTrail, TokenCache
 from gpupool.service.live import LiveService
+from gpupool.service.rate import RateLimited, SubmitRate
 from gpupool.service.store import AuditRow, JobRow, NewJob, Principal, Store, TokenRow
 from gpupool.service.telemetry import dcgm_name
 from gpupool.sizing.planner import PlanRequest
@@ -272,6 +274,14 @@ class JobIn(BaseModel):
     grace_s: float = Field(60.0, ge=0, le=86_400)
     max_retries: int = Field(0, ge=0, le=100)
     duration_s: float | None = Field(None, gt=0, le=1e9)
+    time_limit_s: float | None = Field(
+        None,
+        gt=0,
+        le=1e8,
+        allow_inf_nan=False,
+        description="Wall time one run may take (since its start or resume); past it the "
+        "job gets SIGTERM, its grace, SIGKILL, and fails. Default: its kind's, if any.",
+    )
     env: dict[
         Annotated[str, Field(min_length=1, max_length=256)], Annotated[str, Field(max_length=8192)]
     ] = Field(default_factory=dict, max_length=256)
@@ -369,6 +379,20 @@ class BatchIn(BaseModel):
 MAX_TOKEN_LIFE_S = 10 * 365 * 86400.0
 
 
+class DrainIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    node: str = Field(min_length=1, max_length=256, json_schema_extra={"pattern": "^[^\\x00]*$"})
+    undo: bool = False
+    reason: str = Field("", max_length=512)
+
+    @field_validator("node", "reason")
+    @classmethod
+    def _no_nul(cls, v: str) -> str:
+        if "\x00" in v:
+            raise ValueError("must not contain NUL characters")
+        return v
+
+
 class TokenIn(BaseModel):
     """A token to create: for a team (team given), an admin or a read-only observer."""
 
@@ -449,6 +473,8 @@ def job_json(row: JobRow) -> dict[str, Any]:
         "latency_bound_ms": row.latency_bound_ms,
         "state_gib_per_gpu": row.state_gib_per_gpu,
         "sizing": None if row.sizing is None else dict(row.sizing),
+        "time_limit_s": row.time_limit_s,
+        "held": row.held and not row.terminal,
     }
 
 
@@ -652,6 +678,16 @@ def create_app(
 
     def peer(request: Request) -> str | None:
         return None if request.client is None else f"{request.client.host}:{request.client.port}"
+    scheduling = service.config.scheduling
+    rate = SubmitRate(
+        {
+            team: lim.submit_per_min
+            for team, lim in scheduling.team_limits.items()
+            if lim.submit_per_min is not None
+        },
+        time.monotonic,
+    )
+    app.state.submit_rate = rate
 
     def own(who: Principal, row: JobRow) -> None:
         if not who.is_admin and who.team != row.team:
@@ -682,6 +718,14 @@ def create_app(
     @app.exception_handler(SpecError)
     async def _se(_: Request, err: SpecError) -> JSONResponse:
         return JSONResponse({"detail": str(err)}, status_code=422)
+
+    @app.exception_handler(RateLimited)
+    async def _rl(_: Request, err: RateLimited) -> JSONResponse:
+        return JSONResponse(
+            {"detail": str(err)},
+            status_code=429,
+            headers={"Retry-After": str(max(1, math.ceil(err.retry_after_s)))},
+        )
 
     @app.exception_handler(GpupoolError)
     async def _ge(_: Request, err: GpupoolError) -> JSONResponse:
@@ -716,6 +760,9 @@ def create_app(
             latency_bound_ms=body.latency_bound_ms,
             state_gib_per_gpu=body.state_gib_per_gpu,
             sizing=None if body.sizing is None else body.sizing.mapping(),
+            time_limit_s=body.time_limit_s
+            if body.time_limit_s is not None
+            else scheduling.time_limit_s.get(body.kind),
         )
 
     @app.post(
@@ -733,12 +780,17 @@ def create_app(
     ) -> JSONResponse:
         # Group commit: submissions that arrive while a commit runs share the next one,
         # and the scheduler is woken once per commit.
-        row, created = await batcher.submit(new_job(body, who), idempotency_key)
+        job = new_job(body, who)
+        rate.take(job.team)
+        row, created = await batcher.submit(job, idempotency_key)
         return JSONResponse(job_json(row), status_code=201 if created else 200)
 
     @app.post("/v1/jobs/batch", status_code=201, summary="Submit up to 1,000 jobs at once")
     def submit_batch(body: BatchIn, who: Who) -> dict[str, Any]:
-        rows = store.submit_many([new_job(j, who) for j in body.jobs], service.clock.now())
+        new = [new_job(j, who) for j in body.jobs]
+        for team in sorted({j.team for j in new}):
+            rate.take(team, sum(j.team == team for j in new))
+        rows = store.submit_many(new, service.clock.now())
         service.wake.set()
         return {"jobs": [job_json(r) for r in rows]}
 
@@ -888,6 +940,31 @@ def create_app(
         trail.flush()
         rows = store.audit(limit=limit, before_id=before, since_s=since, token=token)
         return {"audit": [audit_json(r) for r in rows]}
+
+    # ---- lifecycle: hold, release, requeue (the job's team or an admin), drain (admin) ----
+    @app.post("/v1/jobs/{job_id}/hold", summary="Hold a waiting job: it starts once released")
+    def hold(job_id: JobId, who: Who) -> dict[str, Any]:
+        own(who, store.get(job_id))
+        return job_json(service.hold(job_id, who.name))
+
+    @app.post("/v1/jobs/{job_id}/release", summary="Release a held job")
+    def release(job_id: JobId, who: Who) -> dict[str, Any]:
+        own(who, store.get(job_id))
+        return job_json(service.release(job_id, who.name))
+
+    @app.post(
+        "/v1/jobs/{job_id}/requeue",
+        summary="Stop a running job with its checkpoint and put it back in the queue",
+    )
+    def requeue(job_id: JobId, who: Who, hold: bool = False) -> dict[str, Any]:
+        own(who, store.get(job_id))
+        return job_json(service.requeue(job_id, who.name, hold=hold))
+
+    @app.post("/v1/drain", summary="Drain a node (admin): nothing new starts there")
+    def drain(body: DrainIn, who: Who) -> dict[str, Any]:
+        if not who.is_admin:
+            raise HTTPException(403, "only an admin token drains nodes")
+        return service.drain(body.node, who.name, undo=body.undo, reason=body.reason)
 
     @app.get("/healthz", summary="Liveness")
     def healthz() -> dict[str, Any]:

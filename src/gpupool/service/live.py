@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 import socket
 import threading
 import time
@@ -27,20 +28,33 @@ import numpy as np
 from gpupool.core.lifecycle import JobState
 from gpupool.core.model import Cluster, JobKind, JobSpec, Node, NodeShare, Placement
 from gpupool.energy.tariff import Tariff, load_tariff, on_wall_clock
-from gpupool.errors import GpupoolError, IllegalTransition, SpecError, Unavailable
+from gpupool.errors import (
+    ConflictError,
+    GpupoolError,
+    IllegalTransition,
+    NotFoundError,
+    SpecError,
+    Unavailable,
+)
 from gpupool.policies.cycle import PreemptionRules
 from gpupool.scheduler import (
     Burst,
     Cancel,
     Command,
     Defer,
+    Drain,
+    Expire,
     GpuTemps,
+    Hold,
     Launch,
     Progress,
     Reclaim,
+    Release,
+    Requeue,
     Scheduler,
     SetPowerCap,
     Stop,
+    Wait,
     pool_key,
 )
 from gpupool.scheduler.config import SchedulerConfig
@@ -95,6 +109,12 @@ class LiveConfig:
     """Seeds the core's random choices (placement ties of random policies)."""
     source: str = "the scheduling configuration"
     """Where `scheduling` came from (the --config file), for error messages."""
+    retention_s: float | None = 30 * 86_400.0
+    """Jobs that ended longer ago than this are deleted with their events and job
+    directories (and job-less events as old); None keeps everything."""
+    purge_every_s: float = 3600.0
+    purge_batch: int = 200
+    """Jobs (and job-less events) deleted per loop step while a purge finds more."""
 
     @property
     def cycle_s(self) -> float:
@@ -160,7 +180,12 @@ def spec_of(row: JobRow) -> JobSpec:
         user_region=row.user_region,
         latency_bound_ms=row.latency_bound_ms,
         state_gib_per_gpu=row.state_gib_per_gpu,
+        time_limit_s=row.time_limit_s,
     )
+
+
+TIME_LIMIT_REASON = "ran past its "
+"""How the reason of a job stopped at its time limit begins (core: Expire)."""
 
 
 class LiveService:
@@ -278,7 +303,9 @@ class LiveService:
         self.loop_error: str | None = None
         self.jobs_dir = config.state_dir / "jobs"
         self.jobs_dir.mkdir(parents=True, exist_ok=True)
+        self.next_purge = -1e18
         self.recover()
+        self._recover_lifecycle()
 
     # ---- restart ------------------------------------------------------------------------------
     def recover(self) -> None:
@@ -375,6 +402,7 @@ class LiveService:
             if self.cloud is not None:
                 self._check_cloud(now)
             self._carry_out(self.scheduler.cycle(now), now)
+            self._purge(now)
 
     def run_dir(self, job_id: int) -> Path:
         return self.jobs_dir / str(job_id)
@@ -525,6 +553,8 @@ class LiveService:
         key = ex.job_id
         self._unload(row)
         running = ("running", "preempting")
+        if self._ended_by_time_limit(ex, row, now):
+            return
         if ex.job_id in self.evicting:
             why = self.evicting.pop(ex.job_id)
             self.scheduler.lost(key, now, why)
@@ -687,6 +717,10 @@ class LiveService:
                     "deferred",
                     reason=f"deferred until {until} ({c.reason})",
                 )
+            elif isinstance(c, Expire):
+                self._expire(c, now)
+            elif isinstance(c, Wait):
+                self._waiting(c, now)
             elif isinstance(c, Burst):
                 assert self.cloud is not None
                 for name in c.nodes:
@@ -861,7 +895,8 @@ class LiveService:
                     set_load(index, 0.0, 0)
 
     def _node_state(self, name: str) -> str:
-        """up, lost, unhealthy, or a cloud node's down / starting / stopping."""
+        """up, lost, unhealthy, a cloud node's down / starting / stopping, or an up node's
+        draining (jobs still run there) / drained."""
         if self.cloud is not None and name in self.cloud.status:
             state = self.cloud.state(name)
             if state != "up":
@@ -870,7 +905,7 @@ class LiveService:
             return "lost"
         if name in self.bad_nodes:
             return "unhealthy"
-        return "up"
+        return self.scheduler.draining(name) or "up"
 
     def key_nodes(self) -> set[str]:
         return {n.name for n in self.cluster.nodes}
@@ -895,6 +930,158 @@ class LiveService:
         self.decisions.append((now, action, job_id))
         if self.on_decision is not None:
             self.on_decision(now, action, job_id)
+
+    # ---- lifecycle: hold, release, requeue, drain, time limits, purge -----------------------
+    def hold(self, job_id: int, by: str) -> JobRow:
+        """Called by the API: a waiting job starts only once released."""
+        with self.lock:
+            now = self.clock.now()
+            self._ingest(now)  # a job submitted a moment ago is known to the core first
+            row = self.store.get(job_id)
+            if row.state in ("pending", "suspended") and str(job_id) not in self.scheduler.records:
+                raise ConflictError(f"job {job_id} is not read in yet; hold it in a moment")
+            if row.state in ("running", "preempting") and not row.held:
+                raise ConflictError(
+                    f"job {job_id} is running; `gpupool requeue {job_id} --hold` stops it "
+                    "(with a checkpoint) and holds it"
+                )
+            if row.terminal:
+                raise ConflictError(f"job {job_id} has ended ({row.state}); nothing to hold")
+            row = self.store.set_held(
+                job_id, True, now, f"held by {by}; `gpupool release {job_id}` lets it start"
+            )
+            self.scheduler.observe(Hold(now, str(job_id)))
+            return row
+
+    def release(self, job_id: int, by: str) -> JobRow:
+        """Called by the API: a held job may start again, in its old place in the queue."""
+        with self.lock:
+            now = self.clock.now()
+            row = self.store.get(job_id)
+            if not row.held or row.terminal:
+                raise ConflictError(
+                    f"job {job_id} is not on hold ({row.state}); `gpupool hold {job_id}` holds it"
+                )
+            row = self.store.set_held(job_id, False, now, f"released by {by}")
+            key = str(job_id)
+            if key in self.scheduler.on_hold:
+                self.scheduler.observe(Release(now, key))
+            self.wake.set()
+            return row
+
+    def requeue(self, job_id: int, by: str, hold: bool = False) -> JobRow:
+        """Called by the API: stop a running job as a preemption does (SIGTERM, its grace
+        to checkpoint) and put it back in the queue; with hold, held once it has left."""
+        with self.lock:
+            now = self.clock.now()
+            row = self.store.get(job_id)
+            key = str(job_id)
+            if row.state != "running":
+                waits = f"it waits in the queue already (`gpupool hold {job_id}` holds it)"
+                hint = {
+                    "pending": waits,
+                    "suspended": waits,
+                    "preempting": "it is being stopped already",
+                }.get(row.state, "it has ended; submit it again to rerun it")
+                raise ConflictError(f"job {job_id} is {row.state}: {hint}")
+            if key not in self.executor.handles():
+                raise ConflictError(f"job {job_id} is still starting; requeue it in a moment")
+            commands = self.scheduler.observe(Requeue(now, key, f"requeued by {by}"))
+            self._carry_out(commands, now)
+            if hold:
+                self.store.set_held(
+                    job_id, True, now, f"held by {by}; `gpupool release {job_id}` lets it start"
+                )
+                self.scheduler.observe(Hold(now, key))
+            self.wake.set()
+            return self.store.get(job_id)
+
+    def drain(self, node: str, by: str, undo: bool = False, reason: str = "") -> dict[str, Any]:
+        """Called by the API (admin): no new job goes to the node, its jobs run on; undo
+        lets it take work again. Kept in the database across restarts."""
+        with self.lock:
+            if node not in self.key_nodes():
+                have = ", ".join(sorted(self.key_nodes()))
+                raise NotFoundError(f"node {node} is not in this cluster (it has {have})")
+            now = self.clock.now()
+            why = reason or (f"undrained by {by}" if undo else f"drained by {by}")
+            changed = self.store.set_drain(node, not undo, now, by, why)
+            self.scheduler.observe(Drain(now, node, undo))
+            self.wake.set()
+            return {"node": node, "state": self._node_state(node), "changed": changed}
+
+    def _recover_lifecycle(self) -> None:
+        """After recover(): drains, holds, stops at a time limit and run start times from
+        the database, so a restart keeps them."""
+        now = self.clock.now()
+        for node in self.store.drains():
+            if node in self.key_nodes():
+                self.scheduler.drain(node, now)
+        for row in self.store.active():
+            key = str(row.id)
+            r = self.scheduler.records.get(key)
+            if r is None:
+                continue
+            if row.held and row.state != "running":
+                self.scheduler.hold(key, now)
+            if row.state == "preempting" and row.reason.startswith(TIME_LIMIT_REASON):
+                self.scheduler.expiring[key] = row.reason
+            if row.state == "running":  # a time limit counts from the run's real start
+                started = self.store.run_started_at(row.id)
+                if started is not None:
+                    r.run_started_s = started
+
+    def _waiting(self, c: Wait, now: float) -> None:
+        """Show why a waiting job does not start (its team at a limit), or that it no
+        longer is held back by one."""
+        try:
+            self.store.update(
+                int(c.job_id),
+                now,
+                expect=("pending", "suspended"),
+                event="limit" if c.reason else None,
+                reason=c.reason or "waiting for GPUs",
+            )
+        except IllegalTransition as err:
+            self.store.add_event("error", str(err), now, job_id=int(c.job_id))
+
+    def _expire(self, c: Expire, now: float) -> None:
+        """A job past its time limit: SIGTERM, its grace, SIGKILL; failed once it left."""
+        row = self.store.get(int(c.job_id))
+        self._transition(row.id, "preempting", now, ("running",), reason=f"{c.reason}; stopping")
+        if c.job_id in self.executor.handles():
+            self.executor.cancel(c.job_id, row.grace_s, now)
+
+    def _ended_by_time_limit(self, ex: Exit, row: JobRow, now: float) -> bool:
+        """The exit of a job stopped at its time limit: failed with the reason (one that
+        finished within its grace has succeeded, as usual)."""
+        why = self.scheduler.expiring.get(ex.job_id)
+        if why is None or ex.outcome == "succeeded":
+            return False
+        self.scheduler.finished(ex.job_id, now, JobState.FAILED, why)
+        self._transition(
+            row.id,
+            "failed",
+            now,
+            ("running", "preempting"),
+            reason=why,
+            exit_code=ex.exit_code,
+            ended_at=now,
+        )
+        return True
+
+    def _purge(self, now: float) -> None:
+        """Delete jobs that ended before the retention (with their events and job
+        directories) and older job-less events: a small batch per step while there are
+        more, then again after purge_every_s."""
+        cfg = self.config
+        if cfg.retention_s is None or now < self.next_purge:
+            return
+        purged = self.store.purge(now - cfg.retention_s, cfg.purge_batch)
+        for job_id in purged.job_ids:
+            shutil.rmtree(self.run_dir(job_id), ignore_errors=True)
+            self.scheduler.forget(str(job_id))
+        self.next_purge = now if purged.more else now + cfg.purge_every_s
 
     # ---- views for the API ----------------------------------------------------------------
     def cluster_view(self) -> dict[str, Any]:

@@ -110,6 +110,13 @@ def add_serve_parser(sub: Any) -> None:
         help="reclaimable / scale-out evaluation window, s (300)",
     )
     sp.add_argument(
+        "--retention-days",
+        type=float,
+        default=30.0,
+        help="delete jobs that ended longer ago, with their events and job directories, "
+        "checked hourly (30; 0 keeps everything)",
+    )
+    sp.add_argument(
         "--ray",
         metavar="ADDRESS",
         help="run jobs on the Ray cluster at ADDRESS (host:port of its GCS, or auto): "
@@ -407,6 +414,7 @@ def serve(args: argparse.Namespace) -> int:
         sample_s=args.sample,
         monitor_s=args.monitor,
         sites=sites,
+        retention_s=args.retention_days * 86_400.0 if args.retention_days > 0 else None,
         source=str(args.config) if args.config is not None else "the service's defaults",
     )
     telemetry: Telemetry

@@ -99,6 +99,7 @@ SETTABLE: frozenset[str] = frozenset(
         "started_at",
         "ended_at",
         "cancel_requested",
+        "held",
     }
 )
 """Columns transition() and update() may change; the job's spec is immutable once submitted."""
@@ -173,6 +174,20 @@ class JobModel(Base):
     # what the decision core sizes and prices preemption by (revision 0003)
     state_gib_per_gpu: Mapped[float] = mapped_column(Double, server_default=text("0"))
     sizing: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
+    # the job's lifecycle controls (revision 0005)
+    time_limit_s: Mapped[float | None] = mapped_column(Double)
+    held: Mapped[bool] = mapped_column(Boolean, server_default=false())
+
+
+class NodeDrainModel(Base):
+    """A node an admin drained: no new job goes there until undrained (revision 0005)."""
+
+    __tablename__ = "node_drains"
+
+    node: Mapped[str] = mapped_column(String, primary_key=True)
+    since_s: Mapped[float] = mapped_column(Double)
+    by: Mapped[str] = mapped_column(String)
+    reason: Mapped[str] = mapped_column(Text)
 
 
 class EventModel(Base):
@@ -257,6 +272,8 @@ class NewJob:
     sizing: Mapping[str, Any] | None = None
     """A job given by its model: the planner's PlanRequest as a mapping
     (gpupool.service.sizing_field); the core then sizes it per GPU type."""
+    time_limit_s: float | None = None
+    """Wall time one run may take (since its start or resume); None: no limit."""
 
     def __post_init__(self) -> None:
         # a list or a caller's dict would make two equal specs compare unequal or change later
@@ -311,6 +328,9 @@ class JobRow:
     state_gib_per_gpu: float = 0.0
     sizing: Mapping[str, Any] | None = None
     """gpupool.service.sizing_field.plan_request_of(row) makes it a PlanRequest again."""
+    time_limit_s: float | None = None
+    held: bool = False
+    """On hold (gpupool hold): it starts only once released."""
 
     @property
     def terminal(self) -> bool:
@@ -340,7 +360,18 @@ class JobRow:
             latency_bound_ms=self.latency_bound_ms,
             state_gib_per_gpu=self.state_gib_per_gpu,
             sizing=self.sizing,
+            time_limit_s=self.time_limit_s,
         )
+
+
+@dataclass(frozen=True)
+class Purged:
+    """What one purge batch deleted."""
+
+    job_ids: tuple[int, ...]
+    events: int
+    more: bool
+    """A batch was full: call again for the rest."""
 
 
 @dataclass(frozen=True)
@@ -511,6 +542,8 @@ def _check_new(job: NewJob) -> None:
         raise SpecError("env must map strings to strings; quote numbers, e.g. {'SEED': '1'}")
     if job.grace_s < 0 or job.max_retries < 0:
         raise SpecError("grace_s and max_retries must not be negative")
+    if job.time_limit_s is not None and not 0 < job.time_limit_s < math.inf:
+        raise SpecError(f"time_limit_s is {job.time_limit_s}; give a positive number of seconds")
     _check_placement(job)
     _check_sizing(job)
 
@@ -594,6 +627,8 @@ def _job_row(m: JobModel) -> JobRow:
         latency_bound_ms=m.latency_bound_ms,
         state_gib_per_gpu=float(m.state_gib_per_gpu),
         sizing=None if m.sizing is None else dict(m.sizing),
+        time_limit_s=m.time_limit_s,
+        held=bool(m.held),
     )
 
 
@@ -657,6 +692,8 @@ def _job_values(job: NewJob, idempotency_key: str | None, now_s: float) -> dict[
         "latency_bound_ms": job.latency_bound_ms,
         "state_gib_per_gpu": float(job.state_gib_per_gpu),
         "sizing": None if job.sizing is None else _as_json(job.sizing),
+        "time_limit_s": job.time_limit_s,
+        "held": False,
     }
     return values
 
@@ -1138,6 +1175,95 @@ class Store:
             query = query.where(EventModel.job_id == job_id)
         with self._read() as s:
             return [_event_row(m) for m in s.scalars(query.order_by(EventModel.seq).limit(limit))]
+
+    # -- lifecycle: holds, drains, purge --
+    def set_held(self, job_id: int, held: bool, now_s: float, reason: str) -> JobRow:
+        """Put a waiting job (or one being requeued) on hold, or release it; an event
+        either way. Holding a running or ended job, holding twice or releasing a job that
+        is not held is a ConflictError."""
+        with self._write() as s:
+            job = s.scalars(
+                select(JobModel).where(JobModel.id == job_id).with_for_update(key_share=True)
+            ).one_or_none()
+            if job is None:
+                raise _missing(job_id)
+            if held and job.state not in ("pending", "suspended", "preempting"):
+                raise ConflictError(
+                    f"job {job_id} is {job.state}; only a waiting (or requeued) job is held"
+                )
+            if bool(job.held) == held:
+                raise ConflictError(
+                    f"job {job_id} is {'on hold already' if held else 'not on hold'}"
+                )
+            job.held = held
+            job.reason = reason
+            job.updated_at = now_s
+            s.flush()
+            self._insert_event(s, "held" if held else "released", reason, now_s, job_id)
+            return _job_row(job)
+
+    def drains(self) -> dict[str, tuple[float, str, str]]:
+        """Drained nodes: name -> (since, by whom, why)."""
+        with self._read() as s:
+            return {m.node: (m.since_s, m.by, m.reason) for m in s.scalars(select(NodeDrainModel))}
+
+    def set_drain(self, node: str, drained: bool, now_s: float, by: str, reason: str) -> bool:
+        """Record (or clear) a node's drain; False when it already was (or was not)."""
+        with self._write() as s:
+            found = s.get(NodeDrainModel, node)
+            if (found is not None) == drained:
+                return False
+            if drained:
+                s.add(NodeDrainModel(node=node, since_s=now_s, by=by, reason=reason))
+            else:
+                s.delete(found)
+            s.flush()
+            kind = "node-drain" if drained else "node-undrain"
+            self._insert_event(s, kind, reason, now_s, None, {"node": node, "by": by})
+            return True
+
+    def run_started_at(self, job_id: int) -> float | None:
+        """When the job's current run began: its last move to running."""
+        query = (
+            select(EventModel.at_s)
+            .where(EventModel.job_id == job_id, EventModel.kind == "running")
+            .order_by(EventModel.seq.desc())
+            .limit(1)
+        )
+        with self._read() as s:
+            at = s.scalar(query)
+            return None if at is None else float(at)
+
+    def purge(self, before_s: float, batch: int = 200) -> Purged:
+        """Delete up to `batch` jobs that ended before `before_s` with their events, and
+        up to `batch` job-less events from before then. Small batches keep each
+        transaction short; call again while `Purged.more`."""
+        if batch < 1:
+            raise SpecError(f"batch is {batch}; purge at least 1 row at a time")
+        with self._write() as s:
+            ids = [
+                int(i)
+                for i in s.scalars(
+                    select(JobModel.id)
+                    .where(JobModel.state.in_(TERMINAL), JobModel.ended_at < before_s)
+                    .order_by(JobModel.id)
+                    .limit(batch)
+                )
+            ]
+            events = 0
+            if ids:
+                gone = delete(EventModel).where(EventModel.job_id.in_(ids))
+                events += len(s.scalars(gone.returning(EventModel.seq)).all())
+                s.execute(delete(JobModel).where(JobModel.id.in_(ids)))
+            old = select(EventModel.seq).where(
+                EventModel.job_id.is_(None), EventModel.at_s < before_s
+            )
+            seqs = builtins.list(s.scalars(old.order_by(EventModel.seq).limit(batch)))
+            more = len(ids) >= batch or len(seqs) >= batch
+            if seqs:
+                gone = delete(EventModel).where(EventModel.seq.in_(seqs))
+                events += len(s.scalars(gone.returning(EventModel.seq)).all())
+            return Purged(tuple(ids), events, more)
 
     # -- tokens --
     def create_token(
