@@ -119,6 +119,10 @@ OPERATIONS = [
     ("POST", "/v1/jobs/{job_id}/cancel"),
     ("GET", "/v1/jobs/{job_id}/logs"),
     ("GET", "/v1/events"),
+    ("POST", "/v1/jobs/{job_id}/hold"),
+    ("POST", "/v1/jobs/{job_id}/release"),
+    ("POST", "/v1/jobs/{job_id}/requeue"),
+    ("POST", "/v1/drain"),
 ]
 SMALL = 2**62
 """Integers in paths and queries stay within +-SMALL, below two known limits that have their

@@ -4,11 +4,13 @@ commands out; no clock, no process."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from gpupool.core.lifecycle import JobState
 from gpupool.core.model import Cluster, JobKind, JobSpec, Node
-from gpupool.errors import ConflictError
+from gpupool.errors import ConflictError, SpecError
 from gpupool.policies.cycle import PreemptionRules
 from gpupool.scheduler import (
     Drain,
@@ -26,6 +28,32 @@ from gpupool.scheduler import (
     Wait,
 )
 from gpupool.scheduler.config import TeamLimits
+from gpupool.scheduler.schema import parse_scheduling
+from gpupool.sim.eventsim import replay
+from gpupool.sim.generators import GenContext, build_workload
+from gpupool.sim.scenario import ScenarioSim
+from gpupool.sim.scenario_config import load_scenario
+
+LIMITED = """
+name: limited
+seed: 3
+horizon_h: 48
+cycle_s: 60
+policy: priority-quota
+cluster:
+  - {gpu_type: A100-80GB, nodes: 4, gpus_per_node: 8}
+online_reserve: 0
+teams:
+  - {name: training, max_running_jobs: 5}
+  - {name: other}
+default_time_limit_h: {training: 12}
+workload:
+  - {generator: backlog, name: train, team: training, count: 40, submit_h: 0, spread_h: 24,
+     gpu_choices: [1, 2, 4], gpu_weights: [0.4, 0.4, 0.2], work_h_min: 2, work_h_max: 20,
+     state_gib_per_gpu: 8}
+  - {generator: backlog, name: more, team: other, count: 20, submit_h: 0, spread_h: 24,
+     gpu_choices: [1, 2], gpu_weights: [0.5, 0.5], work_h_min: 2, work_h_max: 20}
+"""
 
 
 def _core(
@@ -176,3 +204,64 @@ def test_a_drained_node_takes_nothing_new_and_its_jobs_run_on() -> None:
     core.observe(Drain(3.0, name, undo=True))
     assert core.draining(name) is None
     assert len(_launched(core.cycle(3.0))) == 1
+
+
+def test_the_scheduling_section_reads_team_limits_and_kind_time_limits() -> None:
+    raw = {
+        "teams": [
+            {"name": "a", "max_running_jobs": 4, "max_cpu_jobs": 2, "submit_per_min": 30},
+            {"name": "b", "guaranteed": {"A100": 2}},
+        ],
+        "default_time_limit_h": {"batch": 4, "training": 72},
+    }
+    cfg = parse_scheduling(raw, "teams.yaml")
+    assert cfg.team_limits == {"a": TeamLimits(4, 2, 30.0)}
+    assert cfg.time_limit_s == {"batch": 4 * 3600.0, "training": 72 * 3600.0}
+    assert [t.team for t in cfg.teams] == ["a", "b"]
+    with pytest.raises(SpecError, match=r"teams\.yaml: teams\[0\]: unknown key\(s\) max_jobs"):
+        parse_scheduling({"teams": [{"name": "a", "max_jobs": 1}]}, "teams.yaml")
+    with pytest.raises(SpecError, match=r"teams\[0\]\.max_running_jobs: 0 must be >= 1"):
+        parse_scheduling({"teams": [{"name": "a", "max_running_jobs": 0}]}, "teams.yaml")
+    with pytest.raises(SpecError, match=r"teams\[0\]\.submit_per_min: .*must be > 0"):
+        parse_scheduling({"teams": [{"name": "a", "submit_per_min": 0}]}, "teams.yaml")
+    with pytest.raises(SpecError, match=r"default_time_limit_h: unknown key\(s\) gpu"):
+        parse_scheduling({"default_time_limit_h": {"gpu": 1}}, "teams.yaml")
+
+
+def test_the_simulator_ends_expired_runs_as_the_core_decides(tmp_path: Path) -> None:
+    """Time limits and team limits in a scenario: jobs past their limit fail with the
+    reason, a team never runs more than its limit, and the recorded events replayed into
+    a fresh core give the same decision log and commands (no side channel)."""
+    path = tmp_path / "limited.yaml"
+    path.write_text(LIMITED, encoding="utf-8")
+    cfg = load_scenario(path)
+    sim = ScenarioSim(cfg, build_workload(cfg.workload, cfg.seed, GenContext(cfg.horizon_s, None)))
+    sim.recorded, sim.commands = [], []
+    sim.run()
+    expired = [c for _, c in sim.commands if isinstance(c, Expire)]
+    assert expired and all(c.reason == "ran past its 12h time limit" for c in expired)
+    for c in expired:
+        r = sim.core.records[c.job_id]
+        assert (r.state, r.end_reason) == (JobState.FAILED, c.reason)
+    assert _peak_running(sim, "training") == 5  # at its limit, never past it
+    assert _peak_running(sim, "other") > 5
+    fresh = sim.new_core()
+    assert replay(fresh, sim.recorded) == sim.commands
+    names = tuple(n.name for n in sim.cluster.nodes)
+    assert fresh.log.render(names) == sim.engine.log.render(names)
+
+
+def _peak_running(sim: ScenarioSim, team: str) -> int:
+    """The most jobs of `team` that held GPUs at once, from the decision log."""
+    held: set[str] = set()
+    peak = 0
+    for d in sim.engine.log.decisions:
+        r = sim.core.records.get(d.job_id)
+        if r is None or r.spec.team != team:
+            continue
+        if d.action in ("start", "resume"):
+            held.add(d.job_id)
+        elif d.action in ("finish", "stop", "suspend") or d.action.startswith("lost"):
+            held.discard(d.job_id)
+        peak = max(peak, len(held))
+    return peak

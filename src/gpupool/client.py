@@ -29,6 +29,10 @@ class AuthError(GpupoolError):
     """The server refused our credentials (HTTP 401 or 403)."""
 
 
+class RateLimitedError(GpupoolError):
+    """The server refused a submission for its team's submit rate (429)."""
+
+
 def client_settings(url: str | None, token: str | None) -> tuple[str, str | None]:
     """Resolve the server URL and token: flags, then GPUPOOL_URL / GPUPOOL_TOKEN, then the
     config file (GPUPOOL_CONFIG or ~/.config/gpupool/config.yaml), then the default URL.
@@ -269,6 +273,21 @@ class Client:
     def cancel(self, id: int) -> dict[str, Any]:
         return _object(self._request("POST", f"/v1/jobs/{id}/cancel"))
 
+    # lifecycle: hold, release, requeue, drain
+    def hold(self, id: int) -> dict[str, Any]:
+        return _object(self._request("POST", f"/v1/jobs/{id}/hold"))
+
+    def release(self, id: int) -> dict[str, Any]:
+        return _object(self._request("POST", f"/v1/jobs/{id}/release"))
+
+    def requeue(self, id: int, hold: bool = False) -> dict[str, Any]:
+        params = {"hold": "true"} if hold else None
+        return _object(self._request("POST", f"/v1/jobs/{id}/requeue", params=params))
+
+    def drain(self, node: str, undo: bool = False, reason: str = "") -> dict[str, Any]:
+        body = {"node": node, "undo": undo, "reason": reason}
+        return _object(self._request("POST", "/v1/drain", json=body))
+
     def logs(self, id: int, stream: str = "stdout", offset: int = 0) -> tuple[str, int, str]:
         """The log text from byte `offset`, the offset to ask for next, and the job's state.
 
@@ -449,6 +468,11 @@ def _error(resp: httpx.Response, url: str, method: str, path: str) -> GpupoolErr
         return ConflictError(message)
     if status in (400, 422):
         return SpecError(message)
+    if status == 429:
+        after = resp.headers.get("Retry-After")
+        return RateLimitedError(
+            message + (f" (the server says retry after {after} s)" if after else "")
+        )
     if status >= 500:
         return GpupoolError(
             f"server error {status} on {method} {path}: {message}; see the server's log"

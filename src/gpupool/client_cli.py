@@ -1,5 +1,5 @@
-"""`gpupool submit|ls|show|cancel|logs|top|token|audit`: drive a running gpupool server from
-a terminal.
+"""`gpupool submit|ls|show|cancel|logs|top|token|audit|hold|release|requeue|drain|nodes`:
+drive a running gpupool server from a terminal.
 
 httpx is imported only when one of these commands runs, so the simulator's commands start
 as fast as before. What the server sends (job names, commands, reasons, node names) is
@@ -48,6 +48,7 @@ SUBMIT_ATTEMPTS = 4
 """Tries of one `gpupool submit` when the answer is lost, all with the same Idempotency-Key."""
 LS_LIMIT = 100
 TOP_LIMIT = 50
+_DRAIN_STATES = ("draining", "drained")
 
 _UNITS = (("d", 86400.0), ("h", 3600.0), ("m", 60.0), ("s", 1.0))
 _DURATION = re.compile(
@@ -203,6 +204,7 @@ def add_client_parsers(sub: Any) -> None:
         "invocation, reused by its own retries)",
     )
     _add_sizing_flags(p)
+    _add_time_flag(p)
     p.add_argument("job_argv", nargs="*", metavar="command", help="the job's command, after --")
     p.set_defaults(client_handler=cmd_submit)
 
@@ -235,6 +237,7 @@ def add_client_parsers(sub: Any) -> None:
     _add_paging_flags(p, TOP_LIMIT)
     p.set_defaults(client_handler=cmd_top)
     add_credential_parsers(sub, conn, as_json)
+    _add_lifecycle_parsers(sub, conn, as_json)
 
 
 def _add_paging_flags(p: argparse.ArgumentParser, default: int) -> None:
@@ -288,6 +291,113 @@ def add_credential_parsers(sub: Any, conn: argparse.ArgumentParser, as_json: Any
     a.add_argument("--since", metavar="DURATION", help="only this recent (e.g. 1d, 2h)")
     a.add_argument("--by", dest="audit_token", metavar="NAME", help="only the rows of this token")
     a.set_defaults(client_handler=cmd_audit)
+
+
+def _add_time_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--time",
+        metavar="LIMIT",
+        help="wall-time limit of one run (e.g. 4h, 90m, 1d): past it the job gets SIGTERM, "
+        "its grace, SIGKILL, and fails (default: the server's for its kind, if any)",
+    )
+
+
+def _time_limit(args: argparse.Namespace) -> dict[str, Any]:
+    """The submit fields --time gives."""
+    if getattr(args, "time", None) is None:
+        return {}
+    return {"time_limit_s": parse_duration(args.time, "--time")}
+
+
+def _add_lifecycle_parsers(sub: Any, conn: argparse.ArgumentParser, as_json: Any) -> None:
+    """hold, release, requeue, drain and nodes."""
+    p = sub.add_parser(
+        "hold", parents=[conn, as_json], help="keep a waiting job from starting until released"
+    )
+    p.add_argument("id", type=int)
+    p.set_defaults(client_handler=cmd_hold)
+    p = sub.add_parser("release", parents=[conn, as_json], help="let a held job start again")
+    p.add_argument("id", type=int)
+    p.set_defaults(client_handler=cmd_release)
+    p = sub.add_parser(
+        "requeue",
+        parents=[conn, as_json],
+        help="stop a running job (SIGTERM and its grace to checkpoint) and queue it again",
+    )
+    p.add_argument("id", type=int)
+    p.add_argument("--hold", action="store_true", help="and hold it once it has left")
+    p.set_defaults(client_handler=cmd_requeue)
+    p = sub.add_parser(
+        "drain",
+        parents=[conn, as_json],
+        help="no new jobs on a node; its running jobs finish (admin)",
+    )
+    p.add_argument("node", help="the node's name, as `gpupool nodes` lists it")
+    p.add_argument("--undo", action="store_true", help="let the node take new jobs again")
+    p.add_argument("--reason", default="", help="why (kept in the events)")
+    p.set_defaults(client_handler=cmd_drain)
+    p = sub.add_parser("nodes", parents=[conn, as_json], help="the nodes and their state")
+    p.set_defaults(client_handler=cmd_nodes)
+
+
+def cmd_hold(client: Client, args: argparse.Namespace) -> int:
+    job = client.hold(args.id)
+    if args.json:
+        _print_json(job)
+    else:
+        state = job.get("state")
+        print(f"job {args.id} is on hold ({state}); `gpupool release {args.id}` lets it start")
+    return 0
+
+
+def cmd_release(client: Client, args: argparse.Namespace) -> int:
+    job = client.release(args.id)
+    if args.json:
+        _print_json(job)
+    else:
+        print(f"job {args.id} released ({job.get('state')})")
+    return 0
+
+
+def cmd_requeue(client: Client, args: argparse.Namespace) -> int:
+    job = client.requeue(args.id, hold=args.hold)
+    if args.json:
+        _print_json(job)
+    else:
+        then = "held once it has left" if args.hold else "back in the queue once it has left"
+        print(f"job {args.id} is stopping with its checkpoint; {then}")
+    return 0
+
+
+def cmd_drain(client: Client, args: argparse.Namespace) -> int:
+    out = client.drain(args.node, undo=args.undo, reason=args.reason)
+    if args.json:
+        _print_json(out)
+    else:
+        note = "" if out.get("changed", True) else " (it already was)"
+        verb = "takes new jobs again" if args.undo else "takes no new jobs"
+        print(f"node {args.node} {verb}: {out.get('state')}{note}")
+    return 0
+
+
+def cmd_nodes(client: Client, args: argparse.Namespace) -> int:
+    nodes = client.cluster().get("nodes") or []
+    if args.json:
+        _print_json({"nodes": nodes})
+        return 0
+    rows = [
+        [
+            n.get("name", "?"),
+            n.get("gpu_model") or "-",
+            n.get("site") or "-",
+            len(n.get("gpus") or []),
+            sum(g.get("job_id") is not None for g in n.get("gpus") or []),
+            n.get("state", "?"),
+        ]
+        for n in nodes
+    ]
+    print(render(["node", "model", "site", "GPUs", "busy", "state"], rows) if rows else "no nodes")
+    return 0
 
 
 SIZING_FLAGS = (
@@ -453,6 +563,7 @@ def cmd_submit(client: Client, args: argparse.Namespace) -> int:
         spec["state_gib_per_gpu"] = parse_number(
             args.checkpoint_gib, "--checkpoint-gib", allow_zero=True
         )
+    spec.update(_time_limit(args))
     sizing = parse_sizing(args)
     if sizing is not None:
         spec["sizing"] = sizing
@@ -713,7 +824,8 @@ def gpu_table(nodes: list[dict[str, Any]]) -> str:
                     f"{_num(g.get('power_w'), '{:.0f}')}/{_num(g.get('power_limit_w'), '{:.0f}')}",
                     "-" if g.get("job_id") is None else g["job_id"],
                     "yes" if g.get("reclaimable") else "",
-                    "ok" if healthy else (g.get("problem") or "unhealthy"),
+                    ("ok" if healthy else (g.get("problem") or "unhealthy"))
+                    + (f" ({node['state']})" if node.get("state") in _DRAIN_STATES else ""),
                 ]
             )
             rows[-1] = _safe(rows[-1])
@@ -731,6 +843,7 @@ def job_table(jobs: list[dict[str, Any]], now: float, placement: bool = False) -
     rows = []
     for j in jobs:
         state = j.get("state", "?") + (" (preempting)" if j.get("preempting") else "")
+        state += " (held)" if j.get("held") else ""
         row: list[object] = [
             j.get("id", "?"),
             printable(str(j.get("name") or "-")),
@@ -765,6 +878,7 @@ def job_block(j: dict[str, Any], now: float) -> str:
         ("exit code", "-" if j.get("exit_code") is None else j["exit_code"]),
         ("checkpoint", "never" if cp is None else f"every {_span(cp)}"),
         *_sizing_facts(j),
+        *_lifecycle_facts(j),
         ("grace", _span(j["grace_s"]) if j.get("grace_s") is not None else "-"),
         ("reason", j.get("reason") or "-"),
     ]
@@ -790,6 +904,16 @@ def _placement_facts(j: dict[str, Any], now: float) -> list[tuple[str, object]]:
         facts.append(("users in", j["user_region"]))
     if j.get("latency_bound_ms") is not None:
         facts.append(("latency", f"within {j['latency_bound_ms']:g} ms"))
+    return facts
+
+
+def _lifecycle_facts(j: dict[str, Any]) -> list[tuple[str, object]]:
+    """The time limit and the hold; only those that are set."""
+    facts: list[tuple[str, object]] = []
+    if j.get("time_limit_s") is not None:
+        facts.append(("time limit", f"{_span(j['time_limit_s'])} per run"))
+    if j.get("held"):
+        facts.append(("held", f"yes: `gpupool release {j.get('id')}` lets it start"))
     return facts
 
 

@@ -678,6 +678,7 @@ def create_app(
 
     def peer(request: Request) -> str | None:
         return None if request.client is None else f"{request.client.host}:{request.client.port}"
+
     scheduling = service.config.scheduling
     rate = SubmitRate(
         {

@@ -22,6 +22,7 @@ from gpupool.scheduler.config import (
     EnergyConfig,
     PlacementConfig,
     SchedulerConfig,
+    TeamLimits,
     ThermalConfig,
 )
 from gpupool.scheduler.schema import SCHEDULING_KEYS, ConfigReader, check_fleet, parse_scheduling
@@ -85,6 +86,8 @@ class ScenarioConfig:
     """Sites, data locations and links (gpupool.federation.parse_topology)."""
     burst: Mapping[str, Any] | BurstRules | None = None
     """The `burst:` section as written (minutes; gpupool.scheduler.schema checks it)."""
+    team_limits: Mapping[str, TeamLimits] = field(default_factory=dict)
+    time_limit_s: Mapping[str, float] = field(default_factory=dict)
     path: str = ""
 
     def scheduler_config(self) -> SchedulerConfig:
@@ -106,6 +109,8 @@ class ScenarioConfig:
             placement=self.placement,
             energy=self.energy,
             burst=self.burst,
+            team_limits=self.team_limits,
+            time_limit_s=self.time_limit_s,
         )
 
     def pool(self, key: str) -> PoolSpec:
@@ -210,5 +215,7 @@ def parse_scenario(raw: Any, path: str = "<scenario>") -> ScenarioConfig:
         catalog=None if top.get("catalog") is None else str(top["catalog"]),
         federation=federation,
         burst=sched.burst,
+        team_limits=sched.team_limits,
+        time_limit_s=sched.time_limit_s,
         path=path,
     )
