@@ -18,12 +18,13 @@ from fastapi.testclient import TestClient
 
 from gpupool import client_cli
 from gpupool.cli import main
+from gpupool.errors import ConflictError
 from gpupool.scheduler.config import TeamLimits
 from gpupool.service.api import create_app
 from gpupool.service.clock import ManualClock
 from gpupool.service.executor import FakeExecutor
 from gpupool.service.live import LIVE_DEFAULTS, LiveConfig, LiveService
-from gpupool.service.store import Store, database_url
+from gpupool.service.store import NewJob, Store, database_url
 from gpupool.service.telemetry import FakeTelemetry
 from pgserver import fresh_schema, pg_url  # noqa: F401
 
@@ -250,3 +251,41 @@ def test_cli_time_hold_release_requeue_drain(
     assert "running" in run(["ls"], capsys)[1]
     code, _, err = run(["submit", "--time", "soon", "--", "x"], capsys)
     assert code == 2 and "--time" in err
+
+
+# ---- the store's lifecycle functions, on both databases -----------------------------------------
+def test_store_purge_holds_and_drains(url: str, open_store: Callable[[], Store]) -> None:
+    store = open_store()
+    store.migrate()
+    job = NewJob("j", "cv", "training", 0, 1, ("true",), time_limit_s=60.0)
+    ids = [store.submit(job, T0)[0].id for _ in range(5)]
+    for k, job_id in enumerate(ids):
+        store.transition(job_id, "running", T0 + 1)
+        if k < 4:
+            store.transition(job_id, "succeeded", T0 + 2 if k < 3 else T0 + 100)
+    store.add_event("note", "old", T0)
+    store.add_event("note", "new", T0 + 100)
+    assert store.run_started_at(ids[4]) == T0 + 1
+    assert store.get(ids[4]).time_limit_s == 60.0
+    first = store.purge(T0 + 50, batch=2)
+    assert first.job_ids == tuple(ids[:2]) and first.more
+    second = store.purge(T0 + 50, batch=2)
+    assert second.job_ids == (ids[2],) and not second.more
+    assert store.purge(T0 + 50, batch=2).job_ids == ()
+    left = [r.id for r in store.list()]
+    assert left == ids[3:]  # recent and running jobs stay
+    messages = [e.message for e in store.events_after(0, limit=1000) if e.kind == "note"]
+    assert messages == ["new"]
+    assert all(e.job_id in (None, *ids[3:]) for e in store.events_after(0, limit=1000))
+    pending = store.submit(job, T0)[0].id
+    assert store.set_held(pending, True, T0, "held by x").held
+    with pytest.raises(ConflictError, match="on hold already"):
+        store.set_held(pending, True, T0, "again")
+    with pytest.raises(ConflictError, match="only a waiting"):
+        store.set_held(ids[4], True, T0, "running")
+    assert not store.set_held(pending, False, T0, "released").held
+    assert store.set_drain(NODE, True, T0, "root", "maintenance")
+    assert not store.set_drain(NODE, True, T0, "root", "again")
+    assert store.drains() == {NODE: (T0, "root", "maintenance")}
+    assert store.set_drain(NODE, False, T0, "root", "done")
+    assert store.drains() == {}

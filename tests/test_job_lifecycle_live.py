@@ -146,6 +146,10 @@ def test_hold_release_requeue_round_trip(make_live: Callable[..., Live]) -> None
     for _ in range(3):
         live.step()
     assert live.state(job) == "pending"
+    live.service.stop()  # the hold outlives a restart
+    live.service = live.reopen()
+    live.step()
+    assert live.state(job) == "pending"
     live.service.release(job, "alice")
     live.step()
     assert live.state(job) == "running"
