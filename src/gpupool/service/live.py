@@ -933,14 +933,15 @@ class LiveService:
 
     # ---- lifecycle: hold, release, requeue, drain, time limits, purge -----------------------
     def hold(self, job_id: int, by: str) -> JobRow:
-        """Called by the API: a waiting job starts only once released."""
+        """Called by the API: a waiting job starts only once released; one being stopped
+        (preempted, requeued) is held once it has left."""
         with self.lock:
             now = self.clock.now()
             self._ingest(now)  # a job submitted a moment ago is known to the core first
             row = self.store.get(job_id)
             if row.state in ("pending", "suspended") and str(job_id) not in self.scheduler.records:
                 raise ConflictError(f"job {job_id} is not read in yet; hold it in a moment")
-            if row.state in ("running", "preempting") and not row.held:
+            if row.state == "running":
                 raise ConflictError(
                     f"job {job_id} is running; `gpupool requeue {job_id} --hold` stops it "
                     "(with a checkpoint) and holds it"
