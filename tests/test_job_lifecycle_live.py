@@ -5,6 +5,8 @@ fleet, fake executor, manual clock, a real SQLite store)."""
 from __future__ import annotations
 
 import dataclasses
+import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -14,7 +16,7 @@ import pytest
 from gpupool.errors import ConflictError, NotFoundError
 from gpupool.scheduler.config import TeamLimits
 from gpupool.service.clock import ManualClock
-from gpupool.service.executor import FakeExecutor
+from gpupool.service.executor import FakeExecutor, LocalExecutor
 from gpupool.service.live import LIVE_DEFAULTS, LiveConfig, LiveService
 from gpupool.service.store import NewJob, Store
 from gpupool.service.telemetry import FakeTelemetry
@@ -240,3 +242,46 @@ def test_old_jobs_and_events_are_purged_recent_ones_kept(make_live: Callable[...
     live.step()
     with pytest.raises(NotFoundError):
         live.store.get(recent)
+
+
+def test_a_real_process_past_its_time_limit_gets_sigterm_and_fails(tmp_path: Path) -> None:
+    """LocalExecutor: the job's process is really signalled and the job really ends."""
+    clock = ManualClock(T0)
+    store = Store(f"sqlite:///{tmp_path}/db.sqlite")
+    store.migrate()
+    service = LiveService(
+        LiveConfig(tmp_path / "state", LIVE_DEFAULTS, sample_s=0.0, host="h"),
+        store,
+        LocalExecutor(),
+        FakeTelemetry("1xA100-80GB"),
+        clock,
+    )
+    try:
+        argv = (sys.executable, "-c", "import time; time.sleep(120)")
+        job = NewJob("sleeper", "a", "training", 0, 1, argv, grace_s=30.0, time_limit_s=5.0)
+        row, _ = store.submit(job, T0)
+        service.step()
+        assert store.get(row.id).state == "running"
+        pid = store.get(row.id).pid
+        assert pid is not None
+        clock.advance(5.0)
+        service.step()
+        assert store.get(row.id).state == "preempting"
+        deadline = time.monotonic() + 20
+        while store.get(row.id).state == "preempting" and time.monotonic() < deadline:
+            time.sleep(0.05)
+            clock.advance(0.05)
+            service.step()
+        done = store.get(row.id)
+        assert (done.state, done.reason) == ("failed", "ran past its 5s time limit")
+        assert not Path(f"/proc/{pid}").exists() or _zombie(pid)
+    finally:
+        service.stop()
+        store.close()
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z")
+    except OSError:
+        return True
