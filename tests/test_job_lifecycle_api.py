@@ -289,3 +289,51 @@ def test_store_purge_holds_and_drains(url: str, open_store: Callable[[], Store])
     assert store.drains() == {NODE: (T0, "root", "maintenance")}
     assert store.set_drain(NODE, False, T0, "root", "done")
     assert store.drains() == {}
+
+
+def test_a_0003_database_upgrades_in_place_and_back(
+    url: str, open_store: Callable[[], Store]
+) -> None:
+    """Jobs stored before 0005 read back not held and without a time limit; 0005 undone
+    keeps them."""
+    import sqlalchemy as sa
+    from alembic import command
+    from alembic.config import Config
+
+    from gpupool.service.store import MIGRATIONS_DIR
+
+    def alembic(conn: sa.Connection) -> Config:
+        config = Config()
+        config.set_main_option("script_location", str(MIGRATIONS_DIR).replace("%", "%%"))
+        config.set_main_option("path_separator", "os")
+        config.attributes["connection"] = conn
+        return config
+
+    store = open_store()  # not migrated yet
+    engine = sa.create_engine(url)
+    try:
+        with engine.begin() as conn:
+            command.upgrade(alembic(conn), "0003")
+        with engine.begin() as conn:  # a job as 0003 stored it
+            conn.execute(
+                sa.text(
+                    "INSERT INTO jobs (name, team, kind, priority, gpu_count, command, env, "
+                    "grace_s, max_retries, state, gpus, submitted_at, updated_at) VALUES "
+                    "('old', 'cv', 'training', 0, 1, '[\"x\"]', '{}', 60, 0, 'pending', '[]', "
+                    "1, 1)"
+                )
+            )
+        store.migrate()
+        [old] = store.list()
+        assert (old.name, old.held, old.time_limit_s) == ("old", False, None)
+        assert store.drains() == {}
+        with engine.begin() as conn:
+            command.downgrade(alembic(conn), "0003")
+        engine.dispose()
+        columns = {c["name"] for c in sa.inspect(engine).get_columns("jobs")}
+        assert "held" not in columns and "time_limit_s" not in columns
+        assert "node_drains" not in sa.inspect(engine).get_table_names()
+        with engine.connect() as conn:
+            assert conn.execute(sa.text("SELECT name FROM jobs")).scalars().all() == ["old"]
+    finally:
+        engine.dispose()
