@@ -29,7 +29,7 @@ from gpupool.scheduler import (
 )
 from gpupool.scheduler.config import TeamLimits
 from gpupool.scheduler.schema import parse_scheduling
-from gpupool.sim.eventsim import replay
+from gpupool.sim.eventsim import replay, run_trace
 from gpupool.sim.generators import GenContext, build_workload
 from gpupool.sim.scenario import ScenarioSim
 from gpupool.sim.scenario_config import load_scenario
@@ -265,3 +265,17 @@ def _peak_running(sim: ScenarioSim, team: str) -> int:
             held.discard(d.job_id)
         peak = max(peak, len(held))
     return peak
+
+
+def test_the_trace_driver_ends_a_run_at_its_time_limit() -> None:
+    cluster = Cluster("c", (Node("n0", "A100", 1, 1_000_000, 1 << 30),))
+    jobs = [
+        JobSpec("long", duration_s=500.0, time_limit_s=100.0),
+        JobSpec("next", duration_s=50.0, submit_s=1.0),
+    ]
+    out = run_trace(cluster, jobs, policy="fifo")
+    assert [(t, action, job) for t, action, job, _ in out] == [
+        (0.0, "start", "long"),
+        (100.0, "expire", "long"),
+        (100.0, "start", "next"),
+    ]

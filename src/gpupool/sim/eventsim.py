@@ -20,7 +20,7 @@ from gpupool.core.model import Cluster, JobSpec
 from gpupool.core.quota import TeamQuota
 from gpupool.errors import SpecError
 from gpupool.policies.cycle import PreemptionRules
-from gpupool.scheduler import Command, Launch, Scheduler, SchedulerConfig, Stop
+from gpupool.scheduler import Command, Expire, Launch, Scheduler, SchedulerConfig, Stop
 from gpupool.scheduler import Event as CoreEvent
 from gpupool.scheduler.events import CycleAt
 
@@ -68,7 +68,7 @@ def run_events(
     policy: str = "priority-quota",
     rules: PreemptionRules | None = None,
 ) -> list[tuple[float, str, str]]:
-    """(time, start|resume|preempt, job id) for every decision, in order."""
+    """(time, start|resume|preempt|expire, job id) for every decision, in order."""
     scheduler = _core(cluster, teams, policy, rules)
     out: list[tuple[float, str, str]] = []
 
@@ -79,6 +79,9 @@ def run_events(
             elif isinstance(d, Stop):
                 out.append((t, "preempt", d.job_id))
                 record(t, scheduler.vacated(d.job_id, t))
+            elif isinstance(d, Expire):  # past its time limit: it stops at once, failed
+                out.append((t, "expire", d.job_id))
+                scheduler.finished(d.job_id, t, JobState.FAILED, d.reason)
 
     for ev in sorted(events, key=lambda e: e.t_s):
         t = ev.t_s
@@ -95,7 +98,7 @@ def run_events(
 
 
 Placed = tuple[float, str, str, tuple[tuple[str, int], ...]]
-"""(time, start|resume|preempt, job id, ((node name, local GPU index), ...)); a preemption
+"""(time, start|resume|preempt|expire, job id, ((node name, local GPU index), ...)); a preemption
 has an empty placement."""
 
 
@@ -109,7 +112,8 @@ def run_trace(
     """Run a trace of jobs to the end on the live scheduler core; every launch with its
     placement, and every preemption, in order.
 
-    A job arrives at its `submit_s` and ends `duration_s` of run time after it starts.
+    A job arrives at its `submit_s` and ends `duration_s` of run time after it starts;
+    a run that reaches its time limit first is stopped there and fails (the core's Expire).
     A preempted job checkpoints and leaves at once, keeping the work it has done: when it
     resumes it needs only the rest. At each event time the driver does what the live
     service does in one step: submissions, then completions, then cycles at that same
@@ -125,6 +129,8 @@ def run_trace(
     """Run time each job still needs."""
     since: dict[str, float] = {}
     """Running jobs: when they (re)started."""
+    limit_s = {j.job_id: limit for j in jobs if (limit := scheduler.time_limit_s(j)) is not None}
+    """Each run of these ends at its time limit, if not before."""
     out: list[Placed] = []
 
     def launched(t: float, d: Launch) -> None:
@@ -135,6 +141,7 @@ def run_trace(
     k = 0
     while k < len(arrivals) or since:
         ends = [start + left[job_id] for job_id, start in since.items()]
+        ends += [start + limit_s[job_id] for job_id, start in since.items() if job_id in limit_s]
         t = min([*ends, *([arrivals[k].submit_s] if k < len(arrivals) else [])])
         while k < len(arrivals) and arrivals[k].submit_s <= t:
             scheduler.submit(arrivals[k], t)
@@ -153,6 +160,10 @@ def run_trace(
                     out.append((t, "preempt", d.job_id, ()))
                     left[d.job_id] -= t - since.pop(d.job_id)
                     stopped.append(d.job_id)
+                elif isinstance(d, Expire):  # past its time limit: it stops at once, failed
+                    out.append((t, "expire", d.job_id, ()))
+                    del since[d.job_id]
+                    scheduler.finished(d.job_id, t, JobState.FAILED, d.reason)
             for job_id in stopped:
                 for d in scheduler.vacated(job_id, t):
                     if isinstance(d, Launch):
