@@ -6,8 +6,7 @@ with, its kind's default filled in at submit (nullable: no limit); held is set b
 already stored read back not held). node_drains lists the nodes an admin drained, so a
 restarted server keeps them out of new placements.
 
-Written out by hand like 0001-0003. down_revision is 0003 for now; at merge it follows
-0004 (the revision another part adds in parallel).
+Written out by hand like 0001-0004.
 Revision ID: 0005.
 """
 
@@ -17,7 +16,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0005"
-down_revision: str | None = "0003"
+down_revision: str | None = "0004"
 branch_labels: str | None = None
 depends_on: str | None = None
 
