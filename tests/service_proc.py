@@ -23,13 +23,24 @@ def free_port() -> int:
 
 
 class Server:
-    """`gpupool serve` in its own process, on 127.0.0.1, with its output in a file."""
+    """`gpupool serve` in its own process, on 127.0.0.1, with its output in a file.
 
-    def __init__(self, state_dir: Path, *args: str, port: int | None = None) -> None:
+    Jobs run as the server's user (--no-isolation) unless `isolation`: a test's jobs are
+    often the test's own interpreter, which a team's user may not be able to run."""
+
+    def __init__(
+        self,
+        state_dir: Path,
+        *args: str,
+        port: int | None = None,
+        isolation: bool = False,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.state_dir = state_dir
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.args = args
+        self.args = args if isolation else ("--no-isolation", *args)
+        self.env = env
         self.proc: subprocess.Popen[bytes] | None = None
         self.log = state_dir / "server.log"
 
@@ -49,7 +60,7 @@ class Server:
             *self.args,
         ]
         with self.log.open("ab") as out:
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=self.env)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

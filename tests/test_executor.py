@@ -27,6 +27,7 @@ from gpupool.service.executor import (
     LocalExecutor,
     classify,
     exit_file,
+    launch_file,
     read_start_ticks,
 )
 
@@ -132,7 +133,8 @@ def test_environment_gpus_and_cwd_reach_the_job(
     assert (a["GPUPOOL_JOB_ID"], a["GPUPOOL_ATTEMPT"]) == ("a", "1")
     assert a["GPUPOOL_CHECKPOINT_DIR"] == str(tmp_path / "a" / "checkpoint")
     assert (tmp_path / "a" / "checkpoint").is_dir()
-    assert (a["GPUPOOL_RESUME"], a["FOO"], a["FROM_SERVICE"]) == ("1", "bar", "inherited")
+    assert (a["GPUPOOL_RESUME"], a["FOO"]) == ("1", "bar")
+    assert a["FROM_SERVICE"] is None  # the server's environment never reaches a job
     assert b["CUDA_VISIBLE_DEVICES"] == ""
     assert (b["GPUPOOL_ATTEMPT"], b["GPUPOOL_RESUME"], b["FOO"]) == ("2", None, None)
     assert b["cwd"] == str(wd)
@@ -345,8 +347,12 @@ def test_adopt_refuses_dead_pid_and_recycled_pid(ex: LocalExecutor, tmp_path: Pa
     assert (lost.job_id, lost.outcome) == ("dead", "lost")
 
     live = ex.launch(spec(tmp_path, "live", job("import time; time.sleep(60)")), 0.0)
-    recycled = dataclasses.replace(live, start_ticks=live.start_ticks + 1)
+    # A pid recycled by a stranger, and no launch intent to find the attempt by.
+    recycled = dataclasses.replace(live, start_ticks=live.start_ticks + 1, token="", cgroup="")
+    intent = launch_file(tmp_path / "live", 1)
+    intent.rename(intent.with_suffix(".away"))
     assert other.adopt(recycled, tmp_path / "live") is False
+    intent.with_suffix(".away").rename(intent)
     [e] = other.poll(time.time())
     assert e.outcome == "lost"
     assert ex.handles() == {"live": live}  # the real job was never touched

@@ -7,13 +7,25 @@ directory; that file, not the parent/child relation, is the source of truth afte
 restart. A missing command is not refused at launch: the shim reports it, and the next
 poll returns outcome "failed" with reason "command not found: X" (PATH lookup depends on
 the job's own environment, so only the job can tell).
+
+Containment: where cgroups are writable each attempt gets its own cgroup (limits, GPU
+devices), and the shim is put in it before it is handed the job, so every process of the
+job is in it, setsid() children included; an attempt is reported ended only once its
+cgroup is empty. Before the shim starts, ``launch-<attempt>.json`` records the attempt's
+launch token and cgroup durably, so a restarted scheduler finds the attempt's processes
+(by cgroup, or by the token in their environment without cgroups) instead of starting a
+second copy. With a `JobUser`, the job runs as that user and its run directory is laid
+out so it reads and writes only its own checkpoint and home directories and reads its
+own logs.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
+import secrets
 import select
 import signal
 import subprocess
@@ -24,7 +36,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from gpupool.errors import ConflictError, NotFoundError, SpecError
+from gpupool.errors import ConflictError, NotFoundError, SpecError, Unavailable
+from gpupool.service import cgroups as cg
+from gpupool.service.cgroups import BASE_DEVICES, Cgroups, DeviceRule, Limits, gpu_device_rules
 
 SUCCEEDED = "succeeded"
 FAILED = "failed"
@@ -40,11 +54,25 @@ DEFAULT_GRACE_S = 60.0
 STDOUT_LOG = "stdout.log"
 STDERR_LOG = "stderr.log"
 CHECKPOINT_DIR = "checkpoint"
+HOME_DIR = "home"
+DEFAULT_LOG_MAX_BYTES = 64 << 20
+TOKEN_ENV = "GPUPOOL_LAUNCH_TOKEN"
+CGROUP_PARENT = "gpupool"
+DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+ENV_ALLOWED = frozenset({"PATH", "LANG", "LANGUAGE", "TZ", "TERM"})
+"""Variables of the server's environment a job inherits (and every LC_*): nothing else of
+it (tokens, database URLs, cloud credentials) ever reaches a job."""
 
 
 def exit_file(run_dir: Path, attempt: int) -> Path:
     """Where the shim records how attempt `attempt` ended."""
     return run_dir / f"exit-{attempt}.json"
+
+
+def launch_file(run_dir: Path, attempt: int) -> Path:
+    """The launch intent of attempt `attempt`: its token and cgroup, written durably
+    before its shim starts, so that a restart finds its processes again."""
+    return run_dir / f"launch-{attempt}.json"
 
 
 def stop_file(run_dir: Path, attempt: int) -> Path:
@@ -53,9 +81,22 @@ def stop_file(run_dir: Path, attempt: int) -> Path:
     return run_dir / f"stop-{attempt}.json"
 
 
+NO_LIMITS = Limits()
+
+
+@dataclass(frozen=True)
+class JobUser:
+    """The unprivileged Unix user a job runs as (its team's)."""
+
+    name: str
+    uid: int
+    gid: int
+
+
 @dataclass(frozen=True)
 class LaunchSpec:
-    """One attempt of one job. `run_dir` belongs to the job and outlives its attempts."""
+    """One attempt of one job. `run_dir` belongs to the job and outlives its attempts.
+    `user`: run as this user (None: as the server). `limits`: its cgroup's limits."""
 
     job_id: str
     attempt: int
@@ -65,18 +106,23 @@ class LaunchSpec:
     run_dir: Path
     resume: bool
     cwd: Path | None = None
+    user: JobUser | None = None
+    limits: Limits = NO_LIMITS
 
 
 @dataclass(frozen=True)
 class Handle:
     """Enough to find the attempt again after a restart. `start_ticks` (field 22 of
-    /proc/<pid>/stat) tells a recycled pid apart from the job."""
+    /proc/<pid>/stat) tells a recycled pid apart from the job. `token` and `cgroup` (from
+    the launch intent) find all its processes; pid 0: the shim's pid is not known yet."""
 
     job_id: str
     attempt: int
     pid: int
     pgid: int
     start_ticks: int
+    token: str = ""
+    cgroup: str = ""
 
 
 @dataclass(frozen=True)
@@ -237,12 +283,36 @@ def _write_json(path: Path, data: Mapping[str, object]) -> None:
     os.replace(tmp, path)
 
 
+def write_durably(path: Path, data: Mapping[str, object]) -> None:
+    """Replace `path` with `data` so that after a crash (even of the machine) it holds
+    either the old content or all of the new."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    try:
+        os.write(fd, json.dumps(dict(data)).encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
 def job_environment(spec: LaunchSpec, base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """os.environ + spec.env + the variables the checkpoint protocol promises.
+    """The allowed part of `base` (os.environ: PATH, LANG, LC_*, TZ, TERM) + HOME (the
+    job's own home directory) + spec.env + the variables the checkpoint protocol promises.
 
     CUDA_DEVICE_ORDER=PCI_BUS_ID is forced because our GPU indices are NVML's, which count
     in PCI bus order; CUDA's default order ("fastest first") could name other GPUs."""
-    env = dict(os.environ if base is None else base)
+    source = os.environ if base is None else base
+    env = {k: v for k, v in source.items() if k in ENV_ALLOWED or k.startswith("LC_")}
+    env.setdefault("PATH", DEFAULT_PATH)
+    env["HOME"] = str(spec.run_dir.absolute() / HOME_DIR)
+    if spec.user is not None:
+        env["USER"] = env["LOGNAME"] = spec.user.name
     env.update(spec.env)
     env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in spec.gpu_indices)
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
@@ -285,6 +355,9 @@ class _Watched:
     sigterm_at_wall_s: float | None = None  # time.time() of our first SIGTERM
     dead: bool = False  # adopted but found gone: report on next poll
     pidfd: int | None = None  # adopted: readable once the process has exited
+    status: tuple[int | None, int | None, bool] | None = None
+    """Once the shim has ended: (exit code, signal, whether its wait status was seen);
+    the attempt is reported once the rest of it (its cgroup) is gone too."""
 
     def stop_state(self) -> dict[str, object]:
         return {
@@ -321,26 +394,99 @@ def _open_pidfd(handle: Handle) -> int | None:
     return fd
 
 
+def token_pids(token: str) -> list[int]:
+    """Processes whose environment carries launch token `token` (those we may read: all
+    of them as root). How a job's processes are found where there are no cgroups."""
+    if not token:
+        return []
+    needle = f"{TOKEN_ENV}={token}".encode()
+    me = os.getpid()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                environ = f.read()
+        except OSError:
+            continue
+        if needle in environ.split(b"\0") and read_start_ticks(int(name)) is not None:
+            found.append(int(name))
+    return sorted(found)
+
+
+def _pgid_of(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    return int(fields[2]) if len(fields) > 2 else None
+
+
+def _cgroup_name(job_id: str, attempt: int, token: str) -> str:
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in job_id)[:64]
+    return f"{CGROUP_PARENT}/job-{safe}-a{attempt}-{token[:12]}"
+
+
 # Popen objects of jobs left running at shutdown(): kept referenced so that the
 # subprocess module neither warns about them nor reaps them behind an adopter's back.
 _DETACHED: list[subprocess.Popen[bytes]] = []
 
+AUTO = "auto"
+
 
 class LocalExecutor:
-    """Runs each attempt as `python -P -m gpupool.service.shim --exit-file ... -- argv`.
+    """Runs each attempt as `python -I -m gpupool.service.shim --exit-file ... --spec-fd N`.
+
+    `cgroups`: "auto" finds the hierarchy to use (cgroups.detect), None runs without
+    (processes are then found by their launch token). `log_max_bytes`: each of a job's
+    two logs is rotated at this size (one `.1` kept); None: no cap, the job writes its
+    logs itself. `isolation`: the policy that gives each job its user and limits (read
+    by the scheduler loop when it builds a LaunchSpec); it also sets the log cap.
 
     poll() costs one waitid() per child job (about 1 µs) and one poll(2) over the pidfds
-    of all adopted jobs; it reads exit records only for jobs that ended, never logs.
+    of all adopted jobs; it reads exit records and cgroups only for jobs that ended.
     Grace deadlines are kept in the caller's clock (`now_s`) and in stop-<attempt>.json
     so that a restarted scheduler enforces them: pass wall-clock seconds (time.time()).
     Not thread-safe: call it from the scheduler loop only. Linux only."""
 
-    def __init__(self, python: str = sys.executable) -> None:
+    def __init__(
+        self,
+        python: str = sys.executable,
+        *,
+        cgroups: Cgroups | str | None = AUTO,
+        log_max_bytes: int | None = DEFAULT_LOG_MAX_BYTES,
+        devices_dir: Path = Path("/dev"),
+        base_devices: tuple[DeviceRule, ...] = BASE_DEVICES,
+        isolation: Any = None,
+    ) -> None:
         self._python = python
         self._jobs: dict[str, _Watched] = {}
         # Adopted jobs are not our children, so waitid cannot see them end; a pidfd per
         # job and one poll(2) over all of them costs less than reading /proc for each.
         self._pidfds = select.poll()
+        if isinstance(cgroups, str):
+            found, self.cgroups_note = cg.detect()
+            self.cgroups: Cgroups | None = found
+        else:
+            self.cgroups = cgroups
+            self.cgroups_note = (
+                f"cgroups {cgroups.version}" if cgroups is not None else "cgroups disabled"
+            )
+        self.isolation = isolation
+        if isolation is not None and hasattr(isolation, "log_max_bytes"):
+            log_max_bytes = isolation.log_max_bytes
+        self.log_max_bytes = log_max_bytes
+        self._devices_dir = devices_dir
+        self._base_devices = base_devices
+
+    def cannot_guarantee(self) -> list[str]:
+        """What this executor cannot enforce here, one sentence each (logged at start)."""
+        if self.cgroups is None:
+            return [f"{self.cgroups_note}; {cg.WITHOUT_CGROUPS}"]
+        return self.cgroups.cannot_guarantee()
 
     # ---- starting
 
@@ -353,49 +499,145 @@ class LocalExecutor:
                 "launching it again"
             )
         run_dir = spec.run_dir.absolute()
-        (run_dir / CHECKPOINT_DIR).mkdir(parents=True, exist_ok=True)
+        self._prepare_dirs(run_dir, spec.user)
         record = exit_file(run_dir, spec.attempt)
         for stale in (record, stop_file(run_dir, spec.attempt)):
             stale.unlink(missing_ok=True)
-        header = f"== attempt {spec.attempt} ==\n".encode()
-        # -P: never let the job's working directory shadow the gpupool package.
-        argv = [self._python, "-P", "-m", "gpupool.service.shim", "--exit-file", str(record)]
-        argv += ["--", *spec.argv]
-        with (
-            open(run_dir / STDOUT_LOG, "ab", buffering=0) as out,
-            open(run_dir / STDERR_LOG, "ab", buffering=0) as err,
-        ):
-            out.write(header)
-            err.write(header)
+        token = secrets.token_hex(16)
+        group = ""
+        if self.cgroups is not None:
+            group = _cgroup_name(spec.job_id, spec.attempt, token)
+            devices = gpu_device_rules(spec.gpu_indices, self._devices_dir, self._base_devices)
             try:
-                proc = subprocess.Popen(
-                    argv,
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=err,
-                    env=job_environment(spec),
-                    cwd=spec.cwd,
-                    start_new_session=True,
-                )
+                self.cgroups.create(group, spec.limits, devices)
             except OSError as e:
-                raise SpecError(f"job {spec.job_id}: cannot start the shim {argv[0]}: {e}") from e
+                self.cgroups.remove(group)
+                why = f"job {spec.job_id}: cannot create its cgroup {group}: {e}"
+                raise Unavailable(why) from e
+        # The intent comes first: whatever starts after it can be found again by it.
+        write_durably(
+            launch_file(run_dir, spec.attempt),
+            {"job_id": spec.job_id, "attempt": spec.attempt, "token": token, "cgroup": group},
+        )
+        env = job_environment(spec)
+        env[TOKEN_ENV] = token
+        cwd = spec.cwd
+        if cwd is None and spec.user is not None:
+            cwd = run_dir / HOME_DIR  # the server's own directory is none of its business
+        job = {
+            "argv": list(spec.argv),
+            "env": env,
+            "cwd": str(cwd) if cwd is not None else None,
+            "uid": spec.user.uid if spec.user is not None else None,
+            "gid": spec.user.gid if spec.user is not None else None,
+            "stdout": str(run_dir / STDOUT_LOG),
+            "stderr": str(run_dir / STDERR_LOG),
+            "log_max_bytes": self.log_max_bytes,
+        }
+        header = f"== attempt {spec.attempt} ==\n".encode()
+        # -I: neither the job's nor the server's PYTHON* variables, user site or working
+        # directory can change the shim's code; its environment holds only the token.
+        read_end, write_end = os.pipe()
+        argv = [self._python, "-I", "-m", "gpupool.service.shim", "--exit-file", str(record)]
+        argv += ["--spec-fd", str(read_end)]
+        try:
+            with (
+                open(run_dir / STDOUT_LOG, "ab", buffering=0) as out,
+                open(run_dir / STDERR_LOG, "ab", buffering=0) as err,
+            ):
+                out.write(header)
+                err.write(header)
+                try:
+                    proc = subprocess.Popen(
+                        argv,
+                        stdin=subprocess.DEVNULL,
+                        stdout=out,
+                        stderr=err,
+                        env={"PATH": DEFAULT_PATH, TOKEN_ENV: token},
+                        cwd=run_dir if spec.user is not None else None,
+                        start_new_session=True,
+                        pass_fds=(read_end,),
+                    )
+                except OSError as e:
+                    raise SpecError(
+                        f"job {spec.job_id}: cannot start the shim {argv[0]}: {e}"
+                    ) from e
+        except BaseException:
+            os.close(write_end)
+            raise
+        finally:
+            os.close(read_end)
         # Our child's pid stays ours (a zombie at worst) until we reap it.
         ticks = read_start_ticks(proc.pid, zombie_ok=True) or 0
-        handle = Handle(spec.job_id, spec.attempt, proc.pid, proc.pid, ticks)
+        handle = Handle(spec.job_id, spec.attempt, proc.pid, proc.pid, ticks, token, group)
         self._jobs[spec.job_id] = _Watched(handle, run_dir, proc)
+        try:
+            if self.cgroups is not None:
+                self.cgroups.add(group, proc.pid)  # before it has started anything
+            with open(write_end, "wb", closefd=False) as pipe:
+                pipe.write(json.dumps(job).encode())
+        except OSError as e:
+            # Not placed, or it died: it never gets the job, and the poll reports it.
+            with contextlib.suppress(OSError):
+                os.kill(proc.pid, signal.SIGKILL)
+            if not isinstance(e, BrokenPipeError):
+                with contextlib.suppress(OSError):
+                    err_path = run_dir / STDERR_LOG
+                    with open(err_path, "a", encoding="utf-8") as f:
+                        f.write(f"gpupool: could not hand the job to its shim: {e}\n")
+        finally:
+            os.close(write_end)
         return handle
 
+    def _prepare_dirs(self, run_dir: Path, user: JobUser | None) -> None:
+        """The run directory: with a user, the server's (0711: the job can reach its own
+        parts but not list or change the records in it); checkpoint/ and home/ the job's
+        (0700); the logs the server's, readable by the job's group (0640)."""
+        for sub in (CHECKPOINT_DIR, HOME_DIR):
+            (run_dir / sub).mkdir(parents=True, exist_ok=True)
+        if user is None:
+            return
+        os.chown(run_dir, 0, 0)
+        os.chmod(run_dir, 0o711)
+        for sub in (CHECKPOINT_DIR, HOME_DIR):
+            os.lchown(run_dir / sub, user.uid, user.gid)
+            os.chmod(run_dir / sub, 0o700)
+        for name in (STDOUT_LOG, STDERR_LOG):
+            path = run_dir / name
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o640)
+            try:
+                os.fchown(fd, 0, user.gid)
+                os.fchmod(fd, 0o640)
+            finally:
+                os.close(fd)
+
     def adopt(self, handle: Handle, run_dir: Path) -> bool:
-        """Watch an attempt started by an earlier scheduler. True if it still runs; else
-        False, and the next poll reports its end (from its exit record, or "lost")."""
+        """Watch an attempt started by an earlier scheduler. True if its shim still runs;
+        else False, and the next poll reports its end (from its exit record, or "lost")
+        once whatever is left of it (in its cgroup, or carrying its token) is killed.
+
+        A handle with pid 0 (the scheduler died before it learnt the shim's pid) is
+        completed from the attempt's processes; handles() then shows the real pid."""
         if handle.job_id in self._jobs:
             raise ConflictError(f"job {handle.job_id} is already watched by this executor")
         run_dir = run_dir.absolute()
+        intent = _read_json(launch_file(run_dir, handle.attempt)) or {}
+        if not handle.token and isinstance(intent.get("token"), str):
+            handle = dataclasses.replace(handle, token=intent["token"])
+        if not handle.cgroup and isinstance(intent.get("cgroup"), str):
+            handle = dataclasses.replace(handle, cgroup=intent["cgroup"])
+        if handle.pid <= 0 or not self._is_our_shim(handle, run_dir):
+            for pid in self._members(handle):
+                ticks = read_start_ticks(pid)
+                found = dataclasses.replace(handle, pid=pid, pgid=pid, start_ticks=ticks or 0)
+                if ticks is not None and self._is_our_shim(found, run_dir):
+                    handle = found
+                    break
         job = _Watched(handle, run_dir, None)
         stop = _read_json(stop_file(run_dir, handle.attempt))
         if stop is not None:
             job.load_stop_state(stop)
-        job.dead = not self._is_our_shim(handle, run_dir)
+        job.dead = handle.pid <= 0 or not self._is_our_shim(handle, run_dir)
         if not job.dead:
             job.pidfd = _open_pidfd(handle)
             if job.pidfd is not None:
@@ -417,6 +659,29 @@ class LocalExecutor:
         if at >= len(cmdline):
             return False
         return Path(cmdline[at]).resolve() == exit_file(run_dir, handle.attempt).resolve()
+
+    def _members(self, handle: Handle) -> list[int]:
+        """Every live process of the attempt: its cgroup's members, or (no cgroups) the
+        processes carrying its launch token."""
+        if handle.cgroup and self.cgroups is not None:
+            return self.cgroups.pids(handle.cgroup)
+        return token_pids(handle.token)
+
+    def _kill_members(self, handle: Handle) -> None:
+        if handle.cgroup and self.cgroups is not None:
+            self.cgroups.kill(handle.cgroup)
+            return
+        killed = token_pids(handle.token)
+        for pid in killed:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        # A dying process stops showing its environment before it is gone: wait for it
+        # (briefly; the next poll looks again) so that "ended" means gone.
+        deadline = time.monotonic() + 0.2
+        while killed and time.monotonic() < deadline:
+            killed = [pid for pid in killed if read_start_ticks(pid) is not None]
+            if killed:
+                time.sleep(0.002)
 
     # ---- stopping
 
@@ -453,7 +718,7 @@ class LocalExecutor:
 
     def _alive(self, job: _Watched) -> bool:
         """Still running (not exited, not even a zombie waiting for us)."""
-        if job.dead:
+        if job.dead or job.status is not None:
             return False
         if job.proc is not None:
             if job.proc.returncode is not None:
@@ -470,6 +735,14 @@ class LocalExecutor:
             return
         with contextlib.suppress(OSError):
             os.killpg(job.handle.pgid, sig)
+        if sig == signal.SIGKILL:
+            self._kill_members(job.handle)
+            return
+        # Processes that left the job's process group get the signal too (once each).
+        for pid in self._members(job.handle) if job.handle.cgroup else ():
+            if _pgid_of(pid) != job.handle.pgid:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, sig)
 
     def _enforce(self, job: _Watched, now_s: float) -> None:
         if job.kill_sent or job.deadline_s is None or now_s < job.deadline_s:
@@ -484,7 +757,7 @@ class LocalExecutor:
         exits: list[Exit] = []
         exited_fds = {fd for fd, _ in self._pidfds.poll(0)}
         for job_id, job in list(self._jobs.items()):
-            if not job.dead:
+            if not job.dead and job.status is None:
                 self._enforce(job, now_s)
             ended = self._reap(job, now_s, exited_fds)
             if ended is not None:
@@ -499,10 +772,10 @@ class LocalExecutor:
             os.close(job.pidfd)
             job.pidfd = None
 
-    def _reap(self, job: _Watched, now_s: float, exited_fds: set[int]) -> Exit | None:
-        code: int | None = None
-        sig: int | None = None
-        status_known = False
+    def _shim_status(
+        self, job: _Watched, exited_fds: set[int]
+    ) -> tuple[int | None, int | None, bool] | None:
+        """None while the shim runs; then (exit code, signal, status known)."""
         if job.proc is not None:
             try:
                 if os.waitid(os.P_PID, job.proc.pid, _PEEK) is None:
@@ -512,17 +785,33 @@ class LocalExecutor:
                 with contextlib.suppress(OSError):
                     os.killpg(job.handle.pgid, signal.SIGKILL)
                 status = job.proc.wait()
-                code, sig = (None, -status) if status < 0 else (status, None)
-                status_known = True
+                return (None, -status, True) if status < 0 else (status, None, True)
             except ChildProcessError:
-                pass  # reaped by someone else: only the exit record can tell
-        elif not job.dead:
+                return (None, None, False)  # reaped by someone else: only the record tells
+        if not job.dead:
             if job.pidfd is not None:
                 if job.pidfd not in exited_fds:
                     return None
             elif read_start_ticks(job.handle.pid) == job.handle.start_ticks:
                 return None
+        return (None, None, False)
+
+    def _reap(self, job: _Watched, now_s: float, exited_fds: set[int]) -> Exit | None:
+        if job.status is None:
+            job.status = self._shim_status(job, exited_fds)
+            if job.status is None:
+                return None
         h = job.handle
+        # The attempt has ended only when nothing of it is left: until then its GPUs are
+        # not free. What the shim left (escaped children) is killed here.
+        if self._members(h):
+            self._kill_members(h)
+            if self._members(h):
+                return None
+        if h.cgroup and self.cgroups is not None:
+            with contextlib.suppress(OSError):
+                self.cgroups.remove(h.cgroup)
+        code, sig, status_known = job.status
         stop_kind, kill_sent = job.stop_kind, job.kill_sent
         record = _read_json(exit_file(job.run_dir, h.attempt))
         if record is not None:

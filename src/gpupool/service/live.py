@@ -60,7 +60,15 @@ from gpupool.scheduler import (
 from gpupool.scheduler.config import SchedulerConfig
 from gpupool.scheduler.schema import check_fleet
 from gpupool.service.clock import Clock
-from gpupool.service.executor import Executor, Exit, Handle, LaunchSpec
+from gpupool.service.executor import (
+    NO_LIMITS,
+    Executor,
+    Exit,
+    Handle,
+    JobUser,
+    LaunchSpec,
+    launch_file,
+)
 from gpupool.service.sites import (
     DOWN,
     STARTING,
@@ -320,10 +328,23 @@ class LiveService:
                 state = JobState.RUNNING if row.state == "running" else JobState.PREEMPTING
                 self.scheduler.restore(spec, state, placement, now, row.preemptions)
                 handle = self._handle_of(row)
+                # Found by its cgroup or launch token, however far its launch had got: a
+                # job whose shim is gone is ended by the executor (and reported, "lost"
+                # unless it left a record) before the core can place it again.
                 adopted = handle is not None and self.executor.adopt(handle, self.run_dir(row.id))
                 if adopted and handle is not None:
+                    found = self.executor.handles().get(str(row.id), handle)
+                    how = ""
+                    if found.pid != handle.pid:  # the crash came before its pid was stored
+                        how = " (found by its launch intent)"
+                        self.store.set_process(
+                            row.id, found.pid, found.pgid, found.start_ticks, now
+                        )
                     self.store.add_event(
-                        "adopted", f"pid {handle.pid} still runs: re-adopted", now, job_id=row.id
+                        "adopted",
+                        f"pid {found.pid} still runs: re-adopted{how}",
+                        now,
+                        job_id=row.id,
                     )
                 if adopted and row.state == "preempting":
                     self.executor.preempt(str(row.id), row.grace_s, now)
@@ -350,12 +371,27 @@ class LiveService:
         )
 
     def _handle_of(self, row: JobRow) -> Handle | None:
+        """The attempt's handle: from the database, else the handle file written right
+        after the launch, else the launch intent written before its shim started (pid 0:
+        the executor finds the processes by its cgroup or token). None: never started."""
+        run_dir = self.run_dir(row.id)
+        intent = _read_intent(launch_file(run_dir, row.attempts))
+        token, group = intent if intent is not None else ("", "")
         if row.pid is not None and row.pgid is not None and row.start_ticks is not None:
-            return Handle(str(row.id), row.attempts, row.pid, row.pgid, row.start_ticks)
-        path = self.run_dir(row.id) / f"handle-{row.attempts}.json"
+            return Handle(
+                str(row.id), row.attempts, row.pid, row.pgid, row.start_ticks, token, group
+            )
+        path = run_dir / f"handle-{row.attempts}.json"
         if path.is_file():  # written right after launch, before the database heard of it
-            d = json.loads(path.read_text(encoding="utf-8"))
-            return Handle(str(row.id), row.attempts, d["pid"], d["pgid"], d["start_ticks"])
+            try:
+                d = json.loads(path.read_text(encoding="utf-8"))
+                pid, pgid, ticks = int(d["pid"]), int(d["pgid"]), int(d["start_ticks"])
+            except (OSError, ValueError, KeyError, TypeError):
+                pass  # torn by the crash: the intent still finds it
+            else:
+                return Handle(str(row.id), row.attempts, pid, pgid, ticks, token, group)
+        if intent is not None:
+            return Handle(str(row.id), row.attempts, 0, 0, 0, token, group)
         return None
 
     # ---- the loop -----------------------------------------------------------------------------
@@ -798,6 +834,17 @@ class LiveService:
         )
         run_dir = self.run_dir(row.id)
         run_dir.mkdir(parents=True, exist_ok=True)
+        # Who it runs as and what it may use: the executor's isolation policy, if any.
+        isolation = getattr(self.executor, "isolation", None)
+        user: JobUser | None = None
+        refused: GpupoolError | None = None
+        limits = NO_LIMITS
+        if isolation is not None:
+            limits = isolation.limits_for(row.team, row.kind)
+            try:
+                user = isolation.user_for(row.team)
+            except GpupoolError as err:
+                refused = err
         # On a fake fleet the job gets no GPU at all (CUDA_VISIBLE_DEVICES empty), even on
         # a machine that has real ones; it learns its fake GPUs from GPUPOOL_FAKE_GPUS.
         fake = isinstance(self.telemetry, FakeTelemetry)
@@ -813,8 +860,13 @@ class LiveService:
             run_dir=run_dir,
             resume=d.resume or row.attempts > 0,
             cwd=Path(row.cwd) if row.cwd else None,
+            user=user,
+            limits=limits,
         )
         prepared = _Prepared(d, row, spec, node)
+        if refused is not None:
+            self._started(prepared, refused, now)
+            return None
         if self.fleet and len({s.node for s in shares}) > 1:
             self._started(
                 prepared,
@@ -1151,6 +1203,18 @@ class LiveService:
                 },
                 "scheduler_error": self.loop_error,
             }
+
+
+def _read_intent(path: Path) -> tuple[str, str] | None:
+    """(launch token, cgroup) of a launch intent; None if there is none (or it is torn,
+    which it cannot be: it is written to a temporary file and renamed)."""
+    try:
+        d = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(d, dict):
+        return None
+    return str(d.get("token") or ""), str(d.get("cgroup") or "")
 
 
 def _site_tariffs(config: SchedulerConfig, sites: set[str]) -> dict[str, Tariff | None]:

@@ -21,6 +21,8 @@ from gpupool.scheduler.config import SchedulerConfig
 from gpupool.scheduler.schema import SCHEDULING_KEYS, parse_scheduling
 from gpupool.service.clock import Clock, StartedClock, SystemClock
 from gpupool.service.executor import LocalExecutor
+from gpupool.service.isolation import SECTION as ISOLATION_SECTION
+from gpupool.service.isolation import service_isolation
 from gpupool.service.live import LIVE_DEFAULTS, LiveConfig, LiveService
 from gpupool.service.sites import load_sites
 from gpupool.service.store import NewJob, Store, database_url
@@ -142,6 +144,12 @@ def add_serve_parser(sub: Any) -> None:
         "data locations, each node's site, burst rules and cloud nodes (docs/ray.md)",
     )
     sp.add_argument(
+        "--no-isolation",
+        action="store_true",
+        help="run every job as the server's user even when root (default as root: each "
+        "team's jobs as its own Unix user; see the isolation: section, docs/isolation.md)",
+    )
+    sp.add_argument(
         "--demo",
         action="store_true",
         help="fake fleet if no GPU, demo teams, a few demo jobs submitted",
@@ -239,7 +247,9 @@ def load_service_config(path: Path | None, defaults: SchedulerConfig) -> Schedul
         ) from None
     except yaml.YAMLError as err:
         raise SpecError(f"{path}: not valid YAML: {err}") from None
-    top = SpecReader(str(path)).mapping({} if raw is None else raw, "top level", SCHEDULING_KEYS)
+    allowed = SCHEDULING_KEYS | {ISOLATION_SECTION}  # isolation: see isolation.py
+    top = SpecReader(str(path)).mapping({} if raw is None else raw, "top level", allowed)
+    top = {k: v for k, v in top.items() if k != ISOLATION_SECTION}
     return parse_scheduling(top, str(path), defaults)
 
 
@@ -408,6 +418,9 @@ def serve(args: argparse.Namespace) -> int:
     served = uvicorn_options(args)
     store = Store(database_url(args.db, state_dir))
     store.migrate()
+    isolation = service_isolation(
+        args.config, args.no_isolation, state_dir, database_url(args.db, state_dir)
+    )
     config = LiveConfig(
         state_dir=state_dir,
         scheduling=scheduling,
@@ -423,10 +436,13 @@ def serve(args: argparse.Namespace) -> int:
         telemetry = live.telemetry
     else:
         telemetry = open_telemetry(args.fake_gpus, args.demo, args.fake_inlet)
+        executor = LocalExecutor(isolation=isolation)
+        for note in isolation.cannot_guarantee() + executor.cannot_guarantee():
+            print(f"gpupool: not guaranteed: {note}", file=sys.stderr)
         live = LiveService(
             config,
             store,
-            LocalExecutor(),
+            executor,
             telemetry,
             open_clock(args.clock_start, args.clock_speed),
         )

@@ -6,7 +6,17 @@ survives the group SIGTERM of a preemption (the job gets it and checkpoints; we 
 waiting), then writes ``{"exit_code", "signal", "ended_at"}`` atomically and exits with the
 job's code. Only SIGKILL stops it early, and then the executor knows whether it sent it.
 
-Usage: ``python -m gpupool.service.shim --exit-file PATH -- COMMAND [ARGS...]``.
+Usage: ``python -I -m gpupool.service.shim --exit-file PATH --spec-fd FD``: the launcher
+writes the job (command, environment, user, working directory, log files and cap) as JSON
+to the pipe FD and closes it once the shim sits in the job's cgroup. The job's environment
+thus reaches the job's process only, never this interpreter (a job's PYTHONPATH or
+LD_PRELOAD cannot change gpupool's own code), and a launcher that dies before it has
+placed the shim leaves a pipe closed early: the shim then exits without starting the job,
+so a crash in the launch window never leaves a job running that nobody knows about.
+With ``--spec-fd`` the shim also copies the job's output into its log files, at most
+``log_max_bytes`` each, keeping one rotated ``.1`` file, so a job printing forever cannot
+fill the disk. The older form ``--exit-file PATH -- COMMAND [ARGS...]`` runs COMMAND in
+the shim's own environment, writing straight into the shim's stdout and stderr.
 
 It imports nothing from gpupool so that it starts fast and a broken install cannot break
 the record of a job's end.
@@ -24,10 +34,19 @@ import threading
 import time
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 EXIT_NOT_FOUND = 127
 EXIT_NOT_EXECUTABLE = 126
-_USAGE = "usage: python -m gpupool.service.shim --exit-file PATH -- COMMAND [ARGS...]"
+EXIT_NOT_STARTED = 75
+"""The launcher went away before it handed over the job: nothing was started."""
+_USAGE = (
+    "usage: python -I -m gpupool.service.shim --exit-file PATH --spec-fd FD\n"
+    "       python -m gpupool.service.shim --exit-file PATH -- COMMAND [ARGS...]"
+)
+DRAIN_S = 1.0
+"""How long output still in the pipes is copied after the job's command has ended (a
+child that escaped the job may hold them open; its cgroup's end closes them)."""
 
 
 def _keep_waiting(signum: int, frame: FrameType | None) -> None:
@@ -107,26 +126,113 @@ def _fence(parent: int, every_s: float = 0.5) -> None:
             os._exit(137)
 
 
-def _parse(argv: list[str]) -> tuple[Path, list[str]]:
+class CappedLog:
+    """Copies one of the job's streams into its log file (our own fd `target`), starting a
+    new file once it holds `max_bytes` and keeping the previous one as `<path>.1`."""
+
+    def __init__(self, path: Path, target: int, max_bytes: int) -> None:
+        self.path = path
+        self.target = target
+        self.max_bytes = max(1, max_bytes)
+        self.size = os.fstat(target).st_size
+
+    def _rotate(self) -> None:
+        st = os.fstat(self.target)
+        with contextlib.suppress(OSError):
+            os.replace(self.path, self.path.with_name(self.path.name + ".1"))
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o640)
+        with contextlib.suppress(OSError):
+            os.fchown(fd, st.st_uid, st.st_gid)
+            os.fchmod(fd, stat_mode(st.st_mode))
+        os.dup2(fd, self.target)
+        os.close(fd)
+        self.size = 0
+
+    def write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            if self.size >= self.max_bytes:
+                self._rotate()
+            part = view[: self.max_bytes - self.size]
+            written = os.write(self.target, part)
+            self.size += written
+            view = view[written:]
+
+    def copy_from(self, fd: int) -> None:
+        """Until EOF on `fd` (every writer gone); a log write error drops the output
+        (e.g. a full disk) but keeps reading, so the job never blocks on a full pipe."""
+        while True:
+            try:
+                data = os.read(fd, 1 << 16)
+            except OSError:
+                return
+            if not data:
+                return
+            with contextlib.suppress(OSError):
+                self.write(data)
+
+
+def stat_mode(mode: int) -> int:
+    return mode & 0o7777
+
+
+def _parse(argv: list[str]) -> tuple[Path, int | None, list[str]]:
+    if len(argv) == 4 and argv[0] == "--exit-file" and argv[2] == "--spec-fd":
+        if not argv[3].isdigit():
+            raise SystemExit(_USAGE)
+        return Path(argv[1]), int(argv[3]), []
     if len(argv) < 4 or argv[0] != "--exit-file" or argv[2] != "--":
         raise SystemExit(_USAGE)
-    return Path(argv[1]), argv[3:]
+    return Path(argv[1]), None, argv[3:]
+
+
+def _read_spec(fd: int) -> dict[str, Any] | None:
+    """The job the launcher handed over, or None if it went away before finishing."""
+    chunks = []
+    with contextlib.suppress(OSError):
+        while True:
+            data = os.read(fd, 1 << 16)
+            if not data:
+                break
+            chunks.append(data)
+    os.close(fd)
+    try:
+        spec = json.loads(b"".join(chunks))
+    except ValueError:
+        return None
+    return spec if isinstance(spec, dict) and spec.get("argv") else None
 
 
 def main(argv: list[str] | None = None) -> int:
-    exit_file, command = _parse(sys.argv[1:] if argv is None else argv)
+    exit_file, spec_fd, command = _parse(sys.argv[1:] if argv is None else argv)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, _keep_waiting)
+    spec: dict[str, Any] = {}
+    if spec_fd is not None:
+        got = _read_spec(spec_fd)
+        if got is None:
+            print(
+                "gpupool: the launcher went away before it handed over the job; not started",
+                file=sys.stderr,
+                flush=True,
+            )
+            return EXIT_NOT_STARTED
+        spec = got
+        command = [str(a) for a in spec["argv"]]
     error: str | None = None
     exit_code: int | None
     sig_num: int | None = None
-    fence = os.environ.pop(FENCE_ENV, "")
+    fence = str(spec.get("fence_ppid") or os.environ.pop(FENCE_ENV, ""))
     if fence.isdigit():
         threading.Thread(target=_fence, args=(int(fence),), daemon=True).start()
+    copiers: list[threading.Thread] = []
     try:
-        child = subprocess.Popen(command, stdin=subprocess.DEVNULL)
-    except FileNotFoundError:
-        exit_code, error = EXIT_NOT_FOUND, f"command not found: {command[0]}"
+        child = _start(command, spec, copiers)
+    except FileNotFoundError as e:
+        if spec.get("cwd") and e.filename == spec.get("cwd"):
+            exit_code, error = EXIT_NOT_EXECUTABLE, f"working directory {e.filename} not found"
+        else:
+            exit_code, error = EXIT_NOT_FOUND, f"command not found: {command[0]}"
     except PermissionError:
         exit_code, error = EXIT_NOT_EXECUTABLE, f"command not executable: {command[0]}"
     except OSError as e:
@@ -144,7 +250,49 @@ def main(argv: list[str] | None = None) -> int:
     if error is not None:
         record["error"] = error
     write_record(exit_file, record)
+    # The record first: a kill while the last output drains must not lose how it ended.
+    until = time.monotonic() + DRAIN_S
+    for copier in copiers:
+        copier.join(max(0.0, until - time.monotonic()))
     return exit_code if exit_code is not None else 128 + (sig_num or 0)
+
+
+def _start(
+    command: list[str], spec: dict[str, Any], copiers: list[threading.Thread]
+) -> subprocess.Popen[bytes]:
+    """The job's process: as the spec's user (no supplementary groups), in its environment
+    and directory, its output through capped logs when the spec gives a cap."""
+    if not spec:
+        return subprocess.Popen(command, stdin=subprocess.DEVNULL)
+    uid, gid = spec.get("uid"), spec.get("gid")
+    env = spec.get("env")
+    cap = spec.get("log_max_bytes")
+    logs = [(Path(str(spec[k])), fd) for k, fd in (("stdout", 1), ("stderr", 2)) if spec.get(k)]
+    pipes: list[tuple[int, int]] = []
+    if isinstance(cap, int) and len(logs) == 2:
+        pipes = [os.pipe() for _ in logs]
+    try:
+        child = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=pipes[0][1] if pipes else None,
+            stderr=pipes[1][1] if pipes else None,
+            env={str(k): str(v) for k, v in env.items()} if isinstance(env, dict) else None,
+            cwd=spec.get("cwd") or None,
+            user=uid if isinstance(uid, int) else None,
+            group=gid if isinstance(gid, int) else None,
+            extra_groups=[] if isinstance(uid, int) else None,
+        )
+    finally:
+        for _, w in pipes:
+            os.close(w)
+    assert isinstance(cap, int) or not pipes
+    for (path, target), (r, _) in zip(logs, pipes, strict=False):
+        log = CappedLog(path, target, int(cap or 0))
+        t = threading.Thread(target=log.copy_from, args=(r,), daemon=True)
+        t.start()
+        copiers.append(t)
+    return child
 
 
 if __name__ == "__main__":
