@@ -21,6 +21,7 @@ and the log cap:
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import pwd
@@ -294,14 +295,12 @@ def sqlite_file(url: str) -> Path | None:
     return Path(url[len(prefix) :]) if url.startswith(prefix) else None
 
 
-def service_isolation(
-    config_path: Path | None, off: bool, state_dir: Path, db_url: str
-) -> Isolation:
+def service_isolation(config_path: Path | None, off: bool, demo: bool = False) -> Isolation:
     """What `gpupool serve` runs jobs under: the --config file's `isolation:` section,
-    turned off by --no-isolation; the state directory secured when it is on."""
+    turned off by --no-isolation, and by --demo unless the file turns it on (the demo's
+    jobs run gpupool's own interpreter, which a team's user may not be allowed to run).
+    Call `secure_state` before any job starts."""
     config = load_isolation(config_path)
-    if off:
-        config = IsolationConfig(**{**config.__dict__, "enabled": False})
-    isolation = Isolation(config)
-    isolation.secure_state(state_dir, state_dir / "jobs", sqlite_file(db_url))
-    return isolation
+    if off or (demo and config.enabled is None):
+        config = dataclasses.replace(config, enabled=False)
+    return Isolation(config)

@@ -34,6 +34,9 @@ from gpupool.errors import ConflictError, GpupoolError, NotFoundError, SpecError
 from gpupool.service.executor import (
     CHECKPOINT_DIR,
     DEFAULT_GRACE_S,
+    DEFAULT_LOG_MAX_BYTES,
+    DEFAULT_PATH,
+    HOME_DIR,
     STDERR_LOG,
     STDOUT_LOG,
     Exit,
@@ -127,6 +130,7 @@ class JobActor:
         self._node_id = str(ray.get_runtime_context().get_node_id())
         run_dir = spec.run_dir.absolute()
         (run_dir / CHECKPOINT_DIR).mkdir(parents=True, exist_ok=True)
+        (run_dir / HOME_DIR).mkdir(exist_ok=True)
         self._run_dir = run_dir
         self._record = exit_file(run_dir, spec.attempt)
         for stale in (self._record, stop_file(run_dir, spec.attempt)):
@@ -134,25 +138,44 @@ class JobActor:
         env = job_environment(spec)
         env["GPUPOOL_NODE"] = node
         env["GPUPOOL_RAY_NODE_ID"] = self._node_id
-        env["GPUPOOL_FENCE_PPID"] = str(os.getpid())  # the job dies with this actor's node
-        argv = [python, "-P", "-m", "gpupool.service.shim", "--exit-file", str(self._record)]
-        argv += ["--", *spec.argv]
+        # The shim gets the job over a pipe, as under LocalExecutor: its own interpreter
+        # runs isolated (-I) in a clean environment, the job's applies to the job only.
+        job = {
+            "argv": list(spec.argv),
+            "env": env,
+            "cwd": str(spec.cwd) if spec.cwd is not None else None,
+            "stdout": str(run_dir / STDOUT_LOG),
+            "stderr": str(run_dir / STDERR_LOG),
+            "log_max_bytes": DEFAULT_LOG_MAX_BYTES,
+            "fence_ppid": os.getpid(),  # the job dies with this actor's node
+        }
+        read_end, write_end = os.pipe()
+        argv = [python, "-I", "-m", "gpupool.service.shim", "--exit-file", str(self._record)]
+        argv += ["--spec-fd", str(read_end)]
         header = f"== attempt {spec.attempt} ==\n".encode()
-        with (
-            open(run_dir / STDOUT_LOG, "ab", buffering=0) as out,
-            open(run_dir / STDERR_LOG, "ab", buffering=0) as err,
-        ):
-            out.write(header)
-            err.write(header)
-            self._proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=err,
-                env=env,
-                cwd=spec.cwd,
-                start_new_session=True,
-            )
+        try:
+            try:
+                with (
+                    open(run_dir / STDOUT_LOG, "ab", buffering=0) as out,
+                    open(run_dir / STDERR_LOG, "ab", buffering=0) as err,
+                ):
+                    out.write(header)
+                    err.write(header)
+                    self._proc = subprocess.Popen(
+                        argv,
+                        stdin=subprocess.DEVNULL,
+                        stdout=out,
+                        stderr=err,
+                        env={"PATH": DEFAULT_PATH},
+                        start_new_session=True,
+                        pass_fds=(read_end,),
+                    )
+            finally:
+                os.close(read_end)
+            with open(write_end, "wb", closefd=False) as pipe:
+                pipe.write(json.dumps(job).encode())
+        finally:
+            os.close(write_end)
         self._ticks = read_start_ticks(self._proc.pid, zombie_ok=True) or 0
 
     def node_id(self) -> str:

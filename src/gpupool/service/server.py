@@ -22,7 +22,7 @@ from gpupool.scheduler.schema import SCHEDULING_KEYS, parse_scheduling
 from gpupool.service.clock import Clock, StartedClock, SystemClock
 from gpupool.service.executor import LocalExecutor
 from gpupool.service.isolation import SECTION as ISOLATION_SECTION
-from gpupool.service.isolation import service_isolation
+from gpupool.service.isolation import service_isolation, sqlite_file
 from gpupool.service.live import LIVE_DEFAULTS, LiveConfig, LiveService
 from gpupool.service.sites import load_sites
 from gpupool.service.store import NewJob, Store, database_url
@@ -418,9 +418,7 @@ def serve(args: argparse.Namespace) -> int:
     served = uvicorn_options(args)
     store = Store(database_url(args.db, state_dir))
     store.migrate()
-    isolation = service_isolation(
-        args.config, args.no_isolation, state_dir, database_url(args.db, state_dir)
-    )
+    isolation = service_isolation(args.config, args.no_isolation, args.demo)
     config = LiveConfig(
         state_dir=state_dir,
         scheduling=scheduling,
@@ -446,6 +444,7 @@ def serve(args: argparse.Namespace) -> int:
             telemetry,
             open_clock(args.clock_start, args.clock_speed),
         )
+    isolation.secure_state(state_dir, live.jobs_dir, sqlite_file(database_url(args.db, state_dir)))
     scheme = "https" if args.tls_cert is not None else "http"
     url = f"{scheme}://{args.host}:{args.port}"
     print(
