@@ -530,3 +530,51 @@ def test_a_shim_whose_launcher_died_starts_nothing(tmp_path: Path) -> None:
     assert done.returncode == EXIT_NOT_STARTED
     assert "not started" in done.stderr
     assert not record.exists()
+
+
+def test_through_the_service_a_team_b_job_cannot_reach_team_a_or_the_server(
+    open_dir: Path,  # noqa: F811
+) -> None:
+    """The same attack on a real `gpupool serve` (root, isolation on by default), its
+    environment holding a secret."""
+    containment.require()
+    import httpx
+
+    from service_proc import Server, wait_for
+
+    state = open_dir / "state"
+    env = {**os.environ, "GPUPOOL_SERVER_SECRET": "hunter2"}
+    args = ("--fake-gpus", "2xA100-80GB", "--auth", "none", "--cycle", "0.2")
+    server = Server(state, *args, isolation=True, env=env).start()
+    try:
+        assert server.proc is not None
+        a_code = "import os, time; open(os.environ['GPUPOOL_CHECKPOINT_DIR'] + '/pid', 'w')"
+        a_code += ".write(str(os.getpid())); time.sleep(60)"
+        jobs = f"{server.url}/v1/jobs"
+        a = httpx.post(jobs, json={"command": [SYSTEM_PY, "-c", a_code], "team": "ctest-a"})
+        a_id = a.json()["id"]
+        pid_file = state / "jobs" / str(a_id) / "checkpoint" / "pid"
+        wait_for(lambda: pid_file.exists() and pid_file.read_text() != "", 30, "team a's job")
+        a_row = httpx.get(f"{jobs}/{a_id}").json()
+        argv = [SYSTEM_PY, "-c", textwrap.dedent(HOSTILE), str(state / "jobs" / str(a_id))]
+        argv += [str(state / "gpupool.db"), str(server.proc.pid), pid_file.read_text()]
+        argv += [str(a_row.get("pid") or 1)]
+        b_id = httpx.post(jobs, json={"command": argv, "team": "ctest-b"}).json()["id"]
+        wait_for(
+            lambda: httpx.get(f"{jobs}/{b_id}").json()["state"] in ("succeeded", "failed"),
+            30,
+            "team b's job",
+        )
+        log = httpx.get(f"{jobs}/{b_id}/logs").text
+        seen = json.loads(log.splitlines()[-1])
+        assert httpx.get(f"{jobs}/{a_id}").json()["state"] == "running"
+        httpx.post(f"{jobs}/{a_id}/cancel")
+        wait_for(lambda: httpx.get(f"{jobs}/{a_id}").json()["state"] == "cancelled", 30, "cancel")
+    finally:
+        server.stop()
+    assert {k: v for k, v in seen["tried"].items() if v != "denied"} == {
+        "write own checkpoint": "allowed",
+        "read own log": "allowed",
+    }, seen["tried"]
+    assert "hunter2" not in json.dumps(seen["env"])
+    assert seen["env"]["USER"] == "gpupool-ctest-b"

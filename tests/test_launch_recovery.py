@@ -128,7 +128,7 @@ def sigkills_around_launches(base: Path, url: str, kills: int, seed: int) -> dic
             else:  # anywhere: recovery, ingest, launches, exits
                 until = time.monotonic() + rng.uniform(0.05, 1.2)
                 while time.monotonic() < until:
-                    if rng.random() < 0.5:
+                    if rng.random() < 0.5 and len(ids) < 2 * kills:
                         submit()
                     time.sleep(rng.uniform(0.0, 0.15))
             _kill(pid)
@@ -161,6 +161,7 @@ def sigkills_around_launches(base: Path, url: str, kills: int, seed: int) -> dic
     }
 
 
+@pytest.mark.slow
 def test_sigkills_in_the_launch_window_never_run_a_job_twice(
     open_dir: Path,  # noqa: F811
 ) -> None:
@@ -170,6 +171,7 @@ def test_sigkills_in_the_launch_window_never_run_a_job_twice(
     seen = sigkills_around_launches(open_dir, url, kills=24, seed=20261201)
     print(seen)
     assert seen["jobs"] >= 24 and seen["starts"] >= seen["jobs"]
+    assert seen["lost"] + seen["adopted_by_intent"] > 0  # some kills did land in a launch
 
 
 @pytest.fixture
@@ -177,6 +179,7 @@ def pg_schema(pg_url: str) -> Iterator[str]:  # noqa: F811
     yield fresh_schema(pg_url)
 
 
+@pytest.mark.slow
 def test_sigkills_in_the_launch_window_on_postgresql(
     open_dir: Path,  # noqa: F811
     pg_schema: str,

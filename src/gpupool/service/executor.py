@@ -504,21 +504,22 @@ class LocalExecutor:
         for stale in (record, stop_file(run_dir, spec.attempt)):
             stale.unlink(missing_ok=True)
         token = secrets.token_hex(16)
-        group = ""
-        if self.cgroups is not None:
-            group = _cgroup_name(spec.job_id, spec.attempt, token)
-            devices = gpu_device_rules(spec.gpu_indices, self._devices_dir, self._base_devices)
-            try:
-                self.cgroups.create(group, spec.limits, devices)
-            except OSError as e:
-                self.cgroups.remove(group)
-                why = f"job {spec.job_id}: cannot create its cgroup {group}: {e}"
-                raise Unavailable(why) from e
-        # The intent comes first: whatever starts after it can be found again by it.
+        group = _cgroup_name(spec.job_id, spec.attempt, token) if self.cgroups else ""
+        # The intent comes first: whatever exists after it (its cgroup, its processes)
+        # can be found again by it, and cleaned up.
         write_durably(
             launch_file(run_dir, spec.attempt),
             {"job_id": spec.job_id, "attempt": spec.attempt, "token": token, "cgroup": group},
         )
+        if self.cgroups is not None:
+            devices = gpu_device_rules(spec.gpu_indices, self._devices_dir, self._base_devices)
+            try:
+                self.cgroups.create(group, spec.limits, devices)
+            except OSError as e:
+                with contextlib.suppress(OSError):
+                    self.cgroups.remove(group)
+                why = f"job {spec.job_id}: cannot create its cgroup {group}: {e}"
+                raise Unavailable(why) from e
         env = job_environment(spec)
         env[TOKEN_ENV] = token
         cwd = spec.cwd
