@@ -555,10 +555,12 @@ def test_through_the_service_a_team_b_job_cannot_reach_team_a_or_the_server(
         a_id = a.json()["id"]
         pid_file = state / "jobs" / str(a_id) / "checkpoint" / "pid"
         wait_for(lambda: pid_file.exists() and pid_file.read_text() != "", 30, "team a's job")
-        a_row = httpx.get(f"{jobs}/{a_id}").json()
+        a_pid = pid_file.read_text()
+        stat = Path(f"/proc/{a_pid}/stat").read_text()
+        a_shim = stat[stat.rfind(")") + 2 :].split()[1]  # its parent
+        assert "gpupool.service.shim" in Path(f"/proc/{a_shim}/cmdline").read_text()
         argv = [SYSTEM_PY, "-c", textwrap.dedent(HOSTILE), str(state / "jobs" / str(a_id))]
-        argv += [str(state / "gpupool.db"), str(server.proc.pid), pid_file.read_text()]
-        argv += [str(a_row.get("pid") or 1)]
+        argv += [str(state / "gpupool.db"), str(server.proc.pid), a_pid, a_shim]
         b_id = httpx.post(jobs, json={"command": argv, "team": "ctest-b"}).json()["id"]
         wait_for(
             lambda: httpx.get(f"{jobs}/{b_id}").json()["state"] in ("succeeded", "failed"),

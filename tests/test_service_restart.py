@@ -82,8 +82,10 @@ def test_sigkill_at_random_points_loses_nothing(tmp_path: Path) -> None:
                 )
                 accepted[key] = r.json()["id"]
                 job_url = f"{server.url}/v1/jobs/{accepted[key]}"
+                # Its process has started once it prints (running alone is written
+                # before the process starts).
                 wait_for(
-                    lambda u=job_url: httpx.get(u).json()["state"] == "running",
+                    lambda u=job_url: len(httpx.get(f"{u}/logs").text.splitlines()) >= 2,
                     60,
                     "the long job to be running before the last crash",
                 )
