@@ -14,8 +14,10 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from gpupool.examples.ckpt_counter import expected_result
+from pgserver import fresh_schema, pg_url  # noqa: F401
 from service_proc import Server, free_port, wait_for
 
 STEPS = 25
@@ -49,11 +51,20 @@ def _spec(k: int) -> dict[str, object]:
     }
 
 
-def test_sigkill_at_random_points_loses_nothing(tmp_path: Path) -> None:
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_args(request: pytest.FixtureRequest) -> tuple[str, ...]:
+    """No --db (SQLite in the state dir), or a fresh PostgreSQL schema."""
+    if request.param == "sqlite":
+        return ()
+    return ("--db", fresh_schema(request.getfixturevalue("pg_url")))
+
+
+def test_sigkill_at_random_points_loses_nothing(tmp_path: Path, db_args: tuple[str, ...]) -> None:
     rng = random.Random(20261130)
     state = tmp_path / "state"
     port = free_port()
     args = ("--fake-gpus", "2xA100-80GB", "--auth", "none", "--cycle", "0.2", "--sample", "0.5")
+    args += db_args
     accepted: dict[str, int] = {}
     k = 0
     for _round in range(4):
