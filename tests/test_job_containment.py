@@ -580,3 +580,18 @@ def test_through_the_service_a_team_b_job_cannot_reach_team_a_or_the_server(
     }, seen["tried"]
     assert "hunter2" not in json.dumps(seen["env"])
     assert seen["env"]["USER"] == "gpupool-ctest-b"
+
+
+def test_serve_turns_isolation_off_for_the_demo_and_ray_and_says_so(tmp_path: Path) -> None:
+    from gpupool.service.isolation import service_isolation
+
+    config = tmp_path / "svc.yaml"
+    config.write_text("isolation: {log_max_mib: 2}\n")
+    on_ray = service_isolation(config, off=False, ray=True)
+    assert not on_ray.enabled and "Ray" in on_ray.cannot_guarantee()[0]
+    assert on_ray.log_max_bytes == 2 << 20
+    assert not service_isolation(None, off=False, demo=True).enabled
+    assert not service_isolation(None, off=True).enabled
+    config.write_text("isolation: {enabled: true}\n")
+    if os.geteuid() == 0:
+        assert service_isolation(config, off=False, demo=True).enabled

@@ -214,6 +214,7 @@ class Isolation:
         self.users = users if users is not None else SystemUsers()
         self._by_team: dict[str, JobUser] = {}
         self._lock = threading.Lock()
+        self.on_ray = False
 
     @property
     def log_max_bytes(self) -> int:
@@ -282,6 +283,11 @@ class Isolation:
     def cannot_guarantee(self) -> list[str]:
         if self.enabled:
             return []
+        if self.on_ray:
+            return [
+                "on Ray, jobs run as the Ray workers' user, without team users or cgroups: "
+                "each can read what that user can and signal the others"
+            ]
         return [
             "isolation is off: every job runs as the server's user and can read the "
             "database, the state directory, other jobs' logs and checkpoints, and signal "
@@ -295,12 +301,17 @@ def sqlite_file(url: str) -> Path | None:
     return Path(url[len(prefix) :]) if url.startswith(prefix) else None
 
 
-def service_isolation(config_path: Path | None, off: bool, demo: bool = False) -> Isolation:
+def service_isolation(
+    config_path: Path | None, off: bool, demo: bool = False, ray: bool = False
+) -> Isolation:
     """What `gpupool serve` runs jobs under: the --config file's `isolation:` section,
     turned off by --no-isolation, and by --demo unless the file turns it on (the demo's
     jobs run gpupool's own interpreter, which a team's user may not be allowed to run).
+    On Ray (`ray`) jobs run as the Ray workers' user: no team users, said at start.
     Call `secure_state` before any job starts."""
     config = load_isolation(config_path)
-    if off or (demo and config.enabled is None):
+    if off or ray or (demo and config.enabled is None):
         config = dataclasses.replace(config, enabled=False)
-    return Isolation(config)
+    isolation = Isolation(config)
+    isolation.on_ray = ray
+    return isolation

@@ -418,7 +418,7 @@ def serve(args: argparse.Namespace) -> int:
     served = uvicorn_options(args)
     store = Store(database_url(args.db, state_dir))
     store.migrate()
-    isolation = service_isolation(args.config, args.no_isolation, args.demo)
+    isolation = service_isolation(args.config, args.no_isolation, args.demo, args.ray is not None)
     config = LiveConfig(
         state_dir=state_dir,
         scheduling=scheduling,
@@ -432,6 +432,8 @@ def serve(args: argparse.Namespace) -> int:
     if args.ray is not None:
         live = _ray_live(args, config, store)
         telemetry = live.telemetry
+        for note in isolation.cannot_guarantee():
+            print(f"gpupool: not guaranteed: {note}", file=sys.stderr)
     else:
         telemetry = open_telemetry(args.fake_gpus, args.demo, args.fake_inlet)
         executor = LocalExecutor(isolation=isolation)
