@@ -595,3 +595,17 @@ def test_serve_turns_isolation_off_for_the_demo_and_ray_and_says_so(tmp_path: Pa
     config.write_text("isolation: {enabled: true}\n")
     if os.geteuid() == 0:
         assert service_isolation(config, off=False, demo=True).enabled
+
+
+def test_a_shim_that_cannot_start_leaves_no_cgroup(tmp_path: Path) -> None:
+    containment.require()
+    ex = LocalExecutor(python=str(tmp_path / "no-such-python"))
+    assert ex.cgroups is not None
+    with pytest.raises(SpecError, match="cannot start the shim"):
+        ex.launch(launch_spec(tmp_path, "n", ("true",)), 0.0)
+    assert ex.handles() == {}
+    assert ex.cgroups.pids("gpupool") == []  # and nothing of it remains under gpupool/
+    found, _ = detect()
+    if isinstance(found, CgroupV1):
+        leftovers = [p.name for p in (found.root / "pids" / "gpupool").glob("job-n-*")]
+        assert leftovers == []

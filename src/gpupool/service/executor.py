@@ -565,6 +565,9 @@ class LocalExecutor:
                     ) from e
         except BaseException:
             os.close(write_end)
+            if self.cgroups is not None:
+                with contextlib.suppress(OSError):
+                    self.cgroups.remove(group)
             raise
         finally:
             os.close(read_end)
