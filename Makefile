@@ -33,7 +33,7 @@ lint: $(STAMP)
 
 ## test: lint, then the whole test suite
 test: lint
-	$(BIN)/pytest --ignore=tests/ray
+	GPUPOOL_REQUIRE_ISOLATION=1 $(BIN)/pytest --ignore=tests/ray
 	RAY_USAGE_STATS_ENABLED=0 GPUPOOL_REQUIRE_RAY=1 unshare -n sh -c 'ip link set lo up && exec "$$@"' sh $(BIN)/pytest tests/ray
 
 ## bench: speed targets, results written to bench/results/
