@@ -967,9 +967,13 @@ def create_app(
             raise HTTPException(403, "only an admin token drains nodes")
         return service.drain(body.node, who.name, undo=body.undo, reason=body.reason)
 
-    @app.get("/healthz", summary="Liveness")
-    def healthz() -> dict[str, Any]:
-        return {"ok": True, "scheduler_error": service.loop_error}
+    @app.get("/healthz", summary="Liveness of the API and of the scheduler loop")
+    def healthz() -> JSONResponse:
+        """200 while the scheduler loop completes its cycles; 503 when its last completed
+        cycle is late or the loop has stopped. Says the server's role (active), the last
+        cycle, the last error and its stage, and why launches wait (DiskFull)."""
+        body = service.health_view()
+        return JSONResponse(body, status_code=200 if body["ok"] else 503)
 
     @app.get(
         "/metrics",

@@ -11,8 +11,11 @@ and wakes the loop.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import json
+import logging
 import shutil
 import socket
 import threading
@@ -21,7 +24,7 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -60,6 +63,7 @@ from gpupool.scheduler import (
 from gpupool.scheduler.config import SchedulerConfig
 from gpupool.scheduler.schema import check_fleet
 from gpupool.service.clock import Clock
+from gpupool.service.diskspace import DiskFloor, DiskProbe, DiskSpace, StatvfsDisk
 from gpupool.service.executor import (
     NO_LIMITS,
     Executor,
@@ -69,6 +73,8 @@ from gpupool.service.executor import (
     LaunchSpec,
     launch_file,
 )
+from gpupool.service.health import LoopHealth
+from gpupool.service.lease import Lease
 from gpupool.service.sites import (
     DOWN,
     STARTING,
@@ -79,7 +85,15 @@ from gpupool.service.sites import (
     with_cloud_nodes,
 )
 from gpupool.service.sizing_field import plan_request_from
-from gpupool.service.store import TERMINAL, JobRow, Store
+from gpupool.service.store import (
+    TERMINAL,
+    JobRow,
+    RetryingStore,
+    RetryPolicy,
+    Store,
+    count_events,
+    transient,
+)
 from gpupool.service.telemetry import (
     FakeTelemetry,
     GpuInfo,
@@ -89,6 +103,28 @@ from gpupool.service.telemetry import (
     Telemetry,
 )
 from gpupool.sizing.catalog import load_catalog
+
+log = logging.getLogger("gpupool.service")
+
+ENVIRONMENT_ERRNOS = frozenset(
+    {
+        errno.ENOSPC,
+        errno.EDQUOT,
+        errno.EROFS,
+        errno.EMFILE,
+        errno.ENFILE,
+        errno.EIO,
+        errno.ENOMEM,
+        errno.EAGAIN,
+        errno.EACCES,
+        errno.EPERM,
+    }
+)
+"""OS errors that say the server's machine is in trouble (disk, descriptors, memory), not
+the job: a launch that fails with one is requeued, and launches pause for a while."""
+
+LOST_PREFIX = "lost: "
+"""The reason of a requeue because the job was lost: counted against `lost_retries`."""
 
 LIVE_DEFAULTS = SchedulerConfig(
     cycle_s=1.0, online_reserve=0.0, preemption=PreemptionRules(60.0, 3)
@@ -123,10 +159,26 @@ class LiveConfig:
     purge_every_s: float = 3600.0
     purge_batch: int = 200
     """Jobs (and job-less events) deleted per loop step while a purge finds more."""
+    lost_retries: int = 3
+    """How often a job may be requeued because it was lost (its process vanished without
+    an exit record, its node left) before it fails instead."""
+    disk_floor: DiskFloor = field(default_factory=DiskFloor)
+    """Launches wait (reason DiskFull) while the state directory has less free space."""
+    health_late_s: float | None = None
+    """/healthz is unhealthy when the last completed cycle is older; None: max(10 s, 5
+    cycles)."""
+    db_retry: RetryPolicy = field(default_factory=RetryPolicy)
+    """How the loop retries a database that is locked, unreachable or full."""
 
     @property
     def cycle_s(self) -> float:
         return self.scheduling.cycle_s
+
+    @property
+    def late_after_s(self) -> float:
+        if self.health_late_s is not None:
+            return self.health_late_s
+        return max(10.0, 5 * self.cycle_s)
 
 
 def build_cluster(
@@ -206,12 +258,24 @@ class LiveService:
         clock: Clock,
         probe: Callable[[], dict[str, str]] | None = None,
         cloud_runner: CommandRunner | None = None,
+        disk: DiskProbe | None = None,
+        lease: Lease | None = None,
     ) -> None:
         """`probe`, for a fleet of `config.nodes`, names the nodes alive now (node name ->
         an id that changes when the node restarts, e.g. the Ray node id): polled at most
-        once a second, a node it no longer lists is lost and its jobs requeued."""
+        once a second, a node it no longer lists is lost and its jobs requeued. `disk`
+        measures the state directory's free space (statvfs of it by default); `lease`, the
+        controller lease this service was started under: the loop stops when it is lost."""
         self.config = config
-        self.store = store
+        self.stopping = threading.Event()
+        self.health = LoopHealth(config.late_after_s)
+        self.stage = "start"
+        """What the loop is doing now, for errors reported from deep inside (retries)."""
+        self.raw_store = store
+        """The store without retries: for best-effort writes that must not hold the loop."""
+        self.store = cast(
+            Store, RetryingStore(store, config.db_retry, self._db_retry, self.stopping)
+        )
         self.executor = executor
         self.telemetry = telemetry
         self.clock = clock
@@ -288,7 +352,6 @@ class LiveService:
                 self.gone[c.name] = (None, now)
         self.lock = threading.RLock()
         self.wake = threading.Event()
-        self.stopping = threading.Event()
         self.seen_id = 0
         self.evicting: dict[str, str] = {}
         """Jobs stopped because their node went bad: requeued when they exit."""
@@ -309,9 +372,22 @@ class LiveService:
         """When set, every command the core returned, with its time (parity tests)."""
         self.thread: threading.Thread | None = None
         self.loop_error: str | None = None
+        self.lease = lease
+        self.on_lease_lost: Callable[[], None] | None = None
+        """Called (from the loop thread) once the lease is lost and the loop has stopped."""
         self.jobs_dir = config.state_dir / "jobs"
         self.jobs_dir.mkdir(parents=True, exist_ok=True)
         self.next_purge = -1e18
+        self.disk: DiskProbe = disk if disk is not None else StatvfsDisk(self.jobs_dir)
+        self.disk_space: DiskSpace | None = None
+        self.gate: str | None = None
+        """Why launches wait now (DiskFull, ReadOnly, LaunchFailing), or None."""
+        self.told: dict[int, str] = {}
+        """Waiting jobs whose reason says why launches wait: job -> the reason they had."""
+        self.told_kind: dict[int, str] = {}
+        self.launch_backoff_s = 0.0
+        self.launch_retry_at = -1e18
+        self.launch_error: str | None = None
         self.recover()
         self._recover_lifecycle()
 
@@ -397,6 +473,7 @@ class LiveService:
     # ---- the loop -----------------------------------------------------------------------------
     def start(self) -> None:
         self.thread = threading.Thread(target=self._run, name="gpupool-scheduler", daemon=True)
+        self.health.started(self.thread)
         self.thread.start()
 
     def stop(self) -> None:
@@ -410,35 +487,201 @@ class LiveService:
     """Wake-ups (new jobs, cancels) run a cycle early, but at most 20 cycles a second."""
 
     def _run(self) -> None:
-        while not self.stopping.is_set():
-            started = time.monotonic()
-            try:
-                self.step()
-                self.loop_error = None
-            except GpupoolError as err:  # keep scheduling; the API shows the problem
-                self.loop_error = str(err)
-            self.wake.wait(self.config.cycle_s)
-            self.wake.clear()
-            rest = self.MIN_STEP_S - (time.monotonic() - started)
-            if rest > 0:
-                self.stopping.wait(rest)
+        """Cycle until stopped. Each stage of a step guards itself (`_stage`), so an error
+        costs that stage (or that job) one cycle and never the loop; a database that is
+        locked or full holds the loop in retries, which /healthz shows as a late cycle."""
+        try:
+            while not self.stopping.is_set():
+                started = time.monotonic()
+                if self.lease is not None and not self.lease.held():
+                    self._lease_lost()
+                    return
+                try:
+                    self.step()
+                except Exception as err:  # the stages catch their own; this is the last net
+                    self._fault("cycle", err)
+                self.health.completed()
+                self.wake.wait(self.config.cycle_s)
+                self.wake.clear()
+                rest = self.MIN_STEP_S - (time.monotonic() - started)
+                if rest > 0:
+                    self.stopping.wait(rest)
+        except BaseException as err:
+            self.health.dead(f"{type(err).__name__}: {err}")
+            log.critical("the scheduler loop died", exc_info=True)
+            raise
+
+    def _lease_lost(self) -> None:
+        why = (
+            f"lost the controller lease on {self.lease.where if self.lease else '?'} (its "
+            "database session ended); scheduling stopped so that only one controller runs"
+        )
+        log.critical(why)
+        self.loop_error = why
+        self.health.dead(why)
+        if self.on_lease_lost is not None:
+            self.on_lease_lost()
 
     def step(self) -> None:
         with self.lock:
             now = self.clock.now()
+            self.loop_error = None
             # What ended frees GPUs before what arrived is considered; measurements come
             # before the arrivals too (a job's pool is chosen on them), as in the simulator.
-            self._reap(now)
+            self._stage("reap", self._reap, now)
             if now - self.last_sample >= self.config.sample_s:
-                self._sample(now)
-            self._progress(now)
-            self._ingest(now)
+                self._stage("sample", self._sample, now)
+            self._stage("progress", self._progress, now)
+            self._stage("ingest", self._ingest, now)
             if self.probe is not None and now - self.last_probe >= self.PROBE_S:
-                self._probe(now)
+                self._stage("probe", self._probe, now)
             if self.cloud is not None:
-                self._check_cloud(now)
-            self._carry_out(self.scheduler.cycle(now), now)
-            self._purge(now)
+                self._stage("cloud", self._check_cloud, now)
+            self._stage("disk", self._check_gate, now)
+            if self.gate is None:
+                self._stage("cycle", self._cycle, now)
+            self._stage("purge", self._purge, now)
+            self.stage = "idle"
+
+    def _cycle(self, now: float) -> None:
+        self._carry_out(self.scheduler.cycle(now), now)
+
+    # ---- faults ---------------------------------------------------------------------------
+    def _stage(self, stage: str, fn: Callable[..., None], *args: Any) -> None:
+        self.stage = stage
+        try:
+            fn(*args)
+        except Exception as err:
+            self._fault(stage, err)
+
+    def _fault(self, stage: str, err: BaseException, job_id: int | None = None) -> None:
+        """An unexpected error: logged with its stage and job, shown by /healthz and
+        /v1/cluster, and an event where the database takes one; the loop goes on."""
+        what = f"{type(err).__name__}: {err}" if not isinstance(err, GpupoolError) else str(err)
+        where = f"{stage}" + (f" (job {job_id})" if job_id is not None else "")
+        log.error("scheduler %s failed: %s", where, what, exc_info=err)
+        self.health.error(stage, what, job_id)
+        self.loop_error = f"{where}: {what}"
+        with contextlib.suppress(Exception):  # the database may be what failed; logged
+            self.raw_store.add_event(
+                "loop-error", f"{stage}: {what}"[:2000], self.clock.now(), job_id=job_id
+            )
+
+    def _db_retry(self, err: BaseException, attempt: int, delay_s: float) -> None:
+        """A database call of the loop failed and is retried (RetryingStore)."""
+        message = f"database unavailable, retry {attempt} in {delay_s:g} s: {err}"
+        if attempt == 1 or attempt % 10 == 0:
+            log.warning("scheduler %s: %s", self.stage, message)
+        self.health.error(self.stage, message[:2000])
+        self.loop_error = f"{self.stage}: {message}"
+
+    def health_view(self) -> dict[str, Any]:
+        """/healthz: ok, the loop's last cycle, errors, role, and why launches wait."""
+        loop = self.health.view(stopping=self.stopping.is_set())
+        space = self.disk_space
+        return {
+            "ok": loop["ok"],
+            "scheduler_error": self.loop_error,
+            "role": "active",
+            "problem": loop["problem"],
+            "loop": loop,
+            "launches": {
+                "waiting": self.gate,
+                "disk": None
+                if space is None
+                else {
+                    "path": space.path,
+                    "free_mib": round(space.free_bytes / (1 << 20), 1),
+                    "floor_mib": round(
+                        self.config.disk_floor.floor_bytes(space.total_bytes) / (1 << 20), 1
+                    ),
+                    "read_only": space.read_only,
+                },
+            },
+            "lease": None if self.lease is None else self.lease.where,
+        }
+
+    # ---- launch gate: a full or read-only disk, launches failing for the environment --------
+    LAUNCH_BACKOFF_MAX_S = 30.0
+
+    def _check_gate(self, now: float) -> None:
+        """Launches wait while the state disk is below its floor or read-only, or for a
+        while after a launch failed for a reason of the machine (launch backoff); the
+        waiting jobs' reasons say why, and they go back when the gate opens."""
+        try:
+            self.disk_space = self.disk.space()
+            gate = self.config.disk_floor.problem(self.disk_space)
+        except OSError as err:
+            gate = f"DiskUnknown: cannot measure the state directory's free space: {err}"
+        if gate is None and time.monotonic() < self.launch_retry_at:
+            gate = (
+                f"LaunchFailing: {self.launch_error}; launches retry in "
+                f"{self.launch_retry_at - time.monotonic():.0f} s"
+            )
+        if gate != self.gate:
+            if gate is not None and _kind(gate) != _kind(self.gate):
+                log.warning("launches wait: %s", gate)
+                self._best_effort_event("launches-waiting", gate, now)
+            elif gate is None:
+                log.warning("launches resume")
+                self._best_effort_event("launches-resumed", f"launches resume ({self.gate})", now)
+            self.gate = gate
+        if self.gate is None:
+            self._untell(now)
+        else:
+            self._tell(self.gate, now)
+
+    def _best_effort_event(self, kind: str, message: str, now: float) -> None:
+        try:
+            self.raw_store.add_event(kind, message, now)
+        except Exception as err:
+            log.warning("could not record event %s: %s", kind, err)
+
+    def _waiting_ids(self) -> list[int]:
+        return [
+            int(job_id)
+            for job_id, r in self.scheduler.records.items()
+            if r.state in (JobState.PENDING, JobState.SUSPENDED) and job_id.isdigit()
+        ]
+
+    def _tell(self, gate: str, now: float) -> None:
+        """Waiting jobs' reasons say why (once per job; best effort: a full disk may
+        refuse the write, which is tried again next cycle)."""
+        kind = gate.split(":", 1)[0]
+        for job_id in self._waiting_ids():
+            if job_id in self.told and self.told_kind.get(job_id) == kind:
+                continue
+            try:
+                row = self.raw_store.get(job_id)
+                if row.state not in ("pending", "suspended"):
+                    continue
+                before = self.told.get(job_id, row.reason)
+                self.raw_store.update(
+                    job_id, now, expect=("pending", "suspended"), event="waiting", reason=gate
+                )
+            except Exception:
+                continue
+            self.told[job_id] = before
+            self.told_kind[job_id] = kind
+
+    def _untell(self, now: float) -> None:
+        """Gate open: jobs still waiting get their reason back."""
+        for job_id, before in list(self.told.items()):
+            try:
+                self.raw_store.update(job_id, now, expect=("pending", "suspended"), reason=before)
+            except IllegalTransition:
+                pass  # it started or ended meanwhile: its reason says so already
+            except Exception:
+                continue  # the database refused: again next cycle
+            del self.told[job_id]
+            self.told_kind.pop(job_id, None)
+
+    def _launch_trouble(self, err: BaseException) -> None:
+        """A launch failed for the machine, not the job: launches pause, 1 s doubling to
+        30 s, so a full disk or a descriptor limit is not hammered every cycle."""
+        self.launch_backoff_s = min(max(1.0, self.launch_backoff_s * 2), self.LAUNCH_BACKOFF_MAX_S)
+        self.launch_retry_at = time.monotonic() + self.launch_backoff_s
+        self.launch_error = _describe(err)
 
     def run_dir(self, job_id: int) -> Path:
         return self.jobs_dir / str(job_id)
@@ -550,8 +793,20 @@ class LiveService:
         for row in self.store.list(state="pending", after_id=self.seen_id, limit=10_000):
             self.seen_id = max(self.seen_id, row.id)
             if str(row.id) not in self.scheduler.records:
-                sized = plan_request_from(row.sizing) if row.sizing is not None else None
-                record = self.scheduler.submit(spec_of(row), now, sized=sized)
+                try:
+                    sized = plan_request_from(row.sizing) if row.sizing is not None else None
+                    record = self.scheduler.submit(spec_of(row), now, sized=sized)
+                except Exception as err:  # this job cannot be scheduled; the others can
+                    self._fault("ingest", err, row.id)
+                    self._transition(
+                        row.id,
+                        "failed",
+                        now,
+                        ("pending",),
+                        reason=f"cannot be scheduled: {_describe(err)}",
+                        ended_at=now,
+                    )
+                    continue
                 if record.state is JobState.UNPLACEABLE:
                     self._transition(
                         row.id,
@@ -579,7 +834,10 @@ class LiveService:
 
     def _reap(self, now: float) -> None:
         for ex in self.executor.poll(now):
-            self._exited(ex, now)
+            try:
+                self._exited(ex, now)
+            except Exception as err:  # one job's end must not hide the others'
+                self._fault("reap", err, int(ex.job_id) if ex.job_id.isdigit() else None)
 
     def _exited(self, ex: Exit, now: float) -> None:
         job_id = int(ex.job_id)
@@ -616,8 +874,32 @@ class LiveService:
                 job_id, "cancelled", now, running, reason="cancelled on request", ended_at=now
             )
         elif ex.outcome == "lost":
-            self.scheduler.lost(key, now, ex.reason)
-            self._transition(job_id, "suspended", now, running, reason=f"lost: {ex.reason}")
+            lost = count_events(self.raw_store, job_id, "suspended", LOST_PREFIX)
+            limit = self.config.lost_retries
+            if lost >= limit:
+                self.scheduler.finished(key, now, JobState.FAILED)
+                self._transition(
+                    job_id,
+                    "failed",
+                    now,
+                    running,
+                    reason=(
+                        f"lost {lost + 1} times, more than the limit of {limit} requeues "
+                        f"(gpupool serve --lost-retries): {ex.reason}. A job lost again and "
+                        "again may be crashing its node or filling the state disk: read its "
+                        "logs and checkpoint directory, fix it, and submit it again"
+                    ),
+                    ended_at=now,
+                )
+            else:
+                self.scheduler.lost(key, now, ex.reason)
+                self._transition(
+                    job_id,
+                    "suspended",
+                    now,
+                    running,
+                    reason=f"{LOST_PREFIX}{ex.reason} (requeue {lost + 1} of {limit})",
+                )
             alive = self._alive()
             if alive is not None and row.node is not None and row.node in self.key_nodes():
                 # Its node is in doubt: nothing goes there until the probe clears it.
@@ -727,46 +1009,53 @@ class LiveService:
                 continue
             self._launch_all(batch, now)
             batch = []
-            if isinstance(c, Stop):
-                row = self.store.get(int(c.job_id))
-                self._transition(
-                    row.id,
-                    "preempting",
-                    now,
-                    ("running",),
-                    reason=c.reason,
-                    preemptions=row.preemptions + 1,
-                )
-                self.executor.preempt(c.job_id, row.grace_s, now)
-                self._decided(now, "preempt", c.job_id)
-            elif isinstance(c, Cancel):
-                if c.job_id in self.executor.handles():
-                    self.executor.cancel(c.job_id, self.store.get(int(c.job_id)).grace_s, now)
-            elif isinstance(c, SetPowerCap):
-                self._power_cap(c, now)
-            elif isinstance(c, Defer):
-                until = time.strftime("%H:%M", time.localtime(c.until_s))
-                self._update(
-                    int(c.job_id),
-                    now,
-                    ("pending", "suspended"),
-                    "deferred",
-                    reason=f"deferred until {until} ({c.reason})",
-                )
-            elif isinstance(c, Expire):
-                self._expire(c, now)
-            elif isinstance(c, Wait):
-                self._waiting(c, now)
-            elif isinstance(c, Burst):
-                assert self.cloud is not None
-                for name in c.nodes:
-                    self.store.add_event("cloud-burst", self.cloud.start(name, c.reason, now), now)
-            elif isinstance(c, Reclaim):
-                assert self.cloud is not None
-                for name in c.nodes:  # out of the pool already: nothing starts there
-                    self.gone[name] = (None, now)
-                    self.store.add_event("cloud-reclaim", self.cloud.stop(name, c.reason, now), now)
+            job_id = getattr(c, "job_id", None)
+            try:
+                self._command(c, now)
+            except Exception as err:  # one command's failure must not drop the others
+                self._fault(type(c).__name__.lower(), err, _job_number(job_id))
         self._launch_all(batch, now)
+
+    def _command(self, c: Command, now: float) -> None:
+        if isinstance(c, Stop):
+            row = self.store.get(int(c.job_id))
+            self._transition(
+                row.id,
+                "preempting",
+                now,
+                ("running",),
+                reason=c.reason,
+                preemptions=row.preemptions + 1,
+            )
+            self.executor.preempt(c.job_id, row.grace_s, now)
+            self._decided(now, "preempt", c.job_id)
+        elif isinstance(c, Cancel):
+            if c.job_id in self.executor.handles():
+                self.executor.cancel(c.job_id, self.store.get(int(c.job_id)).grace_s, now)
+        elif isinstance(c, SetPowerCap):
+            self._power_cap(c, now)
+        elif isinstance(c, Defer):
+            until = time.strftime("%H:%M", time.localtime(c.until_s))
+            self._update(
+                int(c.job_id),
+                now,
+                ("pending", "suspended"),
+                "deferred",
+                reason=f"deferred until {until} ({c.reason})",
+            )
+        elif isinstance(c, Expire):
+            self._expire(c, now)
+        elif isinstance(c, Wait):
+            self._waiting(c, now)
+        elif isinstance(c, Burst):
+            assert self.cloud is not None
+            for name in c.nodes:
+                self.store.add_event("cloud-burst", self.cloud.start(name, c.reason, now), now)
+        elif isinstance(c, Reclaim):
+            assert self.cloud is not None
+            for name in c.nodes:  # out of the pool already: nothing starts there
+                self.gone[name] = (None, now)
+                self.store.add_event("cloud-reclaim", self.cloud.stop(name, c.reason, now), now)
 
     def _power_cap(self, c: SetPowerCap, now: float) -> None:
         """A SetPowerCap of the core on the node and GPU it names (a reset included)."""
@@ -794,17 +1083,38 @@ class LiveService:
         )
 
     def _launch_all(self, batch: Sequence[Launch], now: float) -> None:
-        ready = [p for p in (self._prepare(d, now) for d in batch) if p is not None]
+        if not batch:
+            return
+        self.stage = "launch"
+        if self.gate is not None:  # e.g. a claimant of a vacated job: it waits too
+            for d in batch:
+                self.scheduler.lost(d.job_id, now, self.gate)
+            return
+        ready = []
+        for d in batch:
+            try:
+                p = self._prepare(d, now)
+            except Exception as err:
+                self._unstarted(d, err, now)
+                continue
+            if p is not None:
+                ready.append(p)
         if not ready:
             return
         many = getattr(self.executor, "launch_many", None)
-        results: list[Handle | GpupoolError]
+        results: list[Handle | BaseException]
         if self.fleet and many is not None:
-            results = many([(p.spec, p.node) for p in ready], now)
+            try:
+                results = many([(p.spec, p.node) for p in ready], now)
+            except Exception as err:
+                results = [err] * len(ready)
         else:
             results = [self._launch_one(p, now) for p in ready]
         for p, result in zip(ready, results, strict=True):
-            self._started(p, result, now)
+            try:
+                self._started(p, result, now)
+            except Exception as err:
+                self._fault("launch", err, p.row.id)
 
     def _prepare(self, d: Launch, now: float) -> _Prepared | None:
         """Record the job as running (before its process exists, so a restart finds it)
@@ -879,37 +1189,77 @@ class LiveService:
             return None
         return prepared
 
-    def _launch_one(self, p: _Prepared, now: float) -> Handle | GpupoolError:
+    def _launch_one(self, p: _Prepared, now: float) -> Handle | BaseException:
         launch_on = getattr(self.executor, "launch_on", None)
         try:
             if self.fleet and launch_on is not None:
                 handle: Handle = launch_on(p.spec, p.node, now)
                 return handle
             return self.executor.launch(p.spec, now)
-        except GpupoolError as err:  # e.g. its working directory does not exist
+        except Exception as err:  # e.g. its working directory does not exist, or no fds
             return err
 
-    def _started(self, p: _Prepared, result: Handle | GpupoolError, now: float) -> None:
+    def _unstarted(self, d: Launch, err: BaseException, now: float) -> None:
+        """A launch that failed before any process started (recording it, its run
+        directory): requeued when the machine is at fault, else failed with the reason."""
+        job_id = int(d.job_id)
+        self._fault("launch", err, job_id)
+        row = self.store.get(job_id)
+        if _environmental(err) or row.state == "suspended":
+            self._launch_trouble(err)
+            why = f"could not start: {_describe(err)}; requeued, launches retry shortly"
+            self.scheduler.lost(d.job_id, now, why)
+            if row.state in ("running", "preempting"):
+                self._transition(job_id, "suspended", now, ("running", "preempting"), reason=why)
+            else:
+                self._update(job_id, now, ("pending", "suspended"), "waiting", reason=why)
+            return
+        self.scheduler.finished(d.job_id, now, JobState.FAILED)
+        self._transition(
+            job_id,
+            "failed",
+            now,
+            ("running", "pending"),
+            reason=f"could not start: {_describe(err)}",
+            ended_at=now,
+        )
+
+    def _started(self, p: _Prepared, result: Handle | BaseException, now: float) -> None:
         d, row = p.decision, p.row
         if isinstance(result, Unavailable):  # e.g. Ray was slow to start its actor
             self._requeue(row.id, now, f"could not start yet: {result}")
             return
-        if isinstance(result, GpupoolError):
+        if isinstance(result, BaseException):
+            self._fault("launch", result, row.id)
+            if _environmental(result):  # the machine, not the job: it waits and runs later
+                self._launch_trouble(result)
+                self._requeue(
+                    row.id,
+                    now,
+                    f"could not start: {_describe(result)}; requeued, launches retry shortly",
+                )
+                return
             self.scheduler.finished(d.job_id, now, JobState.FAILED)
             self._transition(
                 row.id,
                 "failed",
                 now,
                 ("running",),
-                reason=f"could not start: {result}",
+                reason=f"could not start: {_describe(result)}",
                 ended_at=now,
             )
             return
         handle = result
-        (p.spec.run_dir / f"handle-{p.spec.attempt}.json").write_text(
-            json.dumps({"pid": handle.pid, "pgid": handle.pgid, "start_ticks": handle.start_ticks}),
-            encoding="utf-8",
-        )
+        self.launch_backoff_s = 0.0
+        try:  # a second record of the process, in case the database write below is lost
+            (p.spec.run_dir / f"handle-{p.spec.attempt}.json").write_text(
+                json.dumps(
+                    {"pid": handle.pid, "pgid": handle.pgid, "start_ticks": handle.start_ticks}
+                ),
+                encoding="utf-8",
+            )
+        except OSError as err:  # a full or read-only disk: the database still records it
+            self._fault("launch", err, row.id)
         self.store.set_process(row.id, handle.pid, handle.pgid, handle.start_ticks, now)
         shares = d.placement.shares
         tele = tuple(
@@ -1215,6 +1565,37 @@ def _read_intent(path: Path) -> tuple[str, str] | None:
     if not isinstance(d, dict):
         return None
     return str(d.get("token") or ""), str(d.get("cgroup") or "")
+
+
+def _describe(err: BaseException) -> str:
+    """An error for a job's reason: our own messages as they are, others with their type."""
+    if isinstance(err, GpupoolError):
+        return str(err)
+    return f"{type(err).__name__}: {err}"
+
+
+def _environmental(err: BaseException) -> bool:
+    """Whether a launch failed because of the machine (disk full or read-only, out of file
+    descriptors or memory, the database unavailable), not because of the job."""
+    seen: BaseException | None = err
+    for _ in range(5):
+        if seen is None:
+            return False
+        if isinstance(seen, OSError) and seen.errno in ENVIRONMENT_ERRNOS:
+            return True
+        if transient(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _kind(gate: str | None) -> str | None:
+    """DiskFull, ReadOnly, LaunchFailing: the word a gate's reason starts with."""
+    return None if gate is None else gate.split(":", 1)[0]
+
+
+def _job_number(job_id: object) -> int | None:
+    return int(job_id) if isinstance(job_id, str) and job_id.isdigit() else None
 
 
 def _site_tariffs(config: SchedulerConfig, sites: set[str]) -> dict[str, Tariff | None]:

@@ -15,7 +15,7 @@ import math
 import secrets
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,7 +45,14 @@ from sqlalchemy import (
 )
 from sqlalchemy import update as sql_update
 from sqlalchemy.engine import Connection, CursorResult, make_url
-from sqlalchemy.exc import ArgumentError, IntegrityError
+from sqlalchemy.exc import (
+    ArgumentError,
+    DBAPIError,
+    IntegrityError,
+    InterfaceError,
+    OperationalError,
+)
+from sqlalchemy.exc import TimeoutError as SqlTimeoutError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
 from gpupool.core.lifecycle import TRANSITIONS as CORE_TRANSITIONS
@@ -1519,3 +1526,78 @@ def _sqlite_begin(conn: Connection) -> None:
     """Writers take the write lock up front, so they wait their turn instead of deadlocking."""
     mode = "IMMEDIATE" if conn.get_execution_options().get(_WRITE) else "DEFERRED"
     conn.exec_driver_sql(f"BEGIN {mode}")
+
+
+# ---- riding out a database that is briefly unavailable (the live loop's calls) ---------------
+def transient(err: BaseException) -> bool:
+    """Whether a failed call may succeed if tried again: the database was locked, busy,
+    unreachable, out of space, read-only or out of file descriptors. A retried call is safe:
+    each Store method is one transaction, and these errors leave it uncommitted."""
+    if isinstance(err, OperationalError | SqlTimeoutError | InterfaceError):
+        return True
+    return isinstance(err, DBAPIError) and bool(err.connection_invalidated)
+
+
+@dataclass
+class RetryPolicy:
+    """Backoff from first_s doubling to at most max_s, for at most give_up_s in all."""
+
+    first_s: float = 0.1
+    max_s: float = 5.0
+    give_up_s: float = 300.0
+
+
+class RetryingStore:
+    """A Store whose calls retry transient database errors with backoff (see `transient`),
+    each retry reported to `on_retry(error, attempt, delay_s)`, until the call succeeds,
+    `give_up_s` has passed, or `stopping` is set; then the last error is raised. Used by
+    the scheduler loop, which would otherwise lose the change it was writing; the API
+    answers with errors instead of waiting."""
+
+    def __init__(
+        self,
+        store: Store,
+        policy: RetryPolicy | None = None,
+        on_retry: Callable[[BaseException, int, float], None] | None = None,
+        stopping: threading.Event | None = None,
+    ) -> None:
+        self.inner = store
+        self.policy = policy or RetryPolicy()
+        self.on_retry = on_retry
+        self.stopping = stopping or threading.Event()
+
+    def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        p = self.policy
+        deadline = time.monotonic() + p.give_up_s
+        delay, attempt = p.first_s, 0
+        while True:
+            try:
+                return fn(*args, **kwargs)
+            except Exception as err:
+                attempt += 1
+                if not transient(err) or time.monotonic() + delay > deadline:
+                    raise
+                if self.on_retry is not None:
+                    self.on_retry(err, attempt, delay)
+                if self.stopping.wait(delay):
+                    raise
+                delay = min(delay * 2, p.max_s)
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.inner, name)
+        if not callable(attr) or name.startswith("_"):
+            return attr
+
+        def retried(*args: Any, **kwargs: Any) -> Any:
+            return self.call(attr, *args, **kwargs)
+
+        return retried
+
+
+def count_events(store: Store, job_id: int, kind: str, prefix: str = "") -> int:
+    """How many events of `kind` (with a message starting with `prefix`) a job has had."""
+    query = select(func.count()).where(EventModel.job_id == job_id, EventModel.kind == kind)
+    if prefix:
+        query = query.where(EventModel.message.startswith(prefix, autoescape=True))
+    with store._read() as s:
+        return int(s.scalar(query) or 0)
