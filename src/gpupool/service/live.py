@@ -1615,6 +1615,7 @@ def ray_service(
     executor: Executor | None = None,
     telemetry: Telemetry | None = None,
     cloud_runner: CommandRunner | None = None,
+    lease: Lease | None = None,
 ) -> LiveService:
     """A LiveService on the gpupool nodes of the Ray cluster this process has joined
     (ray.init): the fleet is what `ray_nodes()` lists (plus the cloud nodes of
@@ -1648,5 +1649,12 @@ def ray_service(
         return {n.name: n.ray_node_id for n in ray_nodes()}
 
     return LiveService(
-        config, store, executor, telemetry, clock, probe=probe, cloud_runner=cloud_runner
+        config,
+        store,
+        executor,
+        telemetry,
+        clock,
+        probe=probe,
+        cloud_runner=cloud_runner,
+        lease=lease,
     )

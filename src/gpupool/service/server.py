@@ -7,7 +7,9 @@ import dataclasses
 import ipaddress
 import logging
 import os
+import signal
 import sys
+import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -20,9 +22,11 @@ from gpupool.errors import ConflictError, SpecError
 from gpupool.scheduler.config import SchedulerConfig
 from gpupool.scheduler.schema import SCHEDULING_KEYS, parse_scheduling
 from gpupool.service.clock import Clock, StartedClock, SystemClock
+from gpupool.service.diskspace import DEFAULT_FLOOR_MIB, DEFAULT_FLOOR_PCT, DiskFloor
 from gpupool.service.executor import LocalExecutor
 from gpupool.service.isolation import SECTION as ISOLATION_SECTION
-from gpupool.service.isolation import service_isolation, sqlite_file
+from gpupool.service.isolation import Isolation, service_isolation, sqlite_file
+from gpupool.service.lease import Lease, controller_lease
 from gpupool.service.live import LIVE_DEFAULTS, LiveConfig, LiveService
 from gpupool.service.sites import load_sites
 from gpupool.service.store import NewJob, Store, database_url
@@ -155,6 +159,7 @@ def add_serve_parser(sub: Any) -> None:
         help="fake fleet if no GPU, demo teams, a few demo jobs submitted",
     )
     add_access_flags(sp)
+    add_loop_flags(sp)
 
 
 DEFAULT_LIMIT_CONCURRENCY = 1024
@@ -198,6 +203,47 @@ def add_access_flags(sp: Any) -> None:
         default=90.0,
         metavar="DAYS",
         help="keep the audit trail this many days (90)",
+    )
+
+
+def add_loop_flags(sp: Any) -> None:
+    """One controller per database, and the scheduler loop's limits."""
+    sp.add_argument(
+        "--standby",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="when another gpupool serve already controls the database: stand by (serve "
+        "/healthz as the standby, refuse the rest with 503) and take over within a second "
+        "of its end (default); --no-standby: refuse to start",
+    )
+    sp.add_argument(
+        "--lost-retries",
+        type=int,
+        default=3,
+        metavar="N",
+        help="requeue a job lost (process vanished, node gone) at most N times, then fail it (3)",
+    )
+    sp.add_argument(
+        "--disk-floor-mib",
+        type=float,
+        default=DEFAULT_FLOOR_MIB,
+        metavar="MIB",
+        help="launches wait (reason DiskFull) while the state directory's filesystem has "
+        f"less free than the smaller of MIB and --disk-floor-pct ({DEFAULT_FLOOR_MIB:g})",
+    )
+    sp.add_argument(
+        "--disk-floor-pct",
+        type=float,
+        default=DEFAULT_FLOOR_PCT,
+        metavar="PCT",
+        help=f"see --disk-floor-mib ({DEFAULT_FLOOR_PCT:g} %%)",
+    )
+    sp.add_argument(
+        "--health-late",
+        type=float,
+        metavar="S",
+        help="/healthz answers 503 when the scheduler loop's last completed cycle is older "
+        "than S seconds (default: max(10, 5 cycles))",
     )
 
 
@@ -414,8 +460,13 @@ def serve(args: argparse.Namespace) -> int:
             "--fake-gpus is for the local executor; on Ray each node declares its GPUs "
             "(a node without any reads as a fake fleet of what it declares)"
         )
+    logging.basicConfig(
+        level=logging.WARNING, format="%(asctime)s gpupool %(levelname)s %(message)s"
+    )
+    logging.getLogger("gpupool").setLevel(logging.INFO)
     sites = load_sites(args.sites) if args.sites is not None else None
     served = uvicorn_options(args)
+    _check_loop_flags(args)
     store = Store(database_url(args.db, state_dir))
     store.migrate()
     isolation = service_isolation(args.config, args.no_isolation, args.demo, args.ray is not None)
@@ -427,39 +478,20 @@ def serve(args: argparse.Namespace) -> int:
         sites=sites,
         retention_s=args.retention_days * 86_400.0 if args.retention_days > 0 else None,
         source=str(args.config) if args.config is not None else "the service's defaults",
+        lost_retries=args.lost_retries,
+        disk_floor=DiskFloor(args.disk_floor_mib, args.disk_floor_pct),
+        health_late_s=args.health_late,
     )
-    telemetry: Telemetry
-    if args.ray is not None:
-        live = _ray_live(args, config, store)
-        telemetry = live.telemetry
-        for note in isolation.cannot_guarantee():
-            print(f"gpupool: not guaranteed: {note}", file=sys.stderr)
-    else:
-        telemetry = open_telemetry(args.fake_gpus, args.demo, args.fake_inlet)
-        executor = LocalExecutor(isolation=isolation)
-        for note in isolation.cannot_guarantee() + executor.cannot_guarantee():
-            print(f"gpupool: not guaranteed: {note}", file=sys.stderr)
-        live = LiveService(
-            config,
-            store,
-            executor,
-            telemetry,
-            open_clock(args.clock_start, args.clock_speed),
-        )
-    isolation.secure_state(state_dir, live.jobs_dir, sqlite_file(database_url(args.db, state_dir)))
     scheme = "https" if args.tls_cert is not None else "http"
     url = f"{scheme}://{args.host}:{args.port}"
-    print(
-        f"gpupool serving on {url} ({len(live.inventory)} GPUs: "
-        f"{', '.join(sorted({g.model for g in live.inventory}))}; state in {state_dir})"
-    )
-    if args.ray is not None:
-        for node in live.cluster.nodes:
-            cloud = live.cloud is not None and node.name in live.cloud.names()
-            print(
-                f"  node {node.name}: {node.gpu_count}x{node.gpu_model}, site {node.cluster}"
-                + (" (cloud: started on burst)" if cloud else "")
-            )
+    lease = controller_lease(store.url)
+    active = lease.try_acquire()
+    if not active and not args.standby:
+        raise SpecError(
+            f"another gpupool serve ({lease.holder()}) controls this database (lease on "
+            f"{lease.where}); stop it first, or drop --no-standby to stand by and take over "
+            "when it ends"
+        )
     if auth and not store.has_admin():
         token = bootstrap_admin(store)
         print(f"admin token (shown once, keep it): {token}")
@@ -471,19 +503,61 @@ def serve(args: argparse.Namespace) -> int:
             "  warning: tokens cross the network in clear text; "
             "serve HTTPS with --tls-cert/--tls-key (or behind a TLS proxy)"
         )
-    sys.stdout.flush()
-    if args.demo:
-        submit_demo(store)
-        print("demo jobs submitted; try: gpupool ls, gpupool top, gpupool logs -f 1")
-    app = create_app(
-        live,
-        store,
-        auth,
-        open_metrics=args.open_metrics,
-        open_docs=args.open_docs,
-        audit_keep_days=args.audit_days,
-    )
-    live.start()
+    held: list[LiveService] = []
+    apps: list[Any] = []
+    stopping = threading.Event()
+
+    def take_over() -> Any:
+        """Build the live service (recovering from the database), start its loop."""
+        live = _build_live(args, config, store, lease, isolation)
+        isolation.secure_state(
+            state_dir, live.jobs_dir, sqlite_file(database_url(args.db, state_dir))
+        )
+        live.on_lease_lost = _exit_on_lease_loss
+        _announce(args, live, url, state_dir)
+        if args.demo:
+            submit_demo(store)
+            print("demo jobs submitted; try: gpupool ls, gpupool top, gpupool logs -f 1")
+        sys.stdout.flush()
+        app = create_app(
+            live,
+            store,
+            auth,
+            open_metrics=args.open_metrics,
+            open_docs=args.open_docs,
+            audit_keep_days=args.audit_days,
+        )
+        apps.append(app)
+        held.append(live)
+        live.start()
+        return app
+
+    if active:
+        logging.getLogger("gpupool.service").info(
+            "active controller: holds the lease on %s", lease.where
+        )
+        app: Any = take_over()
+    else:
+        from gpupool.service.standby import Switch, standby_app, wait_for_lease
+
+        switch = Switch(standby_app(lease, time.time()))
+        print(
+            f"gpupool standing by on {url}: another gpupool serve ({lease.holder()}) controls "
+            f"this database (lease on {lease.where}); taking over when it ends"
+        )
+        sys.stdout.flush()
+
+        def promote() -> None:
+            try:
+                switch.app = take_over()
+            except BaseException:
+                logging.getLogger("gpupool.service").critical(
+                    "standby: could not take over; exiting so the lease is free", exc_info=True
+                )
+                _exit_on_lease_loss()
+
+        wait_for_lease(lease, promote, stopping)
+        app = switch
     try:
         uvicorn.run(
             app,
@@ -494,17 +568,82 @@ def serve(args: argparse.Namespace) -> int:
             **served,
         )
     finally:
-        app.state.audit.flush(5.0)
-        live.stop()
-        telemetry.close()
-        if args.ray is not None:
+        stopping.set()
+        for full in apps:
+            full.state.audit.flush(5.0)
+        for live in held:
+            live.stop()
+            live.telemetry.close()
+        if args.ray is not None and held:
             import ray
 
             ray.shutdown()
+        lease.release()
     return 0
 
 
-def _ray_live(args: argparse.Namespace, config: LiveConfig, store: Store) -> LiveService:
+def _check_loop_flags(args: argparse.Namespace) -> None:
+    if args.lost_retries < 0:
+        raise SpecError(f"--lost-retries must be 0 or more, got {args.lost_retries}")
+    if args.disk_floor_mib < 0 or not 0 <= args.disk_floor_pct <= 100:
+        raise SpecError(
+            "--disk-floor-mib must be 0 or more and --disk-floor-pct between 0 and 100, "
+            f"got {args.disk_floor_mib} and {args.disk_floor_pct}"
+        )
+    if args.health_late is not None and not args.health_late > 0:
+        raise SpecError(
+            f"--health-late must be a positive number of seconds, got {args.health_late}"
+        )
+
+
+def _exit_on_lease_loss() -> None:
+    """Stop the whole server (uvicorn shuts down on SIGTERM): a controller without the
+    lease must not schedule; restarted, it stands by."""
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _build_live(
+    args: argparse.Namespace, config: LiveConfig, store: Store, lease: Lease, isolation: Isolation
+) -> LiveService:
+    """The live service: on Ray, or on this machine with the jobs isolated as configured;
+    says what the isolation cannot guarantee here."""
+    if args.ray is not None:
+        live = _ray_live(args, config, store, lease)
+        for note in isolation.cannot_guarantee():
+            print(f"gpupool: not guaranteed: {note}", file=sys.stderr)
+        return live
+    telemetry = open_telemetry(args.fake_gpus, args.demo, args.fake_inlet)
+    executor = LocalExecutor(isolation=isolation)
+    for note in isolation.cannot_guarantee() + executor.cannot_guarantee():
+        print(f"gpupool: not guaranteed: {note}", file=sys.stderr)
+    return LiveService(
+        config,
+        store,
+        executor,
+        telemetry,
+        open_clock(args.clock_start, args.clock_speed),
+        lease=lease,
+    )
+
+
+def _announce(args: argparse.Namespace, live: LiveService, url: str, state_dir: Path) -> None:
+    print(
+        f"gpupool serving on {url} ({len(live.inventory)} GPUs: "
+        f"{', '.join(sorted({g.model for g in live.inventory}))}; state in {state_dir}; "
+        f"controller lease on {live.lease.where if live.lease else '-'})"
+    )
+    if args.ray is not None:
+        for node in live.cluster.nodes:
+            cloud = live.cloud is not None and node.name in live.cloud.names()
+            print(
+                f"  node {node.name}: {node.gpu_count}x{node.gpu_model}, site {node.cluster}"
+                + (" (cloud: started on burst)" if cloud else "")
+            )
+
+
+def _ray_live(
+    args: argparse.Namespace, config: LiveConfig, store: Store, lease: Lease | None = None
+) -> LiveService:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     import ray
     from gpupool.service.live import ray_service
@@ -527,4 +666,5 @@ def _ray_live(args: argparse.Namespace, config: LiveConfig, store: Store) -> Liv
         store,
         open_clock(args.clock_start, args.clock_speed),
         executor=RayExecutor(namespace=args.ray_namespace),
+        lease=lease,
     )
