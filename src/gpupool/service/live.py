@@ -557,7 +557,7 @@ class LiveService:
     def _fault(self, stage: str, err: BaseException, job_id: int | None = None) -> None:
         """An unexpected error: logged with its stage and job, shown by /healthz and
         /v1/cluster, and an event where the database takes one; the loop goes on."""
-        what = f"{type(err).__name__}: {err}" if not isinstance(err, GpupoolError) else str(err)
+        what = _describe(err)
         where = f"{stage}" + (f" (job {job_id})" if job_id is not None else "")
         log.error("scheduler %s failed: %s", where, what, exc_info=err)
         self.health.error(stage, what, job_id)
@@ -569,7 +569,7 @@ class LiveService:
 
     def _db_retry(self, err: BaseException, attempt: int, delay_s: float) -> None:
         """A database call of the loop failed and is retried (RetryingStore)."""
-        message = f"database unavailable, retry {attempt} in {delay_s:g} s: {err}"
+        message = f"database unavailable, retry {attempt} in {delay_s:g} s: {_describe(err)}"
         if attempt == 1 or attempt % 10 == 0:
             log.warning("scheduler %s: %s", self.stage, message)
         self.health.error(self.stage, message[:2000])
@@ -1568,9 +1568,13 @@ def _read_intent(path: Path) -> tuple[str, str] | None:
 
 
 def _describe(err: BaseException) -> str:
-    """An error for a job's reason: our own messages as they are, others with their type."""
+    """An error for a job's reason: our own messages as they are, others with their type
+    (a database error as the driver said it, without SQLAlchemy's statement and links)."""
     if isinstance(err, GpupoolError):
         return str(err)
+    orig = getattr(err, "orig", None)
+    if isinstance(orig, BaseException):
+        return f"{type(orig).__name__}: {orig}"
     return f"{type(err).__name__}: {err}"
 
 
