@@ -62,6 +62,8 @@ def test_file_lease_is_exclusive_and_names_its_holder(tmp_path: Path) -> None:
     assert f"pid {os.getpid()}" in second.holder()
     first.release()
     assert second.try_acquire()
+    path.unlink()  # someone cleans the state directory: a third server could lock anew
+    assert not second.held()
     second.release()
 
 

@@ -36,7 +36,7 @@ from pydantic import (
     model_validator,
 )
 
-from gpupool.errors import ConflictError, GpupoolError, NotFoundError, SpecError
+from gpupool.errors import ConflictError, GpupoolError, NotFoundError, SpecError, Unavailable
 from gpupool.service import sizing_field as sf
 from gpupool.service.auth import AuditMiddleware, AuditTrail, TokenCache
 from gpupool.service.live import LiveService
@@ -727,6 +727,10 @@ def create_app(
             status_code=429,
             headers={"Retry-After": str(max(1, math.ceil(err.retry_after_s)))},
         )
+
+    @app.exception_handler(Unavailable)
+    async def _un(_: Request, err: Unavailable) -> JSONResponse:
+        return JSONResponse({"detail": str(err)}, status_code=503, headers={"Retry-After": "1"})
 
     @app.exception_handler(GpupoolError)
     async def _ge(_: Request, err: GpupoolError) -> JSONResponse:

@@ -20,6 +20,7 @@ every cycle and the server exits). `FakeLease` is the same interface for tests.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import socket
@@ -93,7 +94,17 @@ class FileLease:
         return True
 
     def held(self) -> bool:
-        return self._fd is not None
+        """Ours while the lock file is still the one we locked: a file deleted or replaced
+        under us would let a second server lock a new one."""
+        if self._fd is None:
+            return False
+        try:
+            same = os.stat(self.path).st_ino == os.fstat(self._fd).st_ino
+        except OSError as err:
+            if err.errno in (errno.EMFILE, errno.ENFILE, errno.EIO):
+                return True  # cannot tell now; the lock itself is still ours
+            same = False
+        return same
 
     def holder(self) -> str:
         if self._fd is not None:

@@ -1487,7 +1487,22 @@ class LiveService:
         self.next_purge = now if purged.more else now + cfg.purge_every_s
 
     # ---- views for the API ----------------------------------------------------------------
+    VIEW_WAIT_S = 5.0
+    """How long a view waits for the loop's state before answering that the loop is stuck."""
+
     def cluster_view(self) -> dict[str, Any]:
+        if not self.lock.acquire(timeout=self.VIEW_WAIT_S):
+            raise Unavailable(
+                f"the scheduler loop has held its state for over {self.VIEW_WAIT_S:g} s "
+                f"(now in {self.stage}: {self.loop_error or 'no error yet'}); /healthz "
+                "says more; retry shortly"
+            )
+        try:
+            return self._cluster_view()
+        finally:
+            self.lock.release()
+
+    def _cluster_view(self) -> dict[str, Any]:
         with self.lock:
             jobs_on: dict[tuple[int, int], str] = {}
             for job_id, p in self.scheduler.placements().items():
