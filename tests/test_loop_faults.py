@@ -515,6 +515,7 @@ time.sleep(600)
 """
 
 
+@pytest.mark.slow
 def test_a_disk_filling_job_lost_on_every_restart_stops_at_its_limit(tmp_path: Path) -> None:
     marks = tmp_path / "marks"
     marks.mkdir()
