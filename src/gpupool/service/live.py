@@ -514,7 +514,8 @@ class LiveService:
     def _lease_lost(self) -> None:
         why = (
             f"lost the controller lease on {self.lease.where if self.lease else '?'} (its "
-            "database session ended); scheduling stopped so that only one controller runs"
+            "database session ended, or its lock file was removed or replaced); scheduling "
+            "stopped so that only one controller runs"
         )
         log.critical(why)
         self.loop_error = why
@@ -1095,7 +1096,12 @@ class LiveService:
             try:
                 p = self._prepare(d, now)
             except Exception as err:
-                self._unstarted(d, err, now)
+                try:
+                    self._unstarted(d, err, now)
+                except Exception as worse:  # not even that: the core requeues it at least
+                    self._fault("launch", worse, _job_number(d.job_id))
+                    with contextlib.suppress(Exception):
+                        self.scheduler.lost(d.job_id, now, f"could not start: {_describe(err)}")
                 continue
             if p is not None:
                 ready.append(p)
