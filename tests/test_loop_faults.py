@@ -6,7 +6,7 @@ launches back off; a disk below its floor holds launches with reason DiskFull; a
 again and again stops at its limit; database calls are retried.
 
 Real servers (`gpupool serve`, fake fleet, 127.0.0.1): a SQLite write lock held 45 s by
-another process, a full state tmpfs, a read-only jobs directory, an exhausted descriptor
+another process, a PostgreSQL table lock, a full state tmpfs, a read-only jobs directory, an exhausted descriptor
 limit, and a job that fills the state disk and is lost on every restart. The filesystem
 cases mount tmpfs and need root; without it they skip, or fail under
 GPUPOOL_REQUIRE_ISOLATION=1.
@@ -31,6 +31,8 @@ from typing import Any
 
 import httpx
 import pytest
+import sqlalchemy
+import sqlalchemy.pool
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from gpupool.service.clock import ManualClock
@@ -46,6 +48,7 @@ from gpupool.service.store import (
     database_url,
 )
 from gpupool.service.telemetry import FakeTelemetry
+from pgserver import fresh_schema, pg_url  # noqa: F401
 from service_proc import Server, free_port, wait_for
 
 T0 = 1_000.0
@@ -377,6 +380,38 @@ def test_a_database_lock_held_45s_leaves_the_loop_alive_and_healthz_truthful(
         if holder is not None and holder.poll() is None:
             holder.kill()
             holder.wait(10)
+        server.stop()
+
+
+@pytest.mark.slow
+def test_a_postgresql_table_lock_leaves_the_loop_alive_and_healthz_truthful(
+    tmp_path: Path,
+    pg_url: str,  # noqa: F811
+) -> None:
+    """PostgreSQL has no busy timeout: a writer behind a lock just waits. The loop then
+    completes no cycle, and /healthz says so until the lock goes."""
+    db = fresh_schema(pg_url)
+    server = Server(tmp_path / "state", "--db", db, *FAKE, "--health-late", "3").start()
+    try:
+        before = _submit(server.url, ["sleep", "1"])
+        wait_for(lambda: _job(server.url, before)["state"] == "running", 15, "the first job")
+        client = httpx.Client()
+        lock = sqlalchemy.create_engine(db, poolclass=sqlalchemy.pool.NullPool).connect()
+        try:
+            lock.execute(sqlalchemy.text("LOCK TABLE jobs IN EXCLUSIVE MODE"))
+            wait_for(lambda: _health(client, server.url)[0] == 503, 15, "/healthz to go 503")
+            body = _health(client, server.url)[1]
+            assert "not completed a cycle" in body["problem"], body
+            assert _job(server.url, before)["state"] == "running"  # reads still answer
+            time.sleep(3)
+            assert _health(client, server.url)[0] == 503
+        finally:
+            lock.rollback()  # the lock goes with the transaction
+            lock.close()
+        wait_for(lambda: _health(client, server.url)[0] == 200, 15, "/healthz to recover")
+        after = _submit(server.url, ["true"])
+        _all_succeed(server.url, [before, after], 20)
+    finally:
         server.stop()
 
 
