@@ -6,10 +6,10 @@ launches back off; a disk below its floor holds launches with reason DiskFull; a
 again and again stops at its limit; database calls are retried.
 
 Real servers (`gpupool serve`, fake fleet, 127.0.0.1): a SQLite write lock held 45 s by
-another process, a PostgreSQL table lock, a full state tmpfs, a read-only jobs directory, an exhausted descriptor
-limit, and a job that fills the state disk and is lost on every restart. The filesystem
-cases mount tmpfs and need root; without it they skip, or fail under
-GPUPOOL_REQUIRE_ISOLATION=1.
+another process, a PostgreSQL table lock, a full state tmpfs, a read-only jobs
+directory, an exhausted descriptor limit, and a job that fills the state disk and is lost
+on every restart. The filesystem cases mount tmpfs and need root; without it they skip,
+or fail under GPUPOOL_REQUIRE_ISOLATION=1.
 """
 
 from __future__ import annotations
