@@ -260,6 +260,7 @@ def test_no_standby_refuses_to_start(tmp_path: Path) -> None:
                 "none",
                 "--port",
                 "1",
+                "--no-isolation",
                 "--no-standby",
             ],
             capture_output=True,
