@@ -514,12 +514,19 @@ def test_an_exhausted_descriptor_limit_leaves_the_loop_alive(tmp_path: Path) -> 
         queued = _submit(server.url, ["true"])  # waits for the only GPU
         assert _health(client, server.url)[0] == 200
         resource.prlimit(pid, resource.RLIMIT_NOFILE, (_lowest_free_fd(pid), limits[1]))
-        # The first job ends; the second cannot open its logs (EMFILE): requeued, backoff.
+        # The first job ends; the loop cannot open what it needs (EMFILE) and goes on.
         wait_for(lambda: "Too many open files" in server.log.read_text(), 20, "EMFILE in the log")
         code, body = _health(client, server.url)
         assert code == 200 and body["loop"]["running"], body
-        assert body["loop"]["last_error"]["stage"] == "launch", body
-        assert body["loop"]["last_error"]["job_id"] == queued, body
+        # Where it hits first depends on the executor: reading the first job's cgroup as it
+        # is reaped, or opening the second job's logs as it is launched.
+        error = body["loop"]["last_error"]
+        assert error["stage"] in ("reap", "launch") and "Too many open files" in error["message"]
+        wait_for(
+            lambda: _health(client, server.url)[1]["loop"]["cycles"] > body["loop"]["cycles"] + 3,
+            10,
+            "the loop to keep cycling without descriptors",
+        )
         resource.prlimit(pid, resource.RLIMIT_NOFILE, limits)
         _all_succeed(server.url, [running, queued], 30)
         assert _health(client, server.url)[0] == 200

@@ -385,6 +385,8 @@ class LiveService:
         self.told: dict[int, str] = {}
         """Waiting jobs whose reason says why launches wait: job -> the reason they had."""
         self.told_kind: dict[int, str] = {}
+        self.reported: dict[tuple[str, int | None, str], float] = {}
+        """When each distinct loop error was last logged (repeats are logged once a minute)."""
         self.launch_backoff_s = 0.0
         self.launch_retry_at = -1e18
         self.launch_error: str | None = None
@@ -555,14 +557,24 @@ class LiveService:
         except Exception as err:
             self._fault(stage, err)
 
+    REPEAT_LOG_S = 60.0
+
     def _fault(self, stage: str, err: BaseException, job_id: int | None = None) -> None:
         """An unexpected error: logged with its stage and job, shown by /healthz and
         /v1/cluster, and an event where the database takes one; the loop goes on."""
         what = _describe(err)
         where = f"{stage}" + (f" (job {job_id})" if job_id is not None else "")
-        log.error("scheduler %s failed: %s", where, what, exc_info=err)
         self.health.error(stage, what, job_id)
         self.loop_error = f"{where}: {what}"
+        # The same error every cycle is logged (and recorded) once a minute, not 20 times
+        # a second: a fault that lasts a day must not fill the disk with its own log.
+        key, now_mono = (stage, job_id, what), time.monotonic()
+        if now_mono - self.reported.get(key, -1e18) < self.REPEAT_LOG_S:
+            return
+        if len(self.reported) > 1000:
+            self.reported.clear()
+        self.reported[key] = now_mono
+        log.error("scheduler %s failed: %s", where, what, exc_info=err)
         with contextlib.suppress(Exception):  # the database may be what failed; logged
             self.raw_store.add_event(
                 "loop-error", f"{stage}: {what}"[:2000], self.clock.now(), job_id=job_id
