@@ -307,8 +307,9 @@ def tls_server(tmp_path: Path, cert: Path, key: Path, *args: str) -> Iterator[tu
     cmd = [
         sys.executable, "-m", "gpupool.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
         "--state-dir", str(tmp_path / "state"), "--fake-gpus", "1xA100-80GB",
-        "--tls-cert", str(cert), "--tls-key", str(key), *args,
+        "--tls-cert", str(cert), "--tls-key", str(key), "--no-isolation", *args,
     ]  # fmt: skip
+    # --no-isolation: the jobs would run this test's interpreter, under /root (0700).
     url = f"https://127.0.0.1:{port}"
     trust = ssl.create_default_context(cafile=str(cert))
     with log.open("wb") as out:
