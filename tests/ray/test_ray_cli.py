@@ -99,6 +99,14 @@ def counter(steps: int, step_s: float) -> list[str]:
             "--step-s", str(step_s), "--every", "5"]  # fmt: skip
 
 
+def paced_counter(steps: int, first_s: float, resumed_s: float = 0.01) -> list[str]:
+    """The counter, slow on its first attempt (so a loaded host cannot see it finish before
+    the test stops it) and fast once resumed; the sum does not depend on the pace."""
+    paced = " ".join(counter(steps, first_s)).replace(f"--step-s {first_s}", '--step-s "$pace"')
+    pick = f'if [ -n "$GPUPOOL_RESUME" ]; then pace={resumed_s}; else pace={first_s}; fi'
+    return ["sh", "-c", f"{pick}; exec {paced}"]
+
+
 def assert_resumed_result(log: str, steps: int) -> None:
     """The counter's last line: the right sum, from an attempt that resumed."""
     last = [x for x in log.splitlines() if x.startswith("result=")][-1]
@@ -188,7 +196,7 @@ def test_a_preempted_training_job_resumes_on_another_node_with_its_progress(
         "--grace",
         "20s",
         "--",
-        *counter(steps, 0.05),
+        *paced_counter(steps, 0.3),
     )
     wait_for(lambda: "step=10" in cli(url, "logs", str(train)).stdout, 60, "training progress")
     (first,) = {g["node"] for g in show(url, train)["gpus"]}
@@ -221,7 +229,6 @@ def test_a_killed_node_is_in_the_events_and_metrics_and_its_job_finishes_elsewhe
     steps = 200
     # The first attempt is slow (60 s) so it cannot finish before a loaded host notices the
     # loss (it once did, at 6 s); the resumed attempt is fast. The sum does not depend on it.
-    paced = " ".join(counter(steps, 0.3)).replace("--step-s 0.3", '--step-s "$pace"')
     victim = submit(
         url,
         "--kind",
@@ -233,9 +240,7 @@ def test_a_killed_node_is_in_the_events_and_metrics_and_its_job_finishes_elsewhe
         "--checkpoint-every",
         "1s",
         "--",
-        "sh",
-        "-c",
-        f'if [ -n "$GPUPOOL_RESUME" ]; then pace=0.01; else pace=0.3; fi; exec {paced}',
+        *paced_counter(steps, 0.3),
     )
     wait_for(lambda: show(url, victim)["state"] == "running", 60, "the victim to run")
     (node,) = {g["node"] for g in show(url, victim)["gpus"]}
