@@ -41,7 +41,15 @@ from gpupool.service import sizing_field as sf
 from gpupool.service.auth import AuditMiddleware, AuditTrail, TokenCache
 from gpupool.service.live import LiveService
 from gpupool.service.rate import RateLimited, SubmitRate
-from gpupool.service.store import AuditRow, JobRow, NewJob, Principal, Store, TokenRow
+from gpupool.service.store import (
+    AuditRow,
+    JobRow,
+    NewJob,
+    Principal,
+    Store,
+    TokenRow,
+    audit_values,
+)
 from gpupool.service.telemetry import dcgm_name
 from gpupool.sizing.planner import PlanRequest
 
@@ -426,20 +434,7 @@ def token_json(row: TokenRow, now_s: float) -> dict[str, Any]:
 
 
 def audit_json(row: AuditRow) -> dict[str, Any]:
-    e = row.entry
-    return {
-        "id": row.id,
-        "at_s": e.at_s,
-        "action": e.action,
-        "token": e.token,
-        "role": e.role,
-        "team": e.team,
-        "method": e.method,
-        "path": e.path,
-        "status": e.status,
-        "client": e.client,
-        "detail": e.detail,
-    }
+    return {"id": row.id, **audit_values(row.entry)}
 
 
 def job_json(row: JobRow) -> dict[str, Any]:

@@ -10,6 +10,7 @@ threads: each call checks its own connection out of the engine's pool.
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import hashlib
 import math
 import secrets
@@ -1349,7 +1350,7 @@ class Store:
                     client=client,
                     detail=f"token {name} (id {row.id}) for {scope}{until}",
                 )
-                s.execute(insert(AuditModel), [_audit_values(entry)])
+                s.execute(insert(AuditModel), [audit_values(entry)])
                 self._insert_event(s, "token-created", f"token {name} created for {scope}", now_s)
         except IntegrityError as exc:
             raise ConflictError(
@@ -1398,7 +1399,7 @@ class Store:
             entry = AuditEntry.by(
                 by, now_s, "token-revoked", client=client, detail=f"token {row.name} (id {row.id})"
             )
-            s.execute(insert(AuditModel), [_audit_values(entry)])
+            s.execute(insert(AuditModel), [audit_values(entry)])
             self._insert_event(s, "token-revoked", f"token {row.name} revoked", now_s)
             return row
 
@@ -1427,7 +1428,7 @@ class Store:
         if not entries:
             return
         with self._write() as s:
-            s.execute(insert(AuditModel), [_audit_values(e) for e in entries])
+            s.execute(insert(AuditModel), [audit_values(e) for e in entries])
 
     def audit(
         self,
@@ -1480,19 +1481,9 @@ def _token_row(m: TokenModel) -> TokenRow:
     )
 
 
-def _audit_values(e: AuditEntry) -> dict[str, Any]:
-    return {
-        "at_s": e.at_s,
-        "action": e.action,
-        "token": e.token,
-        "role": e.role,
-        "team": e.team,
-        "method": e.method,
-        "path": e.path,
-        "status": e.status,
-        "client": e.client,
-        "detail": e.detail,
-    }
+def audit_values(e: AuditEntry) -> dict[str, Any]:
+    """The entry's fields as the audit table's columns (the same names)."""
+    return dataclasses.asdict(e)
 
 
 def _audit_row(m: AuditModel) -> AuditRow:
