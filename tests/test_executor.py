@@ -289,6 +289,40 @@ def test_shim_alone_records_the_end_and_kills_leftovers(tmp_path: Path) -> None:
     assert not list(tmp_path.glob(".exit.json.*"))  # the temp file was renamed away
 
 
+def _catches(pid: int, sig: int) -> bool:
+    """Whether the process has a handler installed for `sig` (SigCgt in its status)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    return False
+
+
+def test_a_sigterm_before_the_job_starts_means_it_never_starts(tmp_path: Path) -> None:
+    """A stop that reaches the shim while it still waits for the job is not lost: the job
+    is not started (else it would run on, unsignalled, until the grace period ends)."""
+    marker = tmp_path / "ran"
+    record = tmp_path / "exit.json"
+    r, w = os.pipe()
+    shim = subprocess.Popen(
+        (PY, "-I", "-m", "gpupool.service.shim", "--exit-file", str(record), "--spec-fd", str(r)),
+        pass_fds=(r,),
+        start_new_session=True,
+        stderr=subprocess.PIPE,
+    )
+    os.close(r)
+    try:
+        wait_until(lambda: _catches(shim.pid, signal.SIGTERM), timeout_s=10.0)
+        os.killpg(shim.pid, signal.SIGTERM)  # what the executor sends to the attempt
+        os.write(w, json.dumps({"argv": [PY, "-c", f"open({str(marker)!r}, 'w')"]}).encode())
+    finally:
+        os.close(w)
+    _, err = shim.communicate(timeout=10)
+    assert shim.returncode == 128 + signal.SIGTERM
+    assert json.loads(record.read_text())["signal"] == signal.SIGTERM
+    assert b"SIGTERM before the job started" in err
+    assert not marker.exists()
+
+
 @pytest.mark.parametrize("pidfd", [True, False], ids=["pidfd", "proc-fallback"])
 def test_job_survives_restart_and_is_adopted(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pidfd: bool

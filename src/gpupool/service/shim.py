@@ -34,7 +34,7 @@ import threading
 import time
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, ClassVar
 
 EXIT_NOT_FOUND = 127
 EXIT_NOT_EXECUTABLE = 126
@@ -49,9 +49,27 @@ DRAIN_S = 1.0
 child that escaped the job may hold them open; its cgroup's end closes them)."""
 
 
+class _Arrivals:
+    """Stop signals that reached the shim while it had no child yet.
+
+    The executor signals the attempt's process group; a SIGTERM sent while the shim is
+    still reading the job or starting it reaches the shim alone, and the job started a
+    moment later would never hear of it (a time limit or a cancel would then wait out the
+    whole grace period). So the shim remembers such signals: one before the spawn means
+    the job is not started at all; one during the spawn is passed on to the child."""
+
+    phase: ClassVar[str] = "before"  # "before" the spawn, "spawning", then "running"
+    before: ClassVar[list[int]] = []
+    during: ClassVar[list[int]] = []
+
+
 def _keep_waiting(signum: int, frame: FrameType | None) -> None:
-    """A no-op handler rather than SIG_IGN: handlers fall back to default across exec, so
-    the job starts with default dispositions, while an ignored signal would stay ignored."""
+    """A handler rather than SIG_IGN: handlers fall back to default across exec, so the job
+    starts with default dispositions, while an ignored signal would stay ignored."""
+    if _Arrivals.phase == "before":
+        _Arrivals.before.append(signum)
+    elif _Arrivals.phase == "spawning":
+        _Arrivals.during.append(signum)
 
 
 def write_record(path: Path, record: dict[str, object]) -> None:
@@ -226,7 +244,18 @@ def main(argv: list[str] | None = None) -> int:
     if fence.isdigit():
         threading.Thread(target=_fence, args=(int(fence),), daemon=True).start()
     copiers: list[threading.Thread] = []
+    if _Arrivals.before:
+        sig_num = _Arrivals.before[0]
+        print(
+            f"gpupool: stopped by {signal.Signals(sig_num).name} before the job started;"
+            " not started",
+            file=sys.stderr,
+            flush=True,
+        )
+        write_record(exit_file, {"exit_code": None, "signal": sig_num, "ended_at": time.time()})
+        return 128 + sig_num
     try:
+        _Arrivals.phase = "spawning"
         child = _start(command, spec, copiers)
     except FileNotFoundError as e:
         if spec.get("cwd") and e.filename == spec.get("cwd"):
@@ -238,6 +267,10 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:
         exit_code, error = EXIT_NOT_EXECUTABLE, f"cannot start {command[0]}: {e.strerror}"
     else:
+        _Arrivals.phase = "running"
+        for passed_on in dict.fromkeys(_Arrivals.during):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child.pid, passed_on)
         status = child.wait()
         if status < 0:
             exit_code, sig_num = None, -status
