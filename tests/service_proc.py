@@ -44,7 +44,7 @@ class Server:
         self.proc: subprocess.Popen[bytes] | None = None
         self.log = state_dir / "server.log"
 
-    def start(self, timeout_s: float = 20.0) -> Server:
+    def start(self, timeout_s: float = 60.0) -> Server:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         cmd = [
             sys.executable,

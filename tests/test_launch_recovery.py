@@ -151,7 +151,8 @@ def sigkills_around_launches(base: Path, url: str, kills: int, seed: int) -> dic
     assert doubles == [], f"two live copies of a job: {doubles}"
     assert max(copies.values(), default=1) == 1, [k for k, n in copies.items() if n > 1]
     states = collections.Counter(r.state for r in rows)
-    assert states == {"succeeded": len(ids)}, (states, (base / "zygote.log").read_text()[-3000:])
+    failed = [(r.id, r.state, r.reason) for r in rows if r.state != "succeeded"]
+    assert states == {"succeeded": len(ids)}, (failed, (base / "zygote.log").read_text()[-3000:])
     return {
         "kills": kills,
         "jobs": len(ids),

@@ -21,29 +21,30 @@ from pgserver import fresh_schema, pg_url  # noqa: F401
 from service_proc import Server, free_port, wait_for
 
 STEPS = 25
-LONG_KEY, LONG_STEPS = 10**6, 150
-"""One job long enough (15 s) to outlive the last crash and the restart on a slow host."""
+LONG_KEY, LONG_STEPS = 10**6, 30
+"""One job that outlives the last crash and the restart however slow the host: it waits
+for a go file that the test writes only once the last server is up (at most 120 s)."""
 
 
 def _steps(k: int) -> int:
     return LONG_STEPS if k == LONG_KEY else STEPS
 
 
-def _spec(k: int) -> dict[str, object]:
+def _spec(k: int, go: Path | None = None) -> dict[str, object]:
     if k % 3 == 2:
         return {"command": ["true"], "team": "research", "name": f"quick-{k}"}
+    counter = [sys.executable, "-m", "gpupool.examples.ckpt_counter"]
+    counter += ["--steps", str(_steps(k)), "--step-s", "0.1", "--every", "5"]
+    if k == LONG_KEY:
+        assert go is not None
+        gate = (
+            'echo waiting; echo "for $1"; i=0; '
+            'while [ ! -e "$1" ] && [ $i -lt 1200 ]; do sleep 0.1; i=$((i+1)); done; '
+            'shift; exec "$@"'
+        )
+        counter = ["sh", "-c", gate, "sh", str(go), *counter]
     return {
-        "command": [
-            sys.executable,
-            "-m",
-            "gpupool.examples.ckpt_counter",
-            "--steps",
-            str(_steps(k)),
-            "--step-s",
-            "0.1",
-            "--every",
-            "5",
-        ],
+        "command": counter,
         "team": "research",
         "name": f"count-{k}",
         "grace_s": 10,
@@ -62,6 +63,7 @@ def db_args(request: pytest.FixtureRequest) -> tuple[str, ...]:
 def test_sigkill_at_random_points_loses_nothing(tmp_path: Path, db_args: tuple[str, ...]) -> None:
     rng = random.Random(20261130)
     state = tmp_path / "state"
+    go = tmp_path / "go"
     port = free_port()
     args = ("--fake-gpus", "2xA100-80GB", "--auth", "none", "--cycle", "0.2", "--sample", "0.5")
     args += db_args
@@ -73,7 +75,9 @@ def test_sigkill_at_random_points_loses_nothing(tmp_path: Path, db_args: tuple[s
             # a retried submit after the restart returns the job it created before
             for key, job_id in list(accepted.items())[:2]:
                 r = httpx.post(
-                    f"{server.url}/v1/jobs", json=_spec(int(key)), headers={"Idempotency-Key": key}
+                    f"{server.url}/v1/jobs",
+                    json=_spec(int(key), go),
+                    headers={"Idempotency-Key": key},
                 )
                 assert r.status_code == 200 and r.json()["id"] == job_id
             deadline = time.monotonic() + rng.uniform(0.3, 2.5)
@@ -89,7 +93,9 @@ def test_sigkill_at_random_points_loses_nothing(tmp_path: Path, db_args: tuple[s
             if _round == 3:  # the last crash hits a running job, however slow the host
                 key = str(LONG_KEY)
                 r = httpx.post(
-                    f"{server.url}/v1/jobs", json=_spec(LONG_KEY), headers={"Idempotency-Key": key}
+                    f"{server.url}/v1/jobs",
+                    json=_spec(LONG_KEY, go),
+                    headers={"Idempotency-Key": key},
                 )
                 accepted[key] = r.json()["id"]
                 job_url = f"{server.url}/v1/jobs/{accepted[key]}"
@@ -103,6 +109,7 @@ def test_sigkill_at_random_points_loses_nothing(tmp_path: Path, db_args: tuple[s
         finally:
             server.kill()
     server = Server(state, *args, port=port).start()
+    go.touch()  # the long job may finish now: the server that adopts it is up
     try:
         url = server.url
 
