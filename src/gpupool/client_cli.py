@@ -878,6 +878,7 @@ def job_block(j: dict[str, Any], now: float) -> str:
         ("exit code", "-" if j.get("exit_code") is None else j["exit_code"]),
         ("checkpoint", "never" if cp is None else f"every {_span(cp)}"),
         *_sizing_facts(j),
+        *type_facts(j),
         *_lifecycle_facts(j),
         ("grace", _span(j["grace_s"]) if j.get("grace_s") is not None else "-"),
         ("reason", j.get("reason") or "-"),
@@ -926,6 +927,25 @@ def _sizing_facts(j: dict[str, Any]) -> list[tuple[str, object]]:
     sizing = j.get("sizing")
     if isinstance(sizing, dict):
         facts.append(("sized by", sizing_line(sizing)))
+    return facts
+
+
+def type_facts(j: dict[str, Any]) -> list[tuple[str, object]]:
+    """The GPU type a running job got and why, and a sized job's plan, from the reason
+    the service gave it when it started ('started: GPU type H100: ...; plan 4 x ...')."""
+    reason = str(j.get("reason") or "")
+    head, _, note = reason.partition(": ")
+    if head not in ("started", "resumed") or not note:
+        return []
+    facts: list[tuple[str, object]] = []
+    if note.startswith("plan "):
+        why, plan = "", note.removeprefix("plan ")
+    else:
+        why, _, plan = note.partition("; plan ")
+    if why.startswith("GPU type "):
+        facts.append(("GPU type", why.removeprefix("GPU type ")))
+    if plan:
+        facts.append(("plan", plan))
     return facts
 
 

@@ -7,19 +7,30 @@ point every waiting, never-started job at one pool; the cycle policy then plans 
 pools as before. Choices are re-made each cycle until the job starts, so a job follows
 capacity as it frees; once started it stays on its GPU type (its progress is counted in
 that type's seconds).
+
+By class (`placement.gpu_type: by-class`, the default): each job kind ranks the GPU types
+(data/gpu_class_preferences.csv: training the fastest, offline inference the most memory,
+online inference and batch the cheapest; `placement.prefer` puts named types first). A
+job goes to its kind's most preferred type among those it can start on now, and waits for
+its most preferred type only when no type it may use is free.
 """
 
 from __future__ import annotations
 
+import csv
+import functools
 import math
 from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, replace
+from importlib import resources
 
 from gpupool.core.model import JobKind, JobSpec
 from gpupool.core.state import BoolArray, ClusterState
+from gpupool.errors import SpecError
 from gpupool.federation import placement as fed
 from gpupool.federation.placement import FedJob, SiteDecision, SiteOption
 from gpupool.federation.topology import Topology
+from gpupool.sizing.catalog import Catalog
 
 
 @dataclass(frozen=True)
@@ -186,3 +197,135 @@ def choose_across_sites(
     # because moving the data would take longer: the move a blind scheduler would make.
     remote = picked.est_wait_s > 0 and any("transfer" in why for _, why in decision.rejected)
     return Choice(option, decision.reason, remote), decision
+
+
+# ---- GPU types by job class -------------------------------------------------------------------
+@dataclass(frozen=True)
+class ClassRule:
+    """How a job kind ranks GPU types by default: a catalogue column, best first."""
+
+    kind: JobKind
+    rank_by: str
+    descending: bool
+    reads_as: str
+    """How the rule reads in a reason: 'fastest', 'most memory', 'cheapest'."""
+
+
+RANK_COLUMNS = ("price_usd_per_hour", "memory_gib", "bf16_tflops", "mem_bw_gb_s", "fp32_tflops")
+"""Catalogue columns a class rule may rank by."""
+
+
+@functools.lru_cache(maxsize=1)
+def class_rules() -> dict[JobKind, ClassRule]:
+    """The packaged rules (data/gpu_class_preferences.csv), one per job kind."""
+    text = (resources.files("gpupool") / "data" / "gpu_class_preferences.csv").read_text(
+        encoding="utf-8"
+    )
+    rules: dict[JobKind, ClassRule] = {}
+    for row in csv.DictReader(text.splitlines()):
+        if row["rank_by"] not in RANK_COLUMNS or row["order"] not in ("ascending", "descending"):
+            raise SpecError(f"gpu_class_preferences.csv: bad rule for {row['kind']}: {row}")
+        kind = JobKind(row["kind"])
+        rules[kind] = ClassRule(kind, row["rank_by"], row["order"] == "descending", row["reads_as"])
+    missing = [k.value for k in JobKind if k not in rules]
+    if missing:
+        raise SpecError(f"gpu_class_preferences.csv has no rule for {', '.join(missing)}")
+    return rules
+
+
+@dataclass(frozen=True)
+class ClassRanking:
+    """One job kind's GPU types, most preferred first, and why the first is first."""
+
+    kind: JobKind
+    types: tuple[str, ...]
+    reads_as: str
+    """'fastest', or 'configured' when placement.prefer names the type."""
+    configured: frozenset[str] = frozenset()
+
+    def rank(self, gpu_type: str) -> int:
+        return self.types.index(gpu_type) if gpu_type in self.types else len(self.types)
+
+    def why(self, gpu_type: str) -> str:
+        return "configured" if gpu_type in self.configured else self.reads_as
+
+
+def class_rankings(
+    types: Sequence[str],
+    catalog: Catalog | None,
+    prefer: Mapping[str, Sequence[str]] | None = None,
+) -> dict[JobKind, ClassRanking]:
+    """Each job kind's order over the fleet's GPU types: the types `prefer[kind]` names
+    first (in its order; names the fleet lacks are skipped), then the rest by the kind's
+    rule over the catalogue (ties: cheaper, then by name); types the catalogue lacks last,
+    by name."""
+    rules = class_rules()
+    names = sorted(set(types))
+    out: dict[JobKind, ClassRanking] = {}
+    for kind, rule in rules.items():
+        known = [t for t in names if catalog is not None and t in catalog]
+
+        def key(t: str, rule: ClassRule = rule) -> tuple[float, float, str]:
+            assert catalog is not None
+            gpu = catalog[t]
+            value = float(getattr(gpu, rule.rank_by))
+            return (-value if rule.descending else value, gpu.price_usd_per_hour, t)
+
+        ranked = sorted(known, key=key) + [t for t in names if t not in known]
+        first = [t for t in dict.fromkeys((prefer or {}).get(kind.value, ())) if t in names]
+        order = tuple(first + [t for t in ranked if t not in first])
+        out[kind] = ClassRanking(kind, order, rule.reads_as, frozenset(first))
+    return out
+
+
+def choose_by_class(
+    job: JobSpec,
+    options: Sequence[PoolOption],
+    loads: Mapping[str, PoolLoad],
+    ranking: ClassRanking,
+    room: Mapping[str, int] | None = None,
+) -> Choice:
+    """The job kind's most preferred GPU type among the pools it can start on now (free
+    GPUs, and room under its team's maximum when `room` gives it); when it can start
+    nowhere, its most preferred type, to wait for. Never waits while a type it may use
+    idles. Ties within a type: fewer GPUs, cheaper work, the options' order."""
+
+    def key(o: PoolOption) -> tuple[int, int, float, int]:
+        return (ranking.rank(o.gpu_type), o.gpu_count, o.cost_usd(), options.index(o))
+
+    def startable(o: PoolOption) -> bool:
+        free = loads[o.pool].free_gpus
+        if room is not None:
+            free = min(free, room.get(o.pool, free))
+        return o.gpu_count <= free
+
+    kind = job.kind.value
+    top = min(options, key=key)
+    now = [o for o in options if startable(o)]
+    if not now:
+        return Choice(
+            top,
+            f"GPU type {top.gpu_type}: {kind} prefers {top.gpu_type} "
+            f"({ranking.why(top.gpu_type)}); none free, it waits for one",
+        )
+    best = min(now, key=key)
+    if best.gpu_type == top.gpu_type:
+        return Choice(
+            best,
+            f"GPU type {best.gpu_type}: {kind} prefers {best.gpu_type} "
+            f"({ranking.why(best.gpu_type)})",
+        )
+    return Choice(
+        best,
+        f"GPU type {best.gpu_type}: {top.gpu_type} preferred ({ranking.why(top.gpu_type)}) "
+        f"but busy, {best.gpu_type} idle",
+    )
+
+
+def plan_text(options: Sequence[PoolOption], chosen: PoolOption | None) -> str:
+    """'4 x A100-80GB (chosen), 16 x RTX-4090': a sized job's count per GPU type."""
+    parts = []
+    for o in options:
+        mark = " (chosen)" if chosen is not None and o == chosen else ""
+        parts.append(f"{o.gpu_count} x {o.gpu_type}{mark}")
+    return ", ".join(dict.fromkeys(parts))

@@ -19,6 +19,8 @@ class Launch:
     spec: JobSpec | None = None
     """The job as the core runs it: sized and pointed at its pool, or a new replica."""
     service: str | None = None
+    note: str = ""
+    """Which GPU type it got and why (and a sized job's plan); "" if it had no choice."""
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from gpupool.federation.burst import BurstRules
 from gpupool.policies.cycle import PreemptionRules
 
 MODES = ("pool", "static")
-TYPE_CHOICES = ("first", "blind", "cost-aware")
+TYPE_CHOICES = ("by-class", "first", "blind", "cost-aware")
 SITE_CHOICES = ("blind", "locality-aware")
 
 
@@ -39,15 +39,20 @@ class TeamLimits:
 class PlacementConfig:
     """How a job that could run on several pools gets one.
 
-    gpu_type: `first` (the first pool the job allows: one GPU type per job), `blind` (the
-    pool with the most free GPUs, types treated alike) or `cost-aware` (the cheapest pool
-    for the job's work that meets its deadline). site: `blind` (most free GPUs anywhere)
-    or `locality-aware` (data transfer, queueing, latency and cost, see federation)."""
+    gpu_type: `by-class` (the job kind's preferred type among those it can start on now,
+    see `prefer`; it waits for its preferred type only when none is free), `first` (the
+    first pool the job allows: one GPU type per job), `blind` (the pool with the most free
+    GPUs, types treated alike) or `cost-aware` (the cheapest pool for the job's work that
+    meets its deadline). site: `blind` (most free GPUs anywhere) or `locality-aware` (data
+    transfer, queueing, latency and cost, see federation)."""
 
-    gpu_type: str = "first"
+    gpu_type: str = "by-class"
     site: str = "blind"
     value_of_time_usd_per_h: float = 0.0
     """What an hour of a job's completion time is worth when it has no deadline."""
+    prefer: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """by-class: per job kind, GPU types to prefer first, in order; the kind's rule over
+    the catalogue (data/gpu_class_preferences.csv) orders the rest."""
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ import numpy as np
 
 from gpupool.core.engine import DecisionLog, Engine
 from gpupool.core.lifecycle import TERMINAL, JobState, check_transition
-from gpupool.core.model import MILLI_PER_GPU, Cluster, JobSpec, Node, Placement
+from gpupool.core.model import MILLI_PER_GPU, Cluster, JobKind, JobSpec, Node, Placement
 from gpupool.core.quota import QuotaBook, QuotaWindow
 from gpupool.core.state import BoolArray, ClusterState
 from gpupool.energy.powercap import SetPowerCap
@@ -38,7 +38,14 @@ from gpupool.policies.cycle import (
     RunningView,
     Start,
 )
-from gpupool.policies.pool_choice import PoolLoad, PoolOption, pool_loads
+from gpupool.policies.pool_choice import (
+    ClassRanking,
+    PoolLoad,
+    PoolOption,
+    class_rankings,
+    plan_text,
+    pool_loads,
+)
 from gpupool.policies.thermal import CoolestFirstPolicy
 from gpupool.scheduler import stages
 from gpupool.scheduler.commands import Command, Expire, Launch, Stop, Wait
@@ -131,6 +138,13 @@ class Scheduler:
             key: int(self.state.gpu_count[mask].sum()) for key, mask in self.pool_nodes.items()
         }
         self.pool_price = dict(pool_price or {})
+        self.type_rankings: dict[JobKind, ClassRanking] = class_rankings(
+            list(self.pool_model.values()), catalog, cfg.placement.prefer
+        )
+        """Each job kind's GPU types, most preferred first (placement.gpu_type by-class)."""
+        self.type_why: dict[str, str] = {}
+        """Why a job that had a choice of GPU type (or named one) got its type: the
+        launch carries it to the driver (`gpupool show`)."""
         self.node_index = {n.name: i for i, n in enumerate(cluster.nodes)}
         self.quotas = QuotaBook(cfg.teams, self.pool_gpus, cfg.windows)
         self.team_nodes = self._islands() if cfg.mode == "static" else None
@@ -283,8 +297,13 @@ class Scheduler:
                 option, why = stages.choose(self, r, self.pool_loads(), now)
                 if option is not None:
                     self.engine.note(job.job_id, now, f"pool {option.pool}: {why}")
+                    self.type_why[job.job_id] = why
             else:
                 option = r.options[0]
+                if job.gpu_models:
+                    self.type_why[job.job_id] = (
+                        f"GPU type {option.gpu_type}: pinned by the job (gpu_model)"
+                    )
         room = 0
         if option is not None:
             stages.retarget(self, r, option)
@@ -604,7 +623,17 @@ class Scheduler:
             self.choosers.pop(job.job_id, None)
         r.speed = self.speed_of(r)
         r.start_done_s, r.start_overhead_s = r.done_s, r.overhead_s
-        return Launch(job.job_id, placement, resumed, job, r.service)
+        return Launch(job.job_id, placement, resumed, job, r.service, self.launch_note(r))
+
+    def launch_note(self, r: JobRecord) -> str:
+        """Which GPU type a job got and why, with a sized job's plan (its GPU count per
+        type of the fleet); "" for a job that had no choice to make."""
+        why = self.type_why.get(r.job_id, "")
+        if r.job_id in self.sized and r.options:
+            chosen = next((o for o in r.options if o.pool == r.gpu_type), None)
+            plan = f"plan {plan_text(r.options, chosen)}"
+            return f"{why}; {plan}" if why else plan
+        return why
 
     def _preempt(self, r: JobRecord, c: Preempt, now: float) -> Stop:
         job = r.spec
@@ -740,6 +769,7 @@ class Scheduler:
         if r is not None and r.state in TERMINAL:
             del self.records[job_id]
             self.sized.pop(job_id, None)
+            self.type_why.pop(job_id, None)
 
     def draining(self, node: str) -> str | None:
         """None (takes work), `draining` (jobs still run there) or `drained` (empty)."""

@@ -325,7 +325,9 @@ def _windows(r: ConfigReader, raw: Any, names: set[str]) -> tuple[QuotaWindow, .
 
 
 def _placement(r: ConfigReader, raw: Any, d: PlacementConfig) -> PlacementConfig:
-    m = r.section(raw, "placement", {"gpu_type", "site", "value_of_time_usd_per_h"})
+    keys = {"gpu_type", "site", "value_of_time_usd_per_h"}
+    keys |= {"prefer"}  # by-class: GPU types each job kind prefers
+    m = r.section(raw, "placement", keys)
     gpu_type = str(m.get("gpu_type", d.gpu_type))
     if gpu_type not in TYPE_CHOICES:
         raise r.fail("placement.gpu_type", f"{gpu_type!r}; choose one of {', '.join(TYPE_CHOICES)}")
@@ -336,7 +338,25 @@ def _placement(r: ConfigReader, raw: Any, d: PlacementConfig) -> PlacementConfig
         m.get("value_of_time_usd_per_h", d.value_of_time_usd_per_h),
         "placement.value_of_time_usd_per_h",
     )
-    return PlacementConfig(gpu_type, site, vot)
+    prefer = _prefer(r, m.get("prefer"), d.prefer)
+    return PlacementConfig(gpu_type, site, vot, prefer=prefer)
+
+
+def _prefer(
+    r: ConfigReader, raw: Any, d: Mapping[str, tuple[str, ...]]
+) -> Mapping[str, tuple[str, ...]]:
+    """placement.prefer: {kind: [GPU type, ...]}, the types a kind prefers first."""
+    if raw is None:
+        return d
+    kinds = {k.value for k in JobKind}
+    m = r.section(raw, "placement.prefer", kinds)
+    out: dict[str, tuple[str, ...]] = {}
+    for kind, types in m.items():
+        where = f"placement.prefer.{kind}"
+        if not isinstance(types, list) or not all(isinstance(t, str) and t for t in types):
+            raise r.fail(where, "a list of GPU type names, e.g. [H100, A100-80GB]")
+        out[kind] = tuple(types)
+    return out
 
 
 def _energy(r: ConfigReader, raw: Any, d: EnergyConfig) -> EnergyConfig:

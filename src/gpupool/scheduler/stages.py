@@ -25,6 +25,7 @@ from gpupool.policies.pool_choice import (
     charge,
     choose_across_sites,
     choose_blind,
+    choose_by_class,
     choose_cost_aware,
     choose_first,
 )
@@ -97,11 +98,27 @@ def choose(
         return choice.option, decision.reason
     if len(options) == 1 or placement.gpu_type == "first":
         picked = choose_first(options)
+    elif placement.gpu_type == "by-class":
+        picked = choose_by_class(
+            r.spec, options, loads, core.type_rankings[r.spec.kind], team_room(core, r, now)
+        )
     elif placement.gpu_type == "blind":
         picked = choose_blind(options, loads)
     else:
         picked = choose_cost_aware(r.spec, options, loads, now, placement.value_of_time_usd_per_h)
     return picked.option, picked.reason
+
+
+def team_room(core: Scheduler, r: JobRecord, now: float) -> dict[str, int] | None:
+    """GPUs the job's team may still take in each of the job's pools (its maximum less
+    what it holds); None when no team has a maximum."""
+    if not core.config.teams and not core.config.windows:
+        return None
+    team = r.spec.team
+    return {
+        o.pool: core.quotas.maximum(team, o.pool, now) - core.held.get((team, o.pool), 0)
+        for o in r.options
+    }
 
 
 def retarget(core: Scheduler, r: JobRecord, option: PoolOption) -> None:
@@ -138,6 +155,7 @@ def rechoose(core: Scheduler, now: float) -> None:
             continue
         if option.pool != r.gpu_type:
             core.engine.note(r.job_id, now, f"pool {option.pool}: {why}")
+        core.type_why[r.job_id] = why
         retarget(core, r, option)
         charge(loads, option, core.state, core.pool_nodes)
 

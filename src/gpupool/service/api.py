@@ -38,6 +38,7 @@ from pydantic import (
 
 from gpupool.errors import ConflictError, GpupoolError, NotFoundError, SpecError, Unavailable
 from gpupool.service import sizing_field as sf
+from gpupool.service.admission import Fleet, admit
 from gpupool.service.auth import AuditMiddleware, AuditTrail, TokenCache
 from gpupool.service.live import LiveService
 from gpupool.service.rate import RateLimited, SubmitRate
@@ -51,6 +52,7 @@ from gpupool.service.store import (
     audit_values,
 )
 from gpupool.service.telemetry import dcgm_name
+from gpupool.sizing.catalog import load_catalog
 from gpupool.sizing.planner import PlanRequest
 
 MAX_BODY_BYTES = 64 * 1024
@@ -675,6 +677,7 @@ def create_app(
         return None if request.client is None else f"{request.client.host}:{request.client.port}"
 
     scheduling = service.config.scheduling
+    fleet = Fleet.of(service.cluster.nodes)  # fixed for the service's life, cloud nodes too
     rate = SubmitRate(
         {
             team: lim.submit_per_min
@@ -738,6 +741,8 @@ def create_app(
         if not who.is_admin and team != who.team:
             raise HTTPException(403, f"a {who.team} token submits only for team {who.team}")
         priority = PRIORITIES[body.priority] if isinstance(body.priority, str) else body.priority
+        sizing = None if body.sizing is None else body.sizing.mapping()
+        admit(fleet, load_catalog(), gpus=body.gpus, gpu_model=body.gpu_model, sizing=sizing)
         return NewJob(
             name=body.name or body.command[0].rsplit("/", 1)[-1][:128],
             team=team,
@@ -759,7 +764,7 @@ def create_app(
             user_region=body.user_region,
             latency_bound_ms=body.latency_bound_ms,
             state_gib_per_gpu=body.state_gib_per_gpu,
-            sizing=None if body.sizing is None else body.sizing.mapping(),
+            sizing=sizing,
             time_limit_s=body.time_limit_s
             if body.time_limit_s is not None
             else scheduling.time_limit_s.get(body.kind),

@@ -1147,7 +1147,7 @@ class LiveService:
             "running",
             now,
             ("pending", "suspended"),
-            reason="resumed" if d.resume else "started",
+            reason=("resumed" if d.resume else "started") + (f": {d.note}" if d.note else ""),
             gpus=[
                 [self.cluster.nodes[s.node].name, self.devices[(s.node, g)]]
                 for s in shares
