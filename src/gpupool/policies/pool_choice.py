@@ -322,10 +322,18 @@ def choose_by_class(
     )
 
 
-def plan_text(options: Sequence[PoolOption], chosen: PoolOption | None) -> str:
-    """'4 x A100-80GB (chosen), 16 x RTX-4090': a sized job's count per GPU type."""
+def plan_text(entries: Sequence[tuple[str, int | None, int]], chosen: str) -> str:
+    """A sized job's plan: per GPU type of the fleet (type, the fewest GPUs that hold the
+    job or None, the type's GPUs here), e.g. '4 x A100-80GB (chosen), RTX-4090: does not
+    fit within the counts tried'."""
     parts = []
-    for o in options:
-        mark = " (chosen)" if chosen is not None and o == chosen else ""
-        parts.append(f"{o.gpu_count} x {o.gpu_type}{mark}")
-    return ", ".join(dict.fromkeys(parts))
+    for gpu_type, count, have in entries:
+        if count is None:
+            parts.append(f"{gpu_type}: does not fit within the counts tried")
+        elif gpu_type == chosen:
+            parts.append(f"{count} x {gpu_type} (chosen)")
+        elif count > have:
+            parts.append(f"{count} x {gpu_type} (more than the {have} here)")
+        else:
+            parts.append(f"{count} x {gpu_type}")
+    return ", ".join(parts)

@@ -67,7 +67,7 @@ from gpupool.scheduler.events import (
 )
 from gpupool.scheduler.jobs import WAITING, JobRecord, ServiceTemplate, TeamQueues
 from gpupool.sizing.catalog import Catalog
-from gpupool.sizing.planner import PlanRequest
+from gpupool.sizing.planner import PlanRequest, sized_options
 
 
 def duration_text(seconds: float) -> str:
@@ -629,11 +629,17 @@ class Scheduler:
         """Which GPU type a job got and why, with a sized job's plan (its GPU count per
         type of the fleet); "" for a job that had no choice to make."""
         why = self.type_why.get(r.job_id, "")
-        if r.job_id in self.sized and r.options:
-            chosen = next((o for o in r.options if o.pool == r.gpu_type), None)
-            plan = f"plan {plan_text(r.options, chosen)}"
-            return f"{why}; {plan}" if why else plan
-        return why
+        request = self.sized.get(r.job_id)
+        if request is None or self.catalog is None:
+            return why
+        types = sorted({m for m in self.pool_model.values() if m in self.catalog})
+        sized = sized_options(request, self.catalog, types)
+        have: dict[str, int] = defaultdict(int)
+        for key, gpus in self.pool_gpus.items():
+            have[self.pool_model[key]] = max(have[self.pool_model[key]], gpus)
+        entries = [(t, sized[t].count if t in sized else None, have[t]) for t in types]
+        plan = f"plan {plan_text(entries, self.pool_model[r.gpu_type])}"
+        return f"{why}; {plan}" if why else plan
 
     def _preempt(self, r: JobRecord, c: Preempt, now: float) -> Stop:
         job = r.spec

@@ -47,8 +47,8 @@ def options_for(core: Scheduler, job: JobSpec) -> tuple[PoolOption, ...]:
         catalog = core.catalog
         types = sorted({m for m in core.pool_model.values() if m in catalog})
         for name, opt in sized_options(request, catalog, types).items():
-            if opt.fits and opt.run_s is not None:
-                sized[name] = (opt.count, opt.run_s)
+            if opt.fits:  # no run time without tokens: the job's own duration, if any
+                sized[name] = (opt.count, opt.run_s if opt.run_s is not None else job.duration_s)
     out = []
     for key in core.pool_nodes:
         model = core.pool_model[key]

@@ -131,9 +131,8 @@ def _admit_sized(fleet: Fleet, catalog: Catalog, request: PlanRequest) -> None:
         m = fleet.get(name)
         if m is not None and option.count <= m.largest_gpus:
             return
-    raise Refused(
-        f"{request.shape.name} fits nowhere in this fleet: {nearest(fleet, catalog, request, types)}"
-    )
+    near = nearest(fleet, catalog, request, types)
+    raise Refused(f"{request.shape.name} fits nowhere in this fleet: {near}")
 
 
 def nearest(fleet: Fleet, catalog: Catalog, request: PlanRequest, types: Sequence[str]) -> str:
