@@ -712,12 +712,11 @@ def test_failed_job_is_retried_then_fails(api: Api) -> None:
     assert api.job(job["id"])["state"] == "failed"
 
 
-def test_job_too_big_for_the_machine_fails_with_a_reason(api: Api) -> None:
-    job = api.submitted(gpus=3)
-    api.step()
-    row = api.job(job["id"])
-    assert row["state"] == "failed"
-    assert "needs 3 GPUs" in row["reason"]
+def test_a_job_too_big_for_the_machine_is_refused_at_submit(api: Api) -> None:
+    r = api.submit(gpus=3)
+    assert r.status_code == 422
+    assert "asks for 3 GPUs on one node; the largest node has 2" in r.json()["detail"]
+    assert api.client.get("/v1/jobs", headers=api.headers).json()["jobs"] == []
 
 
 # ---- concurrent submissions (group commit) ----------------------------------------------------

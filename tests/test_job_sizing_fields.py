@@ -29,12 +29,15 @@ from sqlalchemy import create_engine, text
 
 from gpupool import client_cli
 from gpupool.cli import main
+from gpupool.core.lifecycle import JobState
+from gpupool.core.model import JobKind, JobSpec
 from gpupool.errors import ConflictError, SpecError
+from gpupool.scheduler.core import Scheduler
 from gpupool.service import sizing_field as sf
 from gpupool.service.api import MAX_STATE_GIB, create_app
 from gpupool.service.clock import ManualClock
 from gpupool.service.executor import FakeExecutor
-from gpupool.service.live import LiveConfig, LiveService, spec_of
+from gpupool.service.live import LiveConfig, LiveService, build_cluster, spec_of
 from gpupool.service.sizing_field import (
     SizingError,
     plan_request_from,
@@ -43,6 +46,7 @@ from gpupool.service.sizing_field import (
 )
 from gpupool.service.store import MIGRATIONS_DIR, Base, NewJob, Store, database_url, schema_head
 from gpupool.service.telemetry import FakeTelemetry
+from gpupool.sizing.catalog import load_catalog
 from gpupool.sizing.memory import TRAINING_PRECISIONS
 from gpupool.sizing.planner import PlanRequest
 from gpupool.sizing.shapes import ModelShape, get_shape, parse_shape, shape_names
@@ -483,13 +487,26 @@ class Api:
         return r
 
 
+FLEET = "16xA100-80GB,8xH100,8xL4"
+"""Room for the jobs these tests size; one that fits nowhere here is refused at submit."""
+
+
+def core_refuses(request: PlanRequest) -> bool:
+    """The decision core, on the API's fleet, finds no GPU type that holds the request (an
+    oracle apart from the API's admission check)."""
+    cluster, _ = build_cluster(FakeTelemetry(FLEET).inventory(), "h")
+    core = Scheduler(cluster, catalog=load_catalog())
+    job = JobSpec("1", 1, team="nlp", kind=JobKind.OFFLINE, submit_s=0.0)
+    return core.submit(job, 0.0, sized=request).state is JobState.UNPLACEABLE
+
+
 @pytest.fixture
 def api(store: Store, tmp_path: Path) -> Iterator[Api]:
     service = LiveService(
         LiveConfig(state_dir=tmp_path / "run", sample_s=0.0, host="h"),
         store,
         FakeExecutor(),
-        FakeTelemetry("2xA100-80GB"),
+        FakeTelemetry(FLEET),
         ManualClock(1_000.0),
     )
     client = TestClient(create_app(service, store, auth=False), raise_server_exceptions=False)
@@ -549,9 +566,14 @@ def test_api_accepts_and_returns_the_fields(api: Api) -> None:
 @given(request_=_requests_st, gib=st.floats(0, MAX_STATE_GIB))
 def test_api_stores_any_valid_request_as_is(api: Api, request_: PlanRequest, gib: float) -> None:
     """Valid requests up to the bounds are accepted, stored and read back unchanged (no 500
-    from a JSON column, no float turned into something else)."""
+    from a JSON column, no float turned into something else), unless no GPU type of the
+    fleet holds them: then they are refused at submit, exactly when the core would find
+    them unplaceable."""
     mapping = sizing_of(request_)
     r = api.submit(state_gib_per_gpu=gib, sizing=mapping)
+    if core_refuses(request_):
+        assert r.status_code == 422 and "fits nowhere in this fleet" in r.text, r.text
+        return
     assert r.status_code == 201, r.text
     assert (r.json()["state_gib_per_gpu"], r.json()["sizing"]) == (gib, mapping)
     row = api.store.get(r.json()["id"])
@@ -784,7 +806,7 @@ def test_cli_training_by_shape_with_every_planner_flag(
             "--tokens",
             "2B",
             "--counts",
-            "4,8",
+            "8,16",
             "--gpus",
             "8",
             "--checkpoint-gib",
@@ -807,7 +829,7 @@ def test_cli_training_by_shape_with_every_planner_flag(
         recompute="full",
         optimizer="sgd",
         tokens=2e9,
-        counts=(4, 8),
+        counts=(8, 16),
     )
     assert plan_request_from(body["sizing"]) == expected
     assert plan_request_from(job["sizing"]) == expected
