@@ -23,6 +23,8 @@ from gpupool.scheduler.config import PlacementConfig, SchedulerConfig
 from gpupool.scheduler.core import Scheduler
 from gpupool.scheduler.schema import parse_scheduling
 from gpupool.sizing.catalog import load_catalog
+from gpupool.sizing.planner import PlanRequest
+from gpupool.sizing.shapes import get_shape
 from service_proc import Server, cli, wait_for
 
 CATALOG = load_catalog()
@@ -151,6 +153,29 @@ def test_a_type_the_team_may_not_use_more_of_does_not_count_as_idle() -> None:
     s.cycle(0.0)
     s.submit(job("b", JobKind.BATCH, t=1.0), 1.0)
     assert "b" not in launched(s.cycle(1.0))
+
+
+def test_a_sized_job_gets_its_count_on_its_kinds_type_and_its_plan_in_the_note() -> None:
+    s = core(
+        Cluster(
+            "c",
+            (Node("a", "A100-80GB", 4, 10**6, 1 << 30), Node("r", "RTX-4090", 8, 10**6, 1 << 30)),
+        )
+    )
+    small = PlanRequest(get_shape("llama-3-8b"), context=2048, batch=8)
+    big = PlanRequest(get_shape("llama-3-70b"), context=8192, batch=16)
+    s.submit(job("8b", JobKind.BATCH), 0.0, sized=small)  # batch: the cheapest, the 4090
+    s.submit(job("70b", JobKind.OFFLINE), 0.0, sized=big)
+    started = {c.job_id: c for c in s.cycle(0.0) if isinstance(c, Launch)}
+    assert started["8b"].spec is not None and started["8b"].spec.gpu_models == {"RTX-4090"}
+    assert started["70b"].spec is not None and started["70b"].spec.gpu_count == 4
+    assert (
+        started["70b"].note
+        == "plan 4 x A100-80GB (chosen), RTX-4090: does not fit within the counts tried"
+    )
+    assert started["8b"].note.startswith(
+        "GPU type RTX-4090: batch prefers RTX-4090 (cheapest); plan "
+    )
 
 
 # ---- live: a real `gpupool serve` -----------------------------------------------------------

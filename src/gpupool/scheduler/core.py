@@ -632,6 +632,8 @@ class Scheduler:
         request = self.sized.get(r.job_id)
         if request is None or self.catalog is None:
             return why
+        if r.attempts > 1:
+            return why  # a resume: the note of its first start, plan included
         types = sorted({m for m in self.pool_model.values() if m in self.catalog})
         sized = sized_options(request, self.catalog, types)
         have: dict[str, int] = defaultdict(int)
@@ -639,7 +641,8 @@ class Scheduler:
             have[self.pool_model[key]] = max(have[self.pool_model[key]], gpus)
         entries = [(t, sized[t].count if t in sized else None, have[t]) for t in types]
         plan = f"plan {plan_text(entries, self.pool_model[r.gpu_type])}"
-        return f"{why}; {plan}" if why else plan
+        self.type_why[r.job_id] = note = f"{why}; {plan}" if why else plan
+        return note
 
     def _preempt(self, r: JobRecord, c: Preempt, now: float) -> Stop:
         job = r.spec
