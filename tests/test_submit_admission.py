@@ -146,6 +146,7 @@ def test_live_refusals_and_a_model_sized_at_submit(tmp_path: Path) -> None:
         assert on_a100 >= 2 or on_4090 >= 6
         text = cli(url, "show", str(job_id)).stdout
         assert "plan        4 x A100-80GB (chosen), RTX-4090: does not fit" in text
+        assert "GPUs        4 on " in text  # the count the core sized it to, not the 1 sent
         httpx.post(f"{url}/v1/jobs/{job_id}/cancel", timeout=10)
     finally:
         srv.stop()

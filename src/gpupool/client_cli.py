@@ -971,7 +971,8 @@ def sizing_line(s: dict[str, Any]) -> str:
 
 
 def _gpus(j: dict[str, Any]) -> str:
-    count = j.get("gpu_count", "?")
+    # a sized job holds the count the core chose for its type, not the one submitted
+    count = len(j["gpus"]) if j.get("gpus") else j.get("gpu_count", "?")
     return f"{count} x {j['gpu_model']}" if j.get("gpu_model") else str(count)
 
 
