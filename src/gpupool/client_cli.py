@@ -57,6 +57,52 @@ _DURATION = re.compile(
 )
 
 
+_MEM = re.compile(r"(\d+(?:\.\d+)?)\s*(tib|t|gib|g|mib|m)")
+_MEM_MIB = {"t": 1024 * 1024, "tib": 1024 * 1024, "g": 1024, "gib": 1024, "m": 1, "mib": 1}
+
+
+def parse_mem_mib(text: str, what: str = "--gpu-mem") -> int:
+    """'20GiB', '20G', '512MiB', '1.5TiB' -> MiB (binary units; rounded up)."""
+    match = _MEM.fullmatch(text.strip().lower())
+    if match is None:
+        raise SpecError(f"{what} {text!r}: give an amount with a binary unit, e.g. 20GiB or 512MiB")
+    mib = math.ceil(float(match.group(1)) * _MEM_MIB[match.group(2)])
+    if mib <= 0:
+        raise SpecError(f"{what} {text!r} must be more than zero")
+    return mib
+
+
+def _gpu_request(gpus: str | None, gpu_mem: str | None) -> dict[str, Any]:
+    """--gpus N (whole GPUs), --gpus 0.25 (part of one) or --gpu-mem 20GiB (part of one,
+    by memory) as the API's fields."""
+    out: dict[str, Any] = {}
+    if gpus is not None:
+        try:
+            value = float(gpus)
+        except ValueError:
+            raise SpecError(
+                f"--gpus {gpus!r}: give a whole number, or a fraction like 0.25"
+            ) from None
+        if not 0 <= value < math.inf:
+            raise SpecError(f"--gpus {gpus!r}: give 0 or more GPUs")
+        if value == int(value):
+            out["gpus"] = int(value)
+        elif value < 1:
+            out["gpus"], out["gpu_share"] = 1, value
+        else:
+            raise SpecError(
+                f"--gpus {gpus}: only part of one GPU can be shared; ask for whole GPUs "
+                "or for a fraction below 1"
+            )
+    if gpu_mem is not None:
+        if "gpu_share" in out:
+            raise SpecError("give --gpus 0.25 or --gpu-mem, not both")
+        if out.get("gpus", 1) != 1:
+            raise SpecError("--gpu-mem asks for part of one GPU; drop --gpus or give --gpus 1")
+        out["gpus"], out["gpu_mem_mib"] = 1, parse_mem_mib(gpu_mem)
+    return out
+
+
 def parse_duration(text: str, what: str = "duration", allow_zero: bool = False) -> float:
     """'45s', '30m', '2h', '1h30m', '1d' or plain seconds -> seconds.
 
@@ -162,7 +208,16 @@ def add_client_parsers(sub: Any) -> None:
         epilog="example: gpupool submit --gpus 2 --kind training --checkpoint-every 30m "
         "-- python train.py --lr 3e-4",
     )
-    p.add_argument("--gpus", type=int, help="GPUs the job needs")
+    p.add_argument(
+        "--gpus",
+        help="GPUs the job needs; a fraction below 1 (0.25) asks for part of one GPU, "
+        "shared with other jobs",
+    )
+    p.add_argument(
+        "--gpu-mem",
+        help="GPU memory of one shared GPU (e.g. 20GiB, 512MiB): its share is this over "
+        "the memory of the card it lands on",
+    )
     p.add_argument("--kind", dest="job_kind", choices=KINDS)
     p.add_argument("--team")
     p.add_argument("--priority", help="low, normal, high or an integer")
@@ -531,7 +586,6 @@ def cmd_submit(client: Client, args: argparse.Namespace) -> int:
         "name": args.name,
         "team": args.team,
         "kind": args.job_kind,
-        "gpus": args.gpus,
         "gpu_model": args.gpu_model,
         "max_retries": args.max_retries,
         "cwd": args.cwd,
@@ -539,6 +593,7 @@ def cmd_submit(client: Client, args: argparse.Namespace) -> int:
         "user_region": args.user_region,
     }
     spec.update({k: v for k, v in plain.items() if v is not None})
+    spec.update(_gpu_request(args.gpus, args.gpu_mem))
     if args.priority is not None:
         spec["priority"] = parse_priority(args.priority)
     if args.checkpoint_every is not None:
@@ -973,7 +1028,21 @@ def sizing_line(s: dict[str, Any]) -> str:
 def _gpus(j: dict[str, Any]) -> str:
     # a sized job holds the count the core chose for its type, not the one submitted
     count = len(j["gpus"]) if j.get("gpus") else j.get("gpu_count", "?")
+    model = j.get("gpu_model") or j.get("gpu_type")
+    mem = j.get("gpu_mem_mib")
+    if mem is not None:  # part of one GPU, by memory
+        return f"{_mib(mem)} of {model or 'one GPU'}"
+    milli = j.get("gpu_milli", 1000)
+    if isinstance(milli, int) and 0 < milli < 1000:  # part of one GPU, by share
+        share = f"{milli / 1000:g}"
+        return f"{share} of {model}" if model else share
     return f"{count} x {j['gpu_model']}" if j.get("gpu_model") else str(count)
+
+
+def _mib(mib: int) -> str:
+    if mib % 1024 == 0:
+        return f"{mib // 1024}GiB"
+    return f"{mib / 1024:.1f}GiB" if mib >= 1024 else f"{mib}MiB"
 
 
 def _placement(j: dict[str, Any]) -> str:

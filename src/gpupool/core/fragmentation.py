@@ -12,7 +12,7 @@ mix, as in the authors' configuration (isInvolvedCpuPods, 95% popularity thresho
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from gpupool.core.model import JobSpec
@@ -44,7 +44,13 @@ def typical_tasks(
     jobs: Iterable[JobSpec], popularity: float = DEFAULT_POPULARITY
 ) -> tuple[TypicalTask, ...]:
     """The most frequent task shapes covering `popularity` of all tasks, renormalised to 1."""
-    counts = Counter(TaskShape.of(j) for j in jobs)
+    return typical_of_counts(Counter(TaskShape.of(j) for j in jobs), popularity)
+
+
+def typical_of_counts(
+    counts: Mapping[TaskShape, int], popularity: float = DEFAULT_POPULARITY
+) -> tuple[TypicalTask, ...]:
+    """`typical_tasks` of jobs already counted by shape."""
     total = sum(counts.values())
     if total == 0:
         return ()

@@ -80,8 +80,17 @@ class JobSpec:
     """The most network latency an online job's users accept."""
     time_limit_s: float | None = None
     """Wall time one run may take (since its start or resume); None: its kind's default."""
+    gpu_mem_mib: int | None = None
+    """GPU memory a sharing job asks for (`--gpu-mem`); the core turns it into `gpu_milli`
+    of the card it lands on (mem / card memory, rounded up). None: `gpu_milli` as given."""
 
     def __post_init__(self) -> None:
+        if self.gpu_mem_mib is not None and (self.gpu_mem_mib <= 0 or self.gpu_count != 1):
+            raise SpecError(
+                f"job {self.job_id}: gpu_mem_mib asks for part of one GPU; give it with "
+                f"gpu_count 1 and more than 0 MiB (got {self.gpu_count} GPUs, "
+                f"{self.gpu_mem_mib} MiB)"
+            )
         if self.time_limit_s is not None and self.time_limit_s <= 0:
             raise SpecError(f"job {self.job_id}: time_limit_s must be > 0")
         if self.gpu_count < 0:

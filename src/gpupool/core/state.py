@@ -66,10 +66,20 @@ class ClusterState:
         # Co-location: how many online-inference and other jobs share each GPU.
         self.online_on_gpu: IntArray = np.zeros_like(self.gpu_left)
         self.other_on_gpu: IntArray = np.zeros_like(self.gpu_left)
-        self.share_cap: int | None = None
+        self.colocate = False
         """When set (before anything is placed), the co-location rule holds: online
-        inference shares a GPU only with online inference, at most `share_cap` replicas per
-        GPU; nothing else joins it. Unset, the per-GPU job counts are not kept."""
+        inference shares a GPU only with online inference (at most `share_cap` replicas per
+        GPU when that is set); nothing else joins it. Unset, the per-GPU job counts are not
+        kept (a trace replay such as the FGD fill has no job kinds)."""
+        self.share_cap: int | None = None
+        """At most this many online replicas per GPU (setting it also sets `colocate`)."""
+        self.no_new_sharer: BoolArray | None = None
+        """[node, gpu]: cards whose measured SM utilisation (averaged over the core's
+        window) is above the bound: they take no new sharer. None: nothing measured."""
+        self.measured_free_mib: IntArray | None = None
+        """[node, gpu]: GPU memory free as last measured (-1 where unknown)."""
+        self.card_mem_mib: IntArray | None = None
+        """[node, gpu]: each card's memory as last measured (0 where unknown)."""
 
     def copy(self) -> ClusterState:
         """A scratch copy a policy may allocate on while it plans; the real state is untouched."""
@@ -114,23 +124,65 @@ class ClusterState:
     def usable_gpus(self, job: JobSpec) -> BoolArray:
         """GPUs with room for one share of the job, co-location rule included."""
         usable: BoolArray = self.gpu_left >= job.gpu_milli
-        if self.share_cap is not None and job.gpu_milli < MILLI_PER_GPU:
+        if job.gpu_milli >= MILLI_PER_GPU:
+            return usable
+        if self.colocating:
             if job.kind is JobKind.ONLINE:
-                usable &= (self.other_on_gpu == 0) & (self.online_on_gpu < self.share_cap)
+                usable &= self.other_on_gpu == 0
+                if self.share_cap is not None:
+                    usable &= self.online_on_gpu < self.share_cap
             else:
                 usable &= self.online_on_gpu == 0
+        if self.no_new_sharer is not None:
+            usable &= ~self.no_new_sharer
+        if self.measured_free_mib is not None and self.card_mem_mib is not None:
+            usable &= (self.measured_free_mib < 0) | (
+                self.measured_free_mib >= self.share_mib(job, self.card_mem_mib)
+            )
         return usable
 
+    @property
+    def colocating(self) -> bool:
+        return self.colocate or self.share_cap is not None
+
+    @property
+    def share_rules(self) -> bool:
+        """Something beyond free share decides which GPU a sharing job may use."""
+        return (
+            self.colocating
+            or self.no_new_sharer is not None
+            or (self.measured_free_mib is not None)
+        )
+
+    @staticmethod
+    def share_mib(job: JobSpec, card_mib: IntArray) -> IntArray:
+        """The GPU memory a share asks for on cards of these sizes: its own gpu_mem_mib,
+        else its share of the card."""
+        if job.gpu_mem_mib is not None:
+            return np.full_like(card_mib, job.gpu_mem_mib)
+        need: IntArray = -(-card_mib * job.gpu_milli // MILLI_PER_GPU)
+        return need
+
     def colocation_problem(self, job: JobSpec, node: int, gpu: int) -> str | None:
-        if self.share_cap is None:
+        if self.colocating:
+            online, other = int(self.online_on_gpu[node, gpu]), int(self.other_on_gpu[node, gpu])
+            if job.kind is JobKind.ONLINE and other:
+                return "online inference may share a GPU only with online inference"
+            cap = self.share_cap
+            if job.kind is JobKind.ONLINE and cap is not None and online >= cap:
+                return f"at most {cap} online replicas per GPU"
+            if job.kind is not JobKind.ONLINE and online:
+                return f"{job.kind.value} may not share a GPU with online inference"
+        if job.gpu_milli >= MILLI_PER_GPU:
             return None
-        online, other = int(self.online_on_gpu[node, gpu]), int(self.other_on_gpu[node, gpu])
-        if job.kind is JobKind.ONLINE and other:
-            return "online inference may share a GPU only with online inference"
-        if job.kind is JobKind.ONLINE and online >= self.share_cap:
-            return f"at most {self.share_cap} online replicas per GPU"
-        if job.kind is not JobKind.ONLINE and online:
-            return f"{job.kind.value} may not share a GPU with online inference"
+        if self.no_new_sharer is not None and self.no_new_sharer[node, gpu]:
+            return "its measured SM utilisation is above the sharing bound"
+        if self.measured_free_mib is not None and self.card_mem_mib is not None:
+            free = int(self.measured_free_mib[node, gpu])
+            card = self.card_mem_mib[node : node + 1, gpu : gpu + 1]
+            need = int(self.share_mib(job, card)[0, 0])
+            if 0 <= free < need:
+                return f"measured free memory {free} MiB is less than the {need} MiB asked"
         return None
 
     def node_model(self, node: int) -> str:
@@ -177,7 +229,7 @@ class ClusterState:
                         f"job {job.job_id}: GPU {g} of node #{i} has {row[g]} milli free, "
                         f"plan wants {share.gpu_milli}"
                     )
-                if self.share_cap is not None:
+                if self.share_rules:
                     problem = self.colocation_problem(job, i, g)
                     if problem is not None:
                         raise PlanRejected(f"job {job.job_id}: GPU {g} of node #{i}: {problem}")
@@ -220,7 +272,7 @@ class ClusterState:
         return placement
 
     def _count(self, job: JobSpec, share: NodeShare, sign: int) -> None:
-        if self.share_cap is None:
+        if not self.colocating:
             return  # no co-location rule: nobody reads the counts
         counts = self.online_on_gpu if job.kind is JobKind.ONLINE else self.other_on_gpu
         for g in share.gpus:

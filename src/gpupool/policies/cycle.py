@@ -171,6 +171,33 @@ class CyclePolicy:
         raise NotImplementedError
 
 
+def _team_milli(view: CycleView, scratch: ClusterState, team: str, gpu_type: str) -> int:
+    """GPU thousandths the team holds in the pool, running and planned this cycle: a
+    share counts as the part of a GPU it takes (quotas count whole GPUs otherwise)."""
+    pool = view.pool_nodes[gpu_type]
+    return sum(
+        j.total_gpu_milli
+        for job_id, j in scratch.jobs.items()
+        if j.team == team
+        and job_id not in view.vacating
+        and (nodes := scratch.placements[job_id].nodes)
+        and pool[nodes[0]]
+    )
+
+
+def _over_maximum(
+    view: CycleView,
+    scratch: ClusterState,
+    usage: Mapping[tuple[str, str], int],
+    job: JobSpec,
+    gpu_type: str,
+) -> bool:
+    limit = view.quotas.maximum(job.team, gpu_type, view.now_s)
+    if job.shares_gpu:
+        return _team_milli(view, scratch, job.team, gpu_type) + job.gpu_milli > limit * 1000
+    return usage.get((job.team, gpu_type), 0) + job.gpu_count > limit
+
+
 def _usage(view: CycleView) -> dict[tuple[str, str], int]:
     """GPUs each (team, GPU type) holds in running jobs, vacating ones excluded."""
     out: dict[tuple[str, str], int] = {}
@@ -398,12 +425,15 @@ class PriorityQuotaPolicy(CyclePolicy):
                 )
                 if job.gpu_count >= failed.get(shape, 1 << 30) and not within and not online:
                     continue  # a borrowing batch job has no other way in than free GPUs
-                key = (job.team, t)
-                if usage.get(key, 0) + job.gpu_count > view.quotas.maximum(job.team, t, view.now_s):
+                if _over_maximum(view, scratch, usage, job, t):
                     continue
                 if not within and p.preemptions >= view.rules.max_per_job:
                     continue  # preempted enough: it waits for room inside its guarantee
-                if online and not within and not self._unguaranteed_room(view, usage, job, t):
+                if (
+                    online
+                    and not within
+                    and not self._unguaranteed_room(view, usage, job, t, scratch)
+                ):
                     # No capacity nobody is guaranteed: it may still displace its own
                     # team's batch work, which changes no other team's share.
                     if reclaim(job, t, own_team=True):
@@ -439,7 +469,11 @@ class PriorityQuotaPolicy(CyclePolicy):
 
     @staticmethod
     def _unguaranteed_room(
-        view: CycleView, usage: Mapping[tuple[str, str], int], job: JobSpec, gpu_type: str
+        view: CycleView,
+        usage: Mapping[tuple[str, str], int],
+        job: JobSpec,
+        gpu_type: str,
+        scratch: ClusterState | None = None,
     ) -> bool:
         """Online inference is never preempted, so it borrows only capacity no other team
         is guaranteed: otherwise that team could not get its guarantee back."""
@@ -449,6 +483,9 @@ class PriorityQuotaPolicy(CyclePolicy):
             if team != job.team
         )
         total = int(view.state.gpu_count[view.pool_nodes[gpu_type]].sum())
+        if job.shares_gpu and scratch is not None:  # a share counts as its part of a GPU
+            room = (total - others) * 1000
+            return _team_milli(view, scratch, job.team, gpu_type) + job.gpu_milli <= room
         return usage.get((job.team, gpu_type), 0) + job.gpu_count <= total - others
 
     def _fast_held(self, view: CycleView) -> dict[str, int]:

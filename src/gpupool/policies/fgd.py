@@ -9,10 +9,17 @@ the best, which also picks the GPU inside the node.
 from __future__ import annotations
 
 import math
+from collections import Counter
+from collections.abc import Iterable
 
 import numpy as np
 
-from gpupool.core.fragmentation import FragmentationMeter
+from gpupool.core.fragmentation import (
+    DEFAULT_POPULARITY,
+    FragmentationMeter,
+    TaskShape,
+    typical_of_counts,
+)
 from gpupool.core.model import JobSpec
 from gpupool.core.state import ClusterState
 from gpupool.errors import SpecError
@@ -39,7 +46,7 @@ class FgdPolicy(CachedScoringPolicy):
         before = self.meter.node(model, cpu_left, row)
         best_score, best_gpu = -1, -1
         tried: dict[int, int] = {}
-        usable = state.usable_gpus(job)[node] if state.share_cap is not None else None
+        usable = state.usable_gpus(job)[node] if state.share_rules else None
         for g, left in enumerate(row):
             if left < job.gpu_milli or (usable is not None and not usable[g]):
                 continue
@@ -72,6 +79,30 @@ class FgdPolicy(CachedScoringPolicy):
         if job.shares_gpu:
             return (self._best_share(state, job, node)[1],)
         return super().choose_gpus(state, job, node, rng)
+
+
+class LearnedFgdPolicy(FgdPolicy):
+    """FGD for a scheduler that is not told its workload up front (the live service, a
+    scenario's cycles): the typical tasks are the shapes of the jobs it has seen
+    submitted, relearned whenever the count of jobs seen reaches a power of two (so a
+    long run relearns about 40 times, deterministically, and the score cache survives
+    in between). Before any job it scores every node alike."""
+
+    def __init__(self, models: Iterable[str], popularity: float = DEFAULT_POPULARITY) -> None:
+        self.models = tuple(models)
+        self.popularity = popularity
+        self.seen: Counter[TaskShape] = Counter()
+        self.count = 0
+        super().__init__(FragmentationMeter((), self.models))
+
+    def observe(self, job: JobSpec) -> None:
+        self.seen[TaskShape.of(job)] += 1
+        self.count += 1
+        if self.count & (self.count - 1) == 0:  # 1, 2, 4, 8, ...
+            self.meter = FragmentationMeter(
+                typical_of_counts(self.seen, self.popularity), self.models
+            )
+            self._owner, self._cache = None, {}
 
 
 @register_placement("fgd")

@@ -17,6 +17,7 @@ from gpupool.federation.burst import BurstRules
 from gpupool.policies.cycle import PreemptionRules
 
 MODES = ("pool", "static")
+PLACEMENT_POLICIES = ("consolidate", "best-fit", "fgd")
 TYPE_CHOICES = ("by-class", "first", "blind", "cost-aware")
 SITE_CHOICES = ("blind", "locality-aware")
 
@@ -53,6 +54,10 @@ class PlacementConfig:
     prefer: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     """by-class: per job kind, GPU types to prefer first, in order; the kind's rule over
     the catalogue (data/gpu_class_preferences.csv) orders the rest."""
+    policy: str = "consolidate"
+    """Which node and GPU a job gets inside its pool: `consolidate` (fewest free GPUs),
+    `best-fit` (least CPU and GPU left) or `fgd` (least growth of fragmentation, measured
+    against the task shapes the core has seen submitted)."""
 
 
 @dataclass(frozen=True)
@@ -63,6 +68,18 @@ class ThermalConfig:
     hot_nodes: int = 0
     """How many nodes (the last of each pool) sit in a hot aisle."""
     hot_inlet_c: float = 40.0
+
+
+@dataclass(frozen=True)
+class SharingConfig:
+    """Measured state on shared GPUs (the driver sends GpuUsage; the core averages it).
+
+    A card whose SM utilisation, averaged over the last `util_window_s`, is above
+    `max_sm_util_pct` takes no new sharer even when its memory is free (None: no bound).
+    A card whose measured free memory is less than a share asks takes none."""
+
+    max_sm_util_pct: float | None = 90.0
+    util_window_s: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -93,8 +110,11 @@ class SchedulerConfig:
     """How often the periodic stages run; the policy compares checkpoint times to it."""
     online_reserve: float = 0.2
     """Share of each pool kept free within one cycle for online inference."""
-    share_cap: int = 2
-    """At most this many online replicas share one GPU."""
+    share_cap: int | None = 2
+    """At most this many online replicas share one GPU; None: as many as their shares
+    fit (the live service's default). Online replicas share only with online replicas
+    either way."""
+    sharing: SharingConfig = field(default_factory=SharingConfig)
     queue_depth: int = 32
     """The policy sees the first this-many waiting jobs of each team per cycle."""
     autoscale_lookahead_s: float = 600.0

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import replace
 
 import numpy as np
 
@@ -28,6 +29,8 @@ from gpupool.energy.powercap import SetPowerCap
 from gpupool.energy.tariff import Tariff
 from gpupool.errors import ConflictError, NotFoundError, PlanRejected, SpecError
 from gpupool.federation.topology import Topology
+from gpupool.policies.base import ScoringPolicy
+from gpupool.policies.best_fit import BestFitPolicy
 from gpupool.policies.consolidate import ConsolidatePolicy
 from gpupool.policies.cycle import (
     CYCLE_POLICIES,
@@ -38,6 +41,7 @@ from gpupool.policies.cycle import (
     RunningView,
     Start,
 )
+from gpupool.policies.fgd import LearnedFgdPolicy
 from gpupool.policies.pool_choice import (
     ClassRanking,
     PoolLoad,
@@ -55,6 +59,7 @@ from gpupool.scheduler.events import (
     Event,
     Finished,
     GpuTemps,
+    GpuUsage,
     Hold,
     Lost,
     NodeDown,
@@ -77,6 +82,26 @@ def duration_text(seconds: float) -> str:
     m, sec = divmod(rest, 60)
     parts = [f"{v}{u}" for v, u in ((h, "h"), (m, "m"), (sec, "s")) if v]
     return "".join(parts) or f"{seconds:g}s"
+
+
+def placement_policy(cfg: SchedulerConfig, models: Sequence[str]) -> ScoringPolicy:
+    """The configured placement: consolidate (coolest-first when thermal-aware), best-fit
+    or fgd (learning its typical tasks from the jobs submitted)."""
+    name = cfg.placement.policy
+    if cfg.energy.thermal.aware:
+        if name != "consolidate":
+            raise SpecError(
+                f"thermal-aware placement is coolest-first; it replaces placement.policy "
+                f"{name!r}: drop one of energy.thermal.aware and placement.policy"
+            )
+        return CoolestFirstPolicy(None)
+    if name == "fgd":
+        return LearnedFgdPolicy(models)
+    if name == "best-fit":
+        return BestFitPolicy()
+    if name != "consolidate":
+        raise SpecError(f"unknown placement.policy {name!r}; choose consolidate, best-fit or fgd")
+    return ConsolidatePolicy()
 
 
 def pool_key(node: Node, multi_site: bool) -> str:
@@ -109,13 +134,14 @@ class Scheduler:
         self.config = cfg
         self.cluster = cluster
         self.state = ClusterState(cluster)
+        self.state.colocate = True
         self.state.share_cap = cfg.share_cap
         self.rng = np.random.default_rng(seed)
         self.thermal_aware = cfg.energy.thermal.aware
-        self.placement: ConsolidatePolicy | CoolestFirstPolicy = (
-            CoolestFirstPolicy(None) if self.thermal_aware else ConsolidatePolicy()
-        )
-        """Where a claimant goes when its victims leave (policies plan the rest)."""
+        self.placement: ScoringPolicy = placement_policy(cfg, self.state.models)
+        """Where a job goes inside its pool (`placement.policy`), for the cycle policy's
+        plan and for a claimant whose victims left."""
+        self.gpu_usage = stages.UsageWindow(cfg.sharing)
         self.engine = Engine(self.state, self.placement, self.rng, log)
         self.policy = CYCLE_POLICIES[cfg.policy]()
         multi_site = len({n.cluster for n in cluster.nodes}) > 1
@@ -253,6 +279,9 @@ class Scheduler:
             self.temps_c, self.inlet_c = event.temps_c, event.inlet_c
             if isinstance(self.placement, CoolestFirstPolicy):
                 self.placement.temps_c = event.temps_c
+        elif isinstance(event, GpuUsage):
+            if self.gpu_usage.observe(self.state, event):
+                self.dirty = True
         elif isinstance(event, ServiceDemand):
             if event.service not in self.services:
                 raise NotFoundError(f"service {event.service} is not known to the scheduler")
@@ -327,11 +356,23 @@ class Scheduler:
         self.queues.add(r)
         if len(r.options) > 1:
             self.choosers[job.job_id] = r
+        if isinstance(self.placement, LearnedFgdPolicy):
+            self.placement.observe(r.spec)
         return r
 
     def _unplaceable_reason(self, job: JobSpec, r: JobRecord) -> str:
         if job.job_id in self.sized:
             return "its model fits no GPU type of this cluster within the GPU counts tried"
+        if not r.options and job.gpu_mem_mib is not None:
+            cards = {m: stages.card_mem_mib(self, m) for m in set(self.pool_model.values())}
+            known = {m: c for m, c in cards.items() if c is not None and job.allows_model(m)}
+            if known:
+                big = max(known, key=lambda m: (known[m], m))
+                return (
+                    f"asks for {job.gpu_mem_mib} MiB of one GPU; the largest card here is "
+                    f"{big} with {known[big]} MiB"
+                )
+            return "asks for GPU memory, and no card it allows has a known memory size"
         if not r.options:
             fits = [n for k, n in self.pool_gpus.items() if job.allows_model(self.pool_model[k])]
             if fits:
@@ -361,6 +402,13 @@ class Scheduler:
             raise SpecError(
                 f"job {job.job_id} asks for {sorted(job.gpu_models)}; this cluster has "
                 f"{', '.join(sorted(set(self.pool_model.values())))}"
+            )
+        milli = stages.share_milli(self, job, self.pool_model[r.gpu_type])
+        if milli is not None and milli != job.gpu_milli:  # a share given by GPU memory
+            job = r.spec = replace(job, gpu_milli=milli)
+        if placement is not None and any(s.gpu_milli != job.gpu_milli for s in placement.shares):
+            placement = Placement(
+                tuple(replace(s, gpu_milli=job.gpu_milli) for s in placement.shares)
             )
         if attempts:
             r.first_start_s = now
@@ -596,8 +644,11 @@ class Scheduler:
 
     def _start(self, r: JobRecord, placement: Placement, now: float) -> Launch:
         job = r.spec
-        if self.held[(job.team, r.gpu_type)] + job.gpu_count > self.quotas.maximum(
-            job.team, r.gpu_type, now
+        limit = self.quotas.maximum(job.team, r.gpu_type, now)
+        if (
+            self._team_milli(job.team, r.gpu_type) + job.gpu_milli > limit * MILLI_PER_GPU
+            if job.shares_gpu
+            else self.held[(job.team, r.gpu_type)] + job.gpu_count > limit
         ):
             raise PlanRejected(f"job {job.job_id}: team {job.team} would exceed its maximum")
         if not all(self.healthy[k] for k in placement.nodes):
@@ -643,6 +694,15 @@ class Scheduler:
         plan = f"plan {plan_text(entries, self.pool_model[r.gpu_type])}"
         self.type_why[r.job_id] = note = f"{why}; {plan}" if why else plan
         return note
+
+    def _team_milli(self, team: str, pool: str) -> int:
+        """GPU thousandths the team's running jobs hold in the pool: a share counts as its
+        part of a GPU when a quota maximum is checked for a sharing job."""
+        return sum(
+            r.spec.total_gpu_milli
+            for r in self.running.values()
+            if r.spec.team == team and r.gpu_type == pool and r.state is JobState.RUNNING
+        )
 
     def _preempt(self, r: JobRecord, c: Preempt, now: float) -> Stop:
         job = r.spec

@@ -95,6 +95,17 @@ class GpuTemps:
 
 
 @dataclass(frozen=True)
+class GpuUsage:
+    """What each card is doing, measured (NVML on a real GPU): [node, gpu] arrays as the
+    core counts GPUs. NaN utilisation or -1 memory: no reading for that card."""
+
+    t_s: float
+    sm_util_pct: np.ndarray
+    mem_used_mib: np.ndarray
+    mem_total_mib: np.ndarray
+
+
+@dataclass(frozen=True)
 class ServiceDemand:
     """The peak request rate a service expects over the core's look-ahead."""
 
@@ -154,6 +165,7 @@ Event = (
     | NodeUp
     | Progress
     | GpuTemps
+    | GpuUsage
     | ServiceDemand
     | Hold
     | Release

@@ -24,11 +24,13 @@ from gpupool.errors import SpecError
 from gpupool.policies.cycle import CYCLE_POLICIES, PreemptionRules
 from gpupool.scheduler.config import (
     MODES,
+    PLACEMENT_POLICIES,
     SITE_CHOICES,
     TYPE_CHOICES,
     EnergyConfig,
     PlacementConfig,
     SchedulerConfig,
+    SharingConfig,
     TeamLimits,
     ThermalConfig,
 )
@@ -52,6 +54,7 @@ SCHEDULING_KEYS: frozenset[str] = frozenset(
         "cycle_s",
         "online_reserve",
         "share_cap",
+        "sharing",
         "queue_depth",
         "autoscale",
         "preemption",
@@ -177,7 +180,10 @@ def parse_scheduling(
         online_reserve=r.number(
             raw.get("online_reserve", defaults.online_reserve), "online_reserve"
         ),
-        share_cap=r.integer(raw.get("share_cap", defaults.share_cap), "share_cap", 1),
+        share_cap=_share_cap(r, raw, defaults.share_cap),
+        sharing=_sharing(r, raw["sharing"], defaults.sharing)
+        if "sharing" in raw
+        else defaults.sharing,
         queue_depth=r.integer(raw.get("queue_depth", defaults.queue_depth), "queue_depth", 1),
         autoscale_lookahead_s=r.number(
             auto.get("lookahead_s", defaults.autoscale_lookahead_s), "autoscale.lookahead_s"
@@ -327,6 +333,7 @@ def _windows(r: ConfigReader, raw: Any, names: set[str]) -> tuple[QuotaWindow, .
 def _placement(r: ConfigReader, raw: Any, d: PlacementConfig) -> PlacementConfig:
     keys = {"gpu_type", "site", "value_of_time_usd_per_h"}
     keys |= {"prefer"}  # by-class: GPU types each job kind prefers
+    keys |= {"policy"}  # the placement policy inside a pool
     m = r.section(raw, "placement", keys)
     gpu_type = str(m.get("gpu_type", d.gpu_type))
     if gpu_type not in TYPE_CHOICES:
@@ -339,7 +346,12 @@ def _placement(r: ConfigReader, raw: Any, d: PlacementConfig) -> PlacementConfig
         "placement.value_of_time_usd_per_h",
     )
     prefer = _prefer(r, m.get("prefer"), d.prefer)
-    return PlacementConfig(gpu_type, site, vot, prefer=prefer)
+    policy = str(m.get("policy", d.policy))
+    if policy not in PLACEMENT_POLICIES:
+        raise r.fail(
+            "placement.policy", f"{policy!r}; choose one of {', '.join(PLACEMENT_POLICIES)}"
+        )
+    return PlacementConfig(gpu_type, site, vot, prefer=prefer, policy=policy)
 
 
 def _prefer(
@@ -357,6 +369,27 @@ def _prefer(
             raise r.fail(where, "a list of GPU type names, e.g. [H100, A100-80GB]")
         out[kind] = tuple(types)
     return out
+
+
+def _sharing(r: ConfigReader, raw: Any, d: SharingConfig) -> SharingConfig:
+    m = r.section(raw, "sharing", {"max_sm_util_pct", "util_window_s"})
+    bound = m.get("max_sm_util_pct", d.max_sm_util_pct)
+    if bound is not None:
+        bound = r.number(bound, "sharing.max_sm_util_pct")
+        if bound > 100:
+            raise r.fail("sharing.max_sm_util_pct", f"{bound:g}; give a percentage 0..100")
+    window = r.number(
+        m.get("util_window_s", d.util_window_s), "sharing.util_window_s", positive=True
+    )
+    return SharingConfig(bound, window)
+
+
+def _share_cap(r: ConfigReader, raw: Mapping[str, Any], d: int | None) -> int | None:
+    if "share_cap" not in raw:
+        return d
+    if raw["share_cap"] is None:
+        return None  # no cap: as many online replicas as their shares fit
+    return r.integer(raw["share_cap"], "share_cap", 1)
 
 
 def _energy(r: ConfigReader, raw: Any, d: EnergyConfig) -> EnergyConfig:

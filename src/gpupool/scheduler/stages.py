@@ -5,7 +5,7 @@ price deferral, power caps and cloud burst. Each reads and changes the core's st
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -14,10 +14,12 @@ import numpy as np
 
 from gpupool.core.lifecycle import JobState
 from gpupool.core.model import MILLI_PER_GPU, JobKind, JobSpec
+from gpupool.core.state import ClusterState
 from gpupool.energy.deferral import DeferrableJob, plan_starts
 from gpupool.energy.power import PowerModel, load_of
 from gpupool.energy.powercap import SetPowerCap
 from gpupool.energy.thermal import ThermalModel
+from gpupool.errors import SpecError
 from gpupool.federation.burst import BurstController, BurstRules
 from gpupool.policies.pool_choice import (
     PoolLoad,
@@ -31,6 +33,8 @@ from gpupool.policies.pool_choice import (
 )
 from gpupool.policies.power import CapJob, plan_power_caps
 from gpupool.scheduler.commands import Burst, Cancel, Command, Defer, Reclaim
+from gpupool.scheduler.config import SharingConfig
+from gpupool.scheduler.events import GpuUsage
 from gpupool.scheduler.jobs import WAITING, JobRecord
 from gpupool.sizing.planner import sized_options
 
@@ -56,7 +60,7 @@ def options_for(core: Scheduler, job: JobSpec) -> tuple[PoolOption, ...]:
             if model not in sized:
                 continue
             count, duration = sized[model]
-        elif job.allows_model(model):
+        elif job.allows_model(model) and share_milli(core, job, model) is not None:
             count, duration = job.gpu_count, job.duration_s
         else:
             continue
@@ -68,6 +72,25 @@ def options_for(core: Scheduler, job: JobSpec) -> tuple[PoolOption, ...]:
     if placement.gpu_type == "first" and request is None and core.topology is None:
         return tuple(out[:1])
     return tuple(out)
+
+
+def card_mem_mib(core: Scheduler, model: str) -> int | None:
+    """One card's memory, from the catalogue (as the fake fleet and the planner have it)."""
+    if core.catalog is None or model not in core.catalog:
+        return None
+    return round(core.catalog[model].memory_gib * 1024)
+
+
+def share_milli(core: Scheduler, job: JobSpec, model: str) -> int | None:
+    """The share of one `model` card the job takes: its GPU memory over the card's,
+    rounded up to a thousandth; its gpu_milli when it gives no memory. None: the card
+    is too small (or its memory unknown)."""
+    if job.gpu_mem_mib is None:
+        return job.gpu_milli
+    card = card_mem_mib(core, model)
+    if card is None or job.gpu_mem_mib > card:
+        return None
+    return min(MILLI_PER_GPU, -(-job.gpu_mem_mib * MILLI_PER_GPU // card))
 
 
 def choose(
@@ -123,7 +146,12 @@ def team_room(core: Scheduler, r: JobRecord, now: float) -> dict[str, int] | Non
 
 def retarget(core: Scheduler, r: JobRecord, option: PoolOption) -> None:
     """Point a waiting job at a pool: its GPU count and work become that pool's."""
-    if r.gpu_type == option.pool and r.spec.gpu_count == option.gpu_count:
+    milli = share_milli(core, r.spec, option.gpu_type) or r.spec.gpu_milli
+    if (
+        r.gpu_type == option.pool
+        and r.spec.gpu_count == option.gpu_count
+        and r.spec.gpu_milli == milli
+    ):
         return
     queued = r.state in WAITING and r.gpu_type
     if queued:
@@ -131,6 +159,7 @@ def retarget(core: Scheduler, r: JobRecord, option: PoolOption) -> None:
     r.spec = replace(
         r.spec,
         gpu_count=option.gpu_count,
+        gpu_milli=milli,
         duration_s=option.duration_s,
         gpu_models=frozenset({option.gpu_type}),
     )
@@ -168,13 +197,65 @@ def transfer_s(core: Scheduler, r: JobRecord) -> float:
     return core.topology.transfer_s(job.dataset, core.pool_site[r.gpu_type], job.dataset_gb)
 
 
+# ---- measured state of shared GPUs ------------------------------------------------------------
+class UsageWindow:
+    """The GPU usage the driver measured (GpuUsage), kept over `util_window_s`: a card
+    whose average SM utilisation there is above `max_sm_util_pct` takes no new sharer,
+    and each card's last measured free memory bounds what a new share may ask."""
+
+    def __init__(self, config: SharingConfig) -> None:
+        self.config = config
+        self.samples: deque[tuple[float, np.ndarray]] = deque()
+
+    def observe(self, state: ClusterState, event: GpuUsage) -> bool:
+        """Take a reading into the state; whether what the placement sees changed."""
+        shape = state.gpu_left.shape
+        arrays = (event.sm_util_pct, event.mem_used_mib, event.mem_total_mib)
+        if any(np.shape(a) != shape for a in arrays):
+            raise SpecError(
+                f"GpuUsage arrays must be [node, gpu] of shape {shape}, got "
+                f"{[np.shape(a) for a in arrays]}"
+            )
+        window = self.config.util_window_s
+        self.samples.append((event.t_s, np.asarray(event.sm_util_pct, dtype=np.float64)))
+        while self.samples and self.samples[0][0] < event.t_s - window - 1e-9:
+            self.samples.popleft()
+        before = (state.no_new_sharer, state.measured_free_mib, state.card_mem_mib)
+        bound = self.config.max_sm_util_pct
+        if bound is not None:
+            stack = np.stack([u for _, u in self.samples])
+            seen = np.isfinite(stack)
+            total = np.where(seen, stack, 0.0).sum(axis=0)
+            count = seen.sum(axis=0)
+            mean = np.divide(total, count, out=np.zeros(shape), where=count > 0)
+            state.no_new_sharer = mean > bound
+        used = np.asarray(event.mem_used_mib, dtype=np.int64)
+        card = np.asarray(event.mem_total_mib, dtype=np.int64)
+        state.measured_free_mib = np.where((used >= 0) & (card > 0), card - used, -1)
+        state.card_mem_mib = np.maximum(card, 0)
+        after = (state.no_new_sharer, state.measured_free_mib, state.card_mem_mib)
+        return any(
+            (a is None) != (b is None)
+            or (a is not None and b is not None and not np.array_equal(a, b))
+            for a, b in zip(before, after, strict=True)
+        )
+
+
 # ---- services: replicas that follow demand ---------------------------------------------------
 def replicas_needed(core: Scheduler, name: str, load_rps: float, shared: bool) -> int:
     svc = core.services[name]
     cfg = core.config
-    speed = cfg.colocation.speed(JobKind.ONLINE, cfg.share_cap) if shared else 1.0
+    speed = cfg.colocation.speed(JobKind.ONLINE, sharers_per_gpu(core, name)) if shared else 1.0
     want = math.ceil(load_rps * cfg.autoscale_headroom / (svc.replica_rps * speed) - 1e-9)
     return min(max(want, svc.min_replicas), svc.max_replicas)
+
+
+def sharers_per_gpu(core: Scheduler, name: str) -> int:
+    """How many of a service's replicas one GPU holds: `share_cap`, else as many as its
+    share lets (no cap)."""
+    cap = core.config.share_cap
+    by_share = max(1, MILLI_PER_GPU // core.services[name].replica_gpu_milli)
+    return by_share if cap is None else cap
 
 
 def sharing_pays(core: Scheduler, name: str, load_rps: float) -> bool:
@@ -185,7 +266,8 @@ def sharing_pays(core: Scheduler, name: str, load_rps: float) -> bool:
     cfg = core.config
     if svc.replica_gpu_milli >= MILLI_PER_GPU:
         return False
-    p99 = svc.base_p99_ms * cfg.colocation.online_p99_factor([JobKind.ONLINE] * (cfg.share_cap - 1))
+    neighbours = sharers_per_gpu(core, name) - 1
+    p99 = svc.base_p99_ms * cfg.colocation.online_p99_factor([JobKind.ONLINE] * neighbours)
     if p99 > svc.slo_p99_ms:
         return False
     shared_gpus = replicas_needed(core, name, load_rps, True) * svc.replica_gpu_milli / 1000

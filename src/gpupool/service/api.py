@@ -42,6 +42,7 @@ from gpupool.service.admission import Fleet, admit
 from gpupool.service.auth import AuditMiddleware, AuditTrail, TokenCache
 from gpupool.service.live import LiveService
 from gpupool.service.rate import RateLimited, SubmitRate
+from gpupool.service.share_admission import check_share
 from gpupool.service.store import (
     AuditRow,
     JobRow,
@@ -280,6 +281,20 @@ class JobIn(BaseModel):
         description="GPUs the job needs; with sizing, the scheduler decides per GPU type.",
     )
     gpu_model: str | None = Field(None, min_length=1, max_length=64)
+    gpu_share: float | None = Field(
+        None,
+        gt=0,
+        lt=1,
+        allow_inf_nan=False,
+        description="Part of one GPU (0.25: a quarter), shared with other jobs; needs gpus 1.",
+    )
+    gpu_mem_mib: int | None = Field(
+        None,
+        ge=1,
+        le=16 * 1024 * 1024,
+        description="GPU memory of one shared GPU (MiB); the share is this over the memory "
+        "of the card the job lands on. Needs gpus 1; not with gpu_share.",
+    )
     checkpoint_every_s: float | None = Field(None, gt=0, le=1e7)
     grace_s: float = Field(60.0, ge=0, le=86_400)
     max_retries: int = Field(0, ge=0, le=100)
@@ -449,6 +464,8 @@ def job_json(row: JobRow) -> dict[str, Any]:
         "priority": row.priority,
         "gpu_count": row.gpu_count,
         "gpu_model": row.gpu_model,
+        "gpu_milli": row.gpu_milli,
+        "gpu_mem_mib": row.gpu_mem_mib,
         "gpus": [{"node": node, "index": index} for node, index in row.gpus],
         "state": state,
         "preempting": row.state == "preempting",
@@ -678,6 +695,8 @@ def create_app(
 
     scheduling = service.config.scheduling
     fleet = Fleet.of(service.cluster.nodes)  # fixed for the service's life, cloud nodes too
+    fleet_models = {n.gpu_model for n in service.cluster.nodes}
+    catalog = load_catalog()
     rate = SubmitRate(
         {
             team: lim.submit_per_min
@@ -743,7 +762,7 @@ def create_app(
         priority = PRIORITIES[body.priority] if isinstance(body.priority, str) else body.priority
         sizing = None if body.sizing is None else body.sizing.mapping()
         admit(fleet, load_catalog(), gpus=body.gpus, gpu_model=body.gpu_model, sizing=sizing)
-        return NewJob(
+        job = NewJob(
             name=body.name or body.command[0].rsplit("/", 1)[-1][:128],
             team=team,
             kind=body.kind,
@@ -768,7 +787,11 @@ def create_app(
             time_limit_s=body.time_limit_s
             if body.time_limit_s is not None
             else scheduling.time_limit_s.get(body.kind),
+            gpu_milli=1000 if body.gpu_share is None else max(1, round(body.gpu_share * 1000)),
+            gpu_mem_mib=body.gpu_mem_mib,
         )
+        check_share(job, fleet_models, catalog)
+        return job
 
     @app.post(
         "/v1/jobs",

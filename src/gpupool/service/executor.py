@@ -108,6 +108,9 @@ class LaunchSpec:
     cwd: Path | None = None
     user: JobUser | None = None
     limits: Limits = NO_LIMITS
+    visible_devices: str | None = None
+    """CUDA_VISIBLE_DEVICES as the job must see it, when not the indices: a card's UUID
+    for a client of that card's MPS daemon (the daemon renumbers the devices it sees)."""
 
 
 @dataclass(frozen=True)
@@ -314,7 +317,11 @@ def job_environment(spec: LaunchSpec, base: Mapping[str, str] | None = None) -> 
     if spec.user is not None:
         env["USER"] = env["LOGNAME"] = spec.user.name
     env.update(spec.env)
-    env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in spec.gpu_indices)
+    env["CUDA_VISIBLE_DEVICES"] = (
+        spec.visible_devices
+        if spec.visible_devices is not None
+        else ",".join(str(i) for i in spec.gpu_indices)
+    )
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     env["GPUPOOL_JOB_ID"] = spec.job_id
     env["GPUPOOL_ATTEMPT"] = str(spec.attempt)

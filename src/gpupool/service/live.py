@@ -48,6 +48,7 @@ from gpupool.scheduler import (
     Drain,
     Expire,
     GpuTemps,
+    GpuUsage,
     Hold,
     Launch,
     Progress,
@@ -75,6 +76,7 @@ from gpupool.service.executor import (
 )
 from gpupool.service.health import LoopHealth
 from gpupool.service.lease import Lease
+from gpupool.service.mps import Mps, MpsError, ShareRequest, detect_mps, share_env
 from gpupool.service.sites import (
     DOWN,
     STARTING,
@@ -127,10 +129,12 @@ LOST_PREFIX = "lost: "
 """The reason of a requeue because the job was lost: counted against `lost_retries`."""
 
 LIVE_DEFAULTS = SchedulerConfig(
-    cycle_s=1.0, online_reserve=0.0, preemption=PreemptionRules(60.0, 3)
+    cycle_s=1.0, online_reserve=0.0, preemption=PreemptionRules(60.0, 3), share_cap=None
 )
 """The service's defaults where they differ from a scenario's: a cycle a second, no
-reserve unless configured, a minute's minimum runtime."""
+reserve unless configured, a minute's minimum runtime, and no cap on online replicas
+per GPU (as many as their shares fit; a scenario keeps its cap of 2 so that its figures
+stay those of the calibrated co-location model)."""
 
 
 @dataclass(frozen=True)
@@ -225,6 +229,8 @@ def spec_of(row: JobRow) -> JobSpec:
     return JobSpec(
         job_id=str(row.id),
         gpu_count=row.gpu_count,
+        gpu_milli=row.gpu_milli if row.gpu_count else 1000,
+        gpu_mem_mib=row.gpu_mem_mib if row.gpu_count == 1 else None,
         gpu_models=frozenset({row.gpu_model}) if row.gpu_model else frozenset(),
         team=row.team,
         priority=row.priority,
@@ -260,6 +266,7 @@ class LiveService:
         cloud_runner: CommandRunner | None = None,
         disk: DiskProbe | None = None,
         lease: Lease | None = None,
+        mps: Mps | None = None,
     ) -> None:
         """`probe`, for a fleet of `config.nodes`, names the nodes alive now (node name ->
         an id that changes when the node restarts, e.g. the Ray node id): polled at most
@@ -390,6 +397,15 @@ class LiveService:
         self.launch_backoff_s = 0.0
         self.launch_retry_at = -1e18
         self.launch_error: str | None = None
+        self.mps: Mps = (
+            mps
+            if mps is not None
+            else detect_mps(
+                config.state_dir / "mps",
+                real_gpus=not isinstance(telemetry, FakeTelemetry) and not self.fleet,
+            )
+        )
+        """Enforces GPU shares where the driver has MPS (service/mps.py); else advisory."""
         self.recover()
         self._recover_lifecycle()
 
@@ -484,6 +500,7 @@ class LiveService:
         if self.thread is not None:
             self.thread.join(timeout=10)
         self.executor.shutdown()
+        self.mps.close()
 
     MIN_STEP_S = 0.05
     """Wake-ups (new jobs, cancels) run a cycle early, but at most 20 cycles a second."""
@@ -950,6 +967,7 @@ class LiveService:
         self.monitor.observe(self.samples)
         if self.config.scheduling.energy.thermal.aware:
             self.scheduler.observe(self._temps(now))
+        self.scheduler.observe(self._usage(now))
         if self.monitor.due(now):
             self.signals = self.monitor.evaluate(now)
             self.signals_at = now
@@ -1001,6 +1019,22 @@ class LiveService:
             if sample is not None:
                 temps[k, g] = sample.temp_c
         return GpuTemps(now, temps, inlet)
+
+    def _usage(self, now: float) -> GpuUsage:
+        """Each card's measured SM utilisation and memory, [node, gpu] as the core counts
+        them (NaN and -1 where the telemetry has no reading): what sharing decides by."""
+        shape = self.scheduler.state.gpu_left.shape
+        util = np.full(shape, np.nan)
+        used = np.full(shape, -1, dtype=np.int64)
+        total = np.zeros(shape, dtype=np.int64)
+        by_index = {s.index: s for s in self.samples}
+        for (k, g), tele in self.tele_index.items():
+            sample = by_index.get(tele)
+            if sample is not None and sample.healthy:
+                util[k, g] = sample.util_pct
+                used[k, g] = sample.mem_used_mib
+                total[k, g] = sample.mem_total_mib
+        return GpuUsage(now, util, used, total)
 
     def _progress(self, now: float) -> None:
         """Work done by running jobs, where the executor can tell (else the core
@@ -1179,6 +1213,11 @@ class LiveService:
         env = dict(row.env)
         if fake:
             env["GPUPOOL_FAKE_GPUS"] = ",".join(str(x) for x in devices)
+        visible: str | None = None
+        if d.spec is not None and d.spec.shares_gpu:
+            shared = self._share_env(d.spec, shares[0].node, shares[0].gpus[0], row.id, now)
+            visible = shared.pop("CUDA_VISIBLE_DEVICES", None)
+            env.update(shared)
         spec = LaunchSpec(
             job_id=d.job_id,
             attempt=attempt,
@@ -1190,6 +1229,7 @@ class LiveService:
             cwd=Path(row.cwd) if row.cwd else None,
             user=user,
             limits=limits,
+            visible_devices=visible if not fake else None,
         )
         prepared = _Prepared(d, row, spec, node)
         if refused is not None:
@@ -1206,6 +1246,28 @@ class LiveService:
             )
             return None
         return prepared
+
+    def _share_env(
+        self, job: JobSpec, node: int, gpu: int, job_id: int, now: float
+    ) -> dict[str, str]:
+        """A sharing job's environment: its share, and MPS's limits where MPS runs (a
+        daemon that will not start leaves the share advisory, said in the job's events)."""
+        tele = self.tele_index.get((node, gpu))
+        info = self.gpu_info.get(tele) if tele is not None else None
+        card = info.mem_total_mib if info is not None and info.mem_total_mib > 0 else 0
+        mem = job.gpu_mem_mib
+        if mem is None:
+            mem = -(-card * job.gpu_milli // 1000)
+        share = ShareRequest(
+            self.devices[(node, gpu)], info.uuid if info is not None else "", job.gpu_milli, mem
+        )
+        try:
+            return share_env(share, self.mps if info is not None and info.uuid else None)
+        except MpsError as err:
+            self.store.add_event(
+                "mps", f"MPS not started ({err}); its GPU share is advisory", now, job_id=job_id
+            )
+            return share_env(share, None)
 
     def _launch_one(self, p: _Prepared, now: float) -> Handle | BaseException:
         launch_on = getattr(self.executor, "launch_on", None)
@@ -1299,9 +1361,32 @@ class LiveService:
     def _load(self, devices: tuple[int, ...], row: JobRow) -> None:
         """Tell a fake fleet what runs where."""
         set_load = getattr(self.telemetry, "set_load", None)
-        if set_load is not None:
-            for dev in devices:
-                set_load(dev, 100.0, 1024)
+        if set_load is None:
+            return
+        if row.gpu_milli < 1000 or row.gpu_mem_mib is not None:
+            self._load_shared(set_load)
+            return
+        for dev in devices:
+            set_load(dev, 100.0, 1024)
+
+    def _load_shared(self, set_load: Callable[..., None], leaving: str | None = None) -> None:
+        """A fake card that jobs share is as busy as the shares placed on it: SM
+        utilisation their share of it, memory their memory (or share of the card's)."""
+        state = self.scheduler.state
+        for (k, g), tele in self.tele_index.items():
+            if not 0 < int(state.gpu_left[k, g]) < 1000:
+                continue
+            info = self.gpu_info.get(tele)
+            card = info.mem_total_mib if info is not None else 0
+            used = mem = 0
+            for job_id, placement in state.placements.items():
+                job = state.jobs[job_id]
+                if job_id != leaving and any(
+                    sh.node == k and g in sh.gpus for sh in placement.shares
+                ):
+                    used += job.gpu_milli
+                    mem += job.gpu_mem_mib or -(-card * job.gpu_milli // 1000)
+            set_load(tele, min(100.0, used / 10.0), min(mem, card))
 
     def _unload(self, row: JobRow) -> None:
         set_load = getattr(self.telemetry, "set_load", None)
@@ -1313,6 +1398,8 @@ class LiveService:
                     index = dev
                 if index is not None:
                     set_load(index, 0.0, 0)
+        if set_load is not None and (row.gpu_milli < 1000 or row.gpu_mem_mib is not None):
+            self._load_shared(set_load, str(row.id))  # the other sharers still run
 
     def _node_state(self, name: str) -> str:
         """up, lost, unhealthy, a cloud node's down / starting / stopping, or an up node's

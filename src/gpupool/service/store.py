@@ -184,6 +184,9 @@ class JobModel(Base):
     sizing: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
     # the job's lifecycle controls (revision 0005)
     time_limit_s: Mapped[float | None] = mapped_column(Double)
+    # part of one GPU (revision 0006): thousandths of it, or GPU memory in MiB
+    gpu_milli: Mapped[int] = mapped_column(Integer, server_default=text("1000"))
+    gpu_mem_mib: Mapped[int | None] = mapped_column(Integer)
     held: Mapped[bool] = mapped_column(Boolean, server_default=false())
 
 
@@ -282,6 +285,11 @@ class NewJob:
     (gpupool.service.sizing_field); the core then sizes it per GPU type."""
     time_limit_s: float | None = None
     """Wall time one run may take (since its start or resume); None: no limit."""
+    gpu_milli: int = 1000
+    """The share of its one GPU a job asks for (`--gpus 0.25`: 250); 1000: whole GPUs."""
+    gpu_mem_mib: int | None = None
+    """GPU memory a sharing job asks for (`--gpu-mem 20GiB`); the core sizes its share
+    per GPU type (memory over the card's). None: `gpu_milli` as given."""
 
     def __post_init__(self) -> None:
         # a list or a caller's dict would make two equal specs compare unequal or change later
@@ -337,6 +345,8 @@ class JobRow:
     sizing: Mapping[str, Any] | None = None
     """gpupool.service.sizing_field.plan_request_of(row) makes it a PlanRequest again."""
     time_limit_s: float | None = None
+    gpu_milli: int = 1000
+    gpu_mem_mib: int | None = None
     held: bool = False
     """On hold (gpupool hold): it starts only once released."""
 
@@ -369,6 +379,8 @@ class JobRow:
             state_gib_per_gpu=self.state_gib_per_gpu,
             sizing=self.sizing,
             time_limit_s=self.time_limit_s,
+            gpu_milli=self.gpu_milli,
+            gpu_mem_mib=self.gpu_mem_mib,
         )
 
 
@@ -554,6 +566,23 @@ def _check_new(job: NewJob) -> None:
         raise SpecError(f"time_limit_s is {job.time_limit_s}; give a positive number of seconds")
     _check_placement(job)
     _check_sizing(job)
+    _check_share(job)
+
+
+def _check_share(job: NewJob) -> None:
+    """Part of one GPU: by share (1..1000 thousandths) or by GPU memory, never both."""
+    if not 0 < job.gpu_milli <= 1000:
+        raise SpecError(f"gpu_milli is {job.gpu_milli}; give a share of one GPU in 1..1000")
+    if job.gpu_mem_mib is not None and job.gpu_mem_mib <= 0:
+        raise SpecError(f"gpu_mem_mib is {job.gpu_mem_mib}; give a positive amount of memory")
+    sharing = job.gpu_milli < 1000 or job.gpu_mem_mib is not None
+    if sharing and job.gpu_count != 1:
+        raise SpecError(
+            f"a share of a GPU is part of one GPU; the job asks for {job.gpu_count} GPUs "
+            "(give --gpus 0.25 or --gpu-mem alone, or whole GPUs)"
+        )
+    if job.gpu_mem_mib is not None and job.gpu_milli < 1000:
+        raise SpecError("give a GPU share (--gpus 0.25) or GPU memory (--gpu-mem), not both")
 
 
 def _check_placement(job: NewJob) -> None:
@@ -636,6 +665,8 @@ def _job_row(m: JobModel) -> JobRow:
         state_gib_per_gpu=float(m.state_gib_per_gpu),
         sizing=None if m.sizing is None else dict(m.sizing),
         time_limit_s=m.time_limit_s,
+        gpu_milli=m.gpu_milli if m.gpu_milli is not None else 1000,
+        gpu_mem_mib=m.gpu_mem_mib,
         held=bool(m.held),
     )
 
@@ -701,6 +732,8 @@ def _job_values(job: NewJob, idempotency_key: str | None, now_s: float) -> dict[
         "state_gib_per_gpu": float(job.state_gib_per_gpu),
         "sizing": None if job.sizing is None else _as_json(job.sizing),
         "time_limit_s": job.time_limit_s,
+        "gpu_milli": job.gpu_milli,
+        "gpu_mem_mib": job.gpu_mem_mib,
         "held": False,
     }
     return values

@@ -22,6 +22,7 @@ from gpupool.scheduler.config import (
     EnergyConfig,
     PlacementConfig,
     SchedulerConfig,
+    SharingConfig,
     TeamLimits,
     ThermalConfig,
 )
@@ -70,7 +71,8 @@ class ScenarioConfig:
     description: str = ""
     windows: tuple[QuotaWindow, ...] = ()
     online_reserve: float = 0.2
-    share_cap: int = 2
+    share_cap: int | None = 2
+    sharing: SharingConfig = field(default_factory=SharingConfig)
     queue_depth: int = 32
     """The policy sees the first this-many waiting jobs of each team per cycle."""
     autoscale_lookahead_s: float = 600.0
@@ -100,6 +102,7 @@ class ScenarioConfig:
             cycle_s=self.cycle_s,
             online_reserve=self.online_reserve,
             share_cap=self.share_cap,
+            sharing=self.sharing,
             queue_depth=self.queue_depth,
             autoscale_lookahead_s=self.autoscale_lookahead_s,
             autoscale_headroom=self.autoscale_headroom,
@@ -204,6 +207,7 @@ def parse_scenario(raw: Any, path: str = "<scenario>") -> ScenarioConfig:
         windows=sched.windows,
         online_reserve=sched.online_reserve,
         share_cap=sched.share_cap,
+        sharing=sched.sharing,
         queue_depth=sched.queue_depth,
         autoscale_lookahead_s=sched.autoscale_lookahead_s,
         autoscale_headroom=sched.autoscale_headroom,
