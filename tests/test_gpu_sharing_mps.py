@@ -1,0 +1,125 @@
+"""Enforcing GPU shares: MPS per card where the driver has it, the share told otherwise."""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+from gpupool.core.model import JobKind
+from gpupool.service.clock import ManualClock
+from gpupool.service.executor import FakeExecutor, Handle, LaunchSpec, job_environment
+from gpupool.service.live import LIVE_DEFAULTS, LiveConfig, LiveService
+from gpupool.service.mps import (
+    FakeMps,
+    NoMps,
+    ShareRequest,
+    SystemMps,
+    detect_mps,
+    share_env,
+)
+from gpupool.service.store import NewJob, Store
+from gpupool.service.telemetry import FakeTelemetry
+
+SHARE = ShareRequest(device_index=3, device_uuid="GPU-abc", gpu_milli=229, mem_mib=18432)
+
+
+def test_without_mps_the_job_is_told_its_share_and_nothing_is_enforced() -> None:
+    env = share_env(SHARE, NoMps())
+    assert env == {
+        "GPUPOOL_GPU_SHARE": "0.229",
+        "GPUPOOL_GPU_MEM_MIB": "18432",
+        "GPUPOOL_GPU_SHARE_ENFORCED": "advisory",
+    }
+
+
+def test_with_mps_one_daemon_per_card_and_the_limits_in_the_client_env(tmp_path: Path) -> None:
+    mps = FakeMps(tmp_path / "mps")
+    env = share_env(SHARE, mps)
+    pipe = str(tmp_path / "mps" / "gpu3" / "pipe")
+    assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=18432M"
+    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "23"
+    assert env["CUDA_MPS_PIPE_DIRECTORY"] == pipe
+    assert env["CUDA_VISIBLE_DEVICES"] == "GPU-abc"  # the daemon renumbers: name it by UUID
+    assert env["GPUPOOL_GPU_SHARE_ENFORCED"] == "mps"
+    share_env(ShareRequest(3, "GPU-abc", 500, 40000), mps)  # a second sharer: same daemon
+    share_env(ShareRequest(4, "GPU-def", 500, 40000), mps)  # another card: its own
+    assert [s["CUDA_VISIBLE_DEVICES"] for s in mps.starts] == ["GPU-abc", "GPU-def"]
+    assert (tmp_path / "mps" / "gpu3" / "log").is_dir()
+    mps.close()
+    assert sorted(s["CUDA_MPS_PIPE_DIRECTORY"] for s in mps.stops) == [
+        pipe,
+        str(tmp_path / "mps" / "gpu4" / "pipe"),
+    ]
+
+
+def test_system_mps_runs_the_control_daemon_and_quits_it(tmp_path: Path) -> None:
+    record = tmp_path / "calls.txt"
+    tool = tmp_path / "nvidia-cuda-mps-control"
+    tool.write_text(
+        "#!/bin/sh\n"
+        f'echo "args=$* visible=$CUDA_VISIBLE_DEVICES pipe=$CUDA_MPS_PIPE_DIRECTORY '
+        f'stdin=$(cat)" >> {record}\n'
+    )
+    tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
+    mps = detect_mps(tmp_path / "mps", real_gpus=True, which=lambda name: str(tool))
+    assert isinstance(mps, SystemMps)
+    share_env(SHARE, mps)
+    mps.close()
+    lines = record.read_text().splitlines()
+    pipe = tmp_path / "mps" / "gpu3" / "pipe"
+    assert lines == [
+        f"args=-d visible=GPU-abc pipe={pipe} stdin=",
+        f"args= visible=GPU-abc pipe={pipe} stdin=quit",
+    ]
+
+
+def test_no_mps_on_a_fake_fleet_or_without_the_driver_tool(tmp_path: Path) -> None:
+    assert isinstance(detect_mps(tmp_path, real_gpus=False, which=lambda n: "/x"), NoMps)
+    assert isinstance(detect_mps(tmp_path, real_gpus=True, which=lambda n: None), NoMps)
+
+
+def test_an_mps_client_sees_its_card_by_uuid() -> None:
+    spec = LaunchSpec("1", 1, ("true",), {}, (3,), Path("/tmp/r"), False, visible_devices="GPU-a")
+    assert job_environment(spec, {})["CUDA_VISIBLE_DEVICES"] == "GPU-a"
+    whole = LaunchSpec("2", 1, ("true",), {}, (3, 4), Path("/tmp/r"), False)
+    assert job_environment(whole, {})["CUDA_VISIBLE_DEVICES"] == "3,4"
+
+
+class RecordingExecutor(FakeExecutor):
+    def __init__(self) -> None:
+        super().__init__()
+        self.specs: dict[str, LaunchSpec] = {}
+
+    def launch(self, spec: LaunchSpec, now_s: float) -> Handle:
+        self.specs[spec.job_id] = spec
+        return super().launch(spec, now_s)
+
+
+def test_the_live_service_gives_a_sharing_job_its_mps_limits(tmp_path: Path) -> None:
+    store = Store(f"sqlite:///{tmp_path}/db.sqlite")
+    store.migrate()
+    executor = RecordingExecutor()
+    mps = FakeMps(tmp_path / "mps")
+    service = LiveService(
+        LiveConfig(tmp_path / "state", LIVE_DEFAULTS, sample_s=0.0, host="h"),
+        store,
+        executor,
+        FakeTelemetry("1xA100-80GB"),
+        ManualClock(1000.0),
+        mps=mps,
+    )
+    try:
+        share = store.submit(
+            NewJob("s", "ml", JobKind.ONLINE.value, 0, 1, ("true",), gpu_mem_mib=18 * 1024),
+            1000.0,
+        )[0]
+        whole = store.submit(NewJob("w", "ml", "training", 0, 1, ("true",)), 1000.0)[0]
+        service.step()
+        env = executor.specs[str(share.id)].env
+        assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=18432M"
+        assert env["GPUPOOL_GPU_MEM_MIB"] == "18432"
+        assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "23"
+        assert str(whole.id) not in executor.specs  # training may not join an online share
+    finally:
+        service.stop()
+    assert len(mps.stops) == 1  # the daemon is quit with the service
