@@ -42,7 +42,7 @@ def online(job_id: str, **kw: object) -> JobSpec:
     return JobSpec(job_id, kind=JobKind.ONLINE, **kw)  # type: ignore[arg-type]
 
 
-# ---- sizing a share by GPU memory ---------------------------------------------------------------
+# ---- sizing a share by GPU memory ----------------------------------------------------------------
 def test_gpu_memory_becomes_the_share_of_the_card_it_lands_on() -> None:
     s = core(fleet(("A100-80GB", 1)))
     s.observe(Submitted(0.0, online("a", gpu_mem_mib=18 * 1024)))
@@ -64,7 +64,7 @@ def test_a_share_fraction_and_memory_are_part_of_one_gpu_only() -> None:
         JobSpec("x", gpu_count=2, gpu_mem_mib=1024)
 
 
-# ---- the co-location rule -------------------------------------------------------------------------
+# ---- the co-location rule ------------------------------------------------------------------------
 def test_without_share_cap_four_18gib_online_jobs_share_an_a100_and_a_fifth_waits() -> None:
     s = core(fleet(("A100-80GB", 1)))
     for i in range(5):
@@ -103,7 +103,7 @@ def test_the_core_refuses_a_plan_that_breaks_the_co_location_rule() -> None:
         state.validate(t, Placement((NodeShare(0, (0,), 250),)))
 
 
-# ---- measured state ---------------------------------------------------------------------------------
+# ---- measured state ------------------------------------------------------------------------------
 def usage(t: float, util: float, used_mib: int) -> GpuUsage:
     return GpuUsage(
         t,
@@ -146,7 +146,7 @@ def test_whole_gpu_jobs_ignore_measured_sharing_bounds() -> None:
     assert [c.job_id for c in launches(s, 0.0)] == ["w"]
 
 
-# ---- the placement policy -----------------------------------------------------------------------------
+# ---- the placement policy ------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("name", "kind"),
     [("consolidate", ConsolidatePolicy), ("best-fit", BestFitPolicy), ("fgd", LearnedFgdPolicy)],

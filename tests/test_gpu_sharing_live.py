@@ -19,7 +19,8 @@ ENV_DUMP = [
     sys.executable,
     "-c",
     "import json, os, time; json.dump({k: v for k, v in os.environ.items() "
-    "if k.startswith(('GPUPOOL_GPU', 'CUDA_MPS'))}, open(os.path.join(os.environ['HOME'], 'share-env.json'), 'w')); "
+    "if k.startswith(('GPUPOOL_GPU', 'CUDA_MPS'))}, "
+    "open(os.path.join(os.environ['HOME'], 'share-env.json'), 'w')); "
     "time.sleep(120)",
 ]
 
