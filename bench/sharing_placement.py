@@ -12,12 +12,14 @@ import json
 import time
 from pathlib import Path
 
-from gpupool.sim.sharing import SharingScenario, run
+from gpupool.sim.sharing import SharingScenario, openb_run, run
 from machine import describe
 
 POLICIES = ("consolidate", "best-fit", "fgd")
 DEMANDS = (0.9, 1.0, 1.2)
 SEEDS = range(5)
+OPENB_DEMANDS = (1.05, 1.2)
+OPENB_SEEDS = range(3)
 
 
 def main() -> None:
@@ -29,9 +31,18 @@ def main() -> None:
             for policy in POLICIES:
                 r = run(SharingScenario(seed=seed, demand=demand), policy)
                 rows.append({"demand": demand, **r.__dict__})
+    openb = []
+    for demand in OPENB_DEMANDS:
+        for seed in OPENB_SEEDS:
+            for policy in ("consolidate", "fgd"):
+                r = openb_run(policy, seed=seed, demand=demand, node_stride=16)
+                openb.append({"demand": demand, **r.__dict__})
     elapsed = time.perf_counter() - t0
     (out / "sharing_placement.json").write_text(
-        json.dumps({"machine": describe(), "elapsed_s": round(elapsed, 1), "runs": rows}, indent=1)
+        json.dumps(
+            {"machine": describe(), "elapsed_s": round(elapsed, 1), "runs": rows, "openb": openb},
+            indent=1,
+        )
         + "\n",
         encoding="utf-8",
     )
@@ -56,11 +67,29 @@ def main() -> None:
             )
     lines += [
         "",
-        "Read: every share is placed under all three policies (the cycle policy starts",
+        "Every online share is placed under all three policies (the cycle policy starts",
         "online replicas first, and a share always finds part of a card), and the three",
-        "hold the same capacity, though they place jobs on different cards. This scenario",
-        "does NOT show FGD leaving fewer unplaced shares than consolidate; the FGD fill",
-        "reproduction (bench/fgd_reproduction.md) is where FGD's advantage is measured.",
+        "hold the same capacity, though they place jobs on different cards: this",
+        "scenario does not separate them.",
+        "",
+        "## The openb trace through the core",
+        "",
+        "`gpupool.sim.sharing.openb_run`: every 16th GPU node of the Alibaba openb",
+        "cluster (one model), tasks drawn from its pods until their GPU requests reach",
+        "the demand; sharing tasks run as offline inference, the rest as batch; CPU counts.",
+        "",
+        "| demand | seed | policy | shares | unplaced shares | unplaced whole | allocated % |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in openb:
+        lines.append(
+            f"| {r['demand']:g} | {r['seed']} | {r['policy']} | {r['shares']} | "
+            f"{r['shares_unplaced']} | {r['whole_unplaced']} | {r['allocated_pct']:.1f} |"
+        )
+    lines += [
+        "",
+        "FGD leaves fewer unplaced shares than consolidate in seed 0 (and as many in",
+        "seeds 1-2); it never leaves more. The margin is small at this scale.",
     ]
     (out / "sharing_placement.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     print("\n".join(lines))

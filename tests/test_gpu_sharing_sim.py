@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from gpupool.core.model import JobKind
 from gpupool.scheduler import Scheduler
-from gpupool.sim.sharing import SharingScenario, run, workload
+from gpupool.sim.sharing import SharingScenario, openb_run, run, workload
 from gpupool.sizing.catalog import load_catalog
 
 SMALL = SharingScenario(nodes=4, gpus_per_node=8, demand=1.0, seed=3)
@@ -44,3 +44,12 @@ def test_online_shares_are_sized_by_memory_and_share_only_with_online() -> None:
             for g in share.gpus:
                 kinds.setdefault((share.node, g), set()).add(spec[job_id].kind)
     assert all(len(k) == 1 for k in kinds.values())
+
+
+def test_on_the_openb_trace_fgd_leaves_fewer_unplaced_shares_than_consolidate() -> None:
+    """Seed 0 of bench/sharing_placement.py's openb runs (bench/results/sharing_placement.md):
+    at 120% demand consolidate strands more GPU-sharing tasks than FGD."""
+    fgd = openb_run("fgd", seed=0, demand=1.2, node_stride=16)
+    consolidate = openb_run("consolidate", seed=0, demand=1.2, node_stride=16)
+    assert fgd.shares == consolidate.shares
+    assert fgd.shares_unplaced < consolidate.shares_unplaced

@@ -101,3 +101,75 @@ def run(sc: SharingScenario, policy: str, catalog: Catalog | None = None) -> Sha
         whole_unplaced=sum(1 for j in jobs if j.gpu_mem_mib is None and j.job_id not in placed),
         allocated_pct=100.0 * used / (cluster.gpu_count * MILLI_PER_GPU),
     )
+
+
+OPENB_MODEL = "openb-gpu"
+"""The sampled openb nodes under one model name: the placement policy, not pool choice,
+decides where a task goes (the tasks' own model constraints are dropped)."""
+
+
+def openb_run(
+    policy: str,
+    seed: int = 0,
+    node_stride: int = 8,
+    demand: float = 1.0,
+    share_kind: JobKind = JobKind.OFFLINE,
+) -> SharingResult:
+    """The Alibaba openb trace through the core: every `node_stride`-th GPU node, tasks
+    drawn from its pods with replacement (by seed) until their GPU requests reach `demand`
+    of the sample's GPUs, one per cycle, never leaving. Its GPU-sharing tasks (part of one
+    GPU; in PAI mostly inference) run as online inference, the rest as batch: the
+    co-location rule holds, and CPU counts, as in the FGD paper's fill."""
+    from gpupool.sim.experiments import DEFAULT_NODES, DEFAULT_PODS, embedded
+    from gpupool.traces.openb import read_nodes, read_pods
+
+    full, _ = read_nodes(embedded(DEFAULT_NODES))
+    pods, _ = read_pods(embedded(DEFAULT_PODS))
+    nodes = tuple(
+        Node(n.name, OPENB_MODEL, n.gpu_count, n.cpu_milli, n.mem_mib)
+        for n in full.nodes[::node_stride]
+    )
+    cluster = Cluster("openb-sample", nodes)
+    gpu_pods = [p for p in pods if p.gpu_count > 0]
+    rng = np.random.default_rng(seed)
+    budget = demand * cluster.gpu_count * MILLI_PER_GPU
+    jobs: list[JobSpec] = []
+    asked = 0
+    while asked < budget:
+        p = gpu_pods[int(rng.integers(len(gpu_pods)))]
+        i = len(jobs)
+        jobs.append(
+            JobSpec(
+                f"{'s' if p.shares_gpu else 'w'}{i}",
+                gpu_count=p.gpu_count,
+                gpu_milli=p.gpu_milli,
+                cpu_milli=p.cpu_milli,
+                mem_mib=p.mem_mib,
+                kind=share_kind if p.shares_gpu else JobKind.BATCH,
+                submit_s=float(i),
+            )
+        )
+        asked += p.total_gpu_milli
+    config = SchedulerConfig(
+        cycle_s=1.0,
+        online_reserve=0.0,
+        share_cap=None,
+        queue_depth=64,
+        placement=PlacementConfig(policy=policy),
+    )
+    core = Scheduler(cluster, config, seed=seed)
+    for job in jobs:
+        core.observe(Submitted(job.submit_s, job))
+        core.cycle(job.submit_s)
+    placed = core.state.placements
+    shares = [j for j in jobs if j.shares_gpu]
+    used = sum(core.state.jobs[j].total_gpu_milli for j in placed)
+    return SharingResult(
+        policy=policy,
+        seed=seed,
+        shares=len(shares),
+        shares_unplaced=sum(1 for j in shares if j.job_id not in placed),
+        whole_jobs=len(jobs) - len(shares),
+        whole_unplaced=sum(1 for j in jobs if not j.shares_gpu and j.job_id not in placed),
+        allocated_pct=100.0 * used / (cluster.gpu_count * MILLI_PER_GPU),
+    )
