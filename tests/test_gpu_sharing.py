@@ -182,3 +182,18 @@ def test_learned_fgd_measures_fragmentation_against_the_shapes_submitted() -> No
     assert shapes == {(2, 1000): 0.75, (1, 508): 0.25}
     # a card with a 0.508 share used strands what no typical task can use
     assert fgd.meter.node("A100-80GB", 0, (492, 1000)) > fgd.meter.node("A100-80GB", 0, (0, 1000))
+
+
+# ---- the client's flags ------------------------------------------------------------------------
+def test_submit_flags_for_part_of_one_gpu() -> None:
+    from gpupool.client_cli import _gpu_request, parse_mem_mib
+
+    assert _gpu_request("2", None) == {"gpus": 2}
+    assert _gpu_request("0.25", None) == {"gpus": 1, "gpu_share": 0.25}
+    assert _gpu_request(None, "18GiB") == {"gpus": 1, "gpu_mem_mib": 18 * 1024}
+    assert parse_mem_mib("512MiB") == 512 and parse_mem_mib("1.5G") == 1536
+    for bad in (("1.5", None), ("0.25", "8GiB"), ("2", "8GiB")):
+        with pytest.raises(SpecError):
+            _gpu_request(*bad)
+    with pytest.raises(SpecError, match="binary unit"):
+        parse_mem_mib("20GB")

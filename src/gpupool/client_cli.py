@@ -83,11 +83,11 @@ def _gpu_request(gpus: str | None, gpu_mem: str | None) -> dict[str, Any]:
             raise SpecError(
                 f"--gpus {gpus!r}: give a whole number, or a fraction like 0.25"
             ) from None
-        if not 0 <= value < math.inf:
-            raise SpecError(f"--gpus {gpus!r}: give 0 or more GPUs")
-        if value == int(value):
+        if value != value or value in (math.inf, -math.inf):
+            raise SpecError(f"--gpus {gpus!r}: give a whole number, or a fraction like 0.25")
+        if value == int(value):  # the server checks the count
             out["gpus"] = int(value)
-        elif value < 1:
+        elif 0 < value < 1:
             out["gpus"], out["gpu_share"] = 1, value
         else:
             raise SpecError(
