@@ -93,7 +93,9 @@ def test_a_team_at_its_running_limit_waits_with_the_reason(make_live: Callable[.
     assert sum(live.state(j) == "running" for j in mine) == 2
     assert live.state(other) == "running"
     waiting = [j for j in mine if live.state(j) == "pending"]
-    assert [live.reason(j) for j in waiting] == ["team a at its limit of 2 running jobs"] * 3
+    assert [live.reason(j) for j in waiting] == [
+        "JobLimit: team a at its limit of 2 running jobs"
+    ] * 3
     for _ in range(5):
         live.step()
     assert sum(live.state(j) == "running" for j in [*gpu, cpu]) == 2
@@ -113,7 +115,9 @@ def test_cpu_only_jobs_stop_at_their_own_limit(make_live: Callable[..., Live]) -
     assert [live.state(j) for j in cpu].count("running") == 1
     assert live.state(gpu) == "running"
     waiting = [j for j in cpu if live.state(j) == "pending"]
-    assert {live.reason(j) for j in waiting} == {"team a at its limit of 1 running CPU-only jobs"}
+    assert {live.reason(j) for j in waiting} == {
+        "CpuJobLimit: team a at its limit of 1 running CPU-only jobs"
+    }
 
 
 def test_a_job_past_its_time_limit_is_stopped_and_fails(make_live: Callable[..., Live]) -> None:

@@ -33,6 +33,7 @@ from gpupool.scheduler import (
     ServiceDemand,
     SetPowerCap,
     Stop,
+    Wait,
 )
 from gpupool.scheduler.stages import burst_rules
 from gpupool.service.clock import ManualClock
@@ -166,6 +167,8 @@ def normal(t: float, c: Command) -> Normal:
         return (t, "cap", c.node, c.gpu, c.power_limit_w, c.locked_sm_mhz)
     if isinstance(c, Burst | Reclaim):
         return (t, type(c).__name__.lower(), c.nodes)
+    if isinstance(c, Wait):
+        return (t, "wait", c.job_id, c.code, c.reason)
     assert isinstance(c, Defer)
     return (t, "defer", c.job_id, c.until_s)
 
@@ -237,7 +240,7 @@ def test_the_live_service_over_the_simulated_world_decides_as_the_simulator(
 ) -> None:
     simulated, live, _ = legs
     kinds = Counter(n[1] for n in simulated)
-    for kind in ("launch", "stop", "cap", "burst", "reclaim", "defer"):
+    for kind in ("launch", "stop", "cap", "burst", "reclaim", "defer", "wait"):
         assert kinds[kind] > 0, dict(kinds)
     for k, (a, b) in enumerate(zip(simulated, live, strict=False)):
         assert a == b, f"command {k} differs: simulator {a}, live {b}"

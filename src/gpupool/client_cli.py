@@ -1,4 +1,4 @@
-"""`gpupool submit|ls|show|cancel|logs|top|token|audit|hold|release|requeue|drain|nodes`:
+"""`gpupool submit|ls|show|why|cancel|logs|top|token|audit|hold|release|requeue|drain|nodes`:
 drive a running gpupool server from a terminal.
 
 httpx is imported only when one of these commands runs, so the simulator's commands start
@@ -273,6 +273,14 @@ def add_client_parsers(sub: Any) -> None:
     p = sub.add_parser("show", parents=[conn, as_json], help="show one job")
     p.add_argument("id", type=int)
     p.set_defaults(client_handler=cmd_show)
+
+    p = sub.add_parser(
+        "why",
+        parents=[conn, as_json],
+        help="why a job waits: its reason code and the sentence with the numbers",
+    )
+    p.add_argument("id", type=int)
+    p.set_defaults(client_handler=cmd_why)
 
     p = sub.add_parser("cancel", parents=[conn, as_json], help="cancel a job")
     p.add_argument("id", type=int)
@@ -768,6 +776,29 @@ def cmd_show(client: Client, args: argparse.Namespace) -> int:
     return 0
 
 
+def why_text(j: dict[str, Any]) -> str:
+    """`gpupool why`: the job's state, its reason code and the sentence."""
+    job_id, state = j.get("id", "?"), str(j.get("state", "?"))
+    code = str(j.get("reason_code") or "")
+    reason = str(j.get("reason") or "")
+    sentence = reason[len(code) + 2 :] if code and reason.startswith(f"{code}: ") else reason
+    if code:
+        head = printable(f"job {job_id} {state}: {code}")
+        return f"{head}\n  {printable(sentence)}" if sentence else head
+    if state in ("pending", "suspended"):
+        return printable(f"job {job_id} {state}: {sentence or 'no reason given yet'}")
+    return printable(f"job {job_id} is {state}; nothing holds it back ({sentence or '-'})")
+
+
+def cmd_why(client: Client, args: argparse.Namespace) -> int:
+    job = client.job(args.id)
+    if args.json:
+        _print_json({k: job.get(k) for k in ("id", "state", "reason_code", "reason")})
+    else:
+        print(why_text(job))
+    return 0
+
+
 def cmd_cancel(client: Client, args: argparse.Namespace) -> int:
     job = client.cancel(args.id)
     if args.json:
@@ -908,7 +939,7 @@ def job_table(jobs: list[dict[str, Any]], now: float, placement: bool = False) -
             _gpus(j),
             state,
             _age(j, now),
-            _cut(printable(str(j.get("reason") or "")), 48),
+            _cut(printable(str(j.get("reason_code") or j.get("reason") or "")), 48),
         ]
         if placement:
             row.insert(6, _cut(printable(_placement(j) or "-"), 32))

@@ -50,11 +50,18 @@ class Expire:
 
 @dataclass(frozen=True)
 class Wait:
-    """Why a waiting job does not start although it may be next (a team at its limit of
-    running jobs); an empty reason: that no longer holds it back."""
+    """Why a waiting job does not start: a reason code (Resources, Priority, JobLimit...;
+    see gpupool.scheduler.waiting) and a sentence with the numbers. Sent when the reason
+    changes; an empty reason: nothing holds it back any more."""
 
     job_id: str
     reason: str
+    code: str = ""
+
+    @property
+    def text(self) -> str:
+        """`Code: sentence`, as a driver shows it."""
+        return f"{self.code}: {self.reason}" if self.code else self.reason
 
 
 @dataclass(frozen=True)

@@ -51,7 +51,7 @@ from gpupool.policies.pool_choice import (
     pool_loads,
 )
 from gpupool.policies.thermal import CoolestFirstPolicy
-from gpupool.scheduler import stages
+from gpupool.scheduler import stages, waiting
 from gpupool.scheduler.commands import Command, Expire, Launch, Stop, Wait
 from gpupool.scheduler.config import SchedulerConfig
 from gpupool.scheduler.events import (
@@ -232,8 +232,10 @@ class Scheduler:
         """Nodes that take no new job; their running jobs run on."""
         self.expiring: dict[str, str] = {}
         """Jobs stopped for running past their time limit: why, until the driver's Finished."""
-        self.told_wait: dict[str, str] = {}
-        """The limit reason each waiting job was last given (Wait)."""
+        self.told_wait: dict[str, tuple[str, str, float]] = {}
+        """The reason each waiting job was last given (Wait): code, sentence, when."""
+        self.waits_due = True
+        """Something changed since the waiting jobs' reasons were last worked out."""
         self.over_limit = False
         """The last plan started more of a team than its limits allow (the rest dropped)."""
         self.timed = bool(cfg.time_limit_s)
@@ -570,14 +572,14 @@ class Scheduler:
         stages.rechoose(self, now)
         if cfg.energy.price_aware:
             out += self.deferral.plan(self, now)
+        self.waits_due = self.waits_due or self.dirty or bool(out)
         if self.dirty:
             self.dirty = False
             self._apply(self.policy.plan(self.view(now)), now, out)
             if self.over_limit:  # once more, with the teams now at their limits hidden
                 self.over_limit = self.dirty = False
                 self._apply(self.policy.plan(self.view(now)), now, out)
-        if cfg.team_limits:
-            out += self._wait_reasons()
+        out += self._wait_reasons(now)
         if cfg.energy.power_capping or cfg.energy.thermal.aware:
             out += stages.power_caps(self, now)
         return out
@@ -958,26 +960,30 @@ class Scheduler:
             if not (isinstance(c, Preempt) and c.job_id in idle) and c.job_id not in dropped
         ]
 
-    def _wait_reasons(self) -> list[Command]:
-        """Wait for the jobs at the head of each limited team's queue whose limit reason
-        changed (set, or gone); the driver shows it as the job's reason."""
-        counts = self._running_counts()
-        now_why: dict[str, str] = {}
-        depth = self.config.queue_depth
-        for team in self.config.team_limits:
-            for _, job_id in self.queues.by_team.get(team, [])[:depth]:
-                why = self._limit_reason(self.records[job_id], counts)
-                if why:
-                    now_why[job_id] = why
+    def _wait_reasons(self, now: float) -> list[Command]:
+        """Wait for each waiting job whose reason changed (waiting.explain); a changed
+        sentence under the same code at most once per waiting.REFRESH_S. Held jobs are
+        not told: their hold says why."""
+        if not self.waits_due:
+            return []
+        self.waits_due = False
+        reasons = waiting.explain(self, now)
         out: list[Command] = []
-        for job_id, why in now_why.items():
-            if self.told_wait.get(job_id) != why:
-                out.append(Wait(job_id, why))
-        for job_id in list(self.told_wait):
-            r = self.records[job_id]
-            if job_id not in now_why and r.state in WAITING:
-                out.append(Wait(job_id, ""))
-        self.told_wait = {k: v for k, v in now_why.items()}
+        told = self.told_wait
+        for job_id, why in reasons.items():
+            if why.code == "Held":
+                continue
+            last = told.get(job_id)
+            if last is not None and last[0] == why.code:
+                if last[1] == why.sentence:
+                    continue
+                if now - last[2] < waiting.REFRESH_S - 1e-9:
+                    self.waits_due = True  # its numbers moved: told once the refresh is due
+                    continue
+            out.append(Wait(job_id, why.sentence, why.code))
+            told[job_id] = (why.code, why.sentence, now)
+        for job_id in [j for j in told if j not in reasons or reasons[j].code == "Held"]:
+            del told[job_id]
         return out
 
     # ---- progress -----------------------------------------------------------------------------

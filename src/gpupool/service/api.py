@@ -37,6 +37,7 @@ from pydantic import (
 )
 
 from gpupool.errors import ConflictError, GpupoolError, NotFoundError, SpecError, Unavailable
+from gpupool.scheduler.waiting import reason_code
 from gpupool.service import sizing_field as sf
 from gpupool.service.admission import Fleet, admit
 from gpupool.service.auth import AuditMiddleware, AuditTrail, TokenCache
@@ -470,6 +471,9 @@ def job_json(row: JobRow) -> dict[str, Any]:
         "state": state,
         "preempting": row.state == "preempting",
         "reason": row.reason,
+        "reason_code": reason_code(
+            row.reason, row.state in ("pending", "suspended"), row.held and not row.terminal
+        ),
         "command": list(row.command),
         "attempts": row.attempts,
         "preemptions": row.preemptions,

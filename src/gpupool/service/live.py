@@ -843,7 +843,7 @@ class LiveService:
                         "failed",
                         now,
                         ("pending",),
-                        reason=f"cannot run here: {record.end_reason}",
+                        reason=f"Unplaceable: cannot run here: {record.end_reason}",
                         ended_at=now,
                     )
 
@@ -1540,18 +1540,27 @@ class LiveService:
                     r.run_started_s = started
 
     def _waiting(self, c: Wait, now: float) -> None:
-        """Show why a waiting job does not start (its team at a limit), or that it no
-        longer is held back by one."""
+        """Store why a waiting job does not start, as `Code: sentence` (an empty reason:
+        nothing holds it back). A Deferred job keeps the reason its Defer wrote (in local
+        time); while the launch gate is closed its reason says that, and this one is
+        what it gets back once the gate opens."""
+        if c.code == "Deferred":
+            return
+        text = c.text or "waiting for GPUs"
+        job_id = int(c.job_id)
+        if job_id in self.told:
+            self.told[job_id] = text
+            return
         try:
             self.store.update(
-                int(c.job_id),
+                job_id,
                 now,
                 expect=("pending", "suspended"),
-                event="limit" if c.reason else None,
-                reason=c.reason or "waiting for GPUs",
+                event="limit" if c.code in ("JobLimit", "CpuJobLimit") else None,
+                reason=text,
             )
         except IllegalTransition as err:
-            self.store.add_event("error", str(err), now, job_id=int(c.job_id))
+            self.store.add_event("error", str(err), now, job_id=job_id)
 
     def _expire(self, c: Expire, now: float) -> None:
         """A job past its time limit: SIGTERM, its grace, SIGKILL; failed once it left."""

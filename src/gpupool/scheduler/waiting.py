@@ -1,0 +1,325 @@
+"""Why each waiting job does not start: a reason code and a sentence with numbers, like
+Slurm's `Reason`.
+
+Decided from the core's state after a cycle (no clock): the same events give the same
+reasons under every driver. `explain` gives every waiting job its reason; the core
+emits a Wait command only when a job's reason changes (and a sentence whose numbers
+merely moved at most once per `REFRESH_S`), so thousands of waiting jobs do not turn
+into thousands of writes a cycle.
+
+Codes, checked in this order (the first that holds is the reason):
+
+* Held               on hold until released (`gpupool release`).
+* WaitingForVictims  it preempted running jobs; they are writing their checkpoints.
+* Deferred           held for cheaper power; it still starts before its deadline.
+* JobLimit, CpuJobLimit  its team runs as many (CPU-only) jobs as its limit allows.
+* Window, QuotaMax   its team holds its maximum of the pool (a time window's or the
+                     team's own).
+* Priority           jobs ahead of it (higher priority, or earlier) wait for the same pool.
+* Resources          no node has room for it now (the numbers: what it needs, the largest
+                     free block, the pool's free GPUs).
+* Reserve            it fits, but only in GPUs kept for online inference.
+* Scheduling         it fits the free GPUs and is considered again at the next cycle.
+
+The live driver adds DiskFull, ReadOnly, DiskUnknown and LaunchFailing (the launch
+gate), and Unplaceable for a job no pool can ever run.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from gpupool.core.lifecycle import JobState
+from gpupool.core.model import MILLI_PER_GPU, JobKind
+from gpupool.scheduler.jobs import WAITING, JobRecord
+
+if TYPE_CHECKING:
+    from gpupool.scheduler.core import Scheduler
+
+REFRESH_S = 60.0
+"""A reason whose code is unchanged but whose numbers moved is told again at most this often."""
+
+CODES = (
+    "Held",
+    "WaitingForVictims",
+    "Deferred",
+    "JobLimit",
+    "CpuJobLimit",
+    "Window",
+    "QuotaMax",
+    "Priority",
+    "Resources",
+    "Reserve",
+    "Scheduling",
+    "Unplaceable",
+    "DiskFull",
+    "ReadOnly",
+    "DiskUnknown",
+    "LaunchFailing",
+)
+
+_CODED = re.compile(r"^([A-Z][A-Za-z]+): (.*)$", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class WaitReason:
+    code: str
+    sentence: str
+
+    @property
+    def text(self) -> str:
+        """How a driver stores it: `Code: sentence`."""
+        return f"{self.code}: {self.sentence}"
+
+
+def split_reason(text: str) -> tuple[str, str]:
+    """`Resources: needs 4 ...` -> ("Resources", "needs 4 ..."); a reason without a code
+    -> ("", text)."""
+    m = _CODED.match(text or "")
+    if m is not None and m.group(1) in CODES:
+        return m.group(1), m.group(2)
+    if (text or "").startswith("deferred until "):  # a Defer's own words (local time)
+        return "Deferred", text
+    return "", text or ""
+
+
+def reason_code(reason: str, waiting: bool, held: bool) -> str:
+    """The code a job's stored reason carries: Held for a held waiting job, else the
+    reason's own code (a waiting job's, or Unplaceable for one no pool can run)."""
+    if held and waiting:
+        return "Held"
+    code, _ = split_reason(reason)
+    return code if waiting or code == "Unplaceable" else ""
+
+
+def clock_text(t_s: float) -> str:
+    """A time of day, HH:MM UTC (a live core's times are Unix seconds)."""
+    minutes = int(t_s // 60) % (24 * 60)
+    return f"{minutes // 60:02d}:{minutes % 60:02d} UTC"
+
+
+def _ids(ids: list[str], most: int = 3) -> str:
+    shown = ", ".join(ids[:most])
+    return shown + (f" and {len(ids) - most} more" if len(ids) > most else "")
+
+
+def _gpus(n: int, model: str) -> str:
+    return f"{n} {model} GPU{'s' if n != 1 else ''}"
+
+
+class _Pools:
+    """Free capacity per pool (and team island), computed once per explanation."""
+
+    def __init__(self, core: Scheduler) -> None:
+        self.core = core
+        self.masks: dict[tuple[str, str], np.ndarray] = {}
+        self.fitting: dict[tuple[object, ...], bool] = {}
+        self.online_held: dict[str, int] = defaultdict(int)
+        self.fast_held: dict[str, int] = defaultdict(int)
+        ck = core.config.checkpoint
+        for r in core.running.values():
+            if r.state is not JobState.RUNNING:
+                continue
+            if r.spec.kind is JobKind.ONLINE:
+                self.online_held[r.gpu_type] += r.spec.gpu_count
+            elif r.spec.preemptible and ck.write_s(r.spec.state_gib_per_gpu) <= core.config.cycle_s:
+                self.fast_held[r.gpu_type] += r.spec.gpu_count
+
+    def allowed(self, r: JobRecord) -> np.ndarray:
+        core = self.core
+        team = r.spec.team if core.team_nodes is not None else ""
+        key = (r.gpu_type, team)
+        mask = self.masks.get(key)
+        if mask is None:
+            mask = core.pool_nodes[r.gpu_type].copy()
+            if core.team_nodes is not None:
+                mask &= core.team_nodes.get(team, np.zeros_like(mask))
+            self.masks[key] = mask
+        return mask
+
+    def fits(self, r: JobRecord) -> bool:
+        job = r.spec
+        key = (
+            r.gpu_type,
+            job.team if self.core.team_nodes is not None else "",
+            job.gpu_count,
+            job.gpu_milli,
+            job.kind is JobKind.ONLINE,
+            job.cpu_milli,
+            job.mem_mib,
+        )
+        hit = self.fitting.get(key)
+        if hit is None:
+            state = self.core.state
+            allowed = self.allowed(r)
+            width = state.max_gpus_per_node
+            if job.gpu_count > width and job.gpu_milli == MILLI_PER_GPU:
+                free = state.whole_free[allowed]
+                hit = bool(int(free.sum()) >= job.gpu_count)
+            else:
+                hit = bool((state.fits_mask(job) & allowed).any())
+            self.fitting[key] = hit
+        return hit
+
+
+def explain(core: Scheduler, now: float) -> dict[str, WaitReason]:
+    """The reason of every waiting job (pending or suspended, held ones included)."""
+    out: dict[str, WaitReason] = {}
+    pools = _Pools(core)
+    counts = core._running_counts() if core.config.team_limits else {}
+    key = core.policy.queue_key
+    deferred = core.deferral.held
+    competing: dict[str, list[tuple[tuple[object, ...], str]]] = defaultdict(list)
+    waiting: list[JobRecord] = []
+    for job_id, r in core.active.items():
+        if r.state not in WAITING:
+            continue
+        if job_id in core.on_hold:
+            out[job_id] = WaitReason("Held", f"on hold; `gpupool release {job_id}` lets it start")
+            continue
+        waiting.append(r)
+        if job_id not in deferred:
+            competing[r.gpu_type].append((key(r.spec, r.ready_s), job_id))
+    rank: dict[str, int] = {}
+    first: dict[str, str] = {}
+    for pool, entries in competing.items():
+        entries.sort()
+        first[pool] = entries[0][1]
+        for k, (_, job_id) in enumerate(entries):
+            rank[job_id] = k
+    for r in waiting:
+        out[r.job_id] = _reason(core, r, now, pools, counts, rank, first)
+    return out
+
+
+def _reason(
+    core: Scheduler,
+    r: JobRecord,
+    now: float,
+    pools: _Pools,
+    counts: Mapping[str, tuple[int, int]],
+    rank: Mapping[str, int],
+    first: Mapping[str, str],
+) -> WaitReason:
+    job = r.spec
+    job_id = r.job_id
+    pool = r.gpu_type
+    model = core.pool_model.get(pool, pool)
+    victims = core.claims.get(job_id)
+    if victims:
+        ids = sorted(victims)
+        etas = [core.records[v].vacate_at for v in ids if v in core.records]
+        eta = max((t for t in etas if t is not None), default=None)
+        by = f"; expected by {clock_text(eta)}" if eta is not None else ""
+        return WaitReason(
+            "WaitingForVictims",
+            f"{len(ids)} preempted job{'s' if len(ids) != 1 else ''} ({_ids(ids)}) "
+            f"{'are' if len(ids) != 1 else 'is'} writing checkpoints to make room{by}",
+        )
+    if job_id in core.deferral.held:
+        until = core.deferral.until.get(job_id, now)
+        return WaitReason(
+            "Deferred",
+            f"price: held for cheaper power until {clock_text(until)}; "
+            "it still starts before its deadline",
+        )
+    if counts:
+        why = core._limit_reason(r, counts)
+        if why:
+            code = "CpuJobLimit" if "CPU-only" in why else "JobLimit"
+            return WaitReason(code, why)
+    team = job.team
+    if job.gpu_count > 0:
+        held = core.usage(team, pool)
+        maximum = core.quotas.maximum(team, pool, now)
+        window = core.quotas.window(now)
+        limited = team in core.quotas.teams or (window is not None and team in window.max_share)
+        if limited and held + job.gpu_count > maximum:
+            numbers = (
+                f"team {team} holds {held} of its maximum of {_gpus(maximum, model)}; "
+                f"this job needs {job.gpu_count}"
+            )
+            if window is not None and team in window.max_share:
+                span = f"{clock_text(window.start_s)}-{clock_text(window.end_s)}"
+                return WaitReason("Window", f"the {span} time window caps it: {numbers}")
+            return WaitReason("QuotaMax", numbers)
+    ahead = rank.get(job_id, 0)
+    fits = job.gpu_count == 0 or pools.fits(r)
+    if ahead > 0 and (not fits or not _reserve_blocks(core, r, pools, now)):
+        head = first[pool]
+        return WaitReason(
+            "Priority",
+            f"behind {ahead} waiting job{'s' if ahead != 1 else ''} for the {model} pool "
+            f"with higher priority or waiting longer (first: {head})",
+        )
+    if not fits:
+        return WaitReason("Resources", _resources(core, r, pools, model))
+    if _reserve_blocks(core, r, pools, now):
+        reserve = core.reserve.get(pool, 0)
+        return WaitReason(
+            "Reserve",
+            f"it fits only in the {_gpus(reserve, model)} kept for online inference "
+            "(the reserve); batch work may use them only if it can vacate within a cycle",
+        )
+    return WaitReason(
+        "Scheduling", "it fits the free GPUs now; it is considered again at the next cycle"
+    )
+
+
+def _resources(core: Scheduler, r: JobRecord, pools: _Pools, model: str) -> str:
+    job = r.spec
+    state = core.state
+    allowed = pools.allowed(r)
+    usable = int(state.gpu_count[allowed].sum())
+    free = state.whole_free[allowed]
+    block = int(free.max()) if free.size else 0
+    total = int(free.sum())
+    if job.gpu_milli < MILLI_PER_GPU:
+        share = state.gpu_left[allowed]
+        room = state.usable_gpus(job)[allowed]
+        most = int(share[room].max()) if room.any() else 0
+        return (
+            f"needs {job.gpu_milli / MILLI_PER_GPU:g} of a {model} GPU on {job.gpu_count} "
+            f"GPU{'s' if job.gpu_count != 1 else ''}; the most free on one GPU it may share "
+            f"is {most / MILLI_PER_GPU:g} ({total} {model} GPUs wholly free)"
+        )
+    if job.gpu_count > usable:
+        return f"needs {_gpus(job.gpu_count, model)}; only {usable} are up and not drained" + (
+            " in its team's nodes" if core.team_nodes is not None else ""
+        )
+    if job.gpu_count > state.max_gpus_per_node:
+        return f"needs {_gpus(job.gpu_count, model)} across nodes; {total} free in the pool"
+    if block >= job.gpu_count:  # GPUs are free, the node lacks CPU or memory
+        return (
+            f"needs {_gpus(job.gpu_count, model)} with {job.cpu_milli / 1000:g} CPUs and "
+            f"{job.mem_mib} MiB memory; no node with {job.gpu_count} free GPUs has that left"
+        )
+    return (
+        f"needs {_gpus(job.gpu_count, model)} on one node, largest free block "
+        f"{block} ({total} free in the pool)"
+    )
+
+
+def _reserve_blocks(core: Scheduler, r: JobRecord, pools: _Pools, now: float) -> bool:
+    """The priority-quota policy keeps the online reserve for online inference: a
+    borrowing batch job that cannot vacate within a cycle may not take it."""
+    job = r.spec
+    if core.config.policy != "priority-quota" or job.kind is JobKind.ONLINE or not job.gpu_count:
+        return False
+    pool = r.gpu_type
+    needed = core.reserve.get(pool, 0) - pools.online_held[pool]
+    if needed <= 0:
+        return False
+    if core.config.checkpoint.write_s(job.state_gib_per_gpu) <= core.config.cycle_s:
+        return False
+    if core.usage(job.team, pool) + job.gpu_count <= core.quotas.guaranteed(job.team, pool, now):
+        return False  # within its guarantee: the reserve does not hold it back
+    mask = core.pool_nodes[pool]
+    idle = int((core.state.gpu_left[mask] == MILLI_PER_GPU).sum())
+    return idle - job.gpu_count + pools.fast_held[pool] < needed
