@@ -260,3 +260,13 @@ def test_the_live_event_log_holds_an_event_per_command(
     assert events["cloud-burst"] == sum(len(n[2]) for n in live if n[1] == "burst")  # type: ignore[arg-type]
     assert events["cloud-reclaim"] == sum(len(n[2]) for n in live if n[1] == "reclaim")  # type: ignore[arg-type]
     assert events["deferred"] == commands["defer"]
+
+
+def test_the_live_service_gives_the_waiting_jobs_the_simulators_reasons(
+    legs: tuple[list[Normal], list[Normal], Store],
+) -> None:
+    simulated, live, _ = legs
+    waits = [n for n in simulated if n[1] == "wait"]
+    assert waits == [n for n in live if n[1] == "wait"]
+    codes = Counter(str(n[3]) for n in waits)
+    assert {"Resources", "Priority", "Deferred", "Window", "WaitingForVictims"} <= set(codes)

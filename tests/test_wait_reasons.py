@@ -20,7 +20,7 @@ from gpupool.scheduler import (
     Wait,
 )
 from gpupool.scheduler.config import EnergyConfig, TeamLimits
-from gpupool.scheduler.waiting import REFRESH_S, explain, reason_code, split_reason
+from gpupool.scheduler.waiting import REFRESH_S, explain_all, reason_code, split_reason
 
 HOUR = 3600.0
 
@@ -174,7 +174,7 @@ def test_a_held_job_is_held_and_is_not_told_again() -> None:
     core.observe(Hold(2.0, "h"))
     out = core.cycle(60.0)
     assert "h" not in _waits(out)  # the hold says why; the driver shows it
-    assert explain(core, 60.0)["h"].code == "Held"
+    assert explain_all(core, 60.0)["h"].code == "Held"
     core.observe(Release(61.0, "h"))
     assert _waits(core.cycle(120.0))["h"][0] == "Resources"  # told again once it waits
 
@@ -207,12 +207,18 @@ def test_reasons_are_told_once_and_moved_numbers_at_most_once_a_refresh() -> Non
     assert list(waits) == ["w001"] and waits["w001"][0] == "Resources"
     assert _waits(core.cycle(REFRESH_S - 10.0)) == {}
     later = _waits(core.cycle(REFRESH_S))
-    assert len(later) == 298
+    assert sorted(later) == [f"w{k:03d}" for k in range(2, 33)]  # the front: 32 jobs deep
+    assert waits_of_deep(core) == "behind at least 32 waiting jobs for the A100 pool"
     assert later["w002"] == (
         "Priority",
         "behind 1 waiting job for the A100 pool with higher priority or waiting longer "
         "(first: w001)",
     )
+
+
+def waits_of_deep(core: Scheduler) -> str:
+    sentence = core.told_wait["w299"][1]
+    return sentence.split(" with higher")[0]
 
 
 def test_the_same_events_give_the_same_reasons() -> None:

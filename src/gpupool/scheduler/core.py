@@ -236,6 +236,8 @@ class Scheduler:
         """The reason each waiting job was last given (Wait): code, sentence, when."""
         self.waits_due = True
         """Something changed since the waiting jobs' reasons were last worked out."""
+        self.wait_front: set[str] = set()
+        """The jobs at the front of their queues when reasons were last worked out."""
         self.over_limit = False
         """The last plan started more of a team than its limits allow (the rest dropped)."""
         self.timed = bool(cfg.time_limit_s)
@@ -662,6 +664,7 @@ class Scheduler:
         resumed = r.state is JobState.SUSPENDED
         self.engine.apply(job, placement, now, "resume" if resumed else "start")
         self.queues.remove(r)
+        self.told_wait.pop(job.job_id, None)  # running: its Launch says so
         r.state = check_transition(job.job_id, r.state, JobState.RUNNING)
         self.held[(job.team, r.gpu_type)] += job.gpu_count
         self.running[job.job_id] = r
@@ -967,12 +970,10 @@ class Scheduler:
         if not self.waits_due:
             return []
         self.waits_due = False
-        reasons = waiting.explain(self, now)
+        reasons = waiting.explain(self, now, self.wait_front)
         out: list[Command] = []
         told = self.told_wait
         for job_id, why in reasons.items():
-            if why.code == "Held":
-                continue
             last = told.get(job_id)
             if last is not None and last[0] == why.code:
                 if last[1] == why.sentence:
@@ -982,8 +983,8 @@ class Scheduler:
                     continue
             out.append(Wait(job_id, why.sentence, why.code))
             told[job_id] = (why.code, why.sentence, now)
-        for job_id in [j for j in told if j not in reasons or reasons[j].code == "Held"]:
-            del told[job_id]
+        if self.waits_due:  # a refresh is due: those jobs are looked at again then
+            self.wait_front.update(j for j, w in reasons.items() if told[j][1] != w.sentence)
         return out
 
     # ---- progress -----------------------------------------------------------------------------

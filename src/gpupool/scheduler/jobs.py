@@ -78,19 +78,27 @@ class TeamQueues:
     def __init__(self, key: Callable[[JobSpec, float], tuple[object, ...]]) -> None:
         self.key = key
         self.by_team: dict[str, list[tuple[tuple[object, ...], str]]] = defaultdict(list)
+        self.by_pool: dict[str, list[tuple[tuple[object, ...], str]]] = defaultdict(list)
+        """The same entries by the pool each job waits for, in the same order."""
+        self.entered: set[str] = set()
+        """Jobs that joined a queue since the waiting reasons were last worked out."""
 
     def _entry(self, r: JobRecord) -> tuple[tuple[object, ...], str]:
         return (self.key(r.spec, r.ready_s), r.spec.job_id)
 
     def add(self, r: JobRecord) -> None:
-        bisect.insort(self.by_team[r.spec.team], self._entry(r))
+        entry = self._entry(r)
+        bisect.insort(self.by_team[r.spec.team], entry)
+        bisect.insort(self.by_pool[r.gpu_type], entry)
+        self.entered.add(r.spec.job_id)
 
     def remove(self, r: JobRecord) -> None:
-        queue = self.by_team[r.spec.team]
         entry = self._entry(r)
-        k = bisect.bisect_left(queue, entry)
-        if k < len(queue) and queue[k] == entry:
-            queue.pop(k)
+        for queue in (self.by_team[r.spec.team], self.by_pool[r.gpu_type]):
+            k = bisect.bisect_left(queue, entry)
+            if k < len(queue) and queue[k] == entry:
+                queue.pop(k)
+        self.entered.discard(r.spec.job_id)
 
     def __len__(self) -> int:
         return sum(len(q) for q in self.by_team.values())

@@ -2,10 +2,11 @@
 Slurm's `Reason`.
 
 Decided from the core's state after a cycle (no clock): the same events give the same
-reasons under every driver. `explain` gives every waiting job its reason; the core
-emits a Wait command only when a job's reason changes (and a sentence whose numbers
-merely moved at most once per `REFRESH_S`), so thousands of waiting jobs do not turn
-into thousands of writes a cycle.
+reasons under every driver. `explain` works out the reasons that may have changed (the
+front of each pool's queue and the jobs that moved), `explain_all` every waiting job's;
+the core emits a Wait command only when a job's reason changes (and a sentence whose
+numbers merely moved at most once per `REFRESH_S`), so thousands of waiting jobs do not
+turn into thousands of writes, or of computations, a cycle.
 
 Codes, checked in this order (the first that holds is the reason):
 
@@ -168,34 +169,93 @@ class _Pools:
         return hit
 
 
-def explain(core: Scheduler, now: float) -> dict[str, WaitReason]:
-    """The reason of every waiting job (pending or suspended, held ones included)."""
-    out: dict[str, WaitReason] = {}
+def _front(core: Scheduler) -> dict[str, tuple[int, str]]:
+    """The first `queue_depth` competing jobs of each pool (of each team's nodes in
+    static mode), each with how many wait ahead of it for its pool and the first of
+    them. Deferred jobs do not compete (they wait for a price)."""
+    depth = core.config.queue_depth
+    deferred = core.deferral.held
+    groups = core.queues.by_team if core.team_nodes is not None else core.queues.by_pool
+    one_pool = core.team_nodes is None or len(core.pool_nodes) == 1
+    out: dict[str, tuple[int, str]] = {}
+    for queue in groups.values():
+        seen: dict[str, int] = {}
+        head: dict[str, str] = {}
+        for _, job_id in queue:
+            if job_id in deferred:
+                continue
+            pool = core.records[job_id].gpu_type
+            ahead = seen.get(pool, 0)
+            if ahead >= depth:
+                if one_pool:
+                    break
+                continue  # a team's queue in static mode: its other pools come later
+            head.setdefault(pool, job_id)
+            out[job_id] = (ahead, head[pool])
+            seen[pool] = ahead + 1
+    return out
+
+
+def explain(core: Scheduler, now: float, front_before: set[str]) -> dict[str, WaitReason]:
+    """The reasons that may have changed since the last call: every job in the front of
+    its pool's queue (the first `queue_depth`), claimants, deferred jobs, jobs that joined
+    a queue and jobs that left the front (`front_before`). A job further back waits with
+    Priority, behind at least `queue_depth` jobs: true until it reaches the front, so it
+    is worked out once, not every cycle (thousands of waiting jobs cost nothing a cycle)."""
+    front = _front(core)
+    todo = set(front) | core.queues.entered | front_before | set(core.claims)
+    todo |= core.deferral.held
+    core.queues.entered = set()
+    front_before.clear()
+    front_before.update(front)
     pools = _Pools(core)
     counts = core._running_counts() if core.config.team_limits else {}
-    key = core.policy.queue_key
-    deferred = core.deferral.held
-    competing: dict[str, list[tuple[tuple[object, ...], str]]] = defaultdict(list)
-    waiting: list[JobRecord] = []
+    depth = core.config.queue_depth
+    out: dict[str, WaitReason] = {}
+    for job_id in sorted(todo):
+        r = core.active.get(job_id)
+        if r is None or r.state not in WAITING or job_id in core.on_hold:
+            continue
+        place = front.get(job_id)
+        if place is None and job_id not in core.claims and job_id not in core.deferral.held:
+            out[job_id] = WaitReason("Priority", _behind(core, r, depth, None, exact=False))
+            continue
+        out[job_id] = _reason(core, r, now, pools, counts, place or (0, job_id))
+    return out
+
+
+def explain_all(core: Scheduler, now: float) -> dict[str, WaitReason]:
+    """The reason of every waiting job, held ones included (reports and tests)."""
+    front = _front(core)
+    pools = _Pools(core)
+    counts = core._running_counts() if core.config.team_limits else {}
+    depth = core.config.queue_depth
+    out: dict[str, WaitReason] = {}
     for job_id, r in core.active.items():
         if r.state not in WAITING:
             continue
         if job_id in core.on_hold:
             out[job_id] = WaitReason("Held", f"on hold; `gpupool release {job_id}` lets it start")
             continue
-        waiting.append(r)
-        if job_id not in deferred:
-            competing[r.gpu_type].append((key(r.spec, r.ready_s), job_id))
-    rank: dict[str, int] = {}
-    first: dict[str, str] = {}
-    for pool, entries in competing.items():
-        entries.sort()
-        first[pool] = entries[0][1]
-        for k, (_, job_id) in enumerate(entries):
-            rank[job_id] = k
-    for r in waiting:
-        out[r.job_id] = _reason(core, r, now, pools, counts, rank, first)
+        place = front.get(job_id)
+        if place is None and job_id not in core.claims and job_id not in core.deferral.held:
+            out[job_id] = WaitReason("Priority", _behind(core, r, depth, None, exact=False))
+            continue
+        out[job_id] = _reason(core, r, now, pools, counts, place or (0, job_id))
     return out
+
+
+def _behind(core: Scheduler, r: JobRecord, ahead: int, head: str | None, exact: bool) -> str:
+    model = core.pool_model.get(r.gpu_type, r.gpu_type)
+    where = f"the {model} pool" + (
+        f" in team {r.spec.team}'s nodes" if core.team_nodes is not None else ""
+    )
+    many = f"{ahead} waiting job{'s' if ahead != 1 else ''}"
+    first = f" (first: {head})" if head is not None else ""
+    return (
+        f"behind {many if exact else 'at least ' + many} for {where} "
+        f"with higher priority or waiting longer{first}"
+    )
 
 
 def _reason(
@@ -204,8 +264,7 @@ def _reason(
     now: float,
     pools: _Pools,
     counts: Mapping[str, tuple[int, int]],
-    rank: Mapping[str, int],
-    first: Mapping[str, str],
+    place: tuple[int, str],
 ) -> WaitReason:
     job = r.spec
     job_id = r.job_id
@@ -249,15 +308,10 @@ def _reason(
                 span = f"{clock_text(window.start_s)}-{clock_text(window.end_s)}"
                 return WaitReason("Window", f"the {span} time window caps it: {numbers}")
             return WaitReason("QuotaMax", numbers)
-    ahead = rank.get(job_id, 0)
+    ahead, head = place
     fits = job.gpu_count == 0 or pools.fits(r)
-    if ahead > 0 and (not fits or not _reserve_blocks(core, r, pools, now)):
-        head = first[pool]
-        return WaitReason(
-            "Priority",
-            f"behind {ahead} waiting job{'s' if ahead != 1 else ''} for the {model} pool "
-            f"with higher priority or waiting longer (first: {head})",
-        )
+    if ahead > 0 and not (fits and _reserve_blocks(core, r, pools, now)):
+        return WaitReason("Priority", _behind(core, r, ahead, head, exact=True))
     if not fits:
         return WaitReason("Resources", _resources(core, r, pools, model))
     if _reserve_blocks(core, r, pools, now):

@@ -217,6 +217,8 @@ class ScenarioSim:
         self.caps: dict[tuple[int, int], SetPowerCap] = {}
         """The power command each simulated card carries out now."""
         self.cap_commands = 0
+        self.waited_with: dict[str, set[str]] = defaultdict(set)
+        """Each reason code the core gave waiting jobs (Wait), with the jobs given it."""
         self.cycle_end = 0.0
         self.recorded: list[Event | CycleAt] | None = None
         """When set, every event fed to the core is appended (parity tests)."""
@@ -390,7 +392,10 @@ class ScenarioSim:
                 self.cloud_events.append(CloudEvent(at, "reclaim", len(c.nodes), c.reason))
             elif isinstance(c, Expire):  # past its time limit: it stops and has failed
                 self.finish(self.job(c.job_id), at, JobState.FAILED, c.reason)
-            elif isinstance(c, Defer | Wait):
+            elif isinstance(c, Wait):
+                if c.code:  # the world only counts why jobs waited
+                    self.waited_with[c.code].add(c.job_id)
+            elif isinstance(c, Defer):
                 pass  # the core holds the job; the world has nothing to do
         if capped or self.caps:
             self.apply_caps()
@@ -823,6 +828,7 @@ class ScenarioSim:
             },
             "teams": teams,
             "end_reasons": dict(sorted(_count(r.end_reason for r in jobs).items())),
+            "waited_with": {code: len(ids) for code, ids in sorted(self.waited_with.items())},
             "wall_s": round(wall_s, 2),
         }
 
