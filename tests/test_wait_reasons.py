@@ -3,6 +3,8 @@ after a cycle (events with times in, Wait commands out), told only when it chang
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from gpupool.core.lifecycle import JobState
 from gpupool.core.model import Cluster, JobKind, JobSpec, Node
 from gpupool.core.quota import QuotaWindow, TeamQuota
@@ -21,6 +23,9 @@ from gpupool.scheduler import (
 )
 from gpupool.scheduler.config import EnergyConfig, TeamLimits
 from gpupool.scheduler.waiting import REFRESH_S, explain_all, reason_code, split_reason
+from gpupool.sim.generators import GenContext, build_workload
+from gpupool.sim.scenario import ScenarioSim
+from gpupool.sim.scenario_config import load_scenario
 
 HOUR = 3600.0
 
@@ -248,3 +253,60 @@ def test_stored_reasons_split_into_code_and_sentence() -> None:
     assert reason_code("Priority: behind 2", waiting=False, held=False) == ""
     assert reason_code("Unplaceable: cannot run here", waiting=False, held=False) == "Unplaceable"
     assert JobKind.ONLINE  # the kinds module is the one the core uses
+
+
+def test_a_job_wider_than_a_node_waits_for_idle_whole_nodes() -> None:
+    core = _core(gpus=4, nodes=3)
+    core.observe(Submitted(0.0, _job("one", 1)))
+    core.observe(Submitted(0.0, _job("two", 1)))
+    assert sorted(_launched(core.cycle(0.0))) == ["one", "two"]  # packed on one node
+    core.observe(Submitted(1.0, _job("wide", 11, submit_s=1.0)))
+    out = core.cycle(60.0)
+    assert _launched(out) == []
+    assert _waits(out) == {
+        "wide": (
+            "Resources",
+            "needs 11 A100 GPUs across nodes: 2 idle 4-GPU nodes and 3 on one more node; "
+            "2 nodes are idle (10 GPUs free in the pool)",
+        )
+    }
+
+
+LIMITED = """
+name: limited
+seed: 3
+horizon_h: 24
+cycle_s: 60
+policy: priority-quota
+cluster:
+  - {gpu_type: A100-80GB, nodes: 2, gpus_per_node: 8}
+online_reserve: 0
+teams:
+  - {name: training, max_running_jobs: 3}
+  - {name: other}
+workload:
+  - {generator: backlog, name: train, team: training, count: 20, submit_h: 0, spread_h: 4,
+     gpu_choices: [1, 2], gpu_weights: [0.5, 0.5], work_h_min: 2, work_h_max: 6}
+  - {generator: backlog, name: more, team: other, count: 30, submit_h: 0, spread_h: 4,
+     gpu_choices: [2, 4, 8], gpu_weights: [0.4, 0.4, 0.2], work_h_min: 2, work_h_max: 6}
+"""
+
+
+def test_the_scenario_report_counts_the_jobs_that_waited_with_each_reason(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "limited.yaml"
+    path.write_text(LIMITED, encoding="utf-8")
+    cfg = load_scenario(path)
+    sim = ScenarioSim(cfg, build_workload(cfg.workload, cfg.seed, GenContext(cfg.horizon_s, None)))
+    sim.commands = []
+    sim.run()
+    waited = sim.summary(0.0)["waited_with"]
+    told: dict[str, set[str]] = {}
+    for _, c in sim.commands:
+        if isinstance(c, Wait):
+            told.setdefault(c.code, set()).add(c.job_id)
+    assert waited == {code: len(ids) for code, ids in sorted(told.items())}
+    assert {"JobLimit", "Resources", "Priority"} <= set(waited)
+    team_of = {r.job_id: r.spec.team for r in sim.core.records.values()}
+    assert {team_of[j] for j in told["JobLimit"]} == {"training"}

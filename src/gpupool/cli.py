@@ -426,6 +426,9 @@ def cmd_scenario(args: argparse.Namespace) -> int:
             )
         )
         print(_resource_line(s))
+        waited = s.get("waited_with") or {}
+        if waited:  # why jobs waited: each reason code, with the jobs given it
+            print("jobs waited with: " + ", ".join(f"{c} {n}" for c, n in waited.items()))
         print()
     if len(results) > 1:
         kinds = sorted({k for r in results for k in r.summary["kinds"]})

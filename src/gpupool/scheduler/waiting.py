@@ -41,6 +41,7 @@ from gpupool.core.model import MILLI_PER_GPU, JobKind
 from gpupool.scheduler.jobs import WAITING, JobRecord
 
 if TYPE_CHECKING:
+    from gpupool.core.state import ClusterState
     from gpupool.scheduler.core import Scheduler
 
 REFRESH_S = 60.0
@@ -161,8 +162,14 @@ class _Pools:
             allowed = self.allowed(r)
             width = state.max_gpus_per_node
             if job.gpu_count > width and job.gpu_milli == MILLI_PER_GPU:
-                free = state.whole_free[allowed]
-                hit = bool(int(free.sum()) >= job.gpu_count)
+                full, rest = divmod(job.gpu_count, width)
+                idle = _idle_nodes(state, allowed)
+                others = allowed & ~idle
+                hit = int(idle.sum()) >= full and (
+                    rest == 0
+                    or int(idle.sum()) > full
+                    or bool((state.whole_free[others] >= rest).any())
+                )
             else:
                 hit = bool((state.fits_mask(job) & allowed).any())
             self.fitting[key] = hit
@@ -347,8 +354,15 @@ def _resources(core: Scheduler, r: JobRecord, pools: _Pools, model: str) -> str:
         return f"needs {_gpus(job.gpu_count, model)}; only {usable} are up and not drained" + (
             " in its team's nodes" if core.team_nodes is not None else ""
         )
-    if job.gpu_count > state.max_gpus_per_node:
-        return f"needs {_gpus(job.gpu_count, model)} across nodes; {total} free in the pool"
+    width = state.max_gpus_per_node
+    if job.gpu_count > width:
+        full, rest = divmod(job.gpu_count, width)
+        idle = int(_idle_nodes(state, allowed).sum())
+        more = f" and {rest} on one more node" if rest else ""
+        return (
+            f"needs {_gpus(job.gpu_count, model)} across nodes: {full} idle {width}-GPU "
+            f"nodes{more}; {idle} nodes are idle ({total} GPUs free in the pool)"
+        )
     if block >= job.gpu_count:  # GPUs are free, the node lacks CPU or memory
         return (
             f"needs {_gpus(job.gpu_count, model)} with {job.cpu_milli / 1000:g} CPUs and "
@@ -358,6 +372,13 @@ def _resources(core: Scheduler, r: JobRecord, pools: _Pools, model: str) -> str:
         f"needs {_gpus(job.gpu_count, model)} on one node, largest free block "
         f"{block} ({total} free in the pool)"
     )
+
+
+def _idle_nodes(state: ClusterState, allowed: np.ndarray) -> np.ndarray:
+    """Allowed nodes with every GPU free: what a job wider than a node needs."""
+    width = state.max_gpus_per_node
+    mask: np.ndarray = allowed & (state.whole_free == width) & (state.gpu_count == width)
+    return mask
 
 
 def _reserve_blocks(core: Scheduler, r: JobRecord, pools: _Pools, now: float) -> bool:
