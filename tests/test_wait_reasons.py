@@ -11,9 +11,12 @@ from gpupool.core.quota import QuotaWindow, TeamQuota
 from gpupool.energy.tariff import load_tariff, on_wall_clock
 from gpupool.policies.cycle import PreemptionRules
 from gpupool.scheduler import (
+    Drain,
     Finished,
     Hold,
     Launch,
+    NodeDown,
+    NodeUp,
     Release,
     Scheduler,
     SchedulerConfig,
@@ -310,3 +313,19 @@ def test_the_scenario_report_counts_the_jobs_that_waited_with_each_reason(
     assert {"JobLimit", "Resources", "Priority"} <= set(waited)
     team_of = {r.job_id: r.spec.team for r in sim.core.records.values()}
     assert {team_of[j] for j in told["JobLimit"]} == {"training"}
+
+
+def test_a_job_whose_pool_is_down_says_which_node_and_why() -> None:
+    core = _core(gpus=2, nodes=2)
+    core.observe(NodeDown(0.0, "n0", "node n0 unhealthy: GPU 1 uncorrected ECC errors"))
+    core.observe(Drain(0.0, "n1"))
+    core.observe(Submitted(0.0, _job("j")))
+    assert _waits(core.cycle(0.0)) == {
+        "j": (
+            "Resources",
+            "needs 1 A100 GPU; only 0 are up and not drained "
+            "(node n0 unhealthy: GPU 1 uncorrected ECC errors; node n1 drained)",
+        )
+    }
+    core.observe(NodeUp(1.0, "n0"))
+    assert _launched(core.cycle(60.0)) == ["j"]

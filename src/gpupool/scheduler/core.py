@@ -236,6 +236,8 @@ class Scheduler:
         """The reason each waiting job was last given (Wait): code, sentence, when."""
         self.waits_due = True
         """Something changed since the waiting jobs' reasons were last worked out."""
+        self.down_why: dict[int, str] = {}
+        """Why each node that is down went down (shown in waiting jobs' reasons)."""
         self.wait_front: set[str] = set()
         """The jobs at the front of their queues when reasons were last worked out."""
         self.over_limit = False
@@ -499,6 +501,7 @@ class Scheduler:
         """A node died or turned unhealthy: nothing more goes there. Returns the jobs that
         ran on it (the driver stops them and reports each with Lost)."""
         k = self._node(node)
+        self.down_why[k] = reason or f"node {node} is down"
         cloud = self.cloud is not None and k in self.cloud.status
         if self.cloud is not None and cloud:
             was = self.cloud.status[k]
@@ -519,6 +522,7 @@ class Scheduler:
     def node_up(self, node: str, now: float) -> None:
         """A lost node is healthy again, or a started cloud node joined: it takes work."""
         k = self._node(node)
+        self.down_why.pop(k, None)
         if self.cloud is not None and k in self.cloud.status:
             self.cloud.joined(self, k)
             if k in self.drained:

@@ -351,8 +351,16 @@ def _resources(core: Scheduler, r: JobRecord, pools: _Pools, model: str) -> str:
             f"is {most / MILLI_PER_GPU:g} ({total} {model} GPUs wholly free)"
         )
     if job.gpu_count > usable:
-        return f"needs {_gpus(job.gpu_count, model)}; only {usable} are up and not drained" + (
-            " in its team's nodes" if core.team_nodes is not None else ""
+        mine = " in its team's nodes" if core.team_nodes is not None else ""
+        out = [why for k, why in sorted(core.down_why.items()) if core.node_pool[k] == r.gpu_type]
+        out += [
+            f"node {core.cluster.nodes[k].name} drained"
+            for k in sorted(core.drained)
+            if core.node_pool[k] == r.gpu_type and k not in core.down_why
+        ]
+        gone = f" ({'; '.join(out[:3])}{'; ...' if len(out) > 3 else ''})" if out else ""
+        return (
+            f"needs {_gpus(job.gpu_count, model)}; only {usable} are up and not drained{mine}{gone}"
         )
     width = state.max_gpus_per_node
     if job.gpu_count > width:
