@@ -15,7 +15,7 @@ from gpupool.core.model import Cluster, JobKind, JobSpec, Node
 from gpupool.core.quota import TeamQuota
 from gpupool.errors import SpecError
 from gpupool.policies.cycle import PreemptionRules
-from gpupool.scheduler import Burst, Command, Launch, NodeUp, Reclaim, Scheduler, Stop
+from gpupool.scheduler import Burst, Command, Launch, NodeUp, Reclaim, Scheduler, Stop, Wait
 from gpupool.scheduler.config import PlacementConfig, SchedulerConfig
 from gpupool.service.clock import ManualClock
 from gpupool.service.executor import FakeExecutor
@@ -195,7 +195,7 @@ def test_a_claimant_whose_victim_ends_by_itself_is_launched() -> None:
     s.submit(JobSpec("train", team="research", kind=JobKind.TRAINING), 0.0)
     assert [type(d) for d in s.cycle(0.0)] == [Launch]
     s.submit(JobSpec("chat", team="serving", kind=JobKind.ONLINE, priority=100), 1.0)
-    assert [type(d) for d in s.cycle(1.0)] == [Stop]
+    assert [type(d) for d in s.cycle(1.0) if not isinstance(d, Wait)] == [Stop]
     s.finished("train", 2.0, JobState.FINISHED)  # exit 0 before it saw SIGTERM
     out = s.cycle(2.0)
     assert [(type(d), d.job_id) for d in out] == [(Launch, "chat")]
@@ -376,7 +376,7 @@ def test_a_cap_on_starts_per_cycle_spreads_them_over_cycles() -> None:
     s = Scheduler(cluster, config(max_starts_per_cycle=3))
     for k in range(7):
         s.submit(JobSpec(str(k), team="ml"), 0.0)
-    counts = [len(s.cycle(float(t))) for t in range(4)]
+    counts = [sum(isinstance(c, Launch) for c in s.cycle(float(t))) for t in range(4)]
     assert counts == [3, 3, 1, 0]
     assert sorted(s.placements()) == [str(k) for k in range(7)]
 
