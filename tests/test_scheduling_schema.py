@@ -40,10 +40,12 @@ mode: pool
 policy: backfill
 cycle_s: 30
 online_reserve: 0.1
+online_reserve_on: online-seen
 share_cap: 3
 queue_depth: 16
 autoscale: {lookahead_s: 300, headroom: 1.2}
-preemption: {min_runtime_s: 120, max_per_job: 2}
+preemption: {min_runtime_s: 120, max_per_job: 2, max_lost_work_s: 600, by_priority: true,
+             reserve_vacate_s: 10}
 checkpoint: {write_gbps: 0.5, restore_gbps: 1.5, process_start_s: 4}
 placement: {gpu_type: cost-aware, site: blind, value_of_time_usd_per_h: 0.25}
 energy:
@@ -98,7 +100,10 @@ def test_full_section_parses_alike_as_scenario_and_as_service_config(tmp_path: P
     service = load_service_config(write(tmp_path, FULL), LIVE_DEFAULTS)
     assert fields(service) == fields(scenario)
     assert service.cycle_s == 30.0 and service.online_reserve == 0.1
-    assert service.preemption == PreemptionRules(120.0, 2)
+    assert service.preemption == PreemptionRules(
+        120.0, 2, max_lost_work_s=600.0, by_priority=True, reserve_vacate_s=10.0
+    )
+    assert service.online_reserve_on == "online-seen"
     assert service.windows == (
         QuotaWindow(8 * 3600.0, 20 * 3600.0, {"serving": 0.5}, {"serving": 0.75}),
     )

@@ -50,6 +50,18 @@ class Preempt:
     for_online_of: str | None = None
     """Set when online inference displaces its own team's batch work: the victim must be
     of that team; online outranks the minimum runtime of its own team's jobs."""
+    for_job: str | None = None
+    """Priority preemption: the waiting job that outranks the victim (online inference
+    above all training and batch work, else a strictly higher priority). The victim's
+    team must be borrowing; only an online claimant outranks the minimum runtime."""
+
+
+def outranks(claimant: JobSpec, victim: JobSpec) -> bool:
+    """Priority classes: online inference outranks every preemptible job; otherwise a
+    strictly higher priority number outranks a lower one."""
+    if claimant.kind is JobKind.ONLINE:
+        return victim.kind is not JobKind.ONLINE
+    return claimant.priority > victim.priority
 
 
 @dataclass(frozen=True)
@@ -69,10 +81,26 @@ Command = Start | Preempt | Claim
 class PreemptionRules:
     min_runtime_s: float = 900.0
     """A job runs at least this long (since its last start) before it can be preempted,
-    except to give a team back its guarantee: borrowed GPUs are always reclaimable."""
+    except to give a team back its guarantee (borrowed GPUs are always reclaimable) and
+    for online inference, which never waits on a batch job's minimum runtime."""
     max_per_job: int = 3
     """After this many preemptions a job runs to completion: it then starts only inside
-    its team's guarantee, where nothing reclaims it."""
+    its team's guarantee, where nothing reclaims it, and never in the online reserve."""
+    max_lost_work_s: float | None = None
+    """A victim that would lose more work than this (seconds since its last checkpoint)
+    is not preempted: the policy picks another one, or waits for its next checkpoint.
+    None: no bound."""
+    by_priority: bool = False
+    """Training and batch work may preempt strictly lower-priority preemptible work of
+    borrowing teams (after the victim's minimum runtime). Online inference always
+    preempts lower classes when it cannot otherwise start, whatever this says."""
+    reserve_vacate_s: float | None = None
+    """A training or batch job may borrow the online reserve only if its checkpoint is
+    written within this long (so an online arrival waits at most one cycle plus this).
+    None: one cycle."""
+
+    def reserve_bound_s(self, cycle_s: float) -> float:
+        return cycle_s if self.reserve_vacate_s is None else self.reserve_vacate_s
 
     def check(
         self,
@@ -82,18 +110,43 @@ class PreemptionRules:
         ran_s: float,
         reclaim: bool,
         for_online_of: str | None,
+        *,
+        lost_work_s: float = 0.0,
+        claimant: JobSpec | None = None,
     ) -> None:
         """Raise PlanRejected unless these rules allow preempting `job` now."""
         if not job.preemptible:
             raise PlanRejected(f"job {job.job_id} is {job.kind.value}: never preempted")
         if preemptions >= self.max_per_job:
             raise PlanRejected(f"job {job.job_id} was preempted {preemptions} times already")
+        if self.max_lost_work_s is not None and lost_work_s > self.max_lost_work_s + 1e-9:
+            raise PlanRejected(
+                f"job {job.job_id} would lose {lost_work_s:.0f}s of work, more than the "
+                f"{self.max_lost_work_s:g}s bound (preemption.max_lost_work_s)"
+            )
         if reclaim and not team_above_guarantee:
             raise PlanRejected(
                 f"job {job.job_id}: team {job.team} is within its guarantee; nothing to reclaim"
             )
         if for_online_of is not None and for_online_of != job.team:
             raise PlanRejected(f"job {job.job_id}: online work displaces only its own team's jobs")
+        if claimant is not None:
+            if not outranks(claimant, job):
+                raise PlanRejected(f"job {claimant.job_id} does not outrank job {job.job_id}")
+            online = claimant.kind is JobKind.ONLINE
+            if not online and not self.by_priority:
+                raise PlanRejected(
+                    f"job {job.job_id}: only online inference preempts by priority here "
+                    "(preemption.by_priority is off)"
+                )
+            if not team_above_guarantee and claimant.team != job.team:
+                raise PlanRejected(
+                    f"job {job.job_id}: team {job.team} is within its guarantee; "
+                    "priority does not take another team's guarantee away"
+                )
+            if not online and ran_s < self.min_runtime_s:
+                raise PlanRejected(f"job {job.job_id} has not run its minimum time yet")
+            return
         if not reclaim and for_online_of is None and ran_s < self.min_runtime_s:
             raise PlanRejected(f"job {job.job_id} has not run its minimum time yet")
 
@@ -314,7 +367,16 @@ class PriorityQuotaPolicy(CyclePolicy):
 
         orphans: set[str] = set()
 
-        def reclaim(job: JobSpec, gpu_type: str, own_team: bool = False) -> bool:
+        def reclaim(
+            job: JobSpec,
+            gpu_type: str,
+            own_team: bool = False,
+            by_rank: bool = False,
+            min_gpus: int = 0,
+        ) -> bool:
+            """Preempt the cheapest victims that make room for `job`: borrowers (to give
+            its team its guarantee back), its own team's batch work (online inference
+            short of unguaranteed room), or, by_rank, borrowing work it outranks."""
             victims = self._victims(
                 view,
                 scratch,
@@ -324,10 +386,13 @@ class PriorityQuotaPolicy(CyclePolicy):
                 excess,
                 job.team if own_team else None,
                 orphans,
+                job if by_rank else None,
             )
             if victims is None:
                 return False
             nodes, chosen = victims
+            if sum(view.running[v].spec.gpu_count for v, _ in chosen) < min_gpus:
+                return False  # its team would still be past its maximum
             for v, via_reclaim in chosen:
                 taken.add(v)
                 if v in orphans:
@@ -338,9 +403,11 @@ class PriorityQuotaPolicy(CyclePolicy):
                 commands.append(
                     Preempt(
                         v,
-                        f"reclaimed for {job.job_id} ({job.kind.value})",
-                        via_reclaim,
-                        job.team if own_team and not via_reclaim else None,
+                        f"{'preempted' if by_rank else 'reclaimed'} for {job.job_id} "
+                        f"({job.kind.value})",
+                        via_reclaim and not by_rank,
+                        job.team if own_team and not via_reclaim and not by_rank else None,
+                        job.job_id if by_rank else None,
                     )
                 )
             chosen_ids = [v for v, _ in chosen]
@@ -406,6 +473,7 @@ class PriorityQuotaPolicy(CyclePolicy):
             )
         )
         fast_held = self._fast_held(view)
+        by_priority = view.rules.by_priority
         shadows: dict[str, tuple[float, int] | None] = {}
         # The scratch state only fills up while planning: once a shape fails to fit in a
         # set of nodes, anything at least as big fails there too.
@@ -423,12 +491,39 @@ class PriorityQuotaPolicy(CyclePolicy):
                     job.mem_mib // max(1, job.gpu_count),
                     job.gpu_models,
                 )
-                if job.gpu_count >= failed.get(shape, 1 << 30) and not within and not online:
+                if (
+                    job.gpu_count >= failed.get(shape, 1 << 30)
+                    and not within
+                    and not online
+                    and not by_priority
+                ):
                     continue  # a borrowing batch job has no other way in than free GPUs
                 if _over_maximum(view, scratch, usage, job, t):
+                    # At its team's maximum: a whole-GPU job may only take the place of
+                    # its own team's work that it outranks (preempting others would take
+                    # it past).
+                    over = (
+                        usage.get((job.team, t), 0)
+                        + job.gpu_count
+                        - view.quotas.maximum(job.team, t, view.now_s)
+                    )
+                    if (
+                        (online or by_priority)
+                        and not job.shares_gpu
+                        and over > 0
+                        and reclaim(job, t, own_team=True, by_rank=True, min_gpus=over)
+                        and online
+                    ):
+                        online_held[t] += job.gpu_count
                     continue
-                if not within and p.preemptions >= view.rules.max_per_job:
-                    continue  # preempted enough: it waits for room inside its guarantee
+                if (
+                    not within
+                    and p.preemptions >= view.rules.max_per_job
+                    and not self._unguaranteed_room(view, usage, job, t, scratch)
+                ):
+                    # Preempted enough: nothing may preempt it again, so like online work
+                    # it borrows only capacity no other team is guaranteed.
+                    continue
                 if (
                     online
                     and not within
@@ -454,7 +549,7 @@ class PriorityQuotaPolicy(CyclePolicy):
                     start(job, t, plan)
                     if online:
                         online_held[t] += job.gpu_count
-                    elif p.vacate_s <= view.cycle_s:
+                    elif self._can_vacate(view, job, p.vacate_s, p.preemptions):
                         fast_held[t] += job.gpu_count
                     continue
                 if not held[t].any():
@@ -463,9 +558,20 @@ class PriorityQuotaPolicy(CyclePolicy):
                     if online:
                         online_held[t] += job.gpu_count
                     continue
+                # Not entitled: it may still displace borrowing work it outranks (online
+                # inference always, when it cannot otherwise start; the rest if enabled).
+                if not within and (online or by_priority) and reclaim(job, t, by_rank=True):
+                    if online:
+                        online_held[t] += job.gpu_count
+                    continue
                 if shadows.get(t) is None:
                     shadows[t] = _shadow(view, scratch, job, t)
         return commands
+
+    @staticmethod
+    def _waits_for_its_team(view: CycleView, job: JobSpec) -> bool:
+        """A job already claiming its team's GPUs this cycle waits (one claim per job)."""
+        return job.job_id in view.claimed
 
     @staticmethod
     def _unguaranteed_room(
@@ -488,10 +594,27 @@ class PriorityQuotaPolicy(CyclePolicy):
             return _team_milli(view, scratch, job.team, gpu_type) + job.gpu_milli <= room
         return usage.get((job.team, gpu_type), 0) + job.gpu_count <= total - others
 
+    @staticmethod
+    def _can_vacate(view: CycleView, job: JobSpec, vacate_s: float, preemptions: int) -> bool:
+        """Whether `job` may sit in the online reserve: an online arrival can preempt it
+        (budget left, its lost work within the bound at any time) and its checkpoint is
+        written within the reserve's vacate bound."""
+        rules = view.rules
+        return (
+            job.preemptible
+            and vacate_s <= rules.reserve_bound_s(view.cycle_s)
+            and preemptions < rules.max_per_job
+            and (
+                rules.max_lost_work_s is None or job.checkpoint_interval_s <= rules.max_lost_work_s
+            )
+        )
+
     def _fast_held(self, view: CycleView) -> dict[str, int]:
         out = {t: 0 for t in view.pool_nodes}
-        for r in view.running.values():
-            if r.spec.preemptible and r.vacate_s <= view.cycle_s:
+        for job_id, r in view.running.items():
+            if job_id not in view.vacating and self._can_vacate(
+                view, r.spec, r.vacate_s, r.preemptions
+            ):
                 out[r.gpu_type] += r.spec.gpu_count
         return out
 
@@ -503,9 +626,10 @@ class PriorityQuotaPolicy(CyclePolicy):
         online_held: int,
         fast_held: dict[str, int],
     ) -> bool:
-        """The online reserve must stay idle or held by jobs that vacate within a cycle."""
+        """The online reserve must stay idle or held by jobs that vacate within its bound
+        (preemption.reserve_vacate_s, else a cycle) and that an online job may preempt."""
         needed = view.reserve.get(p.gpu_type, 0) - online_held
-        if needed <= 0 or p.vacate_s <= view.cycle_s:
+        if needed <= 0 or self._can_vacate(view, p.spec, p.vacate_s, p.preemptions):
             return True
         pool = view.pool_nodes[p.gpu_type]
         idle = int((scratch.gpu_left[pool] == 1000).sum())
@@ -521,6 +645,7 @@ class PriorityQuotaPolicy(CyclePolicy):
         excess: dict[tuple[str, str], int],
         team: str | None = None,
         orphans: Set[str] = frozenset(),
+        claimant: JobSpec | None = None,
     ) -> tuple[set[int], list[tuple[str, bool]]] | None:
         """Cheapest set of borrowed jobs whose GPUs, with idle ones, make room for `job`.
 
@@ -530,8 +655,14 @@ class PriorityQuotaPolicy(CyclePolicy):
         takes victims from one node (a victim spanning nodes leaves them all); a wider
         job takes whole nodes. Returns the nodes and (victim, reclaimed?) pairs.
         Orphans (leaving already, their claimant gone) come first and cost nothing.
+        A victim that would lose more than preemption.max_lost_work_s is skipped. With a
+        `claimant` (priority preemption) only borrowing jobs it outranks qualify, and,
+        unless it is online inference, only once they ran their minimum runtime.
         """
         allowed = view.allowed(job, gpu_type)
+        rules = view.rules
+        bound = rules.max_lost_work_s
+        patient = claimant is not None and claimant.kind is not JobKind.ONLINE
         by_node: dict[int, list[tuple[tuple[float, float], str, int]]] = {}
         for job_id, r in view.running.items():
             if (
@@ -543,6 +674,13 @@ class PriorityQuotaPolicy(CyclePolicy):
                 or (team is not None and r.spec.team != team)
             ):
                 continue
+            if job_id not in orphans:
+                if bound is not None and r.lost_work_s > bound + 1e-9:
+                    continue
+                if claimant is not None and not outranks(claimant, r.spec):
+                    continue
+                if patient and view.now_s - r.run_started_s < rules.min_runtime_s:
+                    continue
             placement = view.state.placements.get(job_id)
             if placement is None:
                 continue

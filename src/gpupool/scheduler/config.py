@@ -20,6 +20,7 @@ MODES = ("pool", "static")
 PLACEMENT_POLICIES = ("consolidate", "best-fit", "fgd")
 TYPE_CHOICES = ("by-class", "first", "blind", "cost-aware")
 SITE_CHOICES = ("blind", "locality-aware")
+RESERVE_TRIGGERS = ("always", "online-seen")
 
 
 @dataclass(frozen=True)
@@ -109,7 +110,12 @@ class SchedulerConfig:
     cycle_s: float = 60.0
     """How often the periodic stages run; the policy compares checkpoint times to it."""
     online_reserve: float = 0.2
-    """Share of each pool kept free within one cycle for online inference."""
+    """Share of each pool (GPUs, rounded up) kept for online inference: idle, or held by
+    training and batch work that vacates within preemption.reserve_vacate_s."""
+    online_reserve_on: str = "always"
+    """When the reserve applies in a pool: `always` (from the start), or `online-seen`
+    (once an online job was submitted that may run there, or a service may place
+    replicas there; the live default, so a fleet that never serves keeps every GPU)."""
     share_cap: int | None = 2
     """At most this many online replicas share one GPU; None: as many as their shares
     fit (the live service's default). Online replicas share only with online replicas

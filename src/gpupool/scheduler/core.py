@@ -175,6 +175,12 @@ class Scheduler:
         self.quotas = QuotaBook(cfg.teams, self.pool_gpus, cfg.windows)
         self.team_nodes = self._islands() if cfg.mode == "static" else None
         self.reserve = {t: math.ceil(cfg.online_reserve * n) for t, n in self.pool_gpus.items()}
+        """The online reserve of each pool, in GPUs, once it applies there (online_pools)."""
+        self.online_pools: set[str] = set()
+        """Pools where online inference may run: the reserve applies in them when the
+        config says `online_reserve_on: online-seen` (else in every pool from the start)."""
+        for template in services:
+            self._online_seen(template.gpu_models)
         self.topology = topology
         self.catalog = catalog
         self.tariffs: dict[str, Tariff | None] = dict(tariffs or {})
@@ -325,6 +331,8 @@ class Scheduler:
         if service is not None:
             self.replicas[service][job.job_id] = r
         r.options = stages.options_for(self, job)
+        if job.kind is JobKind.ONLINE:
+            self._online_seen(job.gpu_models)
         option = None
         why = ""
         if r.options:
@@ -400,6 +408,8 @@ class Scheduler:
         self.timed = self.timed or job.time_limit_s is not None
         r = JobRecord(job, "", ready_s=now, preemptions=preemptions, attempts=attempts)
         r.options = stages.options_for(self, job)
+        if job.kind is JobKind.ONLINE and state not in TERMINAL:
+            self._online_seen(job.gpu_models)
         if placement is not None and placement.nodes:
             r.gpu_type = self.node_pool[placement.nodes[0]]
         elif r.options:
@@ -561,6 +571,11 @@ class Scheduler:
                 usage[r.spec.team] += r.spec.gpu_count
             self.quotas.record_usage(usage, now - last)
         self.last_cycle_s = now
+        rules = cfg.preemption
+        if (rules.by_priority or rules.max_lost_work_s is not None) and self.queues.by_team:
+            # A victim reaching its minimum runtime or its next checkpoint changes what
+            # may be preempted without any event: plan again while jobs wait.
+            self.dirty = self.dirty or len(self.queues) > 0
         if self.timed:
             out += self._expire(now)
         if not self.measured and (
@@ -718,8 +733,20 @@ class Scheduler:
         above = self.held[(job.team, r.gpu_type)] > self.quotas.guaranteed(
             job.team, r.gpu_type, now
         )
+        claimant = None
+        if c.for_job is not None:
+            claimant = self._record(c.for_job).spec
+            if self._record(c.for_job).state not in WAITING:
+                raise PlanRejected(f"job {c.for_job} is not waiting; it claims no GPUs")
         self.config.preemption.check(
-            job, r.preemptions, above, now - r.run_started_s, c.reclaim, c.for_online_of
+            job,
+            r.preemptions,
+            above,
+            now - r.run_started_s,
+            c.reclaim,
+            c.for_online_of,
+            lost_work_s=r.done_s - r.saved_s,
+            claimant=claimant,
         )
         r.state = check_transition(job.job_id, r.state, JobState.PREEMPTING)
         self.held[(job.team, r.gpu_type)] -= job.gpu_count
@@ -1113,7 +1140,7 @@ class Scheduler:
             quotas=self.quotas,
             pool_nodes=self.pool_nodes,
             team_nodes=self.team_nodes,
-            reserve=self.reserve,
+            reserve=self.reserve_now(),
             rules=self.config.preemption,
             rng=self.rng,
             placement=self.placement,
@@ -1140,7 +1167,31 @@ class Scheduler:
                     inlet[idx[-th.hot_nodes :]] = th.hot_inlet_c
         return inlet
 
+    def _online_seen(self, gpu_models: frozenset[str]) -> None:
+        """Online inference may run in the pools of these models (all when empty)."""
+        for key, model in self.pool_model.items():
+            if not gpu_models or model in gpu_models:
+                self.online_pools.add(key)
+
+    def reserve_now(self) -> dict[str, int]:
+        """The online reserve each pool keeps now: `online_reserve` of its GPUs, from the
+        start (`online_reserve_on: always`) or once online inference was submitted for
+        it or a service may place replicas there (`online-seen`)."""
+        if self.config.online_reserve_on == "always":
+            return self.reserve
+        return {t: n if t in self.online_pools else 0 for t, n in self.reserve.items()}
+
     # ---- queries for drivers ------------------------------------------------------------------
+    def claim_eta_s(self, job_id: str) -> float | None:
+        """When a job waiting for its victims should start: the latest time its victims
+        are expected to have written their checkpoints (None: it waits for no victim)."""
+        victims = self.claims.get(job_id)
+        if not victims:
+            return None
+        times = [self.records[v].vacate_at for v in victims]
+        known = [t for t in times if t is not None]
+        return max(known) if known else None
+
     @property
     def log(self) -> DecisionLog:
         return self.engine.log

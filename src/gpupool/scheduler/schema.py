@@ -25,6 +25,7 @@ from gpupool.policies.cycle import CYCLE_POLICIES, PreemptionRules
 from gpupool.scheduler.config import (
     MODES,
     PLACEMENT_POLICIES,
+    RESERVE_TRIGGERS,
     SITE_CHOICES,
     TYPE_CHOICES,
     EnergyConfig,
@@ -53,6 +54,7 @@ SCHEDULING_KEYS: frozenset[str] = frozenset(
         "policy",
         "cycle_s",
         "online_reserve",
+        "online_reserve_on",
         "share_cap",
         "sharing",
         "queue_depth",
@@ -79,6 +81,11 @@ BURST_KEYS: frozenset[str] = frozenset(
     }
 )
 """Cloud burst and reclaim rules, durations in minutes (federation.burst.BurstRules)."""
+
+PREEMPTION_KEYS: frozenset[str] = frozenset(
+    {"min_runtime_s", "max_per_job", "max_lost_work_s", "by_priority", "reserve_vacate_s"}
+)
+"""The `preemption:` section (PreemptionRules); null for a bound means none."""
 
 SCENARIO_DEFAULTS = SchedulerConfig()
 """A scenario's defaults: `SchedulerConfig()` (the service passes its LIVE_DEFAULTS)."""
@@ -162,7 +169,22 @@ def parse_scheduling(
     if policy not in CYCLE_POLICIES:
         raise r.fail("policy", f"{policy!r}; choose one of {', '.join(CYCLE_POLICIES)}")
     auto = r.section(raw.get("autoscale"), "autoscale", {"lookahead_s", "headroom"})
-    pre = r.section(raw.get("preemption"), "preemption", {"min_runtime_s", "max_per_job"})
+    pre = r.section(raw.get("preemption"), "preemption", PREEMPTION_KEYS)
+    reserve_on = str(
+        raw.get(
+            "online_reserve_on",
+            # a reserve the file sets holds from the start unless the file says otherwise
+            "always" if "online_reserve" in raw else defaults.online_reserve_on,
+        )
+    )
+    if reserve_on not in RESERVE_TRIGGERS:
+        raise r.fail("online_reserve_on", f"{reserve_on!r}; choose {' or '.join(RESERVE_TRIGGERS)}")
+    dp = defaults.preemption
+    lost = pre.get("max_lost_work_s", dp.max_lost_work_s)
+    vacate = pre.get("reserve_vacate_s", dp.reserve_vacate_s)
+    by_priority = pre.get("by_priority", dp.by_priority)
+    if not isinstance(by_priority, bool):
+        raise r.fail("preemption.by_priority", f"{by_priority!r}; expected true or false")
     ck = r.section(
         raw.get("checkpoint"), "checkpoint", {"write_gbps", "restore_gbps", "process_start_s"}
     )
@@ -191,14 +213,17 @@ def parse_scheduling(
         autoscale_headroom=r.number(
             auto.get("headroom", defaults.autoscale_headroom), "autoscale.headroom", positive=True
         ),
+        online_reserve_on=reserve_on,
         preemption=PreemptionRules(
-            r.number(
-                pre.get("min_runtime_s", defaults.preemption.min_runtime_s),
-                "preemption.min_runtime_s",
-            ),
-            r.integer(
-                pre.get("max_per_job", defaults.preemption.max_per_job), "preemption.max_per_job"
-            ),
+            r.number(pre.get("min_runtime_s", dp.min_runtime_s), "preemption.min_runtime_s"),
+            r.integer(pre.get("max_per_job", dp.max_per_job), "preemption.max_per_job"),
+            max_lost_work_s=None
+            if lost is None
+            else r.number(lost, "preemption.max_lost_work_s", positive=True),
+            by_priority=by_priority,
+            reserve_vacate_s=None
+            if vacate is None
+            else r.number(vacate, "preemption.reserve_vacate_s"),
         ),
         checkpoint=CheckpointModel(
             r.number(ck.get("write_gbps", base.write_gbps), "checkpoint.write_gbps", positive=True),

@@ -129,12 +129,18 @@ LOST_PREFIX = "lost: "
 """The reason of a requeue because the job was lost: counted against `lost_retries`."""
 
 LIVE_DEFAULTS = SchedulerConfig(
-    cycle_s=1.0, online_reserve=0.0, preemption=PreemptionRules(60.0, 3), share_cap=None
+    cycle_s=1.0,
+    online_reserve=0.2,
+    online_reserve_on="online-seen",
+    preemption=PreemptionRules(60.0, 3, reserve_vacate_s=30.0),
+    share_cap=None,
 )
-"""The service's defaults where they differ from a scenario's: a cycle a second, no
-reserve unless configured, a minute's minimum runtime, and no cap on online replicas
-per GPU (as many as their shares fit; a scenario keeps its cap of 2 so that its figures
-stay those of the calibrated co-location model)."""
+"""The service's defaults where they differ from a scenario's: a cycle a second; the 20%
+online reserve applies in a pool once an online job was submitted for it (a fleet that
+never serves keeps every GPU), and training borrows it only if it checkpoints within
+30 s; a minute's minimum runtime (online inference does not wait for it); no cap on
+online replicas per GPU (as many as their shares fit; a scenario keeps its cap of 2 so
+that its figures stay those of the calibrated co-location model)."""
 
 
 @dataclass(frozen=True)

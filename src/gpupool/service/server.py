@@ -81,7 +81,8 @@ def add_serve_parser(sub: Any) -> None:
         help="YAML with a scenario's scheduling section: "
         + ", ".join(sorted(SCHEDULING_KEYS))
         + " (scenarios/README.md); absent keys keep the service defaults "
-        "(1 s cycle, no online reserve, 60 s minimum runtime before preemption)",
+        "(1 s cycle, a 20%% online reserve once online inference is submitted, 60 s "
+        "minimum runtime before preemption)",
     )
     sp.add_argument(
         "--cycle",

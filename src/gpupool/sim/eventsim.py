@@ -50,13 +50,15 @@ Event = Submit | Complete | NodeLoss
 def _core(
     cluster: Cluster, teams: Sequence[TeamQuota], policy: str, rules: PreemptionRules | None
 ) -> Scheduler:
-    """The core as the live service runs it by default: a cycle a second, no reserve."""
+    """The core as the live service runs it by default: a cycle a second, the 20% online
+    reserve once online inference was submitted (service.live.LIVE_DEFAULTS)."""
     config = SchedulerConfig(
         policy=policy,
         teams=tuple(teams),
         cycle_s=1.0,
-        online_reserve=0.0,
-        preemption=rules or PreemptionRules(60.0, 3),
+        online_reserve=0.2,
+        online_reserve_on="online-seen",
+        preemption=rules or PreemptionRules(60.0, 3, reserve_vacate_s=30.0),
     )
     return Scheduler(cluster, config)
 

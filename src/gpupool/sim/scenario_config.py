@@ -71,6 +71,7 @@ class ScenarioConfig:
     description: str = ""
     windows: tuple[QuotaWindow, ...] = ()
     online_reserve: float = 0.2
+    online_reserve_on: str = "always"
     share_cap: int | None = 2
     sharing: SharingConfig = field(default_factory=SharingConfig)
     queue_depth: int = 32
@@ -101,6 +102,7 @@ class ScenarioConfig:
             mode=self.mode,
             cycle_s=self.cycle_s,
             online_reserve=self.online_reserve,
+            online_reserve_on=self.online_reserve_on,
             share_cap=self.share_cap,
             sharing=self.sharing,
             queue_depth=self.queue_depth,
@@ -206,6 +208,7 @@ def parse_scenario(raw: Any, path: str = "<scenario>") -> ScenarioConfig:
         policy=sched.policy,
         windows=sched.windows,
         online_reserve=sched.online_reserve,
+        online_reserve_on=sched.online_reserve_on,
         share_cap=sched.share_cap,
         sharing=sched.sharing,
         queue_depth=sched.queue_depth,
