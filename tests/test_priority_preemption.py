@@ -193,7 +193,7 @@ def test_priorities_and_the_reserve_hold_over_random_arrivals(
     reserve = world.core.reserve[MODEL]
     # (d) no job lost: every one finished its work
     assert world.finished == set(specs)
-    for t, victim, reason, ran_s, lost_s in world.stops:
+    for _t, victim, reason, ran_s, lost_s in world.stops:
         job = specs[victim]
         # (a) online inference is never preempted
         assert job.kind is not JobKind.ONLINE, (victim, reason)

@@ -135,8 +135,12 @@ def test_service_defaults_apply_when_keys_are_absent(tmp_path: Path) -> None:
     only_teams = load_service_config(write(tmp_path, "teams: [{name: a}]\n"), LIVE_DEFAULTS)
     assert only_teams == dataclasses.replace(LIVE_DEFAULTS, teams=(TeamQuota("a", {}, {}),))
     assert only_teams.cycle_s == 1.0
-    assert only_teams.online_reserve == 0.0
-    assert only_teams.preemption == PreemptionRules(60.0, 3)
+    assert only_teams.online_reserve == 0.2  # once online inference is submitted:
+    assert only_teams.online_reserve_on == "online-seen"
+    assert only_teams.preemption == PreemptionRules(60.0, 3, reserve_vacate_s=30.0)
+    # a reserve the file sets holds from the start
+    reserved = load_service_config(write(tmp_path, "online_reserve: 0.25\n"), LIVE_DEFAULTS)
+    assert reserved.online_reserve_on == "always"
 
 
 def test_scenario_defaults_are_unchanged() -> None:
