@@ -2,6 +2,10 @@
 
 Runs every scenario under scenarios/ (ITP ones under fifo, backfill and priority-quota),
 two at a time, and writes bench/results/scenarios.json and scenarios.md.
+
+`--only ROW,ROW` reruns those rows (e.g. `islands-pool,itp-cluster08/priority-quota`) and
+keeps the other rows as recorded (the simulation is deterministic: a row whose decisions
+a change cannot touch keeps its figures); the report says which rows were rerun.
 """
 
 from __future__ import annotations
@@ -43,16 +47,44 @@ def pct(x: object) -> str:
     return "-" if x is None else f"{100 * float(x):.2f}"  # type: ignore[arg-type]
 
 
-def main() -> int:
+def row_name(item: tuple[str, str | None]) -> str:
+    stem = item[0].removesuffix(".yaml")
+    return stem if item[1] is None else f"{stem}/{item[1]}"
+
+
+def main(argv: list[str]) -> int:
+    only: set[str] | None = None
+    if len(argv) == 2 and argv[0] == "--only":
+        only = set(argv[1].split(","))
+        unknown = only - {row_name(i) for i in RUNS}
+        if unknown:
+            print(f"unknown rows {sorted(unknown)}; rows: {[row_name(i) for i in RUNS]}")
+            return 2
+    elif argv:
+        print("usage: bench_scenarios.py [--only ROW,ROW]")
+        return 2
+    out = Path(__file__).parent / "results"
+    runs = [i for i in RUNS if only is None or row_name(i) in only]
     started = time.perf_counter()
     with ProcessPoolExecutor(2) as pool:
-        results = list(pool.map(one, RUNS))
+        fresh = {row_name(i): r for i, r in zip(runs, pool.map(one, runs), strict=True)}
     wall = time.perf_counter() - started
+    if only is None:
+        results = [fresh[row_name(i)] for i in RUNS]
+        how = f"{len(results)} runs in {wall:.0f} s"
+    else:
+        old = json.loads((out / "scenarios.json").read_text(encoding="utf-8"))
+        kept = {r["scenario"]: r for r in old["scenarios"]}
+        results = [fresh.get(row_name(i)) or kept[row_name(i)] for i in RUNS]
+        how = (
+            f"{len(runs)} of {len(RUNS)} runs rerun in {wall:.0f} s ({', '.join(sorted(fresh))}; "
+            "the others as recorded before)"
+        )
     by = {r["scenario"]: r for r in results}
     lines = [
         "# Scenario results (issue 3)",
         "",
-        f"{len(results)} runs in {wall:.0f} s on {describe()['cpu']} "
+        f"{how} on {describe()['cpu']} "
         f"({describe()['cores']} cores). Reproduce: `make bench` or "
         "`gpupool simulate scenario scenarios/FILE.yaml`.",
         "",
@@ -99,7 +131,6 @@ def main() -> int:
                 f"| {r['scenario']} | {kind} | {k['jobs']} | {k['finished']} | "
                 f"{k['avg_jct_h']} | {k['p99_jct_h']} | {k['avg_queue_h']} |"
             )
-    out = Path(__file__).parent / "results"
     (out / "scenarios.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     payload = {"wall_s": round(wall, 1), "machine": describe(), "scenarios": results}
     (out / "scenarios.json").write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
@@ -108,4 +139,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))
