@@ -31,6 +31,9 @@ RUNS = [
     (f"itp-{c}.yaml", p)
     for c in ("cluster02", "cluster08", "cluster09")
     for p in ("fifo", "backfill", "priority-quota")
+] + [
+    # no guarantees: online inference preempts training of any team (priority preemption)
+    ("itp-cluster02-open.yaml", None),
 ]
 
 

@@ -9,8 +9,9 @@ gained since the run was recorded are not checked; a recorded key that is gone i
 failure.
 
 Covered: the aware/blind pairs of bench_resources.py (hetero, energy, energy-caiso,
-multicluster; no trace files needed) and one ITP row of bench_scenarios.py under a policy
-override (skipped without the ITP trace). The other recorded rows take from 6 s
+multicluster; no trace files needed), one ITP row of bench_scenarios.py under a policy
+override and the ITP row without guarantees, where online inference preempts training
+of any team (both skipped without the ITP trace). The other recorded rows take from 6 s
 (daynight) to minutes (islands) each and are left to `make bench`. About 50 s in all on
 2 cores.
 """
@@ -65,6 +66,11 @@ CASES = [
         "scenarios.json",
         "itp-cluster02",
         "priority-quota",
+        traces=("microsoft-itp-2021/raw-traces/cluster02.csv",),
+    ),
+    Recorded(
+        "scenarios.json",
+        "itp-cluster02-open",
         traces=("microsoft-itp-2021/raw-traces/cluster02.csv",),
     ),
 ]
