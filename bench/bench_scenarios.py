@@ -22,19 +22,23 @@ from gpupool.sim.scenario_config import load_scenario
 from machine import describe
 
 ROOT = Path(__file__).resolve().parents[1]
-RUNS = [
-    ("islands-static.yaml", None),
-    ("islands-pool.yaml", None),
-    ("daynight-off.yaml", None),
-    ("daynight-on.yaml", None),
-] + [
-    (f"itp-{c}.yaml", p)
-    for c in ("cluster02", "cluster08", "cluster09")
-    for p in ("fifo", "backfill", "priority-quota")
-] + [
-    # no guarantees: online inference preempts training of any team (priority preemption)
-    ("itp-cluster02-open.yaml", None),
-]
+RUNS = (
+    [
+        ("islands-static.yaml", None),
+        ("islands-pool.yaml", None),
+        ("daynight-off.yaml", None),
+        ("daynight-on.yaml", None),
+    ]
+    + [
+        (f"itp-{c}.yaml", p)
+        for c in ("cluster02", "cluster08", "cluster09")
+        for p in ("fifo", "backfill", "priority-quota")
+    ]
+    + [
+        # no guarantees: online inference preempts training of any team (priority preemption)
+        ("itp-cluster02-open.yaml", None),
+    ]
+)
 
 
 def one(item: tuple[str, str | None]) -> dict[str, object]:
