@@ -569,11 +569,6 @@ class PriorityQuotaPolicy(CyclePolicy):
         return commands
 
     @staticmethod
-    def _waits_for_its_team(view: CycleView, job: JobSpec) -> bool:
-        """A job already claiming its team's GPUs this cycle waits (one claim per job)."""
-        return job.job_id in view.claimed
-
-    @staticmethod
     def _unguaranteed_room(
         view: CycleView,
         usage: Mapping[tuple[str, str], int],
