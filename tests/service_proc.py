@@ -108,3 +108,17 @@ def wait_for(predicate: object, timeout_s: float, what: str) -> None:
             return
         time.sleep(0.2)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def counter(steps: int, step_s: float) -> list[str]:
+    """The checkpointing example job: a sum over `steps`, a checkpoint every 5 steps."""
+    return [sys.executable, "-m", "gpupool.examples.ckpt_counter", "--steps", str(steps),
+            "--step-s", str(step_s), "--every", "5"]  # fmt: skip
+
+
+def paced_counter(steps: int, first_s: float, resumed_s: float = 0.01) -> list[str]:
+    """The counter, slow on its first attempt (so a loaded host cannot see it finish before
+    the test stops it) and fast once resumed; the sum does not depend on the pace."""
+    paced = " ".join(counter(steps, first_s)).replace(f"--step-s {first_s}", '--step-s "$pace"')
+    pick = f'if [ -n "$GPUPOOL_RESUME" ]; then pace={resumed_s}; else pace={first_s}; fi'
+    return ["sh", "-c", f"{pick}; exec {paced}"]

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from gpupool.examples.ckpt_counter import expected_result
-from service_proc import Server, cli, wait_for
+from service_proc import Server, cli, paced_counter, wait_for
 
 CONFIG = """\
 teams:
@@ -72,21 +72,14 @@ def test_preempted_training_resumes_from_its_checkpoint(server: Server) -> None:
         "20s",
         "--json",
         "--",
-        sys.executable,
-        "-m",
-        "gpupool.examples.ckpt_counter",
-        "--steps",
-        str(steps),
-        "--step-s",
-        "0.1",
-        "--every",
-        "5",
+        # 60 s on its first attempt, however slow the host is to submit the online job
+        *paced_counter(steps, 0.4, 0.02),
     )
     assert out.returncode == 0, out.stderr
     train = json.loads(out.stdout)["id"]
     wait_for(lambda: _show(url, train)["state"] == "running", 20, "the training job to run")
     # let it make progress, then an online job of the guaranteed team claims the GPU
-    wait_for(lambda: "step=10" in cli(url, "logs", str(train)).stdout, 20, "training progress")
+    wait_for(lambda: "step=10" in cli(url, "logs", str(train)).stdout, 60, "training progress")
     out = cli(
         url,
         "submit",

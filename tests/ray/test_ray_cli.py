@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from gpupool.examples.ckpt_counter import expected_result
-from service_proc import Server, cli, wait_for
+from service_proc import Server, cli, paced_counter, wait_for
 
 PY = sys.executable
 UNTIL = (
@@ -91,20 +91,6 @@ def show(url: str, job_id: int) -> dict[str, Any]:
     assert out.returncode == 0, out.stderr
     job: dict[str, Any] = json.loads(out.stdout)
     return job
-
-
-def counter(steps: int, step_s: float) -> list[str]:
-    """The checkpointing example job: a sum over `steps`, a checkpoint every 5 steps."""
-    return [PY, "-m", "gpupool.examples.ckpt_counter", "--steps", str(steps),
-            "--step-s", str(step_s), "--every", "5"]  # fmt: skip
-
-
-def paced_counter(steps: int, first_s: float, resumed_s: float = 0.01) -> list[str]:
-    """The counter, slow on its first attempt (so a loaded host cannot see it finish before
-    the test stops it) and fast once resumed; the sum does not depend on the pace."""
-    paced = " ".join(counter(steps, first_s)).replace(f"--step-s {first_s}", '--step-s "$pace"')
-    pick = f'if [ -n "$GPUPOOL_RESUME" ]; then pace={resumed_s}; else pace={first_s}; fi'
-    return ["sh", "-c", f"{pick}; exec {paced}"]
 
 
 def assert_resumed_result(log: str, steps: int) -> None:
