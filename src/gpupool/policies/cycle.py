@@ -151,6 +151,20 @@ class PreemptionRules:
             raise PlanRejected(f"job {job.job_id} has not run its minimum time yet")
 
 
+def may_hold_reserve(
+    rules: PreemptionRules, cycle_s: float, job: JobSpec, vacate_s: float, preemptions: int
+) -> bool:
+    """Whether `job` may sit in the online reserve: an online arrival can preempt it
+    (budget left, its lost work within the bound at any time) and its checkpoint is
+    written within the reserve's vacate bound."""
+    return (
+        job.preemptible
+        and vacate_s <= rules.reserve_bound_s(cycle_s)
+        and preemptions < rules.max_per_job
+        and (rules.max_lost_work_s is None or job.checkpoint_interval_s <= rules.max_lost_work_s)
+    )
+
+
 class RunningView(NamedTuple):
     """A running job as a cycle sees it (a tuple: thousands are built per cycle)."""
 
@@ -591,18 +605,7 @@ class PriorityQuotaPolicy(CyclePolicy):
 
     @staticmethod
     def _can_vacate(view: CycleView, job: JobSpec, vacate_s: float, preemptions: int) -> bool:
-        """Whether `job` may sit in the online reserve: an online arrival can preempt it
-        (budget left, its lost work within the bound at any time) and its checkpoint is
-        written within the reserve's vacate bound."""
-        rules = view.rules
-        return (
-            job.preemptible
-            and vacate_s <= rules.reserve_bound_s(view.cycle_s)
-            and preemptions < rules.max_per_job
-            and (
-                rules.max_lost_work_s is None or job.checkpoint_interval_s <= rules.max_lost_work_s
-            )
-        )
+        return may_hold_reserve(view.rules, view.cycle_s, job, vacate_s, preemptions)
 
     def _fast_held(self, view: CycleView) -> dict[str, int]:
         out = {t: 0 for t in view.pool_nodes}

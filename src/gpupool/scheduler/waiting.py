@@ -38,6 +38,7 @@ import numpy as np
 
 from gpupool.core.lifecycle import JobState
 from gpupool.core.model import MILLI_PER_GPU, JobKind
+from gpupool.policies.cycle import may_hold_reserve
 from gpupool.scheduler.jobs import WAITING, JobRecord
 
 if TYPE_CHECKING:
@@ -124,13 +125,15 @@ class _Pools:
         self.fitting: dict[tuple[object, ...], bool] = {}
         self.online_held: dict[str, int] = defaultdict(int)
         self.fast_held: dict[str, int] = defaultdict(int)
-        ck = core.config.checkpoint
+        ck, rules, cycle_s = core.config.checkpoint, core.config.preemption, core.config.cycle_s
         for r in core.running.values():
             if r.state is not JobState.RUNNING:
                 continue
             if r.spec.kind is JobKind.ONLINE:
                 self.online_held[r.gpu_type] += r.spec.gpu_count
-            elif r.spec.preemptible and ck.write_s(r.spec.state_gib_per_gpu) <= core.config.cycle_s:
+            elif may_hold_reserve(
+                rules, cycle_s, r.spec, ck.write_s(r.spec.state_gib_per_gpu), r.preemptions
+            ):
                 self.fast_held[r.gpu_type] += r.spec.gpu_count
 
     def allowed(self, r: JobRecord) -> np.ndarray:
@@ -280,8 +283,7 @@ def _reason(
     victims = core.claims.get(job_id)
     if victims:
         ids = sorted(victims)
-        etas = [core.records[v].vacate_at for v in ids if v in core.records]
-        eta = max((t for t in etas if t is not None), default=None)
+        eta = core.claim_eta_s(job_id)
         by = f"; expected by {clock_text(eta)}" if eta is not None else ""
         return WaitReason(
             "WaitingForVictims",
@@ -391,15 +393,18 @@ def _idle_nodes(state: ClusterState, allowed: np.ndarray) -> np.ndarray:
 
 def _reserve_blocks(core: Scheduler, r: JobRecord, pools: _Pools, now: float) -> bool:
     """The priority-quota policy keeps the online reserve for online inference: a
-    borrowing batch job that cannot vacate within a cycle may not take it."""
+    borrowing batch job that could not leave it at once for an online arrival may not take
+    it (the policy's own rule, policies.cycle.may_hold_reserve)."""
     job = r.spec
     if core.config.policy != "priority-quota" or job.kind is JobKind.ONLINE or not job.gpu_count:
         return False
     pool = r.gpu_type
-    needed = core.reserve.get(pool, 0) - pools.online_held[pool]
+    needed = core.reserve_now().get(pool, 0) - pools.online_held[pool]
     if needed <= 0:
         return False
-    if core.config.checkpoint.write_s(job.state_gib_per_gpu) <= core.config.cycle_s:
+    vacate_s = core.config.checkpoint.write_s(job.state_gib_per_gpu)
+    rules, cycle_s = core.config.preemption, core.config.cycle_s
+    if may_hold_reserve(rules, cycle_s, job, vacate_s, r.preemptions):
         return False
     if core.usage(job.team, pool) + job.gpu_count <= core.quotas.guaranteed(job.team, pool, now):
         return False  # within its guarantee: the reserve does not hold it back
