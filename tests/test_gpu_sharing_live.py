@@ -90,6 +90,10 @@ def test_four_online_jobs_of_18gib_share_one_a100_and_a_fifth_and_training_wait(
     assert all(job(srv, j)["state"] == "running" for j in online)
     assert job(srv, fifth)["state"] == "pending"
     assert job(srv, training)["state"] == "pending"
+    wait_for(lambda: job(srv, fifth)["reason_code"] == "Resources", 30, "reason Resources")
+    assert "needs 0.229 of" in job(srv, fifth)["reason"]
+    # the training job is behind the fifth sharer (or told of the full card itself)
+    assert job(srv, training)["reason_code"] in ("Priority", "Resources")
     shown = cli(srv.url, "ls")
     assert shown.returncode == 0, shown.stderr
     assert "18GiB of" in shown.stdout

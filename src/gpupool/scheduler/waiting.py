@@ -348,9 +348,8 @@ def _resources(core: Scheduler, r: JobRecord, pools: _Pools, model: str) -> str:
         room = state.usable_gpus(job)[allowed]
         most = int(share[room].max()) if room.any() else 0
         return (
-            f"needs {job.gpu_milli / MILLI_PER_GPU:g} of a {model} GPU on {job.gpu_count} "
-            f"GPU{'s' if job.gpu_count != 1 else ''}; the most free on one GPU it may share "
-            f"is {most / MILLI_PER_GPU:g} ({total} {model} GPUs wholly free)"
+            f"needs {job.gpu_milli / MILLI_PER_GPU:g} of one {model} GPU; the most free on "
+            f"a GPU it may share is {most / MILLI_PER_GPU:g} ({total} {model} GPUs wholly free)"
         )
     if job.gpu_count > usable:
         mine = " in its team's nodes" if core.team_nodes is not None else ""
