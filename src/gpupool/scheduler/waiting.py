@@ -220,17 +220,12 @@ def explain(core: Scheduler, now: float, front_before: set[str]) -> dict[str, Wa
     front_before.update(front)
     pools = _Pools(core)
     counts = core._running_counts() if core.config.team_limits else {}
-    depth = core.config.queue_depth
     out: dict[str, WaitReason] = {}
     for job_id in sorted(todo):
         r = core.active.get(job_id)
         if r is None or r.state not in WAITING or job_id in core.on_hold:
             continue
-        place = front.get(job_id)
-        if place is None and job_id not in core.claims and job_id not in core.deferral.held:
-            out[job_id] = WaitReason("Priority", _behind(core, r, depth, None, exact=False))
-            continue
-        out[job_id] = _reason(core, r, now, pools, counts, place or (0, job_id))
+        out[job_id] = _reason_at(core, r, now, pools, counts, front.get(job_id))
     return out
 
 
@@ -239,7 +234,6 @@ def explain_all(core: Scheduler, now: float) -> dict[str, WaitReason]:
     front = _front(core)
     pools = _Pools(core)
     counts = core._running_counts() if core.config.team_limits else {}
-    depth = core.config.queue_depth
     out: dict[str, WaitReason] = {}
     for job_id, r in core.active.items():
         if r.state not in WAITING:
@@ -247,12 +241,25 @@ def explain_all(core: Scheduler, now: float) -> dict[str, WaitReason]:
         if job_id in core.on_hold:
             out[job_id] = WaitReason("Held", f"on hold; `gpupool release {job_id}` lets it start")
             continue
-        place = front.get(job_id)
-        if place is None and job_id not in core.claims and job_id not in core.deferral.held:
-            out[job_id] = WaitReason("Priority", _behind(core, r, depth, None, exact=False))
-            continue
-        out[job_id] = _reason(core, r, now, pools, counts, place or (0, job_id))
+        out[job_id] = _reason_at(core, r, now, pools, counts, front.get(job_id))
     return out
+
+
+def _reason_at(
+    core: Scheduler,
+    r: JobRecord,
+    now: float,
+    pools: _Pools,
+    counts: Mapping[str, tuple[int, int]],
+    place: tuple[int, str] | None,
+) -> WaitReason:
+    """A job's reason given its place at the front of its queue (None: further back, and
+    neither claiming victims nor deferred: it waits behind at least queue_depth jobs)."""
+    job_id = r.job_id
+    if place is None and job_id not in core.claims and job_id not in core.deferral.held:
+        depth = core.config.queue_depth
+        return WaitReason("Priority", _behind(core, r, depth, None, exact=False))
+    return _reason(core, r, now, pools, counts, place or (0, job_id))
 
 
 def _behind(core: Scheduler, r: JobRecord, ahead: int, head: str | None, exact: bool) -> str:
