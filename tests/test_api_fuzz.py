@@ -185,12 +185,18 @@ def _run(
     return statuses
 
 
-def _without_sizing(case: Any) -> Any:
+def _admissible(case: Any) -> Any:
+    """A batch without what admission refuses for this fleet (2 x A100-80GB) whatever the
+    rest says: sizing, a GPU model, a share, more GPUs than the node has."""
     jobs = case.body.get("jobs") if isinstance(case.body, dict) else None
     if isinstance(jobs, list):
         for job in jobs:
             if isinstance(job, dict):
-                job.pop("sizing", None)
+                for key in ("sizing", "gpu_model", "gpu_share", "gpu_mem_mib"):
+                    job.pop(key, None)
+                gpus = job.get("gpus")
+                if isinstance(gpus, int) and not isinstance(gpus, bool) and gpus > 2:
+                    job["gpus"] = 2
     return case
 
 
@@ -210,10 +216,12 @@ def test_schemathesis_no_server_error(fuzzed: Fuzzed, schema: Any, method: str, 
         ]
     ).filter(_small_integers)
     if path == "/v1/jobs/batch":
-        # A sized job is valid only if its fields agree with each other (the planner's
-        # rules, tested by tests/test_job_sizing_fields.py); one such job in a batch makes
-        # the whole batch a 422, so the fuzzer would hardly ever reach the application.
-        strategy = strategy.map(_without_sizing)
+        # One refused job makes the whole batch a 422, so the fuzzer would hardly ever
+        # reach the application: a sized job is valid only if its fields agree (the
+        # planner's rules, tests/test_job_sizing_fields.py), and admission refuses GPU
+        # models, shares and counts this fleet cannot hold (tests/test_submit_admission.py,
+        # tests/test_gpu_sharing.py).
+        strategy = strategy.map(_admissible)
     statuses = _run(fuzzed, strategy, method, path, shrink=True)
     # the generator reached the application, not only its validation layer
     assert sum(statuses.values()) >= 30, statuses
