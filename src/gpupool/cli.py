@@ -15,6 +15,7 @@ import numpy as np
 from gpupool import __version__
 from gpupool.client_cli import add_client_parsers, run_client
 from gpupool.errors import GpupoolError, SpecError
+from gpupool.loadgen_cli import add_loadgen_parser, run_loadgen
 from gpupool.plan_cli import add_plan_parser, run_plan
 from gpupool.policies import cycle_names, placement_names, queue_names
 from gpupool.progress import ProgressBar
@@ -145,6 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("policies", help="list placement and queue policies")
     add_plan_parser(sub)
+    add_loadgen_parser(sub)
     add_client_parsers(sub)
     from gpupool.service.server import add_serve_parser
 
@@ -165,6 +167,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         if args.command == "plan":
             return run_plan(args)
+        if args.command == "loadgen":
+            return run_loadgen(args)
         if args.command == "serve":
             from gpupool.service.server import serve
 
