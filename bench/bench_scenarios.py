@@ -54,6 +54,74 @@ def pct(x: object) -> str:
     return "-" if x is None else f"{100 * float(x):.2f}"  # type: ignore[arg-type]
 
 
+def hours(seconds: object) -> str:
+    return "-" if seconds is None else f"{float(seconds) / 3600:.2f}"  # type: ignore[arg-type]
+
+
+def per_finished(r: dict[str, object]) -> str:
+    """Training GPU-hours per finished training job: what a finished job cost, so that more
+    GPU-hours are not read as more work done."""
+    k = r["kinds"].get("training")  # type: ignore[attr-defined]
+    if not k or not k["finished"]:
+        return "-"
+    return f"{k['gpu_hours'] / k['finished']:.1f}"
+
+
+def wide(r: dict[str, object], key: str) -> int:
+    """A by_gpus count summed over jobs of 4 or more GPUs."""
+    widths = r["by_gpus"].items()  # type: ignore[attr-defined]
+    return sum(int(w[key]) for g, w in widths if g != "share" and int(g) >= 4)
+
+
+def daynight_section(by: dict[str, dict[str, object]]) -> list[str]:
+    """Day/night: which training jobs the GPU-hours went to, by GPU count."""
+    rows = [by[n] for n in ("daynight-off", "daynight-on") if n in by and "by_gpus" in by[n]]
+    if not rows:
+        return []
+    out = ["", "## daynight: which training jobs the GPU-hours went to", ""]
+    if len(rows) == 2:
+        off, on = rows
+        ratio = float(on["training_gpu_hours"]) / float(off["training_gpu_hours"])  # type: ignore[arg-type]
+        gain = 100 * (ratio - 1)
+        out += [
+            f"daynight-on gives training {gain:+.1f}% GPU-hours ({on['training_gpu_hours']:,} "
+            f"against {off['training_gpu_hours']:,}) and finishes {on['jobs_finished']} jobs "
+            f"against {off['jobs_finished']} (mean JCT {hours(on['avg_jct_s'])} h against "
+            f"{hours(off['avg_jct_s'])} h): {per_finished(on)} training GPU-h per "
+            f"finished job against {per_finished(off)}, and it ends the horizon with "
+            f"{on['unfinished_gpu_hours']:,} GPU-h in "
+            f"{on['unfinished_started_jobs']} started, unfinished jobs; preemption lost "
+            f"{on['lost_work_gpu_hours']} GPU-h. Jobs of 4 or more GPUs started: "
+            f"{wide(off, 'started')} of {wide(off, 'jobs')} in daynight-off, "
+            f"{wide(on, 'started')} of {wide(on, 'jobs')} in daynight-on.",
+            "",
+        ]
+    out += [
+        "| scenario | GPUs per job | jobs | started | finished | GPU-h | mean JCT h | "
+        "oldest never started waited h |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        for width, w in r["by_gpus"].items():  # type: ignore[attr-defined]
+            out.append(
+                f"| {r['scenario']} | {width} | {w['jobs']} | {w['started']} | "
+                f"{w['finished']} | {w['gpu_hours']:,} | {w['avg_jct_h'] or '-'} | "
+                f"{w['oldest_never_started_wait_h'] or '-'} |"
+            )
+    out += [
+        "",
+        "| scenario | GPU-h in finished jobs | GPU-h in unfinished jobs | started, unfinished | "
+        "preemptions | lost work GPU-h |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        out.append(
+            f"| {r['scenario']} | {r['finished_gpu_hours']:,} | {r['unfinished_gpu_hours']:,} | "
+            f"{r['unfinished_started_jobs']} | {r['preemptions']} | {r['lost_work_gpu_hours']} |"
+        )
+    return out
+
+
 def row_name(item: tuple[str, str | None]) -> str:
     stem = item[0].removesuffix(".yaml")
     return stem if item[1] is None else f"{stem}/{item[1]}"
@@ -95,17 +163,20 @@ def main(argv: list[str]) -> int:
         f"({describe()['cores']} cores). Reproduce: `make bench` or "
         "`gpupool simulate scenario scenarios/FILE.yaml`.",
         "",
-        "| scenario | GPU-hours used % | online SLO % | training GPU-h | preemptions | "
-        "below guarantee s | finished / submitted | lost |",
-        "|---|---|---|---|---|---|---|---|",
+        "| scenario | GPU-hours used % | online SLO % | training GPU-h | finished / submitted | "
+        "mean JCT h | training GPU-h per finished training job | preemptions | "
+        "below guarantee s | lost |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         lines.append(
             f"| {r['scenario']} | {pct(r['gpu_hours_utilization'])} | "
             f"{pct(r['online_slo_attainment'])} | {r['training_gpu_hours']:,} | "
-            f"{r['preemptions']} | {r['guarantee_violation_s']} | "
-            f"{r['jobs_finished']} / {r['jobs_submitted']} | {r['jobs_lost']} |"
+            f"{r['jobs_finished']} / {r['jobs_submitted']} | {hours(r['avg_jct_s'])} | "
+            f"{per_finished(r)} | {r['preemptions']} | {r['guarantee_violation_s']} | "
+            f"{r['jobs_lost']} |"
         )
+    lines += daynight_section(by)
     for name in ("islands-static", "islands-pool"):
         r = by[name]
         lines += [

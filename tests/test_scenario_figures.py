@@ -11,9 +11,10 @@ failure.
 Covered: the aware/blind pairs of bench_resources.py (hetero, energy, energy-caiso,
 multicluster; no trace files needed), one ITP row of bench_scenarios.py under a policy
 override and the ITP row without guarantees, where online inference preempts training
-of any team (both skipped without the ITP trace). The other recorded rows take from 6 s
-(daynight) to minutes (islands) each and are left to `make bench`. About 50 s in all on
-2 cores.
+of any team (both skipped without the ITP trace), and the two day/night rows, whose
+finished jobs, mean JCT and per-width figures the README quotes next to training
+GPU-hours (skipped without the Azure LLM trace; about 12 s each). The islands rows take
+minutes each and are left to `make bench`. About 75 s in all on 2 cores.
 """
 
 from __future__ import annotations
@@ -36,6 +37,12 @@ SCENARIOS = ROOT / "scenarios"
 RESULTS = ROOT / "bench" / "results"
 MACHINE_DEPENDENT = frozenset({"wall_s"})
 """Top-level summary keys that depend on the machine, not on the decisions."""
+
+
+AZURE_TRACES = (
+    "azure-llm-inference-2023/AzureLLMInferenceTrace_code.csv",
+    "azure-llm-inference-2023/AzureLLMInferenceTrace_conv.csv",
+)
 
 
 @dataclass(frozen=True)
@@ -72,6 +79,10 @@ CASES = [
         "scenarios.json",
         "itp-cluster02-open",
         traces=("microsoft-itp-2021/raw-traces/cluster02.csv",),
+    ),
+    *(
+        Recorded("scenarios.json", name, traces=AZURE_TRACES)
+        for name in ("daynight-off", "daynight-on")
     ),
 ]
 

@@ -478,9 +478,11 @@ def cmd_scenario(args: argparse.Namespace) -> int:
                 if r.summary["online_slo_attainment"] is None
                 else 100 * r.summary["online_slo_attainment"],
                 r.summary["training_gpu_hours"],
+                r.summary["jobs_finished"],
+                _h(None if r.summary["avg_jct_s"] is None else r.summary["avg_jct_s"] / 3600),
+                _h(r.summary.get("gpu_hours_per_finished_job")),
                 r.summary["preemptions"],
                 r.summary["guarantee_violation_s"],
-                r.summary["jobs_finished"],
                 r.summary["jobs_lost"],
                 r.wall_s,
             ]
@@ -493,14 +495,47 @@ def cmd_scenario(args: argparse.Namespace) -> int:
                     "util %",
                     "SLO %",
                     "training GPU-h",
+                    "finished",
+                    "mean JCT h",
+                    "GPU-h/finished",
                     "preempt",
                     "below guar. s",
-                    "finished",
                     "lost",
                     "run s",
                 ],
                 rows,
-                title="Comparison",
+                title="Comparison (GPU-h/finished: job GPU-hours per finished job)",
+            )
+        )
+        print()
+        wrows = [
+            [
+                r.name,
+                width,
+                w["jobs"],
+                w["started"],
+                w["finished"],
+                w["gpu_hours"],
+                _h(w["avg_jct_h"]),
+                _h(w["oldest_never_started_wait_h"]),
+            ]
+            for r in results
+            for width, w in r.summary.get("by_gpus", {}).items()
+        ]
+        print(
+            render(
+                [
+                    "scenario",
+                    "GPUs/job",
+                    "jobs",
+                    "started",
+                    "finished",
+                    "GPU-h",
+                    "mean JCT h",
+                    "oldest unstarted wait h",
+                ],
+                wrows,
+                title="By GPUs per job: which jobs the GPU-hours went to",
             )
         )
         print()

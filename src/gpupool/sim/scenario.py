@@ -829,6 +829,7 @@ class ScenarioSim:
             "teams": teams,
             "end_reasons": dict(sorted(_count(r.end_reason for r in jobs).items())),
             "waited_with": {code: len(ids) for code, ids in sorted(self.waited_with.items())},
+            **served_summary(jobs, cfg.horizon_s),
             "wall_s": round(wall_s, 2),
         }
 
@@ -952,6 +953,48 @@ class ScenarioSim:
             allowed = self.cfg.cycle_s + self.core.claim_grace.get(r.spec.job_id, 0.0)
             served += min(life, r.held_s + allowed)
         return served / wanted if wanted else None
+
+
+def served_summary(jobs: list[Run], horizon_s: float) -> dict[str, Any]:
+    """Which jobs the GPU-hours went to. A total of GPU-hours, or of jobs finished, hides
+    it: a policy can finish many small jobs while wide ones never start, or spend hours on
+    jobs still unfinished (suspended, checkpointed) when the horizon ends. Per GPU count
+    (fractional shares as "share"): jobs, started, finished, GPU-hours, mean JCT of the
+    finished, and how long the oldest job that never started had waited at the end."""
+    finished = [r for r in jobs if r.state is JobState.FINISHED and r.end_s is not None]
+    unfinished = [r for r in jobs if r.state is not JobState.FINISHED and r.gpu_s > 0]
+    widths: dict[str, list[Run]] = defaultdict(list)
+    for r in jobs:
+        share = r.spec.gpu_milli < MILLI_PER_GPU
+        widths["share" if share else str(r.spec.gpu_count)].append(r)
+
+    def order(key: str) -> tuple[int, int]:
+        return (0, 0) if key == "share" else (1, int(key))
+
+    by_gpus: dict[str, Any] = {}
+    for key in sorted(widths, key=order):
+        rs = widths[key]
+        done = [r for r in rs if r.state is JobState.FINISHED and r.end_s is not None]
+        never = [r.spec.submit_s for r in rs if r.first_start_s is None]
+        jct = [r.end_s - r.spec.submit_s for r in done if r.end_s is not None]
+        by_gpus[key] = {
+            "jobs": len(rs),
+            "started": sum(1 for r in rs if r.first_start_s is not None),
+            "finished": len(done),
+            "gpu_hours": round(sum(r.gpu_s for r in rs) / 3600, 1),
+            "avg_jct_h": round(float(np.mean(jct)) / 3600, 3) if jct else None,
+            "oldest_never_started_wait_h": round((horizon_s - min(never)) / 3600, 1)
+            if never
+            else None,
+        }
+    spent = sum(r.gpu_s for r in jobs)
+    return {
+        "finished_gpu_hours": round(sum(r.gpu_s for r in finished) / 3600, 1),
+        "unfinished_gpu_hours": round(sum(r.gpu_s for r in unfinished) / 3600, 1),
+        "unfinished_started_jobs": sum(1 for r in unfinished if r.first_start_s is not None),
+        "gpu_hours_per_finished_job": round(spent / 3600 / len(finished), 2) if finished else None,
+        "by_gpus": by_gpus,
+    }
 
 
 def _count(items: Any) -> dict[str, int]:
