@@ -227,7 +227,8 @@ def test_replica_urls_from_the_service_answer() -> None:
             {"job_id": 1, "state": "running", "port": 9001},
             {"job_id": 2, "state": "pending", "port": None},
             {"job_id": 3, "state": "stopping", "port": 9003},
-            {"job_id": 4, "state": "running", "port": 9004},
+            {"job_id": 4, "state": "running", "port": 9004, "ready": True},
+            {"job_id": 5, "state": "running", "port": 9005, "ready": False},
         ],
     }
     assert replica_urls(doc) == ["http://127.0.0.1:9001", "http://127.0.0.1:9004"]
@@ -253,6 +254,7 @@ def test_sent_rate_follows_the_profile_on_a_real_server(
     assert np.percentile(lags, 95) < 0.1, max(lags)
     asked = sorted((int(q["context_tokens"]), int(q["generated_tokens"])) for q in rep.seen)
     assert asked == sorted((r.context_tokens, r.generated_tokens) for r in sched)
+    assert all(q["tokens"] == q["generated_tokens"] for q in rep.seen)
     assert {q["path"] for q in rep.seen} == {"/generate"}
     # Per 3 s window, what was sent follows the profile's rise and fall.
     windows = report.windows(3.0)

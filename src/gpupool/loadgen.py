@@ -14,6 +14,10 @@ lands on exactly its count of profile requests, and within a block the gaps are 
 own, rescaled by one factor. The seed picks the trace row the replay starts from; the trace
 wraps around when a run needs more requests than it holds.
 
+Each request is GET <replica>/generate?context_tokens=C&generated_tokens=G&tokens=G: the
+trace row's prompt and output lengths, and `tokens` (the output length, which sets a
+decode-bound replica's service time) for replicas that read one count.
+
 Open loop: a request is sent at its time whatever the replicas do; when `max_in_flight`
 requests are already outstanding it is recorded as dropped (the client is the bottleneck,
 not the service), so a slow service shows up as errors and latency, never as a quietly
@@ -334,7 +338,8 @@ def check_loopback(url: str) -> str:
 
 def replica_urls(service: Mapping[str, Any]) -> list[str]:
     """Loopback URLs of a service's running replicas, from GET /v1/services/NAME:
-    {"name": ..., "replicas": [{"job_id": .., "state": "running", "port": 12345, ...}]}."""
+    {"name": ..., "replicas": [{"job_id": .., "state": "running", "port": 12345, ...}]};
+    a replica marked "ready": false is left out until it is ready."""
     replicas = service.get("replicas")
     if not isinstance(replicas, list):
         raise SpecError(
@@ -343,7 +348,13 @@ def replica_urls(service: Mapping[str, Any]) -> list[str]:
         )
     urls = []
     for rep in replicas:
-        if isinstance(rep, Mapping) and rep.get("state") == "running":
+        # `ready` (when the server says it): the replica answered a scrape, so its port is
+        # open; a replica still starting would only turn requests into connection errors.
+        if (
+            isinstance(rep, Mapping)
+            and rep.get("state") == "running"
+            and rep.get("ready", True) is not False
+        ):
             port = rep.get("port")
             if isinstance(port, int) and 0 < port < 65536:
                 urls.append(f"http://127.0.0.1:{port}")
@@ -606,7 +617,11 @@ def run(
 
     def send(req: ScheduledRequest, target: str) -> None:
         sent = time.monotonic()
-        params = {"context_tokens": req.context_tokens, "generated_tokens": req.generated_tokens}
+        params = {
+            "context_tokens": req.context_tokens,
+            "generated_tokens": req.generated_tokens,
+            "tokens": req.generated_tokens,
+        }
         try:
             resp = http.get(target + path, params=params)
             latency_ms = (time.monotonic() - sent) * 1000

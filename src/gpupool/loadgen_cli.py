@@ -21,14 +21,17 @@ examples:
       --rps 20 --duration-s 60 --balance least-outstanding --windows windows.jsonl
   gpupool loadgen --service chat --profile 0:5,60:5,60:40,180:40,240:5 --duration-s 300
 
-Each request is GET <replica>/generate?context_tokens=N&generated_tokens=M, with the token
-counts of the trace row it replays. Arrivals follow the trace's gaps, time-compressed so the
-rate follows the profile (--ramp: rates at equal spacing over --duration-s; --profile:
-time_s:rps points, linear in between, a repeated time is a step; --rps: constant). The seed
-picks the trace row the replay starts from: the same seed sends the same requests at the same
-times. With --service, the targets are the service's running replicas, read from the gpupool
-server (GET /v1/services/NAME) every second, so replicas added or removed while the load runs
-get or stop getting requests. Only loopback targets (http://127.0.0.1:PORT) are accepted.
+Each request is GET <replica>/generate?context_tokens=N&generated_tokens=M&tokens=M, with
+the token counts of the trace row it replays (tokens: the output length, for replicas that
+read one count, like gpupool.examples.chat_replica). Arrivals follow the trace's gaps,
+time-compressed so the rate follows the profile (--ramp: rates at equal spacing over
+--duration-s; --profile: time_s:rps points, linear in between, a repeated time is a step;
+--rps: constant). The seed picks the trace row the replay starts from: the same seed sends
+the same requests at the same times. With --service, the targets are the service's running
+replicas, read from the gpupool server (GET /v1/services/NAME) every second, so replicas
+added or removed while the load runs get or stop getting requests (a replica the server
+marks "ready": false, not yet answering its scrapes, is left out until it is). Only
+loopback targets (http://127.0.0.1:PORT) are accepted.
 
 Open loop: when --max-in-flight requests are outstanding, the next one is counted as dropped
 rather than sent late. Latency is the client's, from sending to the last byte of the answer.
