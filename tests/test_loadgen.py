@@ -411,3 +411,29 @@ def test_cli_sends_to_a_service_s_running_replicas(
     out = capsys.readouterr()
     assert "p99 ms" in out.out
     assert "no such service" in out.err or "nope" in out.err
+
+
+def test_a_failing_target_source_keeps_the_last_list(
+    conv: tuple[loadgen.TraceRequest, ...],
+) -> None:
+    """The gpupool API down for a moment must not stop the load; down from the start, the
+    run stops before sending anything."""
+    with Replica(fast) as rep:
+        calls = []
+
+        def flaky() -> list[str]:
+            calls.append(1)
+            if len(calls) > 1:
+                raise ConnectionError("server restarting")
+            return [rep.url]
+
+        report = loadgen.run(RateProfile.constant(20), flaky, 2.5, seed=1, trace_requests=conv)
+        assert report.count(OK) == len(report.records) == len(rep.seen) > 20
+        assert len(report.refresh_errors) >= 1
+        assert "server restarting" in report.refresh_errors[0]
+
+        def down() -> list[str]:
+            raise ConnectionError("no server")
+
+        with pytest.raises(ConnectionError):
+            loadgen.run(RateProfile.constant(20), down, 1, trace_requests=conv)

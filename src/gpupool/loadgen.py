@@ -582,7 +582,8 @@ def run(
         except Exception as exc:
             if first:
                 raise
-            refresh_errors.append(f"{type(exc).__name__}: {exc}")
+            if len(refresh_errors) < 100:  # one a second at most; the first ones tell
+                refresh_errors.append(f"{type(exc).__name__}: {exc}")
             return
         for u in got:
             seen.setdefault(u, None)
