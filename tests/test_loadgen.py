@@ -264,6 +264,9 @@ def test_sent_rate_follows_the_profile_on_a_real_server(
     assert np.all(np.abs(sent - target) / target < 0.4), (sent, target)
     assert sent[1] + sent[2] > 2.5 * (sent[0] + sent[3]) / 2
     assert all(w.p99_ms is not None and w.p99_ms >= 2.0 for w in windows)
+    assert report.windows_within(1000.0, window_s=3.0) == (4, 4)
+    assert report.windows_within(1.0, window_s=3.0) == (0, 4)  # the replica sleeps 2 ms
+    assert report.windows_within(1000.0, 3.0, counted=lambda w: w.start_s >= 6) == (2, 2)
     assert report.summary()["outcomes"][OK] == len(sched)
 
 
@@ -289,6 +292,10 @@ def test_errors_timeouts_and_drops_are_counted(conv: tuple[loadgen.TraceRequest,
     assert all(r.status == 503 for r in report.records if r.outcome == HTTP_ERROR)
     assert sum(w.errors for w in report.windows(1.0)) == report.count(TIMEOUT, HTTP_ERROR)
     assert sum(w.timeouts for w in report.windows(1.0)) == report.count(TIMEOUT)
+    # A window with a failed request does not count as within the SLO, whatever its p99.
+    kept, counted = report.windows_within(10_000.0, window_s=1.0)
+    assert counted == 3
+    assert kept == sum(1 for w in report.windows(1.0) if w.errors == 0)
 
     # Open loop: with one request allowed in flight and a slow replica, the rest are dropped.
     with Replica(lambda n, q: (200, 0.4)) as slow:

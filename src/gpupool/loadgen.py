@@ -39,7 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import httpx
 import numpy as np
@@ -361,6 +361,20 @@ def replica_urls(service: Mapping[str, Any]) -> list[str]:
     return urls
 
 
+def service_targets(fetch: Callable[[str], Any], name: str) -> Callable[[], list[str]]:
+    """Targets from the gpupool API: the running replicas of service `name`. `fetch(path)`
+    returns the decoded JSON of GET path (the CLI passes its API client's)."""
+    path = f"/v1/services/{quote(name, safe='')}"
+
+    def targets() -> list[str]:
+        doc = fetch(path)
+        if not isinstance(doc, Mapping):
+            raise SpecError(f"GET {path} did not answer a JSON object")
+        return replica_urls(doc)
+
+    return targets
+
+
 def static_targets(urls: Iterable[str]) -> Callable[[], list[str]]:
     fixed = [check_loopback(u) for u in urls]
     return lambda: list(fixed)
@@ -460,6 +474,24 @@ class Report:
                 )
             )
         return out
+
+    def windows_within(
+        self,
+        p99_ms: float,
+        window_s: float = 60.0,
+        counted: Callable[[WindowStats], bool] | None = None,
+    ) -> tuple[int, int]:
+        """(windows whose p99 is within p99_ms and that lost no request, windows counted):
+        an SLO kept "for 99% of minutes". Windows with no requests, or that `counted`
+        leaves out (a scale-up settling), are not counted."""
+        kept = total = 0
+        for w in self.windows(window_s):
+            if w.sent + w.dropped == 0 or (counted is not None and not counted(w)):
+                continue
+            total += 1
+            if w.errors == 0 and w.p99_ms is not None and w.p99_ms <= p99_ms:
+                kept += 1
+        return kept, total
 
     def summary(self) -> dict[str, Any]:
         ok = [r.latency_ms for r in self.records if r.outcome == OK and r.latency_ms is not None]

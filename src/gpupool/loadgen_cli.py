@@ -9,9 +9,7 @@ import sys
 import threading
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import quote
 
-from gpupool.errors import SpecError
 from gpupool.reports.table import render
 
 EXAMPLES = """\
@@ -107,21 +105,6 @@ def add_loadgen_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
-def service_targets(fetch: Callable[[str], Any], name: str) -> Callable[[], list[str]]:
-    """Targets from the gpupool API: the running replicas of service `name`."""
-    from gpupool.loadgen import replica_urls
-
-    path = f"/v1/services/{quote(name, safe='')}"
-
-    def targets() -> list[str]:
-        doc = fetch(path)
-        if not isinstance(doc, dict):
-            raise SpecError(f"GET {path} did not answer a JSON object")
-        return replica_urls(doc)
-
-    return targets
-
-
 def run_loadgen(args: argparse.Namespace) -> int:
     from gpupool import loadgen
 
@@ -140,7 +123,9 @@ def run_loadgen(args: argparse.Namespace) -> int:
         ca_cert = ca_cert_setting(args.ca_cert) if url.startswith("https://") else None
         client = Client(url, token, timeout_s=2.0, ca_cert=ca_cert)
         close = client.close
-        targets = service_targets(lambda path: client._request("GET", path).json(), args.service)
+        targets = loadgen.service_targets(
+            lambda path: client._request("GET", path).json(), args.service
+        )
     else:
         targets = loadgen.static_targets(args.target)
     max_requests = loadgen.MAX_REQUESTS if args.max_requests is None else args.max_requests
