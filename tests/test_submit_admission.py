@@ -60,6 +60,19 @@ def test_more_gpus_than_any_node_has_is_refused_with_the_largest_node() -> None:
     admit(TWO_TYPES, CATALOG, gpus=0, gpu_model=None, sizing=None)  # a CPU job
 
 
+def test_a_job_wider_than_a_node_is_admitted_where_the_executor_runs_gangs() -> None:
+    """Under Ray a job runs across nodes, so a model's GPUs in all bound it; the local
+    executor's refusal says how to run it (serve on Ray) rather than only what is small."""
+    admit(TWO_TYPES, CATALOG, gpus=6, gpu_model="A100-80GB", sizing=None, gangs=True)
+    with pytest.raises(Refused, match=r"asks for 7 GPUs; the fleet has .* at most 6 x A100"):
+        admit(TWO_TYPES, CATALOG, gpus=7, gpu_model="A100-80GB", sizing=None, gangs=True)
+    with pytest.raises(Refused, match=r"gpupool serve --ray ADDRESS`\) to run it across nodes"):
+        admit(TWO_TYPES, CATALOG, gpus=6, gpu_model="A100-80GB", sizing=None)
+    with pytest.raises(Refused) as err:  # more than the whole fleet: no Ray advice
+        admit(TWO_TYPES, CATALOG, gpus=9, gpu_model=None, sizing=None)
+    assert "--ray" not in str(err.value)
+
+
 def test_a_model_that_fits_nowhere_is_refused_with_the_nearest_option_per_type() -> None:
     small = fleet(("a", "A100-80GB", 2), ("r", "RTX-4090", 8))
     with pytest.raises(Refused) as err:

@@ -7,11 +7,12 @@ them unplaceable at once; the API says so before the job is stored, naming what 
 has. A cloud node counts as part of the fleet even while it is stopped, so a job only a
 burst node can take is accepted.
 
-A job runs on one node of a live fleet (the service refuses a placement across nodes), so
-the largest node of a model bounds a job's GPU count. A job sized by its model is sized
-per GPU type of the fleet with the planner, as the core sizes it; when no type holds it on
-one node, the refusal names the nearest option of each type (the fewest GPUs that would
-hold it, against the largest node of that type).
+Under the local executor a job runs on one node (one machine), so the largest node of a
+model bounds a job's GPU count; under Ray (``gangs``) a job wider than a node runs as a
+gang, one member per node, and the model's GPUs in all bound it. A job sized by its model
+is sized per GPU type of the fleet with the planner, as the core sizes it; when no type
+holds it, the refusal names the nearest option of each type (the fewest GPUs that would
+hold it, against what that type has).
 """
 
 from __future__ import annotations
@@ -80,27 +81,42 @@ def admit(
     gpus: int,
     gpu_model: str | None,
     sizing: Mapping[str, Any] | None,
+    gangs: bool = False,
 ) -> None:
-    """Refuse (Refused) a job no node of the fleet can ever take; return if one can."""
+    """Refuse (Refused) a job the fleet can never take; return if it can. `gangs`: the
+    executor runs a job across nodes (Ray), so a model's GPUs in all bound it, not its
+    largest node."""
     if not fleet.models:
         return  # a fleet without GPUs runs CPU jobs only; the core says why a GPU job waits
     if gpu_model is not None and fleet.get(gpu_model) is None:
         raise Refused(_unknown_model(fleet, catalog, gpu_model))
     if sizing is not None:
-        _admit_sized(fleet, catalog, plan_request_from(sizing))
+        _admit_sized(fleet, catalog, plan_request_from(sizing), gangs)
         return
     if gpus == 0:
         return
     allowed = [fleet.get(gpu_model)] if gpu_model is not None else list(fleet.models)
-    fits = [m for m in allowed if m is not None and m.largest_gpus >= gpus]
+    fits = [m for m in allowed if m is not None and _room(m, gangs) >= gpus]
     if fits:
         return
-    biggest = max((m for m in allowed if m is not None), key=lambda m: m.largest_gpus)
+    biggest = max((m for m in allowed if m is not None), key=lambda m: _room(m, gangs))
     where = f" {gpu_model}" if gpu_model is not None else ""
+    if gangs:
+        raise Refused(
+            f"the job asks for {gpus} GPUs; the fleet has {fleet.text()}, at most "
+            f"{biggest.gpus} x {biggest.model} even across nodes. Ask for at most "
+            f"{biggest.gpus} GPUs"
+        )
+    across = ""
+    if any(m is not None and m.gpus >= gpus for m in allowed):  # on several nodes
+        across = (
+            ". This service runs a job on one node (its local executor runs one machine): "
+            "serve on Ray (`gpupool serve --ray ADDRESS`) to run it across nodes as a gang"
+        )
     raise Refused(
         f"the job asks for {gpus} GPUs on one node; the largest{where} node has "
         f"{biggest.largest_gpus} ({biggest.largest_node}: {biggest.largest_gpus} x "
-        f"{biggest.model}); the fleet has {fleet.text()}. Ask for at most "
+        f"{biggest.model}); the fleet has {fleet.text()}{across}. Ask for at most "
         f"{biggest.largest_gpus} GPUs, or split the job"
     )
 
@@ -120,8 +136,14 @@ def _unknown_model(fleet: Fleet, catalog: Catalog, name: str) -> str:
     )
 
 
-def _admit_sized(fleet: Fleet, catalog: Catalog, request: PlanRequest) -> None:
-    """A sized job: some fleet type holds it within the counts tried, on one node."""
+def _room(m: FleetModel, gangs: bool) -> int:
+    """The most GPUs of model `m` one job may get: its largest node's, or all (gangs)."""
+    return m.gpus if gangs else m.largest_gpus
+
+
+def _admit_sized(fleet: Fleet, catalog: Catalog, request: PlanRequest, gangs: bool = False) -> None:
+    """A sized job: some fleet type holds it within the counts tried (on one node unless
+    the executor runs gangs)."""
     types = [m.model for m in fleet.models if m.model in catalog]
     if request.gpus is not None:
         wanted = {catalog.resolve(g) for g in request.gpus if g in catalog}
@@ -129,7 +151,7 @@ def _admit_sized(fleet: Fleet, catalog: Catalog, request: PlanRequest) -> None:
     sized = sized_options(request, catalog, types)
     for name, option in sized.items():
         m = fleet.get(name)
-        if m is not None and option.count <= m.largest_gpus:
+        if m is not None and option.count <= _room(m, gangs):
             return
     near = nearest(fleet, catalog, request, types)
     raise Refused(f"{request.shape.name} fits nowhere in this fleet: {near}")

@@ -699,6 +699,7 @@ def create_app(
 
     scheduling = service.config.scheduling
     fleet = Fleet.of(service.cluster.nodes)  # fixed for the service's life, cloud nodes too
+    gangs = bool(getattr(service.executor, "runs_gangs", False))  # jobs across nodes (Ray)
     fleet_models = {n.gpu_model for n in service.cluster.nodes}
     catalog = load_catalog()
     rate = SubmitRate(
@@ -765,7 +766,14 @@ def create_app(
             raise HTTPException(403, f"a {who.team} token submits only for team {who.team}")
         priority = PRIORITIES[body.priority] if isinstance(body.priority, str) else body.priority
         sizing = None if body.sizing is None else body.sizing.mapping()
-        admit(fleet, load_catalog(), gpus=body.gpus, gpu_model=body.gpu_model, sizing=sizing)
+        admit(
+            fleet,
+            load_catalog(),
+            gpus=body.gpus,
+            gpu_model=body.gpu_model,
+            sizing=sizing,
+            gangs=gangs,
+        )
         job = NewJob(
             name=body.name or body.command[0].rsplit("/", 1)[-1][:128],
             team=team,

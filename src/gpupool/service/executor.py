@@ -94,6 +94,31 @@ class JobUser:
 
 
 @dataclass(frozen=True)
+class GangMember:
+    """One node's part of a job across nodes: its GPU indices there, as the core chose."""
+
+    node: str
+    gpu_indices: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Gang:
+    """The members of a job across nodes, rank 0 first (rank 0's node hosts MASTER_PORT).
+    `grace_s`: how long the other members get between SIGTERM and SIGKILL when one of
+    them ends badly, as a preemption would give them."""
+
+    members: tuple[GangMember, ...]
+    grace_s: float = DEFAULT_GRACE_S
+
+
+MULTI_NODE_REFUSED = (
+    "this service runs each job on one machine (the local executor), so a job the core "
+    "placed over several nodes cannot start here: run `gpupool serve --ray ADDRESS` to run "
+    "jobs across nodes as gangs, or ask for at most one node's GPUs"
+)
+
+
+@dataclass(frozen=True)
 class LaunchSpec:
     """One attempt of one job. `run_dir` belongs to the job and outlives its attempts.
     `user`: run as this user (None: as the server). `limits`: its cgroup's limits."""
@@ -111,6 +136,9 @@ class LaunchSpec:
     visible_devices: str | None = None
     """CUDA_VISIBLE_DEVICES as the job must see it, when not the indices: a card's UUID
     for a client of that card's MPS daemon (the daemon renumbers the devices it sees)."""
+    gang: Gang | None = None
+    """A job the core placed over several nodes: one member process per node, all or none
+    (RayExecutor runs it; LocalExecutor, one machine, refuses it). None: one node."""
 
 
 @dataclass(frozen=True)
@@ -140,6 +168,8 @@ class Exit:
     signal: int | None
     reason: str
     at_s: float
+    node: str | None = None
+    """The node the attempt was lost on, when not the job's first (a gang member's)."""
 
 
 class Executor(Protocol):
@@ -497,8 +527,13 @@ class LocalExecutor:
 
     # ---- starting
 
+    runs_gangs = False
+    """One machine: a job placed over several nodes is refused (MULTI_NODE_REFUSED)."""
+
     def launch(self, spec: LaunchSpec, now_s: float) -> Handle:
         _validate(spec)
+        if spec.gang is not None and len(spec.gang.members) > 1:
+            raise SpecError(f"job {spec.job_id}: {MULTI_NODE_REFUSED}")
         if spec.job_id in self._jobs:
             raise ConflictError(
                 f"job {spec.job_id} is already watched here (attempt "

@@ -66,9 +66,12 @@ from gpupool.scheduler.schema import check_fleet
 from gpupool.service.clock import Clock
 from gpupool.service.diskspace import DiskFloor, DiskProbe, DiskSpace, StatvfsDisk
 from gpupool.service.executor import (
+    MULTI_NODE_REFUSED,
     NO_LIMITS,
     Executor,
     Exit,
+    Gang,
+    GangMember,
     Handle,
     JobUser,
     LaunchSpec,
@@ -937,9 +940,10 @@ class LiveService:
                     reason=f"{LOST_PREFIX}{ex.reason} (requeue {lost + 1} of {limit})",
                 )
             alive = self._alive()
-            if alive is not None and row.node is not None and row.node in self.key_nodes():
+            where = ex.node or row.node  # a gang member's node, else the job's
+            if alive is not None and where is not None and where in self.key_nodes():
                 # Its node is in doubt: nothing goes there until the probe clears it.
-                self._node_down(row.node, alive.get(row.node), now, f"node {row.node}: {ex.reason}")
+                self._node_down(where, alive.get(where), now, f"node {where}: {ex.reason}")
         elif row.retries < row.max_retries:
             self.scheduler.lost(key, now, ex.reason)
             self._transition(
@@ -1237,19 +1241,24 @@ class LiveService:
             limits=limits,
             visible_devices=visible if not fake else None,
         )
+        if self.fleet and len({s.node for s in shares}) > 1:
+            # Across nodes: a gang, one member per node, rank 0 on the first share's.
+            members = tuple(
+                GangMember(
+                    self.cluster.nodes[s.node].name,
+                    tuple(self.devices[(s.node, g)] for g in s.gpus),
+                )
+                for s in shares
+            )
+            spec = dataclasses.replace(spec, gang=Gang(members, row.grace_s))
+            if not getattr(self.executor, "runs_gangs", False):
+                refused = refused or SpecError(
+                    f"the core placed it on {len(shares)} nodes "
+                    f"({', '.join(m.node for m in members)}); {MULTI_NODE_REFUSED}"
+                )
         prepared = _Prepared(d, row, spec, node)
         if refused is not None:
             self._started(prepared, refused, now)
-            return None
-        if self.fleet and len({s.node for s in shares}) > 1:
-            self._started(
-                prepared,
-                SpecError(
-                    f"the core placed it on {len(shares)} nodes; a job of an explicit fleet "
-                    "runs on one node (ask for at most one node's GPUs)"
-                ),
-                now,
-            )
             return None
         return prepared
 

@@ -22,11 +22,12 @@ import dataclasses
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,9 +38,12 @@ from gpupool.service.executor import (
     DEFAULT_LOG_MAX_BYTES,
     DEFAULT_PATH,
     HOME_DIR,
+    LOST,
     STDERR_LOG,
     STDOUT_LOG,
+    SUCCEEDED,
     Exit,
+    GangMember,
     Handle,
     LaunchSpec,
     _validate,
@@ -59,6 +63,47 @@ SITE_PREFIX = "gpupool_site_"
 ACTOR_PREFIX = "gpupool-job-"
 DEFAULT_NAMESPACE = "gpupool"
 CALL_TIMEOUT_S = 5.0  # a live actor answers in milliseconds; longer means its node is in doubt
+
+
+def member_dir(rank: int) -> str:
+    """Where gang member `rank` (> 0) keeps its logs and exit record in the job's run
+    directory; rank 0's are the job's own (``stdout.log``: what `gpupool logs` prints)."""
+    return f"rank-{rank}"
+
+
+def actor_name(job_id: str, rank: int = 0) -> str:
+    """The detached actor of a job (rank 0 of a gang) or of gang member `rank`."""
+    return ACTOR_PREFIX + job_id + (f"-rank{rank}" if rank else "")
+
+
+def gang_file(run_dir: Path, attempt: int) -> Path:
+    """The members of a gang attempt (rank, node, GPUs), for adoption after a restart."""
+    return run_dir / f"gang-{attempt}.json"
+
+
+def _read_gang(path: Path) -> list[Any] | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    members = data.get("members") if isinstance(data, dict) else None
+    return members if isinstance(members, list) and len(members) > 1 else None
+
+
+def gang_env(members: Sequence[GangMember], rank: int, addr: str, port: int) -> dict[str, str]:
+    """torchrun's variables for member `rank` (one process per node): where rank 0
+    listens, how many members there are, which one this is, how many GPUs it has."""
+    return {
+        "MASTER_ADDR": addr,
+        "MASTER_PORT": str(port),
+        "WORLD_SIZE": str(len(members)),
+        "RANK": str(rank),
+        "NODE_RANK": str(rank),
+        "GROUP_RANK": str(rank),
+        "LOCAL_RANK": "0",
+        "LOCAL_WORLD_SIZE": str(len(members[rank].gpu_indices)),
+        "GPUPOOL_GANG_NODES": ",".join(m.node for m in members),
+    }
 
 
 def gpu_resource(node: str, index: int) -> str:
@@ -124,40 +169,68 @@ def ray_nodes() -> list[RayNode]:
 class JobActor:
     """Lives on the job's node for the job's life; wrapped with ray.remote by RayExecutor."""
 
-    def __init__(self, spec: LaunchSpec, node: str, python: str) -> None:
+    def __init__(self, spec: LaunchSpec, node: str, python: str, rank: int | None = None) -> None:
+        """`rank`: a gang member (rank 0 included), which starts only when `start` brings
+        the gang's rendezvous; its logs and exit record go to ``rank-<k>/`` for k > 0."""
         import ray
 
         self._node_id = str(ray.get_runtime_context().get_node_id())
         run_dir = spec.run_dir.absolute()
         (run_dir / CHECKPOINT_DIR).mkdir(parents=True, exist_ok=True)
         (run_dir / HOME_DIR).mkdir(exist_ok=True)
+        self._spec, self._node, self._python = spec, node, python
+        self._log_dir = run_dir / member_dir(rank) if rank else run_dir
+        self._log_dir.mkdir(parents=True, exist_ok=True)
         self._run_dir = run_dir
-        self._record = exit_file(run_dir, spec.attempt)
-        for stale in (self._record, stop_file(run_dir, spec.attempt)):
+        self._record = exit_file(self._log_dir, spec.attempt)
+        for stale in (self._record, stop_file(self._log_dir, spec.attempt)):
             stale.unlink(missing_ok=True)
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._ticks = 0
+        if rank is None:
+            self.start({})
+
+    def endpoint(self) -> tuple[str, int]:
+        """This node's address and a port free on it now: the gang's MASTER_ADDR and
+        MASTER_PORT when this is rank 0's actor."""
+        import ray
+
+        ray_api: Any = ray
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("", 0))
+            port = int(s.getsockname()[1])
+        return str(ray_api.util.get_node_ip_address()), port
+
+    def start(self, extra_env: Mapping[str, str]) -> tuple[int, int]:
+        """Start the job (once) with `extra_env` on top of its own; (pid, start ticks)."""
+        if self._proc is not None:
+            return self.pid()
+        spec = self._spec
         env = job_environment(spec)
-        env["GPUPOOL_NODE"] = node
+        env.update(extra_env)
+        env["GPUPOOL_NODE"] = self._node
         env["GPUPOOL_RAY_NODE_ID"] = self._node_id
+        stdout, stderr = self._log_dir / STDOUT_LOG, self._log_dir / STDERR_LOG
         # The shim gets the job over a pipe, as under LocalExecutor: its own interpreter
         # runs isolated (-I) in a clean environment, the job's applies to the job only.
         job = {
             "argv": list(spec.argv),
             "env": env,
             "cwd": str(spec.cwd) if spec.cwd is not None else None,
-            "stdout": str(run_dir / STDOUT_LOG),
-            "stderr": str(run_dir / STDERR_LOG),
+            "stdout": str(stdout),
+            "stderr": str(stderr),
             "log_max_bytes": DEFAULT_LOG_MAX_BYTES,
             "fence_ppid": os.getpid(),  # the job dies with this actor's node
         }
         read_end, write_end = os.pipe()
-        argv = [python, "-I", "-m", "gpupool.service.shim", "--exit-file", str(self._record)]
-        argv += ["--spec-fd", str(read_end)]
+        argv = [self._python, "-I", "-m", "gpupool.service.shim", "--exit-file"]
+        argv += [str(self._record), "--spec-fd", str(read_end)]
         header = f"== attempt {spec.attempt} ==\n".encode()
         try:
             try:
                 with (
-                    open(run_dir / STDOUT_LOG, "ab", buffering=0) as out,
-                    open(run_dir / STDERR_LOG, "ab", buffering=0) as err,
+                    open(stdout, "ab", buffering=0) as out,
+                    open(stderr, "ab", buffering=0) as err,
                 ):
                     out.write(header)
                     err.write(header)
@@ -177,24 +250,31 @@ class JobActor:
         finally:
             os.close(write_end)
         self._ticks = read_start_ticks(self._proc.pid, zombie_ok=True) or 0
+        return self.pid()
 
     def node_id(self) -> str:
         return self._node_id
 
     def pid(self) -> tuple[int, int]:
-        """(pid, start ticks) of the shim, which leads the job's process group."""
+        """(pid, start ticks) of the shim, which leads the job's process group; (0, 0)
+        for a gang member not started yet."""
+        if self._proc is None:
+            return 0, 0
         return self._proc.pid, self._ticks
 
     def signal(self, sig: int) -> bool:
         """Send `sig` to the job's process group; False if the job has already ended."""
-        if self._proc.poll() is not None:
+        if self._proc is None or self._proc.poll() is not None:
             return False
         with contextlib.suppress(OSError):
             os.killpg(self._proc.pid, sig)
         return True
 
     def poll(self) -> dict[str, Any] | None:
-        """None while the job runs; then how it ended, from the shim's exit record."""
+        """None while the job runs (or, a gang member, waits to start); then how it
+        ended, from the shim's exit record."""
+        if self._proc is None:
+            return None
         status = self._proc.poll()
         if status is None:
             return None
@@ -217,7 +297,7 @@ class JobActor:
         if name not in (STDOUT_LOG, STDERR_LOG):
             raise ValueError(f"no log named {name!r}")
         try:
-            with open(self._run_dir / name, "rb") as f:
+            with open(self._log_dir / name, "rb") as f:
                 f.seek(offset)
                 return f.read(limit)
         except OSError:
@@ -238,6 +318,24 @@ class _RayJob:
     kill_sent: bool = False
     sigterm_at_wall_s: float | None = None
     run_dir: Path | None = None
+    members: list[_Member] = field(default_factory=list)
+    """A gang's members, rank 0 first (rank 0's actor is `actor`); empty: one node."""
+    gang_stop: str | None = None
+    """Why the gang's other members are being stopped: one ended badly or vanished."""
+    ended: int = 0
+
+
+@dataclass
+class _Member:
+    """One member of a gang: its actor, and how it ended once it has."""
+
+    rank: int
+    node: str
+    actor: Any
+    done: bool = False
+    vanished: bool = False
+    result: Mapping[str, Any] | None = None
+    order: int = 0
 
 
 class RayExecutor:
@@ -268,6 +366,8 @@ class RayExecutor:
         self._timeout = call_timeout_s
         self._actor_cls: Any = ray.remote(JobActor)
         self._jobs: dict[str, _RayJob] = {}
+        self._dead: list[Exit] = []
+        """Ends found outside poll (a gang adopted only in part), reported by the next."""
 
     # ---- placement
 
@@ -299,6 +399,8 @@ class RayExecutor:
         return result
 
     START_TIMEOUT_S = 60.0
+    runs_gangs = True
+    """A job placed over several nodes runs here as a gang: one member per node."""
 
     def launch_many(
         self, launches: Sequence[tuple[LaunchSpec, str]], now_s: float
@@ -309,8 +411,13 @@ class RayExecutor:
         from ray.exceptions import GetTimeoutError
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        started: list[tuple[LaunchSpec, str, Any, Any] | GpupoolError] = []
+        started: list[tuple[LaunchSpec, str, Any, Any] | GpupoolError | None] = []
+        gangs: list[LaunchSpec] = []
         for spec, node in launches:
+            if spec.gang is not None and len(spec.gang.members) > 1:
+                started.append(None)  # started below, once the single-node actors are on
+                gangs.append(spec)
+                continue
             try:
                 _validate(spec)
                 if spec.job_id in self._jobs:
@@ -342,6 +449,9 @@ class RayExecutor:
         deadline = time.monotonic() + self.START_TIMEOUT_S
         out: list[Handle | GpupoolError] = []
         for item in started:
+            if item is None:
+                out.append(self._launch_gang(gangs.pop(0)))
+                continue
             if isinstance(item, GpupoolError):
                 out.append(item)
                 continue
@@ -368,11 +478,152 @@ class RayExecutor:
             out.append(handle)
         return out
 
+    def _launch_gang(self, spec: LaunchSpec) -> Handle | GpupoolError:
+        """All members or none: every actor is placed, rank 0's finds the rendezvous port,
+        then all start; if any cannot, those started are killed and the job is requeued."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        gang = spec.gang
+        assert gang is not None
+        members = gang.members
+        try:
+            _validate(spec)
+            if spec.job_id in self._jobs:
+                raise ConflictError(
+                    f"job {spec.job_id} is already watched here; poll until it ends before "
+                    "launching it again"
+                )
+            ray_ids = [self.node_id(m.node) for m in members]
+        except GpupoolError as err:
+            return err
+        run_dir = spec.run_dir.absolute()
+        spec = dataclasses.replace(spec, env=dict(spec.env), run_dir=run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        layout = [
+            {"rank": k, "node": m.node, "gpus": list(m.gpu_indices)} for k, m in enumerate(members)
+        ]
+        gang_file(run_dir, spec.attempt).write_text(
+            json.dumps({"members": layout}), encoding="utf-8"
+        )
+        actors: list[Any] = []
+        for rank, (m, ray_node) in enumerate(zip(members, ray_ids, strict=True)):
+            name = actor_name(spec.job_id, rank)
+            with contextlib.suppress(ValueError):  # an actor left by an earlier attempt
+                self._ray.kill(self._ray.get_actor(name, namespace=self._namespace))
+            env = dict(spec.env)
+            if "GPUPOOL_FAKE_GPUS" in env:  # a fake fleet: this member's fake GPUs
+                env["GPUPOOL_FAKE_GPUS"] = ",".join(str(i) for i in m.gpu_indices)
+            mspec = dataclasses.replace(spec, env=env, gpu_indices=m.gpu_indices, gang=None)
+            actors.append(
+                self._actor_cls.options(
+                    name=name,
+                    namespace=self._namespace,
+                    lifetime="detached",
+                    num_cpus=0,
+                    num_gpus=0,
+                    resources={gpu_resource(m.node, i): 1.0 for i in m.gpu_indices},
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(ray_node, soft=False),
+                    max_concurrency=4,
+                    max_restarts=0,
+                ).remote(mspec, m.node, self._python, rank)
+            )
+        deadline = time.monotonic() + self.START_TIMEOUT_S
+        where = ", ".join(f"{m.node}:{','.join(map(str, m.gpu_indices))}" for m in members)
+        try:
+            addr, port = self._ray.get(actors[0].endpoint.remote(), timeout=self.START_TIMEOUT_S)
+            refs = [
+                actor.start.remote(gang_env(members, rank, addr, port))
+                for rank, actor in enumerate(actors)
+            ]
+            pids = [
+                self._ray.get(ref, timeout=max(deadline - time.monotonic(), 0.01)) for ref in refs
+            ]
+        except Exception as err:
+            self._kill_all(actors)
+            return Unavailable(
+                f"job {spec.job_id}: not every member of its gang of {len(members)} nodes "
+                f"({where}) started within {self.START_TIMEOUT_S:.0f} s ({type(err).__name__}: "
+                f"{err}); the members that did were killed, none runs, it is requeued"
+            )
+        pid, ticks = pids[0]
+        handle = Handle(spec.job_id, spec.attempt, pid, pid, ticks)
+        self._jobs[spec.job_id] = _RayJob(
+            handle,
+            members[0].node,
+            actors[0],
+            grace_s=gang.grace_s,
+            run_dir=run_dir,
+            members=[
+                _Member(k, m.node, a) for k, (m, a) in enumerate(zip(members, actors, strict=True))
+            ],
+        )
+        return handle
+
+    def _kill_all(self, actors: Sequence[Any]) -> None:
+        """SIGKILL each actor's job, then the actor (its job's fence would kill it too)."""
+        refs = []
+        for actor in actors:
+            with contextlib.suppress(Exception):
+                refs.append(actor.signal.remote(signal.SIGKILL))
+        for ref in refs:
+            with contextlib.suppress(Exception):
+                self._ray.get(ref, timeout=self._timeout)
+        for actor in actors:
+            with contextlib.suppress(Exception):
+                self._ray.kill(actor)
+
+    def _adopt_gang(self, handle: Handle, run_dir: Path, layout: list[Any]) -> bool:
+        """A gang is adopted whole or not at all: if any member is gone after the restart,
+        the live ones are killed and the next poll reports the job lost (requeued)."""
+        members: list[_Member] = []
+        missing: list[str] = []
+        for k, entry in enumerate(layout):
+            node = str(entry.get("node", "?")) if isinstance(entry, dict) else "?"
+            try:
+                actor = self._ray.get_actor(actor_name(handle.job_id, k), namespace=self._namespace)
+            except Exception:
+                missing.append(f"rank {k} on node {node}")
+                continue
+            members.append(_Member(k, node, actor))
+            try:
+                running = self._ray.get(actor.poll.remote(), timeout=self._timeout) is None
+                pid = self._ray.get(actor.pid.remote(), timeout=self._timeout)
+            except Exception:
+                missing.append(f"rank {k} on node {node}")
+                continue
+            if not running or (k == 0 and tuple(pid) != (handle.pid, handle.start_ticks)):
+                missing.append(f"rank {k} on node {node}")
+        if not missing and len(members) == len(layout):
+            self._jobs[handle.job_id] = _RayJob(
+                handle, members[0].node, members[0].actor, run_dir=run_dir, members=members
+            )
+            return True
+        self._kill_all([m.actor for m in members])
+        lost_node = missing[0].rsplit(" ", 1)[-1] if missing else None
+        self._dead.append(
+            Exit(
+                handle.job_id,
+                handle.attempt,
+                LOST,
+                None,
+                None,
+                f"after the scheduler restarted, gang member {', '.join(missing)} was gone; "
+                "the other members were killed (never half a gang): requeue the job, it "
+                "resumes from its last checkpoint",
+                0.0,
+                node=lost_node,
+            )
+        )
+        return False
+
     def adopt(self, handle: Handle, run_dir: Path) -> bool:
         """Watch an attempt an earlier scheduler started: True if its actor still runs that
         very process. Stop requests made before the restart are not remembered yet."""
         if handle.job_id in self._jobs:
             raise ConflictError(f"job {handle.job_id} is already watched by this executor")
+        layout = _read_gang(gang_file(run_dir.absolute(), handle.attempt))
+        if layout is not None:
+            return self._adopt_gang(handle, run_dir.absolute(), layout)
         try:
             actor = self._ray.get_actor(ACTOR_PREFIX + handle.job_id, namespace=self._namespace)
             pid, ticks = self._ray.get(actor.pid.remote(), timeout=self._timeout)
@@ -418,6 +669,16 @@ class RayExecutor:
 
     def _send(self, job: _RayJob, sig: int) -> None:
         # A dead actor or node: the next poll reports the job "lost".
+        if job.members:  # every member still running, all in flight at once
+            refs = []
+            for m in job.members:
+                if not m.done:
+                    with contextlib.suppress(Exception):
+                        refs.append(m.actor.signal.remote(sig))
+            for ref in refs:
+                with contextlib.suppress(Exception):
+                    self._ray.get(ref, timeout=self._timeout)
+            return
         with contextlib.suppress(Exception):
             self._ray.get(job.actor.signal.remote(sig), timeout=self._timeout)
 
@@ -435,11 +696,28 @@ class RayExecutor:
         died (with its node) makes the attempt "lost"."""
         from ray.exceptions import GetTimeoutError, RayActorError
 
+        exits: list[Exit] = [dataclasses.replace(e, at_s=now_s) for e in self._dead]
+        self._dead.clear()
         for job in self._jobs.values():
             self._enforce(job, now_s)
-        refs = {job_id: job.actor.poll.remote() for job_id, job in self._jobs.items()}
+        refs = {
+            job_id: job.actor.poll.remote() for job_id, job in self._jobs.items() if not job.members
+        }
+        member_refs = {
+            (job_id, m.rank): m.actor.poll.remote()
+            for job_id, job in self._jobs.items()
+            for m in job.members
+            if not m.done
+        }
         deadline = time.monotonic() + self._timeout
-        exits: list[Exit] = []
+        for job_id in [j for j, job in self._jobs.items() if job.members]:
+            ended_gang = self._poll_gang(self._jobs[job_id], member_refs, deadline, now_s)
+            if ended_gang is not None:
+                exits.append(ended_gang)
+                for m in self._jobs[job_id].members:
+                    if not m.vanished:
+                        self._collect_logs(self._jobs[job_id], m)
+                self._forget(job_id)
         for job_id, ref in refs.items():
             job = self._jobs[job_id]
             try:
@@ -457,25 +735,114 @@ class RayExecutor:
             self._forget(job_id)
         return exits
 
+    def _poll_gang(
+        self, job: _RayJob, refs: Mapping[tuple[str, int], Any], deadline: float, now_s: float
+    ) -> Exit | None:
+        """Note which members ended; the first to end badly (or vanish with its node)
+        stops all the others (SIGTERM, SIGKILL after the grace period). The gang's Exit
+        comes once every member has ended: no member is left running alone."""
+        from ray.exceptions import GetTimeoutError, RayActorError
+
+        h = job.handle
+        for m in job.members:
+            ref = refs.get((h.job_id, m.rank))
+            if m.done or ref is None:
+                continue
+            try:
+                ended = self._ray.get(ref, timeout=max(deadline - time.monotonic(), 0.01))
+            except GetTimeoutError:
+                continue
+            except RayActorError:
+                m.vanished = True
+            else:
+                if ended is None:
+                    continue
+                m.result = ended
+            m.done, job.ended, m.order = True, job.ended + 1, job.ended + 1
+            bad = m.vanished or self._member_exit(job, m, now_s).outcome != SUCCEEDED
+            if bad and job.stop_kind is None and job.gang_stop is None:
+                job.gang_stop = f"gang member rank {m.rank} on node {m.node}"
+                job.deadline_s = now_s + job.grace_s
+                job.sigterm_at_wall_s = time.time()
+                self._send(job, signal.SIGTERM)
+        if not all(m.done for m in job.members):
+            return None
+        return self._gang_exit(job, now_s)
+
+    def _member_exit(self, job: _RayJob, m: _Member, now_s: float) -> Exit:
+        """How one member ended, by the rules of a single job: a stop the scheduler asked
+        for counts; the gang's own stop of the others does not."""
+        if m.vanished or m.result is None:
+            return self._classify(job, None, now_s, vanished=True)
+        stop_kind, kill_sent = job.stop_kind, job.kill_sent
+        if stop_kind is None:  # a member ended by itself: judged as it ended
+            job.kill_sent = False
+        try:
+            return self._classify(job, m.result, now_s, vanished=False)
+        finally:
+            job.stop_kind, job.kill_sent = stop_kind, kill_sent
+
+    def _gang_exit(self, job: _RayJob, now_s: float) -> Exit:
+        h = job.handle
+        n = len(job.members)
+        by_order = sorted(job.members, key=lambda m: m.order)
+        lost = [m for m in by_order if m.vanished]
+        if lost:
+            m = lost[0]
+            return Exit(
+                h.job_id,
+                h.attempt,
+                LOST,
+                None,
+                None,
+                f"gang member rank {m.rank} on node {m.node} was lost (its Ray node died or "
+                f"left the cluster); all {n} members were stopped: requeue the job, it "
+                "resumes from its last checkpoint with a new gang",
+                now_s,
+                node=m.node,
+            )
+        ends = {m.rank: self._member_exit(job, m, now_s) for m in job.members}
+        if job.stop_kind is not None:  # preempted or cancelled: the worst member's end
+            killed = [e for e in ends.values() if e.signal == signal.SIGKILL]
+            ex = killed[0] if killed else ends[0]
+            return dataclasses.replace(ex, reason=f"{ex.reason} (all {n} members of the gang)")
+        if job.gang_stop is not None:
+            first = next(m for m in by_order if ends[m.rank].outcome != SUCCEEDED)
+            ex = ends[first.rank]
+            return dataclasses.replace(
+                ex,
+                reason=(
+                    f"gang member rank {first.rank} on node {first.node}: {ex.reason}; the "
+                    f"other {n - 1} members were stopped (SIGTERM, SIGKILL after "
+                    f"{job.grace_s:g} s)"
+                ),
+            )
+        return dataclasses.replace(ends[0], reason=f"{ends[0].reason} (all {n} members)")
+
     LOG_TAIL_LIMIT = 64 << 20
 
-    def _collect_logs(self, job: _RayJob) -> None:
+    def _collect_logs(self, job: _RayJob, member: _Member | None = None) -> None:
         """Before its actor goes, copy what the scheduler's run directory lacks of the
-        job's logs from its node (nothing on a shared filesystem, where sizes match)."""
+        job's logs from its node (nothing on a shared filesystem, where sizes match);
+        a gang member's go to ``rank-<k>/``."""
         if job.run_dir is None:
             return
+        actor, local_dir = job.actor, job.run_dir
+        if member is not None:
+            actor = member.actor
+            local_dir = job.run_dir / member_dir(member.rank) if member.rank else job.run_dir
         for name in (STDOUT_LOG, STDERR_LOG):
-            local = job.run_dir / name
+            local = local_dir / name
             have = local.stat().st_size if local.is_file() else 0
             try:
                 data: bytes = self._ray.get(
-                    job.actor.read_log.remote(name, have, self.LOG_TAIL_LIMIT),
+                    actor.read_log.remote(name, have, self.LOG_TAIL_LIMIT),
                     timeout=self._timeout,
                 )
             except Exception:  # the node went: what was streamed is what there is
                 return
             if data:
-                job.run_dir.mkdir(parents=True, exist_ok=True)
+                local_dir.mkdir(parents=True, exist_ok=True)
                 with local.open("ab") as f:
                     f.write(data)
 
@@ -526,8 +893,9 @@ class RayExecutor:
 
     def _forget(self, job_id: str) -> None:
         job = self._jobs.pop(job_id)
-        with contextlib.suppress(Exception):
-            self._ray.kill(job.actor)  # frees its GPU-index resources at once
+        for actor in [m.actor for m in job.members] or [job.actor]:
+            with contextlib.suppress(Exception):
+                self._ray.kill(actor)  # frees its GPU-index resources at once
 
     def read_log(self, job_id: str, name: str = STDOUT_LOG, offset: int = 0) -> bytes:
         """Log bytes of a running job, read on its node by its actor."""
