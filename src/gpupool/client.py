@@ -288,16 +288,20 @@ class Client:
         body = {"node": node, "undo": undo, "reason": reason}
         return _object(self._request("POST", "/v1/drain", json=body))
 
-    def logs(self, id: int, stream: str = "stdout", offset: int = 0) -> tuple[str, int, str]:
-        """The log text from byte `offset`, the offset to ask for next, and the job's state.
+    def logs(
+        self, id: int, stream: str = "stdout", offset: int = 0, rank: int = 0
+    ) -> tuple[str, int, str]:
+        """The log text from byte `offset`, the offset to ask for next, and the job's state
+        (`rank` > 0: that member's of a job across nodes).
 
         A UTF-8 character cut in two by the end of the chunk is left for the next call (the
         returned offset stops before it) while the job still runs, so following a log never
         prints replacement characters at chunk boundaries.
         """
-        resp = self._request(
-            "GET", f"/v1/jobs/{id}/logs", params={"stream": stream, "offset": offset}
-        )
+        params: dict[str, str | int] = {"stream": stream, "offset": offset}
+        if rank:
+            params["rank"] = rank
+        resp = self._request("GET", f"/v1/jobs/{id}/logs", params=params)
         state = resp.headers.get("X-Job-State", "")
         try:
             next_offset = int(resp.headers["X-Log-Offset"])

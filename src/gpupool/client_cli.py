@@ -290,6 +290,12 @@ def add_client_parsers(sub: Any) -> None:
     p.add_argument("id", type=int)
     p.add_argument("-f", "--follow", action="store_true", help="keep printing until it ends")
     p.add_argument("--stderr", action="store_true", help="the job's stderr instead of stdout")
+    p.add_argument(
+        "--rank",
+        type=int,
+        default=0,
+        help="a job across nodes: this member's output (default 0, the job's own log)",
+    )
     p.set_defaults(client_handler=cmd_logs)
 
     p = sub.add_parser(
@@ -819,7 +825,7 @@ def cmd_logs(client: Client, args: argparse.Namespace) -> int:
     stream = "stderr" if args.stderr else "stdout"
     offset = 0
     while True:
-        text, next_offset, state = client.logs(args.id, stream, offset)
+        text, next_offset, state = client.logs(args.id, stream, offset, rank=args.rank)
         if text:
             sys.stdout.write(text)
             sys.stdout.flush()

@@ -890,10 +890,11 @@ def create_app(
         stream: Literal["stdout", "stderr"] = "stdout",
         offset: Annotated[int, Query(ge=0)] = 0,
         limit: Annotated[int, Query(ge=1, le=1 << 22)] = 1 << 20,
+        rank: Annotated[int, Query(ge=0, le=1 << 16)] = 0,
     ) -> Response:
         row = store.get(job_id)
         own(who, row)
-        data = service.read_log(job_id, stream, offset, limit)
+        data = service.read_log(job_id, stream, offset, limit, rank=rank)
         state = "running" if row.state == "preempting" else row.state
         return Response(
             data,

@@ -725,19 +725,23 @@ class LiveService:
     def run_dir(self, job_id: int) -> Path:
         return self.jobs_dir / str(job_id)
 
-    def read_log(self, job_id: int, stream: str, offset: int, limit: int) -> bytes:
+    def read_log(self, job_id: int, stream: str, offset: int, limit: int, rank: int = 0) -> bytes:
         """A job's log from `offset`: the node that runs it (through the executor, e.g. its
         Ray actor) while it runs, this host's copy otherwise (the executor copies the rest
-        there when an attempt ends)."""
+        there when an attempt ends). `rank` > 0: that gang member's log (``rank-<k>/``)."""
         name = f"{stream}.log"
         remote = getattr(self.executor, "read_log", None)
         if remote is not None and str(job_id) in self.executor.handles():
             try:
-                data: bytes = remote(str(job_id), name, offset)
+                data: bytes = (
+                    remote(str(job_id), name, offset, rank=rank)
+                    if rank
+                    else remote(str(job_id), name, offset)
+                )
                 return data[:limit]
             except Exception:  # it just ended, or its node is in doubt: what is here
                 pass
-        path = self.run_dir(job_id) / name
+        path = self.run_dir(job_id) / (f"rank-{rank}/{name}" if rank else name)
         if not path.is_file():
             return b""
         with path.open("rb") as f:

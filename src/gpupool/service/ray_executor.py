@@ -897,10 +897,20 @@ class RayExecutor:
             with contextlib.suppress(Exception):
                 self._ray.kill(actor)  # frees its GPU-index resources at once
 
-    def read_log(self, job_id: str, name: str = STDOUT_LOG, offset: int = 0) -> bytes:
-        """Log bytes of a running job, read on its node by its actor."""
+    def read_log(
+        self, job_id: str, name: str = STDOUT_LOG, offset: int = 0, rank: int = 0
+    ) -> bytes:
+        """Log bytes of a running job (of gang member `rank`), read on its node by its actor."""
         job = self._get(job_id)
-        data: bytes = self._ray.get(job.actor.read_log.remote(name, offset), timeout=self._timeout)
+        actor = job.actor
+        if rank:
+            if rank >= len(job.members):
+                raise NotFoundError(
+                    f"job {job_id} has no gang member of rank {rank}; it runs "
+                    f"{max(len(job.members), 1)} member(s), ranks from 0"
+                )
+            actor = job.members[rank].actor
+        data: bytes = self._ray.get(actor.read_log.remote(name, offset), timeout=self._timeout)
         return data
 
     def actor_node_id(self, job_id: str) -> str:
