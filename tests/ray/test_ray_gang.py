@@ -14,15 +14,18 @@ import os
 import re
 import signal
 import sys
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from gpupool.errors import Unavailable
 from gpupool.examples.allreduce import expected_result
-from gpupool.service.executor import read_start_ticks
-from gpupool.service.ray_executor import node_resources
+from gpupool.service.executor import Exit, Gang, GangMember, Handle, LaunchSpec, read_start_ticks
+from gpupool.service.ray_executor import RayExecutor, node_resources
 from service_proc import Server, cli, wait_for
 
 PY = sys.executable
@@ -102,6 +105,117 @@ def members(text: str) -> dict[int, tuple[int, str, str, str, int]]:
 
 def alive(pid: int) -> bool:
     return read_start_ticks(pid) is not None
+
+
+SLEEPER = (
+    "import os, signal, sys, time\n"
+    "signal.signal(signal.SIGTERM, lambda *a: (print('term', flush=True), sys.exit(0)))\n"
+    "keys = ('RANK', 'NODE_RANK', 'WORLD_SIZE', 'LOCAL_WORLD_SIZE', 'MASTER_ADDR',"
+    " 'MASTER_PORT', 'CUDA_VISIBLE_DEVICES', 'GPUPOOL_NODE')\n"
+    "print('env', ' '.join(k + '=' + os.environ[k] for k in keys), 'pid=%d' % os.getpid(),"
+    " flush=True)\n"
+    "while True: time.sleep(0.1)\n"
+)
+
+
+def gang_spec(job_id: str, run_dir: Path, *members: tuple[str, tuple[int, ...]]) -> LaunchSpec:
+    gang = Gang(tuple(GangMember(n, g) for n, g in members), grace_s=5.0)
+    gpus = tuple(i for _, g in members for i in g)
+    return LaunchSpec(job_id, 1, (PY, "-c", SLEEPER), {}, gpus, run_dir, False, gang=gang)
+
+
+def member_env(log: Path, timeout_s: float = 30.0) -> dict[str, str]:
+    wait_for(lambda: log.is_file() and "env " in log.read_text(), timeout_s, f"{log}")
+    line = next(x for x in log.read_text().splitlines() if x.startswith("env "))
+    return dict(kv.split("=", 1) for kv in line.split()[1:])
+
+
+def wait_exit(ex: RayExecutor, job_id: str, timeout_s: float) -> Exit:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        for e in ex.poll(time.time()):
+            if e.job_id == job_id:
+                return e
+        time.sleep(0.2)
+    raise AssertionError(f"{job_id} did not end within {timeout_s} s")
+
+
+def test_a_members_crash_stops_the_whole_gang(gang_cluster: Any, tmp_path: Path) -> None:
+    ex = RayExecutor(namespace="gang-crash")
+    run_dir = tmp_path / "crash"
+    h = ex.launch_many([(gang_spec("crash", run_dir, ("g1", (1,)), ("g2", (0, 1))), "g1")], 0)[0]
+    assert isinstance(h, Handle)
+    env0 = member_env(run_dir / "stdout.log")
+    env1 = member_env(run_dir / "rank-1" / "stdout.log")
+    assert (env0["RANK"], env0["NODE_RANK"], env0["WORLD_SIZE"]) == ("0", "0", "2")
+    assert (env1["RANK"], env1["NODE_RANK"], env1["WORLD_SIZE"]) == ("1", "1", "2")
+    assert (env0["LOCAL_WORLD_SIZE"], env1["LOCAL_WORLD_SIZE"]) == ("1", "2")
+    assert (env0["CUDA_VISIBLE_DEVICES"], env1["CUDA_VISIBLE_DEVICES"]) == ("1", "0,1")
+    assert (env0["GPUPOOL_NODE"], env1["GPUPOOL_NODE"]) == ("g1", "g2")
+    assert env0["MASTER_ADDR"] == env1["MASTER_ADDR"] == "127.0.0.1"
+    assert env0["MASTER_PORT"] == env1["MASTER_PORT"] and int(env0["MASTER_PORT"]) > 0
+    assert ex.poll(time.time()) == []
+    pid0, pid1 = int(env0["pid"]), int(env1["pid"])
+    os.kill(pid1, signal.SIGSEGV)  # rank 1 crashes: rank 0 is stopped, then the job ends
+    ended = wait_exit(ex, "crash", 30)
+    assert ended.outcome == "crashed", ended
+    assert "gang member rank 1 on node g2: died of SIGSEGV" in ended.reason
+    assert "other 1 members were stopped" in ended.reason
+    assert not alive(pid0) and "term" in (run_dir / "stdout.log").read_text()
+    assert ex.handles() == {}
+
+
+def test_a_gang_starts_whole_or_not_at_all(gang_cluster: Any, tmp_path: Path) -> None:
+    ex = RayExecutor(namespace="gang-none")
+    ex.START_TIMEOUT_S = 5.0
+    run_dir = tmp_path / "none"
+    # GPU 7 of g3 does not exist: rank 1 can never be placed, so rank 0 must not run on
+    (result,) = ex.launch_many([(gang_spec("none", run_dir, ("g1", (0,)), ("g3", (7,))), "g1")], 0)
+    assert isinstance(result, Unavailable), result
+    assert "none runs, it is requeued" in str(result)
+    log = run_dir / "stdout.log"
+    if log.is_file() and "env " in log.read_text():
+        pid0 = int(member_env(log)["pid"])
+        wait_for(lambda: not alive(pid0), 10, "the started member to be killed")
+    assert ex.handles() == {}
+
+
+def test_after_a_restart_a_gang_is_adopted_whole_or_stopped(
+    gang_cluster: Any, tmp_path: Path
+) -> None:
+    first = RayExecutor(namespace="gang-adopt")
+    whole, half = tmp_path / "whole", tmp_path / "half"
+    handles = first.launch_many(
+        [
+            (gang_spec("whole", whole, ("g1", (0,)), ("g2", (0,))), "g1"),
+            (gang_spec("half", half, ("g1", (1,)), ("g3", (0,))), "g1"),
+        ],
+        0,
+    )
+    assert all(isinstance(h, Handle) for h in handles)
+    pids = {
+        name: [int(member_env(d / "stdout.log")["pid"]), int(member_env(d / sub)["pid"])]
+        for name, d, sub in (
+            ("whole", whole, "rank-1/stdout.log"),
+            ("half", half, "rank-1/stdout.log"),
+        )
+    }
+    first.shutdown()  # the scheduler restarts; the gangs run on
+    os.killpg(os.getpgid(pids["half"][1]), signal.SIGKILL)  # one member dies meanwhile
+    wait_for(lambda: not alive(pids["half"][1]), 10, "rank 1 of half to die")
+    again = RayExecutor(namespace="gang-adopt")
+    h_whole, h_half = handles
+    assert isinstance(h_whole, Handle) and isinstance(h_half, Handle)
+    assert again.adopt(h_whole, whole) is True
+    assert again.adopt(h_half, half) is False
+    wait_for(lambda: not alive(pids["half"][0]), 10, "rank 0 of the half gang to be stopped")
+    lost = [e for e in again.poll(time.time()) if e.job_id == "half"]
+    assert lost and lost[0].outcome == "lost" and "never half a gang" in lost[0].reason
+    assert all(alive(p) for p in pids["whole"])
+    again.preempt("whole", 5.0, time.time())
+    ended = wait_exit(again, "whole", 30)
+    assert ended.outcome == "preempted", ended
+    assert not any(alive(p) for p in pids["whole"])
 
 
 def test_a_gang_job_survives_the_loss_of_a_members_node(server: Server, gang_cluster: Any) -> None:

@@ -920,9 +920,19 @@ class FakeExecutor:
     Jobs in `ignores_sigterm` (or slower than their grace period) are killed at the
     deadline. A stopped job's Exit comes from the first poll at or after its exit or kill
     time; LocalExecutor reports a kill one poll later, once the process is gone. Every
-    call is logged in `calls` as (verb, job_id); shutdown logs ("shutdown", "")."""
+    call is logged in `calls` as (verb, job_id); shutdown logs ("shutdown", "").
+    `runs_gangs`: take jobs across nodes as RayExecutor does (one fake process stands for
+    the whole gang; `gangs` keeps each launch's members), else refuse them as LocalExecutor
+    does."""
 
-    def __init__(self, exit_after_s: float = 0.0, ignores_sigterm: Iterable[str] = ()) -> None:
+    def __init__(
+        self,
+        exit_after_s: float = 0.0,
+        ignores_sigterm: Iterable[str] = (),
+        runs_gangs: bool = False,
+    ) -> None:
+        self.runs_gangs = runs_gangs
+        self.gangs: list[tuple[str, Gang]] = []
         self.exit_after_s = exit_after_s
         self.ignores_sigterm: set[str] = set(ignores_sigterm)
         self.calls: list[tuple[str, str]] = []
@@ -937,6 +947,10 @@ class FakeExecutor:
                 f"{self._procs[spec.job_id].handle.attempt}); poll until it ends before "
                 "launching it again"
             )
+        if spec.gang is not None and len(spec.gang.members) > 1:
+            if not self.runs_gangs:
+                raise SpecError(f"job {spec.job_id}: {MULTI_NODE_REFUSED}")
+            self.gangs.append((spec.job_id, spec.gang))
         self.calls.append(("launch", spec.job_id))
         self._next_pid += 1
         handle = Handle(spec.job_id, spec.attempt, self._next_pid, self._next_pid, int(now_s))

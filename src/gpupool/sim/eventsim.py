@@ -100,8 +100,8 @@ def run_events(
 
 
 Placed = tuple[float, str, str, tuple[tuple[str, int], ...]]
-"""(time, start|resume|preempt|expire, job id, ((node name, local GPU index), ...)); a preemption
-has an empty placement."""
+"""(time, start|resume|preempt|expire|lost, job id, ((node name, local GPU index), ...)); a
+preemption or a loss has an empty placement."""
 
 
 def run_trace(
@@ -110,9 +110,15 @@ def run_trace(
     teams: Sequence[TeamQuota] = (),
     policy: str = "priority-quota",
     rules: PreemptionRules | None = None,
+    losses: Sequence[NodeLoss] = (),
 ) -> list[Placed]:
     """Run a trace of jobs to the end on the live scheduler core; every launch with its
-    placement, and every preemption, in order.
+    placement, every preemption, and every job lost with a node, in order.
+
+    At a loss, every job with a GPU on that node stops whole (a job across nodes too:
+    no member runs on alone) and is requeued ("lost"); it keeps the work up to its last
+    checkpoint (every `checkpoint_interval_s` of run time) and redoes the rest. The node
+    stays down.
 
     A job arrives at its `submit_s` and ends `duration_s` of run time after it starts;
     a run that reaches its time limit first is stopped there and fails (the core's Expire).
@@ -140,14 +146,24 @@ def run_trace(
         out.append((t, "resume" if d.resume else "start", d.job_id, where))
         since[d.job_id] = t
 
+    every = {j.job_id: j.checkpoint_interval_s for j in jobs}
+    down = sorted(losses, key=lambda e: e.t_s)
     k = 0
     while k < len(arrivals) or since:
         ends = [start + left[job_id] for job_id, start in since.items()]
         ends += [start + limit_s[job_id] for job_id, start in since.items() if job_id in limit_s]
-        t = min([*ends, *([arrivals[k].submit_s] if k < len(arrivals) else [])])
+        nexts = [*([arrivals[k].submit_s] if k < len(arrivals) else []), *[e.t_s for e in down]]
+        t = min([*ends, *nexts])
         while k < len(arrivals) and arrivals[k].submit_s <= t:
             scheduler.submit(arrivals[k], t)
             k += 1
+        while down and down[0].t_s <= t:
+            node = down.pop(0).node
+            for job_id in scheduler.node_down(node, t, f"node {node} lost"):
+                ran = t - since.pop(job_id)
+                left[job_id] -= ran - ran % every[job_id]  # back to its last checkpoint
+                out.append((t, "lost", job_id, ()))
+                scheduler.lost(job_id, t, f"node {node} lost")
         for job_id in sorted(since, key=lambda j: (since[j] + left[j], j)):
             if since[job_id] + left[job_id] <= t:
                 del since[job_id]
