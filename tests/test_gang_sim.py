@@ -11,9 +11,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from gpupool.core.model import Cluster, JobKind, JobSpec, Node
+from gpupool.errors import SpecError
 from gpupool.service.clock import ManualClock
-from gpupool.service.executor import MULTI_NODE_REFUSED, FakeExecutor
+from gpupool.service.executor import (
+    MULTI_NODE_REFUSED,
+    FakeExecutor,
+    Gang,
+    GangMember,
+    LaunchSpec,
+    LocalExecutor,
+)
 from gpupool.service.live import LiveConfig, LiveService
 from gpupool.service.store import NewJob, Store
 from gpupool.service.telemetry import FakeTelemetry
@@ -150,3 +160,11 @@ def test_the_local_executor_loop_refuses_a_job_across_nodes(tmp_path: Path) -> N
     assert row.state == "failed"
     assert MULTI_NODE_REFUSED in row.reason and "gpupool serve --ray" in row.reason
     assert "placed it on 2 nodes" in row.reason
+
+
+def test_the_local_executor_refuses_a_gang_before_starting_anything(tmp_path: Path) -> None:
+    gang = Gang((GangMember("g1", (0, 1)), GangMember("g2", (0, 1))))
+    spec = LaunchSpec("9", 1, ("true",), {}, (0, 1, 0, 1), tmp_path / "9", False, gang=gang)
+    with pytest.raises(SpecError, match="gpupool serve --ray ADDRESS"):
+        LocalExecutor(cgroups=None).launch(spec, 0.0)
+    assert not (tmp_path / "9").exists()

@@ -121,6 +121,36 @@ def test_the_api_counts_a_cloud_node_a_burst_would_start(tmp_path: Path) -> None
     assert too_many.status_code == 422 and "the largest H100 node has 4 (c1" in too_many.text
 
 
+@pytest.mark.parametrize("gangs", [True, False])
+def test_the_api_admits_a_job_across_nodes_only_where_the_executor_runs_gangs(
+    tmp_path: Path, gangs: bool
+) -> None:
+    store = Store(f"sqlite:///{tmp_path}/db.sqlite")
+    store.migrate()
+    service = LiveService(
+        LiveConfig(
+            tmp_path / "state",
+            sample_s=0.0,
+            host="two",
+            nodes=(("e1", "A100-80GB", 4), ("w1", "A100-80GB", 4)),
+        ),
+        store,
+        FakeExecutor(runs_gangs=gangs),
+        FakeTelemetry("4xA100-80GB,4xA100-80GB"),
+        ManualClock(1000.0),
+        probe=lambda: {"e1": "id-e1", "w1": "id-w1"},
+    )
+    client = TestClient(create_app(service, store, auth=False))
+    wide = client.post("/v1/jobs", json={"command": ["true"], "team": "a", "gpus": 8})
+    if gangs:
+        assert wide.status_code == 201, wide.text
+    else:
+        assert wide.status_code == 422
+        assert "gpupool serve --ray ADDRESS" in wide.json()["detail"]
+    nine = client.post("/v1/jobs", json={"command": ["true"], "team": "a", "gpus": 9})
+    assert nine.status_code == 422
+
+
 # ---- live: a real `gpupool serve` -----------------------------------------------------------
 def _serve(tmp_path: Path, gpus: str) -> Server:
     return Server(

@@ -26,6 +26,9 @@ CANCEL = 2
 
 
 class SimulatedFleet:
+    runs_gangs = True
+    """The world runs a job the core placed over several nodes whole, as Ray's gangs do."""
+
     def __init__(self, world: ScenarioSim, clock: ManualClock) -> None:
         self.world = world
         self.clock = clock
