@@ -9,6 +9,7 @@ resumes from rank 0's checkpoint with a new gang and ends with the exact result.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -165,19 +166,63 @@ def test_a_members_crash_stops_the_whole_gang(gang_cluster: Any, tmp_path: Path)
     assert ex.handles() == {}
 
 
+def test_a_preempted_gang_gets_sigterm_then_sigkill_for_a_member_that_stays(
+    gang_cluster: Any, tmp_path: Path
+) -> None:
+    ex = RayExecutor(namespace="gang-stubborn")
+    run_dir = tmp_path / "stubborn"
+    spec = gang_spec("stubborn", run_dir, ("g2", (0,)), ("g3", (1,)))
+    ignore = "if os.environ['RANK'] == '1': signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    stays = SLEEPER.replace("while True:", ignore + "while True:")
+    spec = dataclasses.replace(spec, argv=(PY, "-c", stays))
+    (h,) = ex.launch_many([(spec, "g2")], 0)
+    assert isinstance(h, Handle)
+    pid0 = int(member_env(run_dir / "stdout.log")["pid"])
+    pid1 = int(member_env(run_dir / "rank-1" / "stdout.log")["pid"])
+    ex.preempt("stubborn", 1.0, time.time())
+    ended = wait_exit(ex, "stubborn", 30)
+    assert ended.outcome == "killed", ended
+    assert "SIGKILL after the 1 s grace" in ended.reason and "all 2 members" in ended.reason
+    assert "term" in (run_dir / "stdout.log").read_text()  # rank 0 left on the SIGTERM
+    assert not alive(pid0) and not alive(pid1)
+
+
+def job_pids(job_id: str) -> list[int]:
+    """Live processes of this machine whose environment says they belong to `job_id`."""
+    needle = f"GPUPOOL_JOB_ID={job_id}".encode()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            environ = Path(f"/proc/{name}/environ").read_bytes()
+        except OSError:
+            continue
+        if needle in environ.split(b"\0") and alive(int(name)):
+            found.append(int(name))
+    return found
+
+
 def test_a_gang_starts_whole_or_not_at_all(gang_cluster: Any, tmp_path: Path) -> None:
     ex = RayExecutor(namespace="gang-none")
     ex.START_TIMEOUT_S = 5.0
+    # another job holds GPU 1 of g3, so rank 1 of the gang cannot be placed while rank 0,
+    # on g1, is placed and started: the gang must not run on with rank 0 alone
+    hold = (PY, "-c", "import time; time.sleep(120)")
+    blocker = LaunchSpec("blocker", 1, hold, {}, (1,), tmp_path / "blocker", False)
+    ex.launch_on(blocker, "g3", 0)
     run_dir = tmp_path / "none"
-    # GPU 7 of g3 does not exist: rank 1 can never be placed, so rank 0 must not run on
-    (result,) = ex.launch_many([(gang_spec("none", run_dir, ("g1", (0,)), ("g3", (7,))), "g1")], 0)
+    spec = gang_spec("none", run_dir, ("g1", (0,)), ("g3", (1,)))
+    (result,) = ex.launch_many([(spec, "g1")], 0)
     assert isinstance(result, Unavailable), result
+    assert "not every member of its gang of 2 nodes (g1:0, g3:1) started" in str(result)
     assert "none runs, it is requeued" in str(result)
-    log = run_dir / "stdout.log"
-    if log.is_file() and "env " in log.read_text():
-        pid0 = int(member_env(log)["pid"])
-        wait_for(lambda: not alive(pid0), 10, "the started member to be killed")
-    assert ex.handles() == {}
+    assert "env " in (run_dir / "stdout.log").read_text()  # rank 0 had started
+    wait_for(lambda: job_pids("none") == [], 10, "every started member to be killed")
+    assert set(ex.handles()) == {"blocker"}
+    ex.cancel("blocker", 0.0, time.time())
+    assert wait_exit(ex, "blocker", 30).outcome == "cancelled"
+    assert job_pids("blocker") == []
 
 
 def test_after_a_restart_a_gang_is_adopted_whole_or_stopped(
