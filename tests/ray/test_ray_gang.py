@@ -263,9 +263,10 @@ def test_after_a_restart_a_gang_is_adopted_whole_or_stopped(
     assert not any(alive(p) for p in pids["whole"])
 
 
+@pytest.mark.slow
 def test_a_gang_job_survives_the_loss_of_a_members_node(server: Server, gang_cluster: Any) -> None:
     _, ray_nodes = gang_cluster
-    url, steps = server.url, 300
+    url, steps = server.url, 200
     out = cli(
         url, "submit", "--team", "ml", "--kind", "training", "--gpus", "4", "--grace", "10s",
         "--checkpoint-every", "1s", "--json", "--",
@@ -311,3 +312,41 @@ def test_a_gang_job_survives_the_loss_of_a_members_node(server: Server, gang_clu
     events = httpx.get(f"{url}/v1/events", params={"after": 0, "job_id": job_id}).json()
     suspended = [e["message"] for e in events["events"] if e["kind"] == "suspended"]
     assert suspended and any(victim in m for m in suspended), suspended
+
+
+@pytest.mark.slow
+def test_a_restarted_server_adopts_a_whole_gang_and_requeues_a_broken_one(
+    server: Server, gang_cluster: Any
+) -> None:
+    """Runs after the node kill above: two 2-GPU nodes are left, room for one gang."""
+    url, steps = server.url, 250
+    out = cli(
+        url, "submit", "--team", "ml", "--kind", "training", "--gpus", "4", "--grace", "10s",
+        "--json", "--",
+        PY, "-m", "gpupool.examples.allreduce", "--steps", str(steps), "--step-s", "0.1",
+        "--every", "5", "--timeout-s", "10",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    job_id = int(json.loads(out.stdout)["id"])
+    run_dir = server.state_dir / "jobs" / str(job_id)
+    wait_for(lambda: "step=10 checkpoint" in cli(url, "logs", str(job_id)).stdout, 90, "steps")
+    server.kill()  # a crash: the gang runs on without its scheduler
+    server.start(timeout_s=120)
+    events = httpx.get(f"{url}/v1/events", params={"after": 0, "job_id": job_id}).json()
+    assert any(e["kind"] == "adopted" for e in events["events"]), events
+    assert show(url, job_id)["attempts"] == 1 and show(url, job_id)["state"] == "running"
+    log = cli(url, "logs", str(job_id)).stdout
+    wait_for(lambda: "step=40 checkpoint" in cli(url, "logs", str(job_id)).stdout, 60, "more")
+    gang = members(log) | members((run_dir / "rank-1" / "stdout.log").read_text())
+    server.kill()  # again, and this time rank 1 dies while nobody watches
+    os.killpg(os.getpgid(gang[1][4]), signal.SIGKILL)
+    server.start(timeout_s=120)
+    wait_for(lambda: show(url, job_id)["attempts"] >= 2, 60, "the broken gang to be requeued")
+    wait_for(lambda: not alive(gang[0][4]), 30, "rank 0 of the broken gang to be stopped")
+    wait_for(lambda: show(url, job_id)["state"] == "succeeded", 120, "the job to finish")
+    events = httpx.get(f"{url}/v1/events", params={"after": 0, "job_id": job_id}).json()
+    suspended = [e["message"] for e in events["events"] if e["kind"] == "suspended"]
+    assert any("never half a gang" in m for m in suspended), suspended
+    last = [x for x in cli(url, "logs", str(job_id)).stdout.splitlines() if "result=" in x][-1]
+    fields = dict(kv.split("=") for kv in last.split())
+    assert int(fields["result"]) == expected_result(steps) and int(fields["resumed_from"]) >= 40
