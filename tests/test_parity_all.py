@@ -30,6 +30,7 @@ from gpupool.scheduler import (
     Defer,
     Launch,
     Reclaim,
+    Scale,
     ServiceDemand,
     SetPowerCap,
     Stop,
@@ -167,6 +168,8 @@ def normal(t: float, c: Command) -> Normal:
         return (t, "cap", c.node, c.gpu, c.power_limit_w, c.locked_sm_mhz)
     if isinstance(c, Burst | Reclaim):
         return (t, type(c).__name__.lower(), c.nodes)
+    if isinstance(c, Scale):
+        return (t, "scale", c.service, c.from_replicas, c.to_replicas, c.reason)
     if isinstance(c, Wait):
         return (t, "wait", c.job_id, c.code, c.reason)
     assert isinstance(c, Defer)

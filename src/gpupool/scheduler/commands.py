@@ -89,8 +89,26 @@ class Defer:
     reason: str
 
 
+@dataclass(frozen=True)
+class Scale:
+    """A service's replica target changed: drivers record it as an event with its reason
+    ("p99 241 ms > 200 ms at 35 rps/replica: 3 -> 4"). The new replicas come as Launches
+    once placed; `dropped` are replicas that were still waiting and end without having
+    run (running ones scaled down get a Cancel)."""
+
+    service: str
+    from_replicas: int
+    to_replicas: int
+    reason: str
+    dropped: tuple[str, ...] = ()
+
+    @property
+    def text(self) -> str:
+        return f"{self.reason}: {self.from_replicas} -> {self.to_replicas}"
+
+
 Decision = Launch | Stop
-Command = Launch | Stop | Cancel | SetPowerCap | Burst | Reclaim | Defer | Expire | Wait
+Command = Launch | Stop | Cancel | SetPowerCap | Burst | Reclaim | Defer | Expire | Wait | Scale
 
 __all__ = [
     "Burst",
@@ -101,6 +119,7 @@ __all__ = [
     "Expire",
     "Launch",
     "Reclaim",
+    "Scale",
     "SetPowerCap",
     "Stop",
     "Wait",

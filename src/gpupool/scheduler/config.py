@@ -125,6 +125,11 @@ class SchedulerConfig:
     """The policy sees the first this-many waiting jobs of each team per cycle."""
     autoscale_lookahead_s: float = 600.0
     autoscale_headroom: float = 1.1
+    autoscale_down_stable_s: float = 0.0
+    """A service scales down only once its demand has been below its replicas this long
+    (the live service waits 5 minutes; 0: at once, as the scenarios always did)."""
+    autoscale_load_window_s: float = 120.0
+    """A measured load (ServiceLoad) older than this no longer counts for the SLO rule."""
     preemption: PreemptionRules = field(default_factory=PreemptionRules)
     checkpoint: CheckpointModel = field(default_factory=CheckpointModel.calibrated)
     colocation: ColocationModel = field(default_factory=ColocationModel.calibrated)

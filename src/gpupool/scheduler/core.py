@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 
 import numpy as np
@@ -52,7 +52,7 @@ from gpupool.policies.pool_choice import (
 )
 from gpupool.policies.thermal import CoolestFirstPolicy
 from gpupool.scheduler import stages, waiting
-from gpupool.scheduler.commands import Command, Expire, Launch, Stop, Wait
+from gpupool.scheduler.commands import Cancel, Command, Expire, Launch, Scale, Stop, Wait
 from gpupool.scheduler.config import SchedulerConfig
 from gpupool.scheduler.events import (
     Drain,
@@ -67,6 +67,7 @@ from gpupool.scheduler.events import (
     Release,
     Requeue,
     ServiceDemand,
+    ServiceLoad,
     Submitted,
     Vacated,
 )
@@ -124,10 +125,13 @@ class Scheduler:
         services: Sequence[ServiceTemplate] = (),
         seed: int = 0,
         log: DecisionLog | None = None,
+        replica_id: Callable[[str, int, int], str] | None = None,
     ) -> None:
         """node_pool: each node's pool key (default: its GPU model, or site/model when the
         nodes are in several sites). tariffs: per site. cloud_nodes: nodes a Burst starts;
-        they are out of the pool until they join (NodeUp)."""
+        they are out of the pool until they join (NodeUp). replica_id(service, seq,
+        gpu_milli): the id of a new replica, given by the driver (the live service makes
+        each replica a job row); default `<service>-r<seq>`."""
         cfg = config or SchedulerConfig()
         if cfg.policy not in CYCLE_POLICIES:
             raise SpecError(f"unknown policy {cfg.policy!r}; choose {', '.join(CYCLE_POLICIES)}")
@@ -195,7 +199,14 @@ class Scheduler:
         )
         self.services = {s.name: s for s in services}
         self.demand: dict[str, float] = {}
+        self.load: dict[str, ServiceLoad] = {}
+        """Each service's last measured load (ServiceLoad): what the SLO rule reads."""
+        self.below_since: dict[str, float] = {}
+        """Since when each service's demand has been below its replicas (scale-down waits)."""
+        self.scaled_at: dict[str, float] = {}
+        """When each service's replica count last changed (the SLO rule waits a window)."""
         self.replica_seq: dict[str, int] = defaultdict(int)
+        self.replica_id = replica_id
         self.records: dict[str, JobRecord] = {}
         self.active: dict[str, JobRecord] = {}
         """Records not in a terminal state."""
@@ -298,6 +309,10 @@ class Scheduler:
             if event.service not in self.services:
                 raise NotFoundError(f"service {event.service} is not known to the scheduler")
             self.demand[event.service] = event.peak_rps
+        elif isinstance(event, ServiceLoad):
+            if event.service not in self.services:
+                raise NotFoundError(f"service {event.service} is not known to the scheduler")
+            self.load[event.service] = event
         elif isinstance(event, NodeDown):
             self.node_down(event.node, event.t_s, event.reason)
         elif isinstance(event, Hold):
@@ -403,10 +418,16 @@ class Scheduler:
         now: float,
         preemptions: int = 0,
         attempts: int = 0,
+        service: str | None = None,
     ) -> None:
-        """Rebuild a job after a restart, in the state the database holds."""
+        """Rebuild a job after a restart, in the state the database holds (a service's
+        replica joins its service again: adopted, not started twice)."""
         self.timed = self.timed or job.time_limit_s is not None
-        r = JobRecord(job, "", ready_s=now, preemptions=preemptions, attempts=attempts)
+        if service is not None and service not in self.services:
+            raise NotFoundError(f"service {service} is not known to the scheduler")
+        r = JobRecord(
+            job, "", ready_s=now, preemptions=preemptions, attempts=attempts, service=service
+        )
         r.options = stages.options_for(self, job)
         if job.kind is JobKind.ONLINE and state not in TERMINAL:
             self._online_seen(job.gpu_models)
@@ -430,6 +451,8 @@ class Scheduler:
             r.first_start_s = now
         self.records[job.job_id] = r
         self.active[job.job_id] = r
+        if service is not None and state not in TERMINAL:
+            self.replicas[service][job.job_id] = r
         if state in (JobState.RUNNING, JobState.PREEMPTING) and placement is not None:
             self.state.validate(job, placement)
             self.engine.apply(job, placement, now, "restore")
@@ -445,6 +468,40 @@ class Scheduler:
             r.state = state
             del self.active[job.job_id]
         self.dirty = True
+
+    # ---- services -----------------------------------------------------------------------------
+    def add_service(self, template: ServiceTemplate) -> None:
+        """A new service, or new settings for one (its replicas stay; the next cycle scales
+        them to the new bounds)."""
+        self.services[template.name] = template
+        self._online_seen(template.gpu_models)
+        self.dirty = True
+
+    def remove_service(
+        self, name: str, now: float, reason: str = "service deleted"
+    ) -> list[Command]:
+        """The service is gone: its waiting replicas end, its running ones are cancelled
+        (the driver stops them with their grace)."""
+        if name not in self.services:
+            raise NotFoundError(f"service {name} is not known to the scheduler")
+        mine = list(self.replicas[name].values())
+        out: list[Command] = []
+        dropped = []
+        for r in mine:
+            holding = r.state is JobState.RUNNING
+            self.claims.pop(r.job_id, None)
+            self.finished(r.job_id, now, JobState.CANCELLED, reason)
+            if holding:
+                out.append(Cancel(r.job_id, reason))
+            else:
+                dropped.append(r.job_id)
+        out.insert(0, Scale(name, len(mine), 0, reason, tuple(dropped)))
+        del self.services[name]
+        self.replicas.pop(name, None)
+        for table in (self.demand, self.load, self.below_since, self.scaled_at):
+            table.pop(name, None)
+        self.dirty = True
+        return out
 
     def finished(self, job_id: str, at: float, state: JobState, reason: str = "") -> list[Command]:
         """The job ended by itself (or was cancelled): its GPUs are free."""

@@ -115,6 +115,19 @@ class ServiceDemand:
 
 
 @dataclass(frozen=True)
+class ServiceLoad:
+    """What a service's running replicas measured over the driver's last window: the
+    requests per second they served together and the p99 latency of those requests
+    (None: no request finished in the window). The SLO rule of the autoscaler reads it."""
+
+    t_s: float
+    service: str
+    rps: float
+    p99_ms: float | None
+    replicas_reporting: int
+
+
+@dataclass(frozen=True)
 class Hold:
     """Someone put a waiting job on hold: it starts only once released. A job being
     requeued (stopping) is held once it has left."""
@@ -167,6 +180,7 @@ Event = (
     | GpuTemps
     | GpuUsage
     | ServiceDemand
+    | ServiceLoad
     | Hold
     | Release
     | Requeue

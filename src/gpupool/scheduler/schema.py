@@ -168,7 +168,11 @@ def parse_scheduling(
     policy = str(raw.get("policy", defaults.policy))
     if policy not in CYCLE_POLICIES:
         raise r.fail("policy", f"{policy!r}; choose one of {', '.join(CYCLE_POLICIES)}")
-    auto = r.section(raw.get("autoscale"), "autoscale", {"lookahead_s", "headroom"})
+    auto = r.section(
+        raw.get("autoscale"),
+        "autoscale",
+        {"lookahead_s", "headroom", "down_stable_s", "load_window_s"},
+    )
     pre = r.section(raw.get("preemption"), "preemption", PREEMPTION_KEYS)
     reserve_on = str(
         raw.get(
@@ -212,6 +216,14 @@ def parse_scheduling(
         ),
         autoscale_headroom=r.number(
             auto.get("headroom", defaults.autoscale_headroom), "autoscale.headroom", positive=True
+        ),
+        autoscale_down_stable_s=r.number(
+            auto.get("down_stable_s", defaults.autoscale_down_stable_s), "autoscale.down_stable_s"
+        ),
+        autoscale_load_window_s=r.number(
+            auto.get("load_window_s", defaults.autoscale_load_window_s),
+            "autoscale.load_window_s",
+            positive=True,
         ),
         online_reserve_on=reserve_on,
         preemption=PreemptionRules(

@@ -32,7 +32,7 @@ from gpupool.policies.pool_choice import (
     choose_first,
 )
 from gpupool.policies.power import CapJob, plan_power_caps
-from gpupool.scheduler.commands import Burst, Cancel, Command, Defer, Reclaim
+from gpupool.scheduler.commands import Burst, Cancel, Command, Defer, Reclaim, Scale
 from gpupool.scheduler.config import SharingConfig
 from gpupool.scheduler.events import GpuUsage
 from gpupool.scheduler.jobs import WAITING, JobRecord
@@ -274,23 +274,78 @@ def sharing_pays(core: Scheduler, name: str, load_rps: float) -> bool:
     return shared_gpus < replicas_needed(core, name, load_rps, False)
 
 
+def slo_rule(core: Scheduler, name: str, have: int, now: float) -> tuple[int, str] | None:
+    """Replicas the measured load asks for, and why: more when the p99 is over the SLO
+    (one more) or the requests per replica are over `replica_rps` (enough for the rate
+    with headroom). None: no fresh measurement, every replica not yet up, or a change
+    made less than one measuring window ago (what was measured predates it)."""
+    svc = core.services[name]
+    load = core.load.get(name)
+    cfg = core.config
+    window = cfg.autoscale_load_window_s
+    if load is None or now - load.t_s > window + 1e-9 or load.replicas_reporting < 1:
+        return None
+    running = sum(r.state is JobState.RUNNING for r in core.replicas[name].values())
+    if running < have or load.replicas_reporting < running:
+        return None  # a scale-up in flight: its replicas are not measured yet
+    if now - core.scaled_at.get(name, -math.inf) < window - 1e-9:
+        return None
+    per = load.rps / load.replicas_reporting
+    want, why = have, ""
+    if per > svc.replica_rps:
+        want = max(have + 1, math.ceil(load.rps * cfg.autoscale_headroom / svc.replica_rps - 1e-9))
+        why = f"{per:.0f} rps/replica > {svc.replica_rps:g} rps/replica at {load.rps:.0f} rps"
+    if load.p99_ms is not None and load.p99_ms > svc.slo_p99_ms:
+        want = max(want, have + 1)
+        why = f"p99 {load.p99_ms:.0f} ms > {svc.slo_p99_ms:g} ms at {per:.0f} rps/replica"
+    return (min(want, svc.max_replicas), why) if want > have else None
+
+
 def autoscale(core: Scheduler, now: float) -> list[Command]:
-    """Each service to the replicas its expected peak needs: new replicas are submitted,
-    surplus ones cancelled (waiting ones first, then those on the emptiest nodes, so the
-    GPUs freed join other free GPUs instead of leaving holes)."""
+    """Each service to the replicas its expected peak needs (the demand rule), or more
+    when what its replicas measured breaks the SLO (the SLO rule): new replicas are
+    submitted, surplus ones cancelled once demand has stayed low `down_stable_s`
+    (waiting ones first, then those on the emptiest nodes, so the GPUs freed join
+    other free GPUs instead of leaving holes). Each change comes with a Scale notice."""
     out: list[Command] = []
+    cfg = core.config
     for svc in core.services.values():
         peak = core.demand.get(svc.name, 0.0)
         shared = sharing_pays(core, svc.name, peak)
         want = replicas_needed(core, svc.name, peak, shared)
         mine = list(core.replicas[svc.name].values())
-        if len(mine) < want:
-            for _ in range(want - len(mine)):
+        have = len(mine)
+        why = f"expected peak {peak:.0f} rps at {svc.replica_rps:g} rps/replica"
+        slo = slo_rule(core, svc.name, have, now)
+        if slo is not None and slo[0] > want:
+            want, why = slo
+        if want < have:
+            since = core.below_since.setdefault(svc.name, now)
+            if now - since < cfg.autoscale_down_stable_s - 1e-9:
+                continue
+            if cfg.autoscale_down_stable_s > 0:
+                why += f", low for {now - since:.0f} s"
+        else:
+            core.below_since.pop(svc.name, None)
+        if want == have:
+            continue
+        core.scaled_at[svc.name] = now
+        core.below_since.pop(svc.name, None)
+        dropped: list[str] = []
+        cancels: list[Command] = []
+        if have < want:
+            for _ in range(want - have):
                 core.replica_seq[svc.name] += 1
+                seq = core.replica_seq[svc.name]
+                milli = svc.replica_gpu_milli if shared else MILLI_PER_GPU
                 job = JobSpec(
-                    job_id=f"{svc.name}-r{core.replica_seq[svc.name]}",
+                    job_id=(
+                        core.replica_id(svc.name, seq, milli)
+                        if core.replica_id is not None
+                        else f"{svc.name}-r{seq}"
+                    ),
                     gpu_count=1,
-                    gpu_milli=svc.replica_gpu_milli if shared else MILLI_PER_GPU,
+                    gpu_milli=milli,
                     gpu_models=svc.gpu_models,
                     team=svc.team,
                     priority=svc.priority,
@@ -298,14 +353,18 @@ def autoscale(core: Scheduler, now: float) -> list[Command]:
                     submit_s=now,
                 )
                 core.submit(job, now, service=svc.name)
-        elif len(mine) > want:
+        else:
             mine.sort(key=lambda r: (r.state is JobState.RUNNING, -_node_free(core, r)))
-            for r in mine[: len(mine) - want]:
+            for r in mine[: have - want]:
                 core.claims.pop(r.job_id, None)
                 holding = r.state is JobState.RUNNING
                 core.finished(r.job_id, now, JobState.CANCELLED, "scaled down")
                 if holding:
-                    out.append(Cancel(r.job_id, "scaled down"))
+                    cancels.append(Cancel(r.job_id, "scaled down"))
+                else:
+                    dropped.append(r.job_id)
+        out.append(Scale(svc.name, have, want, why, tuple(dropped)))
+        out += cancels
     return out
 
 

@@ -54,6 +54,7 @@ from gpupool.scheduler import (
     NodeUp,
     Progress,
     Reclaim,
+    Scale,
     Scheduler,
     ServiceDemand,
     Stop,
@@ -252,6 +253,8 @@ class ScenarioSim:
         self.cloud_ready_at: dict[int, float] = {}
         self.cloud_billed_usd = 0.0
         self.cloud_events: list[CloudEvent] = []
+        self.scale_events: list[tuple[float, Scale]] = []
+        """Every change of a service's replica target, with its reason (core: Scale)."""
         self.spinup_s = 0.0
         if cloud_pools and self.topology is not None:
             self.cloud_nodes = tuple(
@@ -397,6 +400,8 @@ class ScenarioSim:
                     self.waited_with[c.code].add(c.job_id)
             elif isinstance(c, Defer):
                 pass  # the core holds the job; the world has nothing to do
+            elif isinstance(c, Scale):
+                self.scale_events.append((at, c))
         if capped or self.caps:
             self.apply_caps()
 
@@ -821,6 +826,7 @@ class ScenarioSim:
             "replicas_started": sum(
                 1 for r in runs.values() if r.service is not None and r.first_start_s is not None
             ),
+            "scale_events": len(self.scale_events),
             "kinds": {
                 kind.value: stats([r for r in jobs if r.spec.kind is kind])
                 for kind in JobKind
