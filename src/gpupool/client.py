@@ -284,6 +284,23 @@ class Client:
         params = {"hold": "true"} if hold else None
         return _object(self._request("POST", f"/v1/jobs/{id}/requeue", params=params))
 
+    # services
+    def create_service(self, spec: dict[str, Any]) -> dict[str, Any]:
+        return _object(self._request("POST", "/v1/services", json=spec))
+
+    def services(self) -> list[dict[str, Any]]:
+        return _list(self._request("GET", "/v1/services", attempts=3), "services")
+
+    def service(self, name: str) -> dict[str, Any]:
+        return _object(self._request("GET", f"/v1/services/{name}", attempts=3))
+
+    def scale_service(self, name: str, low: int, high: int) -> dict[str, Any]:
+        body = {"min_replicas": low, "max_replicas": high}
+        return _object(self._request("POST", f"/v1/services/{name}/scale", json=body))
+
+    def delete_service(self, name: str) -> dict[str, Any]:
+        return _object(self._request("DELETE", f"/v1/services/{name}"))
+
     def drain(self, node: str, undo: bool = False, reason: str = "") -> dict[str, Any]:
         body = {"node": node, "undo": undo, "reason": reason}
         return _object(self._request("POST", "/v1/drain", json=body))

@@ -307,6 +307,9 @@ def add_client_parsers(sub: Any) -> None:
     p.set_defaults(client_handler=cmd_top)
     add_credential_parsers(sub, conn, as_json)
     _add_lifecycle_parsers(sub, conn, as_json)
+    from gpupool.service_cli import add_service_parsers
+
+    add_service_parsers(sub, conn, as_json)
 
 
 def _add_paging_flags(p: argparse.ArgumentParser, default: int) -> None:

@@ -41,13 +41,14 @@ from gpupool.scheduler.waiting import reason_code
 from gpupool.service import sizing_field as sf
 from gpupool.service.admission import Fleet, admit
 from gpupool.service.auth import AuditMiddleware, AuditTrail, TokenCache
-from gpupool.service.live import LiveService
+from gpupool.service.live import LiveService, service_json
 from gpupool.service.rate import RateLimited, SubmitRate
 from gpupool.service.share_admission import check_share
 from gpupool.service.store import (
     AuditRow,
     JobRow,
     NewJob,
+    NewService,
     Principal,
     Store,
     TokenRow,
@@ -397,6 +398,78 @@ class JobIn(BaseModel):
         return v
 
 
+SERVICE_NAME = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
+
+
+class ServiceIn(BaseModel):
+    """An online service: each replica runs `command` with a free loopback port in the
+    env var `port_env` and serves /metrics there (docs/services.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=63, pattern=SERVICE_NAME)
+    team: str | None = Field(None, min_length=1, max_length=64, pattern=NAME)
+    command: list[Annotated[str, Field(min_length=1, max_length=4096)]] = Field(
+        min_length=1, max_length=256
+    )
+    model: str | None = Field(None, min_length=1, max_length=128, description="What it serves.")
+    gpu_model: str | None = Field(None, min_length=1, max_length=64)
+    gpu_mem_mib: int | None = Field(
+        None, ge=1, le=16 * 1024 * 1024, description="GPU memory of one replica (MiB)."
+    )
+    gpu_share: float | None = Field(None, gt=0, le=1, allow_inf_nan=False)
+    min_replicas: int = Field(1, ge=0, le=1024)
+    max_replicas: int = Field(1, ge=1, le=1024)
+    slo_p99_ms: float = Field(200.0, gt=0, le=600_000, allow_inf_nan=False)
+    replica_rps: float = Field(
+        10.0,
+        gt=0,
+        le=1e7,
+        allow_inf_nan=False,
+        description="Requests/s one replica serves within the SLO.",
+    )
+    port_env: str = Field("PORT", min_length=1, max_length=64, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    cwd: str | None = Field(None, min_length=1, max_length=4096)
+    env: dict[str, str] = Field(default_factory=dict, max_length=256)
+    grace_s: float = Field(10.0, ge=0, le=86_400, allow_inf_nan=False)
+    priority: Annotated[int, Strict()] | Literal["low", "normal", "high"] = "high"
+
+    @field_validator("command", "cwd", "model", "gpu_model")
+    @classmethod
+    def _no_nul(cls, v: Any) -> Any:
+        items = v if isinstance(v, list) else [v]
+        if any(isinstance(x, str) and "\x00" in x for x in items):
+            raise ValueError("must not contain NUL characters")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        for k, val in v.items():
+            if not k or "=" in k or "\x00" in k or "\x00" in val:
+                raise ValueError("env names must be non-empty without '=' or NUL")
+        return v
+
+    @model_validator(mode="after")
+    def _bounds(self) -> ServiceIn:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"min_replicas {self.min_replicas} > max_replicas {self.max_replicas}")
+        if self.gpu_share is not None and self.gpu_mem_mib is not None:
+            raise ValueError("give gpu_share or gpu_mem_mib, not both")
+        return self
+
+
+class ScaleIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    min_replicas: int = Field(ge=0, le=1024)
+    max_replicas: int = Field(ge=1, le=1024)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> ScaleIn:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"min_replicas {self.min_replicas} > max_replicas {self.max_replicas}")
+        return self
+
+
 class BatchIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     jobs: list[JobIn] = Field(min_length=1, max_length=1000)
@@ -493,6 +566,8 @@ def job_json(row: JobRow) -> dict[str, Any]:
         "sizing": None if row.sizing is None else dict(row.sizing),
         "time_limit_s": row.time_limit_s,
         "held": row.held and not row.terminal,
+        "service": row.service,
+        "port": row.port,
     }
 
 
@@ -1000,6 +1075,70 @@ def create_app(
     def requeue(job_id: JobId, who: Who, hold: bool = False) -> dict[str, Any]:
         own(who, store.get(job_id))
         return job_json(service.requeue(job_id, who.name, hold=hold))
+
+    # ---- services: created by a team member (or an admin), seen by every token ----------
+    def own_service(who: Principal, name: str) -> None:
+        row = store.service(name)
+        if not who.is_admin and who.team != row.team:
+            raise HTTPException(403, f"service {name} belongs to team {row.team}, not {who.team}")
+
+    @app.post("/v1/services", status_code=201, summary="Create an online service")
+    def create_service(body: ServiceIn, who: Who) -> dict[str, Any]:
+        team = body.team or who.team
+        if team is None:
+            raise HTTPException(422, [{"loc": ["body", "team"], "msg": "team is required"}])
+        if not who.is_admin and team != who.team:
+            raise HTTPException(403, f"a {who.team} token creates services only for {who.team}")
+        priority = PRIORITIES[body.priority] if isinstance(body.priority, str) else body.priority
+        row = service.create_service(
+            NewService(
+                name=body.name,
+                team=team,
+                command=tuple(body.command),
+                min_replicas=body.min_replicas,
+                max_replicas=body.max_replicas,
+                slo_p99_ms=body.slo_p99_ms,
+                replica_rps=body.replica_rps,
+                model=body.model,
+                gpu_model=body.gpu_model,
+                gpu_mem_mib=body.gpu_mem_mib,
+                gpu_milli=1000 if body.gpu_share is None else max(1, round(body.gpu_share * 1000)),
+                port_env=body.port_env,
+                cwd=body.cwd,
+                env=dict(body.env),
+                grace_s=body.grace_s,
+                priority=priority,
+                owner=who.name,
+            )
+        )
+        return service_json(row)
+
+    @app.get("/v1/services", summary="List the online services")
+    def list_services(who: Who) -> dict[str, Any]:
+        return {"services": [service.service_view(r.name) for r in store.services()]}
+
+    @app.get("/v1/services/{name}", summary="One service with its replicas, rps and p99")
+    def show_service(
+        name: Annotated[str, Path(min_length=1, max_length=63, pattern=SERVICE_NAME)], who: Who
+    ) -> dict[str, Any]:
+        return service.service_view(name)
+
+    @app.post("/v1/services/{name}/scale", summary="Set a service's replica bounds")
+    def scale_service(
+        name: Annotated[str, Path(min_length=1, max_length=63, pattern=SERVICE_NAME)],
+        body: ScaleIn,
+        who: Who,
+    ) -> dict[str, Any]:
+        own_service(who, name)
+        service.scale_service(name, body.min_replicas, body.max_replicas)
+        return service.service_view(name)
+
+    @app.delete("/v1/services/{name}", summary="Delete a service; its replicas stop")
+    def delete_service(
+        name: Annotated[str, Path(min_length=1, max_length=63, pattern=SERVICE_NAME)], who: Who
+    ) -> dict[str, Any]:
+        own_service(who, name)
+        return service_json(service.delete_service(name))
 
     @app.post("/v1/drain", summary="Drain a node (admin): nothing new starts there")
     def drain(body: DrainIn, who: Who) -> dict[str, Any]:

@@ -16,11 +16,12 @@ import dataclasses
 import errno
 import json
 import logging
+import math
 import shutil
 import socket
 import threading
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,7 +56,11 @@ from gpupool.scheduler import (
     Reclaim,
     Release,
     Requeue,
+    Scale,
     Scheduler,
+    ServiceDemand,
+    ServiceLoad,
+    ServiceTemplate,
     SetPowerCap,
     Stop,
     Wait,
@@ -63,6 +68,7 @@ from gpupool.scheduler import (
 )
 from gpupool.scheduler.config import SchedulerConfig
 from gpupool.scheduler.schema import check_fleet
+from gpupool.scheduler.stages import card_mem_mib
 from gpupool.service.clock import Clock
 from gpupool.service.diskspace import DiskFloor, DiskProbe, DiskSpace, StatvfsDisk
 from gpupool.service.executor import (
@@ -80,6 +86,7 @@ from gpupool.service.executor import (
 from gpupool.service.health import LoopHealth
 from gpupool.service.lease import Lease
 from gpupool.service.mps import Mps, MpsError, ShareRequest, detect_mps, share_env
+from gpupool.service.replica_load import LoadWindow, Measured, Scraper
 from gpupool.service.sites import (
     DOWN,
     STARTING,
@@ -93,8 +100,11 @@ from gpupool.service.sizing_field import plan_request_from
 from gpupool.service.store import (
     TERMINAL,
     JobRow,
+    NewJob,
+    NewService,
     RetryingStore,
     RetryPolicy,
+    ServiceRow,
     Store,
     count_events,
     transient,
@@ -137,13 +147,16 @@ LIVE_DEFAULTS = SchedulerConfig(
     online_reserve_on="online-seen",
     preemption=PreemptionRules(60.0, 3, reserve_vacate_s=30.0),
     share_cap=None,
+    autoscale_down_stable_s=300.0,
+    autoscale_load_window_s=60.0,
 )
 """The service's defaults where they differ from a scenario's: a cycle a second; the 20%
 online reserve applies in a pool once an online job was submitted for it (a fleet that
 never serves keeps every GPU), and training borrows it only if it checkpoints within
 30 s; a minute's minimum runtime (online inference does not wait for it); no cap on
 online replicas per GPU (as many as their shares fit; a scenario keeps its cap of 2 so
-that its figures stay those of the calibrated co-location model)."""
+that its figures stay those of the calibrated co-location model); a service's p99 and
+rate measured over the last minute, and scaled down only after 5 minutes of low demand."""
 
 
 @dataclass(frozen=True)
@@ -182,6 +195,9 @@ class LiveConfig:
     cycles)."""
     db_retry: RetryPolicy = field(default_factory=RetryPolicy)
     """How the loop retries a database that is locked, unreachable or full."""
+    scrape_s: float = 1.0
+    """How often each running service replica's /metrics is scraped (docs/services.md)."""
+    scrape_timeout_s: float = 0.5
 
     @property
     def cycle_s(self) -> float:
@@ -358,6 +374,7 @@ class LiveService:
             tariffs=_site_tariffs(sched, {n.cluster for n in self.cluster.nodes}),
             cloud_nodes=[c.name for c in sites.cloud_nodes] if sites is not None else (),
             seed=config.seed,
+            replica_id=self._new_replica,
         )
         check_fleet(sched, self.scheduler.pool_gpus, config.source)
         self.cloud: CloudNodes | None = None
@@ -415,8 +432,31 @@ class LiveService:
             )
         )
         """Enforces GPU shares where the driver has MPS (service/mps.py); else advisory."""
+        self.service_rows: dict[str, ServiceRow] = {}
+        """The live services, as stored (their replicas' command, env, port variable)."""
+        self.ports: dict[str, int] = {}
+        """Each running replica's loopback port."""
+        self.cancel_why: dict[str, str] = {}
+        """Why the core cancelled a replica (scaled down, service deleted)."""
+        self.scraper = Scraper(
+            LoadWindow(sched.autoscale_load_window_s),
+            clock.now,
+            every_s=config.scrape_s,
+            timeout_s=config.scrape_timeout_s,
+        )
+        self.served: dict[str, deque[tuple[float, float]]] = defaultdict(deque)
+        """Each service's measured rate (short window) over the look-ahead: its demand."""
+        self.service_load: dict[str, Measured] = {}
+        self.replica_load: dict[str, Measured] = {}
+        self.last_service_sample = -1e18
+        for svc in self.store.services():
+            self._load_service(svc)
+            self.scheduler.replica_seq[svc.name] = len(self.store.replicas(svc.name, False))
         self.recover()
         self._recover_lifecycle()
+        for row in self.store.active():  # replicas of a service deleted while we were down
+            if row.service is not None and row.service not in self.service_rows:
+                self.cancel(row.id)
 
     # ---- restart ------------------------------------------------------------------------------
     def recover(self) -> None:
@@ -429,7 +469,11 @@ class LiveService:
             if row.state in ("running", "preempting"):
                 placement = self._placement_of(row, node_of)
                 state = JobState.RUNNING if row.state == "running" else JobState.PREEMPTING
-                self.scheduler.restore(spec, state, placement, now, row.preemptions)
+                self.scheduler.restore(
+                    spec, state, placement, now, row.preemptions, service=self._live(row)
+                )
+                if row.port is not None and row.service is not None:
+                    self.ports[str(row.id)] = row.port
                 handle = self._handle_of(row)
                 # Found by its cgroup or launch token, however far its launch had got: a
                 # job whose shim is gone is ended by the executor (and reported, "lost"
@@ -455,7 +499,184 @@ class LiveService:
                     self._requeue(row.id, now, "the scheduler stopped before it started")
             elif row.state in ("pending", "suspended"):
                 state = JobState.PENDING if row.state == "pending" else JobState.SUSPENDED
-                self.scheduler.restore(spec, state, None, now, row.preemptions)
+                self.scheduler.restore(
+                    spec, state, None, now, row.preemptions, service=self._live(row)
+                )
+
+    def _live(self, row: JobRow) -> str | None:
+        """The live service a row is a replica of (None: a job of its own, or a replica
+        whose service was deleted: it is cancelled once recovered)."""
+        return row.service if row.service in self.service_rows else None
+
+    # ---- services -----------------------------------------------------------------------------
+    def _template(self, svc: NewService | ServiceRow) -> ServiceTemplate:
+        """The core's template of a service; a replica's share of a card from its GPU
+        memory over the largest card it may use."""
+        milli = svc.gpu_milli
+        if svc.gpu_mem_mib is not None:
+            models = sorted({n.gpu_model for n in self.cluster.nodes})
+            allowed = [m for m in models if svc.gpu_model is None or m == svc.gpu_model]
+            cards = [c for m in allowed if (c := card_mem_mib(self.scheduler, m)) is not None]
+            big = max(cards, default=0)
+            if svc.gpu_mem_mib > big:
+                raise SpecError(
+                    f"service {svc.name} asks for {svc.gpu_mem_mib} MiB of GPU memory per "
+                    f"replica; the largest card it may use here has {big} MiB "
+                    f"({', '.join(allowed)})"
+                )
+            milli = min(1000, -(-svc.gpu_mem_mib * 1000 // big))
+        if svc.gpu_model is not None and svc.gpu_model not in {
+            n.gpu_model for n in self.cluster.nodes
+        }:
+            have = ", ".join(sorted({n.gpu_model for n in self.cluster.nodes}))
+            raise SpecError(f"service {svc.name} asks for {svc.gpu_model}; this fleet has {have}")
+        return ServiceTemplate(
+            name=svc.name,
+            team=svc.team,
+            replica_rps=svc.replica_rps,
+            slo_p99_ms=svc.slo_p99_ms,
+            replica_gpu_milli=milli,
+            min_replicas=svc.min_replicas,
+            max_replicas=svc.max_replicas,
+            gpu_models=frozenset({svc.gpu_model}) if svc.gpu_model else frozenset(),
+            priority=svc.priority,
+        )
+
+    def _load_service(self, row: ServiceRow) -> None:
+        self.scheduler.add_service(self._template(row))
+        self.service_rows[row.name] = row
+
+    def _new_replica(self, service: str, seq: int, gpu_milli: int) -> str:
+        """The core wants a replica: it becomes a job row (its id, the core's job id)."""
+        svc = self.service_rows[service]
+        job = NewJob(
+            name=f"{service}-r{seq}",
+            team=svc.team,
+            kind="online-inference",
+            priority=svc.priority,
+            gpu_count=1,
+            command=svc.command,
+            env=svc.env,
+            cwd=svc.cwd,
+            gpu_model=svc.gpu_model,
+            grace_s=svc.grace_s,
+            max_retries=3,
+            owner=svc.owner_token,
+            gpu_milli=gpu_milli,
+            service=service,
+        )
+        row, _ = self.store.submit(job, self.clock.now())
+        return str(row.id)
+
+    def create_service(self, svc: NewService) -> ServiceRow:
+        """Called by the API: the service is stored and its replicas follow at once."""
+        with self.lock:
+            self._template(svc)  # refused before anything is stored
+            row = self.store.create_service(svc, self.clock.now())
+            self._load_service(row)
+            self.scheduler.replica_seq[row.name] = len(self.store.replicas(row.name, False))
+            self.wake.set()
+            return row
+
+    def scale_service(self, name: str, low: int, high: int) -> ServiceRow:
+        with self.lock:
+            row = self.store.scale_service(name, low, high, self.clock.now())
+            self._load_service(row)
+            self.wake.set()
+            return row
+
+    def delete_service(self, name: str) -> ServiceRow:
+        """Called by the API: the service is gone; its replicas stop with their grace."""
+        with self.lock:
+            now = self.clock.now()
+            row = self.store.delete_service(name, now)
+            if name in self.scheduler.services:
+                self._carry_out(self.scheduler.remove_service(name, now), now)
+            self.service_rows.pop(name, None)
+            self.served.pop(name, None)
+            self.service_load.pop(name, None)
+            self.wake.set()
+            return row
+
+    def service_view(self, name: str) -> dict[str, Any]:
+        """A service with its replicas and what they measured (GET /v1/services/NAME)."""
+        row = self.store.service(name)
+        replicas = self.store.replicas(name)
+        with self.lock:
+            load = self.service_load.get(name)
+            per = dict(self.replica_load)
+            target = len(self.scheduler.replicas.get(name, {}))
+            failures = dict(self.scraper.failures)
+        ready = self.scraper.seen()
+        out = service_json(row)
+        out["target_replicas"] = target
+        out["rps"] = round(load.rps, 3) if load is not None else None
+        out["p99_ms"] = _ms(load.p99_ms) if load is not None else None
+        out["replicas_reporting"] = load.reporting if load is not None else 0
+        out["replicas"] = []
+        for r in replicas:
+            key = str(r.id)
+            m = per.get(key)
+            serving = r.state == "running" and r.port is not None
+            out["replicas"].append(
+                {
+                    "job_id": r.id,
+                    "name": r.name,
+                    "state": "running" if r.state == "preempting" else r.state,
+                    "node": r.node,
+                    "gpus": [{"node": n, "index": i} for n, i in r.gpus],
+                    "port": r.port,
+                    "url": f"http://127.0.0.1:{r.port}" if serving else None,
+                    "ready": serving and key in ready,
+                    "rps": round(m.rps, 3) if m is not None and m.reporting else None,
+                    "p99_ms": _ms(m.p99_ms) if m is not None and m.reporting else None,
+                    "scrape_error": failures.get(key),
+                    "reason": r.reason,
+                }
+            )
+        out["events"] = [
+            {"at": e.at_s, "kind": e.kind, "message": e.message}
+            for e in self.store.service_events(name, limit=50)
+        ]
+        return out
+
+    def _services(self, now: float) -> None:
+        """Scrape targets are the running replicas; what they measured goes to the core:
+        ServiceLoad (rate and p99 over the load window) and ServiceDemand (the highest
+        short-window rate over the look-ahead, as the expected peak)."""
+        if now - self.last_service_sample < self.config.scrape_s - 1e-9:
+            return
+        self.last_service_sample = now
+        sched = self.config.scheduling
+        window = sched.autoscale_load_window_s
+        short = min(10.0, window)
+        targets: dict[str, int] = {}
+        mine: dict[str, list[str]] = {}
+        for name in self.scheduler.services:
+            ids = [
+                job_id
+                for job_id, r in self.scheduler.replicas[name].items()
+                if r.state is JobState.RUNNING and job_id in self.ports
+            ]
+            mine[name] = ids
+            targets.update({job_id: self.ports[job_id] for job_id in ids})
+        self.scraper.set_targets(targets)
+        self.replica_load = {
+            job_id: self.scraper.measure([job_id], now, short) for job_id in targets
+        }
+        for name, ids in mine.items():
+            load = self.scraper.measure(ids, now)
+            self.service_load[name] = load
+            rate = self.scraper.measure(ids, now, short)
+            served = self.served[name]
+            served.append((now, rate.rps))
+            while served and served[0][0] < now - sched.autoscale_lookahead_s - 1e-9:
+                served.popleft()
+            self.scheduler.observe(ServiceDemand(now, name, max(r for _, r in served)))
+            if load.reporting:
+                self.scheduler.observe(
+                    ServiceLoad(now, name, load.rps, load.p99_ms, load.reporting)
+                )
 
     def _placement_of(self, row: JobRow, node_of: dict[str, int]) -> Placement | None:
         by_node: dict[int, list[int]] = defaultdict(list)
@@ -509,6 +730,7 @@ class LiveService:
         if self.thread is not None:
             self.thread.join(timeout=10)
         self.executor.shutdown()
+        self.scraper.close()
         self.mps.close()
 
     MIN_STEP_S = 0.05
@@ -561,6 +783,8 @@ class LiveService:
             if now - self.last_sample >= self.config.sample_s:
                 self._stage("sample", self._sample, now)
             self._stage("progress", self._progress, now)
+            if self.scheduler.services:
+                self._stage("services", self._services, now)
             self._stage("ingest", self._ingest, now)
             if self.probe is not None and now - self.last_probe >= self.PROBE_S:
                 self._stage("probe", self._probe, now)
@@ -913,9 +1137,8 @@ class LiveService:
             self._carry_out(self.scheduler.vacated(key, now), now)
         elif ex.outcome == "cancelled":
             self.scheduler.finished(key, now, JobState.CANCELLED)
-            self._transition(
-                job_id, "cancelled", now, running, reason="cancelled on request", ended_at=now
-            )
+            why = self.cancel_why.pop(key, "cancelled on request")
+            self._transition(job_id, "cancelled", now, running, reason=why, ended_at=now)
         elif ex.outcome == "lost":
             lost = count_events(self.raw_store, job_id, "suspended", LOST_PREFIX)
             limit = self.config.lost_retries
@@ -1090,7 +1313,29 @@ class LiveService:
             )
             self.executor.preempt(c.job_id, row.grace_s, now)
             self._decided(now, "preempt", c.job_id)
+        elif isinstance(c, Scale):
+            self.store.add_event(
+                "service-scaled",
+                f"service {c.service}: {c.text}",
+                now,
+                data={
+                    "service": c.service,
+                    "from": c.from_replicas,
+                    "to": c.to_replicas,
+                    "reason": c.reason,
+                },
+            )
+            for job_id in c.dropped:  # replicas that never ran: they end here
+                self._transition(
+                    int(job_id),
+                    "cancelled",
+                    now,
+                    ("pending", "suspended"),
+                    reason=f"{c.reason}: not needed any more, ended before it started",
+                    ended_at=now,
+                )
         elif isinstance(c, Cancel):
+            self.cancel_why[c.job_id] = c.reason
             if c.job_id in self.executor.handles():
                 self.executor.cancel(c.job_id, self.store.get(int(c.job_id)).grace_s, now)
         elif isinstance(c, SetPowerCap):
@@ -1190,6 +1435,8 @@ class LiveService:
         devices = tuple(self.devices[(s.node, g)] for s in shares for g in s.gpus)
         node = self.cluster.nodes[shares[0].node].name
         attempt = row.attempts + 1
+        svc = self.service_rows.get(row.service) if row.service is not None else None
+        port = free_loopback_port() if svc is not None else None
         self._transition(
             row.id,
             "running",
@@ -1207,6 +1454,7 @@ class LiveService:
             pid=None,
             pgid=None,
             start_ticks=None,
+            port=port,
         )
         run_dir = self.run_dir(row.id)
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -1225,6 +1473,9 @@ class LiveService:
         # a machine that has real ones; it learns its fake GPUs from GPUPOOL_FAKE_GPUS.
         fake = isinstance(self.telemetry, FakeTelemetry)
         env = dict(row.env)
+        if svc is not None and port is not None:
+            env[svc.port_env] = str(port)
+            self.ports[d.job_id] = port
         if fake:
             env["GPUPOOL_FAKE_GPUS"] = ",".join(str(x) for x in devices)
         visible: str | None = None
@@ -1810,3 +2061,37 @@ def ray_service(
         cloud_runner=cloud_runner,
         lease=lease,
     )
+
+
+def free_loopback_port() -> int:
+    """A port nothing listens on now, for a replica to serve on (127.0.0.1 only)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _ms(value: float | None) -> float | None:
+    return None if value is None or math.isnan(value) else round(value, 1)
+
+
+def service_json(row: ServiceRow) -> dict[str, Any]:
+    return {
+        "name": row.name,
+        "team": row.team,
+        "model": row.model,
+        "gpu_model": row.gpu_model,
+        "gpu_mem_mib": row.gpu_mem_mib,
+        "gpu_milli": row.gpu_milli,
+        "min_replicas": row.min_replicas,
+        "max_replicas": row.max_replicas,
+        "replica_rps": row.replica_rps,
+        "slo_p99_ms": row.slo_p99_ms,
+        "port_env": row.port_env,
+        "command": list(row.command),
+        "cwd": row.cwd,
+        "grace_s": row.grace_s,
+        "priority": row.priority,
+        "created_at": row.created_at,
+        "deleted_at": row.deleted_at,
+    }

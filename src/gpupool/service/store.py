@@ -13,6 +13,7 @@ import builtins
 import dataclasses
 import hashlib
 import math
+import re
 import secrets
 import threading
 import time
@@ -108,6 +109,7 @@ SETTABLE: frozenset[str] = frozenset(
         "ended_at",
         "cancel_requested",
         "held",
+        "port",
     }
 )
 """Columns transition() and update() may change; the job's spec is immutable once submitted."""
@@ -188,6 +190,40 @@ class JobModel(Base):
     gpu_milli: Mapped[int] = mapped_column(Integer, server_default=text("1000"))
     gpu_mem_mib: Mapped[int | None] = mapped_column(Integer)
     held: Mapped[bool] = mapped_column(Boolean, server_default=false())
+    # the service a replica belongs to (revision 0007)
+    service: Mapped[str | None] = mapped_column(String, index=True)
+    port: Mapped[int | None] = mapped_column(Integer)
+    """The loopback port a replica serves on (its attempt's; set at launch)."""
+
+
+class ServiceModel(Base):
+    """A long-lived online service (revision 0007): the core creates, places and stops
+    its replicas, job rows of kind online-inference that name it in `service`."""
+
+    __tablename__ = "services"
+    __table_args__ = {"sqlite_autoincrement": True}  # noqa: RUF012  (ids are never reused)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String, index=True)
+    team: Mapped[str] = mapped_column(String)
+    model: Mapped[str | None] = mapped_column(String)
+    gpu_model: Mapped[str | None] = mapped_column(String)
+    gpu_mem_mib: Mapped[int | None] = mapped_column(Integer)
+    gpu_milli: Mapped[int] = mapped_column(Integer, server_default=text("1000"))
+    min_replicas: Mapped[int] = mapped_column(Integer)
+    max_replicas: Mapped[int] = mapped_column(Integer)
+    replica_rps: Mapped[float] = mapped_column(Double)
+    slo_p99_ms: Mapped[float] = mapped_column(Double)
+    port_env: Mapped[str] = mapped_column(String)
+    command: Mapped[list[str]] = mapped_column(JSON)
+    cwd: Mapped[str | None] = mapped_column(Text)
+    env: Mapped[dict[str, str]] = mapped_column(JSON)
+    grace_s: Mapped[float] = mapped_column(Double)
+    priority: Mapped[int] = mapped_column(Integer)
+    owner_token: Mapped[str | None] = mapped_column(String)
+    created_at: Mapped[float] = mapped_column(Double)
+    updated_at: Mapped[float] = mapped_column(Double)
+    deleted_at: Mapped[float | None] = mapped_column(Double)
 
 
 class NodeDrainModel(Base):
@@ -290,6 +326,8 @@ class NewJob:
     gpu_mem_mib: int | None = None
     """GPU memory a sharing job asks for (`--gpu-mem 20GiB`); the core sizes its share
     per GPU type (memory over the card's). None: `gpu_milli` as given."""
+    service: str | None = None
+    """The service this job is a replica of (the core made it); None: a job of its own."""
 
     def __post_init__(self) -> None:
         # a list or a caller's dict would make two equal specs compare unequal or change later
@@ -349,6 +387,9 @@ class JobRow:
     gpu_mem_mib: int | None = None
     held: bool = False
     """On hold (gpupool hold): it starts only once released."""
+    service: str | None = None
+    port: int | None = None
+    """A replica's loopback port (its env var `port_env`), set when it starts."""
 
     @property
     def terminal(self) -> bool:
@@ -381,7 +422,129 @@ class JobRow:
             time_limit_s=self.time_limit_s,
             gpu_milli=self.gpu_milli,
             gpu_mem_mib=self.gpu_mem_mib,
+            service=self.service,
         )
+
+
+@dataclass(frozen=True)
+class NewService:
+    """What a user creates: a service whose replicas each run `command` on part of (or a
+    whole) GPU, with a free loopback port in the env var `port_env`."""
+
+    name: str
+    team: str
+    command: tuple[str, ...]
+    min_replicas: int = 1
+    max_replicas: int = 1
+    slo_p99_ms: float = 200.0
+    replica_rps: float = 10.0
+    """Requests/s one replica serves within the SLO: the demand rule's and the load
+    bound's unit."""
+    model: str | None = None
+    """Free text: the model it serves (shown, not scheduled by)."""
+    gpu_model: str | None = None
+    gpu_mem_mib: int | None = None
+    gpu_milli: int = 1000
+    port_env: str = "PORT"
+    cwd: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    grace_s: float = 10.0
+    priority: int = 100
+    owner: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "command", tuple(self.command))
+        object.__setattr__(self, "env", dict(self.env))
+
+
+@dataclass(frozen=True)
+class ServiceRow:
+    """One service as stored; `deleted_at` set once deleted (its replicas are stopping)."""
+
+    id: int
+    name: str
+    team: str
+    command: tuple[str, ...]
+    min_replicas: int
+    max_replicas: int
+    slo_p99_ms: float
+    replica_rps: float
+    model: str | None
+    gpu_model: str | None
+    gpu_mem_mib: int | None
+    gpu_milli: int
+    port_env: str
+    cwd: str | None
+    env: Mapping[str, str]
+    grace_s: float
+    priority: int
+    owner_token: str | None
+    created_at: float
+    updated_at: float
+    deleted_at: float | None
+
+
+_PORT_ENV = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_SERVICE_NAME = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
+
+
+def _check_service(svc: NewService) -> None:
+    """Refuse a service the scheduler could never run, before anything is written."""
+    if not _SERVICE_NAME.fullmatch(svc.name):
+        raise SpecError(
+            f"service name {svc.name!r}: use 1-63 lower-case letters, digits and dashes "
+            "(e.g. chat-bot)"
+        )
+    if not svc.team:
+        raise SpecError("a service needs a team; pass --team")
+    if not svc.command or not all(isinstance(a, str) for a in svc.command):
+        raise SpecError("command must be a non-empty list of strings, e.g. ['python', 'serve.py']")
+    _check_range(svc.min_replicas, svc.max_replicas)
+    if not svc.slo_p99_ms > 0 or not svc.replica_rps > 0:
+        raise SpecError("slo_p99_ms and replica_rps must be positive numbers")
+    if not _PORT_ENV.fullmatch(svc.port_env):
+        raise SpecError(f"port_env {svc.port_env!r} is not an environment variable name")
+    if not 0 < svc.gpu_milli <= 1000:
+        raise SpecError(f"gpu_milli is {svc.gpu_milli}; give a share of one GPU in 1..1000")
+    if svc.gpu_mem_mib is not None and svc.gpu_mem_mib <= 0:
+        raise SpecError(f"gpu_mem_mib is {svc.gpu_mem_mib}; give a positive amount")
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in svc.env.items()):
+        raise SpecError("env must map strings to strings")
+    if svc.grace_s < 0:
+        raise SpecError("grace_s must not be negative")
+
+
+def _check_range(low: int, high: int) -> None:
+    if not 0 <= low <= high or high < 1:
+        raise SpecError(
+            f"replicas {low}..{high}: give MIN..MAX with 0 <= MIN <= MAX and MAX >= 1 (e.g. 1..8)"
+        )
+
+
+def _service_row(m: ServiceModel) -> ServiceRow:
+    return ServiceRow(
+        id=m.id,
+        name=m.name,
+        team=m.team,
+        command=tuple(m.command),
+        min_replicas=m.min_replicas,
+        max_replicas=m.max_replicas,
+        slo_p99_ms=m.slo_p99_ms,
+        replica_rps=m.replica_rps,
+        model=m.model,
+        gpu_model=m.gpu_model,
+        gpu_mem_mib=m.gpu_mem_mib,
+        gpu_milli=m.gpu_milli,
+        port_env=m.port_env,
+        cwd=m.cwd,
+        env=dict(m.env),
+        grace_s=m.grace_s,
+        priority=m.priority,
+        owner_token=m.owner_token,
+        created_at=m.created_at,
+        updated_at=m.updated_at,
+        deleted_at=m.deleted_at,
+    )
 
 
 @dataclass(frozen=True)
@@ -668,6 +831,8 @@ def _job_row(m: JobModel) -> JobRow:
         gpu_milli=m.gpu_milli if m.gpu_milli is not None else 1000,
         gpu_mem_mib=m.gpu_mem_mib,
         held=bool(m.held),
+        service=m.service,
+        port=m.port,
     )
 
 
@@ -735,6 +900,8 @@ def _job_values(job: NewJob, idempotency_key: str | None, now_s: float) -> dict[
         "gpu_milli": job.gpu_milli,
         "gpu_mem_mib": job.gpu_mem_mib,
         "held": False,
+        "service": job.service,
+        "port": None,
     }
     return values
 
@@ -1009,6 +1176,139 @@ class Store:
             values.update(id=job_id, command=tuple(job.command), gpus=(), env=dict(job.env))
             out.append(JobRow(**values))
         return out
+
+    # -- services --
+    def create_service(self, svc: NewService, now_s: float) -> ServiceRow:
+        """Store a new service and its 'service-created' event; a live one of the same
+        name is a conflict (a deleted one's name may be taken again)."""
+        _check_service(svc)
+        with self._write() as s:
+            taken = s.scalars(
+                select(ServiceModel).where(
+                    ServiceModel.name == svc.name, ServiceModel.deleted_at.is_(None)
+                )
+            ).first()
+            if taken is not None:
+                raise ConflictError(
+                    f"service {svc.name} exists already (team {taken.team}); scale it with "
+                    f"`gpupool service scale {svc.name} MIN..MAX` or delete it first"
+                )
+            m = ServiceModel(
+                name=svc.name,
+                team=svc.team,
+                model=svc.model,
+                gpu_model=svc.gpu_model,
+                gpu_mem_mib=svc.gpu_mem_mib,
+                gpu_milli=svc.gpu_milli,
+                min_replicas=svc.min_replicas,
+                max_replicas=svc.max_replicas,
+                replica_rps=svc.replica_rps,
+                slo_p99_ms=svc.slo_p99_ms,
+                port_env=svc.port_env,
+                command=list(svc.command),
+                cwd=svc.cwd,
+                env=dict(svc.env),
+                grace_s=svc.grace_s,
+                priority=svc.priority,
+                owner_token=svc.owner,
+                created_at=now_s,
+                updated_at=now_s,
+                deleted_at=None,
+            )
+            s.add(m)
+            s.flush()
+            row = _service_row(m)
+            self._insert_event(
+                s,
+                "service-created",
+                f"service {svc.name} created for team {svc.team}: replicas "
+                f"{svc.min_replicas}..{svc.max_replicas}, p99 SLO {svc.slo_p99_ms:g} ms",
+                now_s,
+                data={"service": svc.name},
+            )
+        return row
+
+    def services(self, include_deleted: bool = False) -> builtins.list[ServiceRow]:
+        """Services in creation order (live ones, unless include_deleted)."""
+        query = select(ServiceModel).order_by(ServiceModel.id)
+        if not include_deleted:
+            query = query.where(ServiceModel.deleted_at.is_(None))
+        with self._read() as s:
+            return [_service_row(m) for m in s.scalars(query)]
+
+    def service(self, name: str) -> ServiceRow:
+        """The live service of this name."""
+        with self._read() as s:
+            m = s.scalars(
+                select(ServiceModel).where(
+                    ServiceModel.name == name, ServiceModel.deleted_at.is_(None)
+                )
+            ).first()
+            if m is None:
+                raise NotFoundError(f"no service {name}; `gpupool service ls` lists them")
+            return _service_row(m)
+
+    def scale_service(self, name: str, low: int, high: int, now_s: float) -> ServiceRow:
+        """New replica bounds; the scheduler scales to them at its next cycle."""
+        _check_range(low, high)
+        with self._write() as s:
+            m = s.scalars(
+                select(ServiceModel).where(
+                    ServiceModel.name == name, ServiceModel.deleted_at.is_(None)
+                )
+            ).first()
+            if m is None:
+                raise NotFoundError(f"no service {name}; `gpupool service ls` lists them")
+            old = (m.min_replicas, m.max_replicas)
+            m.min_replicas, m.max_replicas, m.updated_at = low, high, now_s
+            s.flush()
+            row = _service_row(m)
+            self._insert_event(
+                s,
+                "service-bounds",
+                f"service {name}: replicas {old[0]}..{old[1]} -> {low}..{high}",
+                now_s,
+                data={"service": name},
+            )
+        return row
+
+    def delete_service(self, name: str, now_s: float) -> ServiceRow:
+        """Mark the service deleted; the scheduler stops its replicas with their grace."""
+        with self._write() as s:
+            m = s.scalars(
+                select(ServiceModel).where(
+                    ServiceModel.name == name, ServiceModel.deleted_at.is_(None)
+                )
+            ).first()
+            if m is None:
+                raise NotFoundError(f"no service {name}; `gpupool service ls` lists them")
+            m.deleted_at = m.updated_at = now_s
+            s.flush()
+            row = _service_row(m)
+            self._insert_event(
+                s, "service-deleted", f"service {name} deleted", now_s, data={"service": name}
+            )
+        return row
+
+    def replicas(self, service: str, active_only: bool = True) -> builtins.list[JobRow]:
+        """The job rows of a service's replicas, in id order."""
+        query = select(JobModel).where(JobModel.service == service).order_by(JobModel.id)
+        if active_only:
+            query = query.where(JobModel.state.not_in(TERMINAL))
+        with self._read() as s:
+            return [_job_row(m) for m in s.scalars(query)]
+
+    def service_events(self, service: str, limit: int = 100) -> builtins.list[EventRow]:
+        """The newest events about a service (created, scaled, bounds, deleted), oldest first."""
+        query = (
+            select(EventModel)
+            .where(EventModel.kind.like("service-%"), EventModel.job_id.is_(None))
+            .order_by(EventModel.seq.desc())
+            .limit(limit * 20)
+        )
+        with self._read() as s:
+            found = [_event_row(m) for m in s.scalars(query) if m.data.get("service") == service]
+        return list(reversed(found[:limit]))
 
     def get(self, job_id: int) -> JobRow:
         with self._read() as s:

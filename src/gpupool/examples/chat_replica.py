@@ -1,0 +1,144 @@
+"""An example replica of an online service: a stand-in chatbot that serves real HTTP on
+loopback and reports what it serves through the channel of docs/services.md.
+
+    python -m gpupool.examples.chat_replica [--slots 4] [--ms-per-token 0.5]
+        [--min-ms 5] [--max-ms 40]
+
+It listens on 127.0.0.1:$PORT (the service's `--port-env`, PORT by default). GET or POST
+`/generate?tokens=N` takes a service time of N * ms-per-token, capped to [min-ms, max-ms],
+under a fixed number of concurrent slots (a semaphore: the replica's capacity), so a
+request that finds every slot busy waits and latency really grows when the replica is
+overloaded. Each request's latency, queueing included, is measured with prometheus_client
+and served at `/metrics` (`gpupool_replica_requests_total`,
+`gpupool_replica_request_latency_seconds`). SIGTERM stops it cleanly (exit 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import FrameType
+from urllib.parse import parse_qs, urlparse
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from gpupool.service.replica_load import LATENCY, LATENCY_BUCKETS_S, REQUESTS
+
+DEFAULT_TOKENS = 32
+
+
+class Replica:
+    """The serving model: a request holds one of `slots` for its service time."""
+
+    def __init__(self, slots: int, ms_per_token: float, min_ms: float, max_ms: float) -> None:
+        self.slots = threading.BoundedSemaphore(slots)
+        self.ms_per_token = ms_per_token
+        self.min_ms, self.max_ms = min_ms, max_ms
+        self.registry = CollectorRegistry()
+        self.requests = Counter(REQUESTS, "Requests this replica served", registry=self.registry)
+        self.latency = Histogram(
+            LATENCY,
+            "Latency of each served request, waiting for a slot included",
+            buckets=LATENCY_BUCKETS_S,
+            registry=self.registry,
+        )
+
+    def service_ms(self, tokens: int) -> float:
+        return min(self.max_ms, max(self.min_ms, tokens * self.ms_per_token))
+
+    def generate(self, tokens: int) -> dict[str, float]:
+        started = time.perf_counter()
+        with self.slots:
+            time.sleep(self.service_ms(tokens) / 1000.0)
+        took = time.perf_counter() - started
+        self.latency.observe(took)
+        self.requests.inc()
+        return {"tokens": tokens, "latency_ms": round(took * 1000.0, 3)}
+
+
+def handler_for(replica: Replica) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass  # one line per request would be the job's whole log
+
+        def _reply(self, code: int, body: bytes, kind: str) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def _generate(self) -> None:
+            query = parse_qs(urlparse(self.path).query)
+            try:
+                tokens = int(query.get("tokens", [str(DEFAULT_TOKENS)])[0])
+            except ValueError:
+                self._reply(400, b'{"detail": "tokens must be a whole number"}', "application/json")
+                return
+            if not 0 <= tokens <= 1_000_000:
+                self._reply(400, b'{"detail": "tokens must be 0..1000000"}', "application/json")
+                return
+            body = json.dumps(replica.generate(tokens)).encode()
+            self._reply(200, body, "application/json")
+
+        def do_GET(self) -> None:
+            path = urlparse(self.path).path
+            if path == "/metrics":
+                self._reply(200, generate_latest(replica.registry), CONTENT_TYPE_LATEST)
+            elif path == "/generate":
+                self._generate()
+            elif path == "/healthz":
+                self._reply(200, b"ok", "text/plain")
+            else:
+                self._reply(404, b'{"detail": "try /generate or /metrics"}', "application/json")
+
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            if length:
+                self.rfile.read(min(length, 1 << 20))
+            if urlparse(self.path).path == "/generate":
+                self._generate()
+            else:
+                self._reply(404, b'{"detail": "POST /generate"}', "application/json")
+
+    return Handler
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="chat_replica", description=__doc__.split("\n\n")[0])
+    p.add_argument("--slots", type=int, default=4, help="requests served at once (capacity)")
+    p.add_argument("--ms-per-token", type=float, default=0.5)
+    p.add_argument("--min-ms", type=float, default=5.0)
+    p.add_argument("--max-ms", type=float, default=40.0)
+    p.add_argument("--port-env", default="PORT", help="env var holding the port (default PORT)")
+    args = p.parse_args(argv)
+    raw = os.environ.get(args.port_env)
+    if not raw or not raw.isdigit():
+        print(f"set {args.port_env} to the loopback port to serve on", file=sys.stderr)
+        return 2
+    replica = Replica(max(1, args.slots), args.ms_per_token, args.min_ms, args.max_ms)
+    server = ThreadingHTTPServer(("127.0.0.1", int(raw)), handler_for(replica))
+    server.daemon_threads = True
+
+    def stop(_sig: int, _frame: FrameType | None) -> None:
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, stop)
+    print(f"serving on 127.0.0.1:{raw} with {args.slots} slots", flush=True)
+    server.serve_forever(poll_interval=0.2)
+    server.server_close()
+    print("stopped", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
