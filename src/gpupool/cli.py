@@ -155,7 +155,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    tail: list[str] | None = None
+    if words[:2] == ["service", "create"] and "--" in words:
+        # the replica's command follows --, after the service's NAME positional
+        cut = words.index("--")
+        words, tail = words[:cut], words[cut + 1 :]
+    args = build_parser().parse_args(words)
+    if tail is not None:
+        args.svc_argv = tail
     try:
         client_code = run_client(args)
         if client_code is not None:

@@ -46,6 +46,7 @@ def add_service_parsers(sub: Any, conn: argparse.ArgumentParser, as_json: Any) -
         parents=[conn, as_json],
         help="create a service",
         description="Create a service. Everything after -- is each replica's command.",
+        usage="gpupool service create NAME [options] -- COMMAND...",
         epilog="example: gpupool service create chat --team web --gpu-mem 16GiB "
         "--replicas 1..8 --slo-p99-ms 200 -- python -m gpupool.examples.chat_replica",
     )
@@ -71,8 +72,7 @@ def add_service_parsers(sub: Any, conn: argparse.ArgumentParser, as_json: Any) -
     c.add_argument("--priority", help="low, normal, high (default) or an integer")
     c.add_argument("--env", action="extend", nargs="+", default=[], metavar="K=V")
     c.add_argument("--cwd", help="working directory of the replicas")
-    c.add_argument("svc_argv", nargs="*", metavar="command", help="the command, after --")
-    c.set_defaults(client_handler=cmd_create)
+    c.set_defaults(client_handler=cmd_create, svc_argv=[])
 
     ls = ssub.add_parser("ls", parents=[conn, as_json], help="list services")
     ls.set_defaults(client_handler=cmd_ls)
@@ -180,12 +180,12 @@ def service_text(s: dict[str, Any]) -> str:
     ]
     rows = [
         [
-            r["job_id"],
+            str(r["job_id"]),
             r["name"],
             r["state"],
             r["node"] or "-",
             ",".join(str(g["index"]) for g in r["gpus"]) or "-",
-            r["port"] or "-",
+            str(r["port"] or "-"),
             _num(r.get("rps")),
             _num(r.get("p99_ms"), "{:.0f}"),
         ]

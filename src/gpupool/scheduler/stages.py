@@ -244,10 +244,16 @@ class UsageWindow:
 # ---- services: replicas that follow demand ---------------------------------------------------
 def replicas_needed(core: Scheduler, name: str, load_rps: float, shared: bool) -> int:
     svc = core.services[name]
+    want = replicas_needed_raw(core, name, load_rps, shared)
+    return min(max(want, svc.min_replicas), svc.max_replicas)
+
+
+def replicas_needed_raw(core: Scheduler, name: str, load_rps: float, shared: bool) -> int:
+    """Replicas the load needs, before the service's bounds."""
+    svc = core.services[name]
     cfg = core.config
     speed = cfg.colocation.speed(JobKind.ONLINE, sharers_per_gpu(core, name)) if shared else 1.0
-    want = math.ceil(load_rps * cfg.autoscale_headroom / (svc.replica_rps * speed) - 1e-9)
-    return min(max(want, svc.min_replicas), svc.max_replicas)
+    return math.ceil(load_rps * cfg.autoscale_headroom / (svc.replica_rps * speed) - 1e-9)
 
 
 def sharers_per_gpu(core: Scheduler, name: str) -> int:
@@ -316,6 +322,8 @@ def autoscale(core: Scheduler, now: float) -> list[Command]:
         mine = list(core.replicas[svc.name].values())
         have = len(mine)
         why = f"expected peak {peak:.0f} rps at {svc.replica_rps:g} rps/replica"
+        if want == svc.min_replicas and replicas_needed_raw(core, svc.name, peak, shared) < want:
+            why = f"{why}; at least {svc.min_replicas} (the minimum)"
         slo = slo_rule(core, svc.name, have, now)
         if slo is not None and slo[0] > want:
             want, why = slo
