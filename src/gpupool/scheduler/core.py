@@ -203,6 +203,8 @@ class Scheduler:
         """Each service's last measured load (ServiceLoad): what the SLO rule reads."""
         self.below_since: dict[str, float] = {}
         """Since when each service's demand has been below its replicas (scale-down waits)."""
+        self.slo_floor: dict[str, tuple[int, float]] = {}
+        """Replicas the SLO rule added, and the rate that needed them: held until it falls."""
         self.scaled_at: dict[str, float] = {}
         """When each service's replica count last changed (the SLO rule waits a window)."""
         self.replica_seq: dict[str, int] = defaultdict(int)
@@ -498,7 +500,7 @@ class Scheduler:
         out.insert(0, Scale(name, len(mine), 0, reason, tuple(dropped)))
         del self.services[name]
         self.replicas.pop(name, None)
-        for table in (self.demand, self.load, self.below_since, self.scaled_at):
+        for table in (self.demand, self.load, self.below_since, self.scaled_at, self.slo_floor):
             table.pop(name, None)
         self.dirty = True
         return out

@@ -280,6 +280,11 @@ def sharing_pays(core: Scheduler, name: str, load_rps: float) -> bool:
     return shared_gpus < replicas_needed(core, name, load_rps, False)
 
 
+SLO_RELEASE = 0.9
+"""Replicas the SLO rule added stay until the measured rate is below this share of the
+rate that needed them: the demand rule alone would take them back at once and flap."""
+
+
 def slo_rule(core: Scheduler, name: str, have: int, now: float) -> tuple[int, str] | None:
     """Replicas the measured load asks for, and why: more when the p99 is over the SLO
     (one more) or the requests per replica are over `replica_rps` (enough for the rate
@@ -324,9 +329,23 @@ def autoscale(core: Scheduler, now: float) -> list[Command]:
         why = f"expected peak {peak:.0f} rps at {svc.replica_rps:g} rps/replica"
         if want == svc.min_replicas and replicas_needed_raw(core, svc.name, peak, shared) < want:
             why = f"{why}; at least {svc.min_replicas} (the minimum)"
+        load = core.load.get(svc.name)
+        fresh = load if load is not None and now - load.t_s <= cfg.autoscale_load_window_s else None
+        floor = core.slo_floor.get(svc.name)
+        if floor is not None:
+            held, at_rps = floor
+            if fresh is not None and fresh.rps < SLO_RELEASE * at_rps:
+                del core.slo_floor[svc.name]  # the load that needed them has passed
+            elif want < held:
+                want = held
+                why = (
+                    f"held at {held} by the SLO rule until the rate falls below "
+                    f"{SLO_RELEASE * at_rps:.0f} rps"
+                )
         slo = slo_rule(core, svc.name, have, now)
-        if slo is not None and slo[0] > want:
+        if slo is not None and slo[0] > want and fresh is not None:
             want, why = slo
+            core.slo_floor[svc.name] = (want, fresh.rps)
         if want < have:
             since = core.below_since.setdefault(svc.name, now)
             if now - since < cfg.autoscale_down_stable_s - 1e-9:
