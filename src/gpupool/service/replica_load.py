@@ -170,12 +170,15 @@ class Scraper:
         every_s: float = 1.0,
         timeout_s: float = 0.5,
         fetch: Callable[[int, float], str] = scrape,
+        background: bool = True,
     ) -> None:
+        """background False: nothing scrapes until `once()` is called (tests drive it)."""
         self.window = window
         self.clock = clock
         self.every_s = every_s
         self.timeout_s = timeout_s
         self.fetch = fetch
+        self.background = background
         self.lock = threading.Lock()
         self.targets: dict[str, int] = {}
         self.failures: dict[str, str] = {}
@@ -190,7 +193,7 @@ class Scraper:
             self.window.keep(set(targets))
             for gone in set(self.failures) - set(targets):
                 del self.failures[gone]
-        if targets and self.thread is None:
+        if targets and self.thread is None and self.background:
             self.thread = threading.Thread(target=self._run, name="gpupool-scraper", daemon=True)
             self.thread.start()
 
