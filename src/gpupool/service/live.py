@@ -513,6 +513,11 @@ class LiveService:
         """The core's template of a service; a replica's share of a card from its GPU
         memory over the largest card it may use."""
         milli = svc.gpu_milli
+        if svc.gpu_model is not None and svc.gpu_model not in {
+            n.gpu_model for n in self.cluster.nodes
+        }:
+            have = ", ".join(sorted({n.gpu_model for n in self.cluster.nodes}))
+            raise SpecError(f"service {svc.name} asks for {svc.gpu_model}; this fleet has {have}")
         if svc.gpu_mem_mib is not None:
             models = sorted({n.gpu_model for n in self.cluster.nodes})
             allowed = [m for m in models if svc.gpu_model is None or m == svc.gpu_model]
@@ -525,11 +530,6 @@ class LiveService:
                     f"({', '.join(allowed)})"
                 )
             milli = min(1000, -(-svc.gpu_mem_mib * 1000 // big))
-        if svc.gpu_model is not None and svc.gpu_model not in {
-            n.gpu_model for n in self.cluster.nodes
-        }:
-            have = ", ".join(sorted({n.gpu_model for n in self.cluster.nodes}))
-            raise SpecError(f"service {svc.name} asks for {svc.gpu_model}; this fleet has {have}")
         return ServiceTemplate(
             name=svc.name,
             team=svc.team,
