@@ -93,6 +93,12 @@ def add_serve_parser(sub: Any) -> None:
     )
     sp.add_argument("--sample", type=float, default=1.0, help="telemetry sampling, s (1)")
     sp.add_argument(
+        "--scrape",
+        type=float,
+        default=1.0,
+        help="how often each service replica's /metrics is scraped, s (1)",
+    )
+    sp.add_argument(
         "--fake-inlet",
         metavar="GPU=C,...",
         help="with --fake-gpus: the air some fake GPUs breathe, e.g. 0=45,1=45 (a hot "
@@ -475,6 +481,7 @@ def serve(args: argparse.Namespace) -> int:
         state_dir=state_dir,
         scheduling=scheduling,
         sample_s=args.sample,
+        scrape_s=args.scrape,
         monitor_s=args.monitor,
         sites=sites,
         retention_s=args.retention_days * 86_400.0 if args.retention_days > 0 else None,
