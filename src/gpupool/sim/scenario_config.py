@@ -78,6 +78,8 @@ class ScenarioConfig:
     """The policy sees the first this-many waiting jobs of each team per cycle."""
     autoscale_lookahead_s: float = 600.0
     autoscale_headroom: float = 1.1
+    autoscale_down_stable_s: float = 0.0
+    autoscale_load_window_s: float = 120.0
     preemption: PreemptionRules = field(default_factory=PreemptionRules)
     checkpoint: CheckpointModel = field(default_factory=CheckpointModel.calibrated)
     colocation: ColocationModel = field(default_factory=ColocationModel.calibrated)
@@ -108,6 +110,8 @@ class ScenarioConfig:
             queue_depth=self.queue_depth,
             autoscale_lookahead_s=self.autoscale_lookahead_s,
             autoscale_headroom=self.autoscale_headroom,
+            autoscale_down_stable_s=self.autoscale_down_stable_s,
+            autoscale_load_window_s=self.autoscale_load_window_s,
             preemption=self.preemption,
             checkpoint=self.checkpoint,
             colocation=self.colocation,
@@ -214,6 +218,8 @@ def parse_scenario(raw: Any, path: str = "<scenario>") -> ScenarioConfig:
         queue_depth=sched.queue_depth,
         autoscale_lookahead_s=sched.autoscale_lookahead_s,
         autoscale_headroom=sched.autoscale_headroom,
+        autoscale_down_stable_s=sched.autoscale_down_stable_s,
+        autoscale_load_window_s=sched.autoscale_load_window_s,
         preemption=sched.preemption,
         checkpoint=sched.checkpoint,
         colocation=sched.colocation,
