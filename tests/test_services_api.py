@@ -92,7 +92,9 @@ def test_create_show_scale_delete(h: Harness) -> None:
     s = h.show()
     assert s["target_replicas"] == 2
     replicas = s["replicas"]
-    assert [x["state"] for x in replicas] == ["running", "running"]
+    # the fake executor starts no process: running jobs, replicas not yet answering
+    assert [x["state"] for x in replicas] == ["starting", "starting"]
+    assert [h.store.get(x["job_id"]).state for x in replicas] == ["running", "running"]
     assert all(x["port"] and x["url"] == f"http://127.0.0.1:{x['port']}" for x in replicas)
     assert len({x["port"] for x in replicas}) == 2
     job = h.store.get(replicas[0]["job_id"])
@@ -206,9 +208,9 @@ def test_cli(
     assert h.store.service("chat").command[-2:] == ("--slots", "2")
     h.step(2)
     code, out, _ = run("service", "ls", *base)
-    assert code == 0 and "chat" in out and "1/1" in out
+    assert code == 0 and "chat" in out and "0/1" in out
     code, out, _ = run("service", "show", "chat", *base)
-    assert code == 0 and "replicas: 1 running of 1 wanted" in out and "rps:" in out
+    assert code == 0 and "replicas: 0 serving, 1 starting of 1 wanted" in out and "rps:" in out
     assert "p99" in out and "chat-r1" in out
     code, out, _ = run("service", "show", "chat", "--json", *base)
     assert code == 0 and '"replicas": [' in out

@@ -163,16 +163,17 @@ def cmd_ls(client: Client, args: argparse.Namespace) -> int:
         ]
         for s in services
     ]
-    print(render(["service", "team", "running", "bounds", "rps", "p99 ms", "SLO ms"], rows))
+    print(render(["service", "team", "serving", "bounds", "rps", "p99 ms", "SLO ms"], rows))
     return 0
 
 
 def service_text(s: dict[str, Any]) -> str:
     """What `gpupool service show` prints: the service, its replicas and its events."""
     running = sum(r["state"] == "running" for r in s["replicas"])
+    starting = sum(r["state"] == "starting" for r in s["replicas"])
     lines = [
         f"service {s['name']}  team {s['team']}" + (f"  model {s['model']}" if s["model"] else ""),
-        f"replicas: {running} running of {s['target_replicas']} wanted "
+        f"replicas: {running} serving, {starting} starting of {s['target_replicas']} wanted "
         f"(bounds {s['min_replicas']}..{s['max_replicas']})",
         f"rps: {_num(s.get('rps'))}  p99: {_num(s.get('p99_ms'), '{:.0f}')} ms  "
         f"(SLO {s['slo_p99_ms']:g} ms, {s['replica_rps']:g} rps/replica; "

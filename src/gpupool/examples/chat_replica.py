@@ -5,12 +5,16 @@ loopback and reports what it serves through the channel of docs/services.md.
         [--min-ms 5] [--max-ms 40]
 
 It listens on 127.0.0.1:$PORT (the service's `--port-env`, PORT by default). GET or POST
-`/generate?tokens=N` takes a service time of N * ms-per-token, capped to [min-ms, max-ms],
+`/generate?tokens=N` (or `generated_tokens=N&context_tokens=C`, as gpupool.loadgen sends
+a trace's requests) takes N * ms-per-token + C * ms-per-context-token, capped to
+[min-ms, max-ms],
 under a fixed number of concurrent slots (a semaphore: the replica's capacity), so a
 request that finds every slot busy waits and latency really grows when the replica is
 overloaded. Each request's latency, queueing included, is measured with prometheus_client
 and served at `/metrics` (`gpupool_replica_requests_total`,
-`gpupool_replica_request_latency_seconds`). SIGTERM stops it cleanly (exit 0).
+`gpupool_replica_request_latency_seconds`). SIGTERM stops it cleanly (exit 0) after
+`--drain-s` more seconds of serving, and the requests in flight then finish: a replica
+scaled down shows as `stopping` in the service's replicas, so clients leave it first.
 """
 
 from __future__ import annotations
@@ -32,14 +36,23 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from gpupool.service.replica_load import LATENCY, LATENCY_BUCKETS_S, REQUESTS
 
 DEFAULT_TOKENS = 32
+JSON = "application/json"
 
 
 class Replica:
     """The serving model: a request holds one of `slots` for its service time."""
 
-    def __init__(self, slots: int, ms_per_token: float, min_ms: float, max_ms: float) -> None:
+    def __init__(
+        self,
+        slots: int,
+        ms_per_token: float,
+        min_ms: float,
+        max_ms: float,
+        ms_per_context_token: float = 0.0,
+    ) -> None:
         self.slots = threading.BoundedSemaphore(slots)
         self.ms_per_token = ms_per_token
+        self.ms_per_context_token = ms_per_context_token
         self.min_ms, self.max_ms = min_ms, max_ms
         self.registry = CollectorRegistry()
         self.requests = Counter(REQUESTS, "Requests this replica served", registry=self.registry)
@@ -50,13 +63,14 @@ class Replica:
             registry=self.registry,
         )
 
-    def service_ms(self, tokens: int) -> float:
-        return min(self.max_ms, max(self.min_ms, tokens * self.ms_per_token))
+    def service_ms(self, tokens: int, context: int = 0) -> float:
+        work = tokens * self.ms_per_token + context * self.ms_per_context_token
+        return min(self.max_ms, max(self.min_ms, work))
 
-    def generate(self, tokens: int) -> dict[str, float]:
+    def generate(self, tokens: int, context: int = 0) -> dict[str, float]:
         started = time.perf_counter()
         with self.slots:
-            time.sleep(self.service_ms(tokens) / 1000.0)
+            time.sleep(self.service_ms(tokens, context) / 1000.0)
         took = time.perf_counter() - started
         self.latency.observe(took)
         self.requests.inc()
@@ -79,15 +93,17 @@ def handler_for(replica: Replica) -> type[BaseHTTPRequestHandler]:
 
         def _generate(self) -> None:
             query = parse_qs(urlparse(self.path).query)
+            given = query.get("tokens") or query.get("generated_tokens") or [str(DEFAULT_TOKENS)]
             try:
-                tokens = int(query.get("tokens", [str(DEFAULT_TOKENS)])[0])
+                tokens = int(given[0])
+                context = int((query.get("context_tokens") or ["0"])[0])
             except ValueError:
-                self._reply(400, b'{"detail": "tokens must be a whole number"}', "application/json")
+                self._reply(400, b'{"detail": "token counts must be whole numbers"}', JSON)
                 return
-            if not 0 <= tokens <= 1_000_000:
-                self._reply(400, b'{"detail": "tokens must be 0..1000000"}', "application/json")
+            if not (0 <= tokens <= 1_000_000 and 0 <= context <= 10_000_000):
+                self._reply(400, b'{"detail": "token counts out of range"}', JSON)
                 return
-            body = json.dumps(replica.generate(tokens)).encode()
+            body = json.dumps(replica.generate(tokens, context)).encode()
             self._reply(200, body, "application/json")
 
         def do_GET(self) -> None:
@@ -116,21 +132,35 @@ def handler_for(replica: Replica) -> type[BaseHTTPRequestHandler]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="chat_replica", description=__doc__.split("\n\n")[0])
     p.add_argument("--slots", type=int, default=4, help="requests served at once (capacity)")
-    p.add_argument("--ms-per-token", type=float, default=0.5)
+    p.add_argument("--ms-per-token", type=float, default=0.5, help="per generated token")
+    p.add_argument("--ms-per-context-token", type=float, default=0.0, help="per prompt token")
     p.add_argument("--min-ms", type=float, default=5.0)
     p.add_argument("--max-ms", type=float, default=40.0)
     p.add_argument("--port-env", default="PORT", help="env var holding the port (default PORT)")
+    p.add_argument(
+        "--drain-s",
+        type=float,
+        default=2.0,
+        help="after SIGTERM, go on serving this long before stopping (default 2)",
+    )
     args = p.parse_args(argv)
     raw = os.environ.get(args.port_env)
     if not raw or not raw.isdigit():
         print(f"set {args.port_env} to the loopback port to serve on", file=sys.stderr)
         return 2
-    replica = Replica(max(1, args.slots), args.ms_per_token, args.min_ms, args.max_ms)
+    replica = Replica(
+        max(1, args.slots), args.ms_per_token, args.min_ms, args.max_ms, args.ms_per_context_token
+    )
     server = ThreadingHTTPServer(("127.0.0.1", int(raw)), handler_for(replica))
-    server.daemon_threads = True
+    server.daemon_threads = False  # requests in flight finish before it exits
+    server.block_on_close = True
+
+    def drain_then_stop() -> None:
+        time.sleep(args.drain_s)  # balancers re-read the replica list meanwhile
+        server.shutdown()
 
     def stop(_sig: int, _frame: FrameType | None) -> None:
-        threading.Thread(target=server.shutdown, daemon=True).start()
+        threading.Thread(target=drain_then_stop, daemon=True).start()
 
     signal.signal(signal.SIGTERM, stop)
     print(f"serving on 127.0.0.1:{raw} with {args.slots} slots", flush=True)

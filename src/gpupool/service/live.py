@@ -602,11 +602,13 @@ class LiveService:
         """A service with its replicas and what they measured (GET /v1/services/NAME)."""
         row = self.store.service(name)
         replicas = self.store.replicas(name)
-        with self.lock:
-            load = self.service_load.get(name)
-            per = dict(self.replica_load)
-            target = len(self.scheduler.replicas.get(name, {}))
-            failures = dict(self.scraper.failures)
+        # Without the loop's lock (a launch may hold it a while): a load balancer polls
+        # this every second. Each read is of a value the loop replaces whole, or a copy.
+        load = self.service_load.get(name)
+        per = self.replica_load
+        target = len(self.scheduler.replicas.get(name, {}))
+        failures = _copy(self.scraper.failures)
+        stopping = set(_copy(self.cancel_why))
         ready = self.scraper.seen()
         out = service_json(row)
         out["target_replicas"] = target
@@ -622,7 +624,7 @@ class LiveService:
                 {
                     "job_id": r.id,
                     "name": r.name,
-                    "state": "running" if r.state == "preempting" else r.state,
+                    "state": _replica_state(r, key in ready, key in stopping),
                     "node": r.node,
                     "gpus": [{"node": n, "index": i} for n, i in r.gpus],
                     "port": r.port,
@@ -2069,6 +2071,26 @@ def free_loopback_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def _copy(table: dict[str, str]) -> dict[str, str]:
+    """A copy of a dict another thread may change meanwhile (retried until it holds)."""
+    for _ in range(100):
+        try:
+            return dict(table)
+        except RuntimeError:  # changed size during the copy
+            continue
+    return {}
+
+
+def _replica_state(row: JobRow, answered: bool, cancelled: bool) -> str:
+    """A replica as a client sees it: `starting` until its /metrics answers, `running`,
+    `stopping` once the scheduler let it go (still serving its drain), else its job state."""
+    if row.state in ("running", "preempting"):
+        if cancelled or row.state == "preempting":
+            return "stopping"
+        return "running" if answered and row.port is not None else "starting"
+    return row.state
 
 
 def _ms(value: float | None) -> float | None:
