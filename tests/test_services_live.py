@@ -18,7 +18,6 @@ holds up the generator's sending (which would bunch requests into bursts).
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import re
 import sys
@@ -29,7 +28,6 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gpupool import cli as gpupool_cli
 from gpupool.loadgen import OK, RateProfile, replica_urls, run
 from service_proc import Server, cli, wait_for
 
@@ -118,25 +116,19 @@ def test_replicas_follow_a_ramp_and_keep_the_slo(tmp_path: Path) -> None:
             30,
             "the first replica to serve",
         )
-        peak_show: list[str] = []
-
-        def show_at_peak() -> None:
-            # in this process (a second interpreter starting on a busy 2-core machine
-            # would itself slow the replicas); the same main() as the gpupool command
-            time.sleep(55.0)
-            out = io.StringIO()
-            with contextlib.redirect_stdout(out):
-                code = gpupool_cli.main(["service", "show", "chat", "--url", url])
-            peak_show.append(out.getvalue() if code == 0 else f"exit {code}")
 
         current: list[list[str]] = [[]]
+        busiest: list[dict[str, object]] = [{}]
         done = threading.Event()
 
         def follow() -> None:
             with httpx.Client(timeout=2.0) as http:
                 while not done.is_set():  # bounded: ends with the run
                     with contextlib.suppress(httpx.HTTPError, ValueError):
-                        current[0] = replica_urls(http.get(f"{url}/v1/services/chat").json())
+                        seen = http.get(f"{url}/v1/services/chat").json()
+                        current[0] = replica_urls(seen)
+                        if (seen.get("rps") or 0) > (busiest[0].get("rps") or 0):  # type: ignore[operator]
+                            busiest[0] = seen
                     done.wait(0.5)
 
         def targets() -> list[str]:
@@ -146,14 +138,11 @@ def test_replicas_follow_a_ramp_and_keep_the_slo(tmp_path: Path) -> None:
         follower.start()
         wait_for(lambda: bool(current[0]), 30, "the replica list")
 
-        shower = threading.Thread(target=show_at_peak, daemon=True)
-        shower.start()
         wall0 = time.time()
         try:
             report = run(PROFILE, targets, DURATION_S, seed=7, max_in_flight=96, timeout_s=5.0)
         finally:
             done.set()
-        shower.join(30)
         follower.join(10)
 
         events = scale_events(url)
@@ -194,14 +183,20 @@ def test_replicas_follow_a_ramp_and_keep_the_slo(tmp_path: Path) -> None:
         assert ok > 3000, report.summary()
         assert len(report.records) - ok <= 0.01 * len(report.records), report.summary()
 
-        assert peak_show, "service show did not run"
-        shown = peak_show[0]
+        # at the peak, as the API showed it (the load generator's own source of replicas)
+        peak = busiest[0]
+        assert sum(r["state"] == "running" for r in peak["replicas"]) >= 4, peak  # type: ignore[index,union-attr]
+        assert float(peak["rps"]) > 40.0 and float(peak["p99_ms"]) < SLO_MS, peak  # type: ignore[arg-type]
+        # and `gpupool service show` (after the run: a second interpreter starting on the
+        # shared 2-core test machine during the load would itself slow the replicas)
+        shown = cli(url, "service", "show", "chat").stdout
         running = re.search(r"replicas: (\d+) serving", shown)
         rps = re.search(r"rps: ([\d.]+)", shown)
         p99 = re.search(r"p99: ([\d.]+) ms", shown)
-        assert running and int(running.group(1)) >= 4, shown
-        assert rps and float(rps.group(1)) > 30.0, shown
+        assert running and int(running.group(1)) >= 1, shown
+        assert rps and float(rps.group(1)) >= 0.0, shown
         assert p99 and float(p99.group(1)) < SLO_MS, shown
+        assert re.search(r"chat-r\d+\s+running\s+\S+\s+\d+\s+\d+\s+[\d.]+\s+\d+", shown), shown
         print(table)
         print(log)
         print(shown)
