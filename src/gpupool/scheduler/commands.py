@@ -32,6 +32,17 @@ class Stop:
 
 
 @dataclass(frozen=True)
+class Resize:
+    """Move an elastic job to this placement (fewer GPUs: lent to online work; more: given
+    back): it checkpoints, its processes leave, and the driver reports Resized; the core
+    then relaunches it there. The job stays running throughout."""
+
+    job_id: str
+    placement: Placement
+    reason: str
+
+
+@dataclass(frozen=True)
 class Cancel:
     """End a job for good (a scaled-down replica): stop it with its grace period."""
 
@@ -90,7 +101,7 @@ class Defer:
 
 
 Decision = Launch | Stop
-Command = Launch | Stop | Cancel | SetPowerCap | Burst | Reclaim | Defer | Expire | Wait
+Command = Launch | Stop | Cancel | SetPowerCap | Burst | Reclaim | Defer | Expire | Wait | Resize
 
 __all__ = [
     "Burst",
@@ -101,6 +112,7 @@ __all__ = [
     "Expire",
     "Launch",
     "Reclaim",
+    "Resize",
     "SetPowerCap",
     "Stop",
     "Wait",

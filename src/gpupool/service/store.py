@@ -58,6 +58,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sess
 
 from gpupool.core.lifecycle import TRANSITIONS as CORE_TRANSITIONS
 from gpupool.core.lifecycle import JobState
+from gpupool.core.model import JobKind, check_elastic
 from gpupool.errors import (
     ConflictError,
     GpupoolError,
@@ -95,6 +96,7 @@ TERMINAL: frozenset[str] = frozenset(s for s, nxt in TRANSITIONS.items() if not 
 SETTABLE: frozenset[str] = frozenset(
     {
         "gpus",
+        "resize_gpus",
         "node",
         "pid",
         "pgid",
@@ -187,6 +189,10 @@ class JobModel(Base):
     # part of one GPU (revision 0006): thousandths of it, or GPU memory in MiB
     gpu_milli: Mapped[int] = mapped_column(Integer, server_default=text("1000"))
     gpu_mem_mib: Mapped[int | None] = mapped_column(Integer)
+    # elastic jobs (revision 0008): the fewest GPUs it runs on (gpu_count the most), and
+    # the GPUs a resize in flight moves it to (so a restart mid-resize finishes it)
+    gpu_count_min: Mapped[int | None] = mapped_column(Integer)
+    resize_gpus: Mapped[list[list[Any]] | None] = mapped_column(JSON(none_as_null=True))
     held: Mapped[bool] = mapped_column(Boolean, server_default=false())
 
 
@@ -290,6 +296,9 @@ class NewJob:
     gpu_mem_mib: int | None = None
     """GPU memory a sharing job asks for (`--gpu-mem 20GiB`); the core sizes its share
     per GPU type (memory over the card's). None: `gpu_milli` as given."""
+    gpu_count_min: int | None = None
+    """An elastic job (`--gpus 2..4`): it runs on this many GPUs up to gpu_count, lending
+    the rest to online work at its peak. None: exactly gpu_count."""
 
     def __post_init__(self) -> None:
         # a list or a caller's dict would make two equal specs compare unequal or change later
@@ -347,6 +356,9 @@ class JobRow:
     time_limit_s: float | None = None
     gpu_milli: int = 1000
     gpu_mem_mib: int | None = None
+    gpu_count_min: int | None = None
+    resize_gpus: tuple[tuple[str, int], ...] | None = None
+    """Mid-resize: the GPUs it restarts on once its processes left."""
     held: bool = False
     """On hold (gpupool hold): it starts only once released."""
 
@@ -381,6 +393,7 @@ class JobRow:
             time_limit_s=self.time_limit_s,
             gpu_milli=self.gpu_milli,
             gpu_mem_mib=self.gpu_mem_mib,
+            gpu_count_min=self.gpu_count_min,
         )
 
 
@@ -567,6 +580,19 @@ def _check_new(job: NewJob) -> None:
     _check_placement(job)
     _check_sizing(job)
     _check_share(job)
+    _check_elastic(job)
+
+
+def _check_elastic(job: NewJob) -> None:
+    """An elastic range (`--gpus 2..4`): whole GPUs of work that may restart."""
+    if job.gpu_count_min is None:
+        return
+    if job.gpu_milli < 1000 or job.gpu_mem_mib is not None or job.sizing is not None:
+        raise SpecError(
+            "an elastic job (--gpus MIN..MAX) asks for whole GPUs; drop the GPU share, "
+            "--gpu-mem or the model sizing"
+        )
+    check_elastic(job.name, JobKind(job.kind), job.gpu_count_min, job.gpu_count)
 
 
 def _check_share(job: NewJob) -> None:
@@ -667,6 +693,10 @@ def _job_row(m: JobModel) -> JobRow:
         time_limit_s=m.time_limit_s,
         gpu_milli=m.gpu_milli if m.gpu_milli is not None else 1000,
         gpu_mem_mib=m.gpu_mem_mib,
+        gpu_count_min=m.gpu_count_min,
+        resize_gpus=None
+        if m.resize_gpus is None
+        else tuple((str(n), int(i)) for n, i in m.resize_gpus),
         held=bool(m.held),
     )
 
@@ -682,6 +712,8 @@ def _settable(fields: Mapping[str, Any]) -> dict[str, Any]:
     values = dict(fields)
     if "gpus" in values:
         values["gpus"] = [[node, index] for node, index in values["gpus"]]
+    if values.get("resize_gpus") is not None:
+        values["resize_gpus"] = [[node, index] for node, index in values["resize_gpus"]]
     return values
 
 
@@ -734,6 +766,8 @@ def _job_values(job: NewJob, idempotency_key: str | None, now_s: float) -> dict[
         "time_limit_s": job.time_limit_s,
         "gpu_milli": job.gpu_milli,
         "gpu_mem_mib": job.gpu_mem_mib,
+        "gpu_count_min": job.gpu_count_min,
+        "resize_gpus": None,
         "held": False,
     }
     return values
