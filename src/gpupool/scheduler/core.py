@@ -1151,11 +1151,13 @@ class Scheduler:
                 cost[1],
                 now + left,
             )
+        lent = self.elastic.hidden(self.claims) if self.elastic.claimants else set()
         pending = [
             PendingView(
                 r.spec, r.gpu_type, r.ready_s, ck.write_s(r.spec.state_gib_per_gpu), r.preemptions
             )
             for r in self.visible(now)
+            if r.job_id not in lent
         ]
         return CycleView(
             now_s=now,

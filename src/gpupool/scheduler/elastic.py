@@ -17,6 +17,7 @@ one node resize, and only on that node.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -59,6 +60,10 @@ class Elastic:
         """Each elastic job's GPU count as submitted (its maximum)."""
         self.pending: dict[str, PendingResize] = {}
         self.last_s: dict[str, float] = {}
+        self.claimants: set[str] = set()
+        """Online jobs waiting for cards an elastic job is giving back: the core starts
+        them once it has (Resized); the cycle policy does not see them meanwhile, so it
+        neither preempts for them nor gives them cards another online job needs."""
         self.idle_since: dict[str, float] = {}
         """Since when cards it could grow onto have been idle (reset when none are)."""
         self.resizes = 0
@@ -72,6 +77,11 @@ class Elastic:
         """Its speed relative to its declared size (work is measured at full size)."""
         full = self.declared.get(r.spec.job_id)
         return 1.0 if full is None else r.spec.gpu_count / full
+
+    def hidden(self, claims: Mapping[str, object]) -> set[str]:
+        """The online jobs waiting for a lend now (those whose claim is over forgotten)."""
+        self.claimants.intersection_update(claims)
+        return self.claimants
 
     def resizing(self, job_id: str) -> bool:
         return job_id in self.pending
@@ -192,6 +202,7 @@ class Elastic:
             out.append(self._begin(core, d, placement, tuple(takers), reason, now))
         write = core.config.checkpoint
         for claimant, victims in given.items():
+            self.claimants.add(claimant)
             core.claims[claimant] = victims
             core.claim_nodes[claimant] = (node_of[claimant],)
             core.claim_grace[claimant] = max(

@@ -160,6 +160,7 @@ PARAMETERS: dict[str, dict[str, object]] = {
         "state_gib_per_gpu": 8.0,
         "checkpoint_interval_s": 1800.0,
         "kind": "training",
+        "elastic_min_frac": None,
         **_PER_GPU,
         **_PLACEMENT,
     },
@@ -682,6 +683,14 @@ def backlog(params: Mapping[str, object], rng: np.random.Generator, ctx: GenCont
     jobs = _gpu_jobs(
         name, team, priority, [kind] * count, gpus, times, work, ckpt, states, cpu, mem
     )
+    if p.given("elastic_min_frac"):  # elastic: runs on this share of its GPUs or more
+        frac = p.num("elastic_min_frac", lo=0.0, hi=1.0)
+        jobs = tuple(
+            replace(j, gpu_count_min=max(1, math.ceil(j.gpu_count * frac)))
+            if j.gpu_count > 1
+            else j
+            for j in jobs
+        )
     return Workload(jobs=_placed(p, rng, jobs))
 
 
