@@ -1174,8 +1174,12 @@ class LiveService:
             row.id, now, ("running",), "resizing", reason=f"resizing: {c.reason}", resize_gpus=gpus
         )
         self.resizing[c.job_id] = c.placement
-        self.executor.resize(c.job_id, row.grace_s, now)
         self._decided(now, "resize", c.job_id)
+        if c.job_id not in self.executor.handles():  # its process is gone already
+            self.resizing.pop(c.job_id, None)
+            self._carry_out(self.scheduler.observe(Resized(now, c.job_id)), now)
+            return
+        self.executor.resize(c.job_id, row.grace_s, now)
 
     def _power_cap(self, c: SetPowerCap, now: float) -> None:
         """A SetPowerCap of the core on the node and GPU it names (a reset included)."""

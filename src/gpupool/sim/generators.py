@@ -185,6 +185,7 @@ PARAMETERS: dict[str, dict[str, object]] = {
     "job": {
         **_COMMON,
         "gpus": 1,
+        "gpus_min": None,
         "submit_h": 0.0,
         "work_min": REQUIRED,
         "kind": "training",
@@ -863,6 +864,7 @@ def single_job(params: Mapping[str, object], rng: np.random.Generator, ctx: GenC
         dataset=p.text("dataset") if p.given("dataset") else None,
         dataset_gb=p.num("dataset_gb", lo=0),
         gpu_models=frozenset(p.texts("gpu_models")),
+        gpu_count_min=p.int_("gpus_min", lo=1) if p.given("gpus_min") else None,
     )
     return Workload(jobs=(job,))
 
