@@ -212,3 +212,49 @@ def test_live_and_simulated_drivers_resize_elastic_jobs_alike(tmp_path: Path) ->
     resized = ["resize", "resume"]
     assert [a for _, a, j in live if j == "1"] == ["start", *resized * 3], live  # 4, 3, 2, 4
     assert "preempt" not in {a for _, a, _ in live}, live
+
+
+class _NoResizeExecutor(FakeExecutor):
+    """An executor that cannot restart a job on other GPUs (as the Ray executor)."""
+
+    can_resize = False
+
+
+def test_an_executor_that_cannot_resize_keeps_elastic_jobs_whole(tmp_path: Path) -> None:
+    from gpupool.errors import ConflictError
+    from gpupool.service.ray_executor import RayExecutor
+
+    assert RayExecutor.can_resize is False
+    with pytest.raises(ConflictError, match="cannot resize"):
+        RayExecutor.resize(None, "7", 30.0, 0.0)  # type: ignore[arg-type]
+    clock = ManualClock(0.0)
+    store = Store(f"sqlite:///{tmp_path}/ray-like.db")
+    store.migrate()
+    config = dataclasses.replace(LIVE_DEFAULTS, teams=TEAMS, preemption=RULES, elastic=ELASTIC)
+    service = LiveService(
+        LiveConfig(tmp_path / "state", config, sample_s=0.0, host="h"),
+        store,
+        _NoResizeExecutor(),
+        FakeTelemetry(FLEET),
+        clock,
+    )
+    assert service.scheduler.elastic.enabled is False
+    for t, job_id, team, kind, gpus, low, model in ELASTIC_JOBS[:2]:
+        clock.t = float(t)
+        store.submit(
+            NewJob(
+                name=f"job{job_id}",
+                team=team,
+                kind=kind.value,
+                priority=0,
+                gpu_count=gpus,
+                gpu_count_min=low,
+                command=("true",),
+                gpu_model=model,
+            ),
+            float(t),
+        )
+        for _ in range(4):
+            service.step()
+    actions = [(a, j) for _, a, j in service.decisions]
+    assert ("preempt", "1") in actions and not any(a == "resize" for a, _ in actions), actions

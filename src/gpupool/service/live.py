@@ -1290,6 +1290,7 @@ class LiveService:
                 pid=None,
                 pgid=None,
                 start_ticks=None,
+                resize_gpus=None,  # a resize cut short (lost, cancelled) is over
             )
         run_dir = self.run_dir(row.id)
         run_dir.mkdir(parents=True, exist_ok=True)
