@@ -200,15 +200,14 @@ class Elastic:
                 f"{'s' if len(takers) > 1 else ''} {', '.join(takers)}: {old} -> {len(gpus)}"
             )
             out.append(self._begin(core, d, placement, tuple(takers), reason, now))
-        write = core.config.checkpoint
+        ck = core.config.checkpoint
         for claimant, victims in given.items():
             self.claimants.add(claimant)
             core.claims[claimant] = victims
             core.claim_nodes[claimant] = (node_of[claimant],)
+            # it starts once its donor's checkpoint is written (the donor then restarts)
             core.claim_grace[claimant] = max(
-                write.write_s(core.records[v].spec.state_gib_per_gpu)
-                + write.resume_s(core.records[v].spec.state_gib_per_gpu)
-                for v in victims
+                ck.write_s(core.records[v].spec.state_gib_per_gpu) for v in victims
             )
         return out
 
