@@ -4,7 +4,9 @@ mid-resize relaunches it there once its processes left, neither twice nor never)
 
 Both nullable: the jobs already stored read back as fixed-size jobs, not resizing.
 
-Written out by hand like 0001-0006.
+Written out by hand like 0001-0006. Numbered 0008 because 0007 is being written at the
+same time (services); it follows 0006 until 0007 lands, then down_revision becomes
+"0007" so that the chain keeps one head.
 Revision ID: 0008.
 """
 
