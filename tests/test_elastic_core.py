@@ -292,3 +292,29 @@ def test_elastic_ranges_are_checked_with_clear_errors() -> None:
             dataclasses.replace(job, kind="batch", gpu_count=1, gpu_count_min=1, gpu_milli=500)
         )
     _check_new(dataclasses.replace(job, kind="batch", gpu_count_min=2))
+
+
+def test_workload_generators_make_elastic_jobs() -> None:
+    from gpupool.sim.generators import GenContext, build_workload
+
+    ctx = GenContext(86_400.0, None)
+    entries: list[dict[str, object]] = [
+        {"generator": "job", "name": "one", "team": "t", "gpus": 8, "gpus_min": 2, "work_min": 60},
+        {
+            "generator": "backlog",
+            "name": "many",
+            "team": "t",
+            "count": 20,
+            "gpu_choices": [1, 4, 8],
+            "gpu_weights": [0.3, 0.3, 0.4],
+            "elastic_min_frac": 0.5,
+        },
+    ]
+    jobs = {j.job_id: j for j in build_workload(entries, 3, ctx).jobs}
+    assert jobs["one"].gpu_count_min == 2 and jobs["one"].elastic
+    many = [j for j in jobs.values() if j.job_id != "one"]
+    assert {(j.gpu_count, j.gpu_count_min) for j in many} == {(1, None), (4, 2), (8, 4)}
+    # without the parameter the same entry draws the same, fixed-size jobs
+    fixed = [entries[0], {k: v for k, v in entries[1].items() if k != "elastic_min_frac"}]
+    again = [j for j in build_workload(fixed, 3, ctx).jobs if j.job_id != "one"]
+    assert [dataclasses.replace(j, gpu_count_min=None) for j in many] == again
