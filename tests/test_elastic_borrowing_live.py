@@ -104,10 +104,16 @@ def test_elastic_job_lends_two_gpus_to_an_online_peak_and_gets_them_back(
     assert "elastic 2..4" in shown.stdout, shown.stdout
     refused = httpx.post(
         f"{url}/v1/jobs",
-        json={"command": ["true"], "kind": "online-inference", "gpus": 4, "gpus_min": 2},
+        json={
+            "command": ["true"],
+            "kind": "online-inference",
+            "team": "serving",
+            "gpus": 4,
+            "gpus_min": 2,
+        },
         timeout=10,
     )
-    assert refused.status_code == 400, refused.text
+    assert refused.status_code == 422, refused.text
     assert "only offline-inference, batch and training jobs can be elastic" in refused.text
     # the online peak: two replicas' worth of online inference, for a dozen seconds each,
     # submitted together (straight to the API: the CLI takes a second per call)

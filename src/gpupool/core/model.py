@@ -151,7 +151,7 @@ def check_elastic(job: str, kind: JobKind, gpus_min: int, gpus: int) -> None:
     if kind not in ELASTIC_KINDS:
         raise SpecError(
             f"job {job}: only offline-inference, batch and training jobs can be elastic "
-            f"(--gpus MIN..MAX); a {kind.value} job asks for a fixed count"
+            f"(--gpus MIN..MAX); an {kind.value} job asks for a fixed count"
         )
     if not 1 <= gpus_min <= gpus:
         raise SpecError(
