@@ -38,6 +38,11 @@ RUNS = (
         # no guarantees: online inference preempts training of any team (priority preemption)
         ("itp-cluster02-open.yaml", None),
     ]
+    + [
+        # elastic offline work lends GPUs to a diurnal service (resizing on, then off)
+        ("serving-borrow.yaml", None),
+        ("serving-borrow-off.yaml", None),
+    ]
 )
 
 
@@ -209,6 +214,27 @@ def main(argv: list[str]) -> int:
                 f"| {r['scenario']} | {kind} | {k['jobs']} | {k['finished']} | "
                 f"{k['avg_jct_h']} | {k['p99_jct_h']} | {k['avg_queue_h']} |"
             )
+    lines += [
+        "",
+        "## Borrowing: elastic offline work next to a diurnal service",
+        "",
+        "| scenario | resizing | resizes | online SLO % | preemptions | lost work GPU-h | "
+        "offline GPU-h lost to borrowing (lent + restarts) | offline GPU-h | "
+        "finished / submitted |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        b = r.get("borrowing")
+        if not isinstance(b, dict):
+            continue
+        off = r["kinds"]["offline-inference"]  # type: ignore[index]
+        lines.append(
+            f"| {r['scenario']} | {'on' if b['resize_enabled'] else 'off'} | {b['resizes']} | "
+            f"{pct(r['online_slo_attainment'])} | {r['preemptions']} | "
+            f"{r['lost_work_gpu_hours']} | {b['offline_gpu_hours_lost_to_borrowing']} "
+            f"({b['lent_gpu_hours']} + {b['restart_gpu_hours']}) | {off['gpu_hours']} | "
+            f"{r['jobs_finished']} / {r['jobs_submitted']} |"
+        )
     (out / "scenarios.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     payload = {"wall_s": round(wall, 1), "machine": describe(), "scenarios": results}
     (out / "scenarios.json").write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")

@@ -15,6 +15,7 @@ import pytest
 from gpupool.core.model import JobKind, JobSpec
 from gpupool.core.quota import TeamQuota
 from gpupool.policies.cycle import PreemptionRules
+from gpupool.scheduler.config import ElasticConfig
 from gpupool.service.clock import ManualClock
 from gpupool.service.executor import FakeExecutor
 from gpupool.service.live import LIVE_DEFAULTS, LiveConfig, LiveService, build_cluster
@@ -132,3 +133,128 @@ def test_event_driver_refuses_an_unknown_node(bad_node: str) -> None:
     cluster, _ = build_cluster(FakeTelemetry(FLEET).inventory(), "h")
     with pytest.raises(NotFoundError):
         run_events(cluster, [NodeLoss(1.0, bad_node)])
+
+
+ELASTIC = ElasticConfig(resize=True, grow_after_s=5.0)
+# (time, job id, team, kind, GPUs, fewest GPUs, GPU model): an elastic offline job lends a
+# GPU to each of two online jobs and grows back once they ended; job 4 marks a later time
+ELASTIC_JOBS = [
+    (0, "1", "research", JobKind.OFFLINE, 4, 2, "A100-80GB"),
+    (60, "2", "serving", JobKind.ONLINE, 1, None, "A100-80GB"),
+    (61, "3", "serving", JobKind.ONLINE, 1, None, "A100-80GB"),
+    (300, "4", "research", JobKind.TRAINING, 1, None, "H100"),
+]
+ELASTIC_DONE = [(200, "2"), (200, "3")]
+
+
+def _elastic_live(tmp_path: Path) -> list[tuple[float, str, str]]:
+    clock = ManualClock(0.0)
+    store = Store(f"sqlite:///{tmp_path}/elastic.db")
+    store.migrate()
+    executor = FakeExecutor()
+    config = dataclasses.replace(LIVE_DEFAULTS, teams=TEAMS, preemption=RULES, elastic=ELASTIC)
+    service = LiveService(
+        LiveConfig(tmp_path / "state", config, sample_s=0.0, host="h"),
+        store,
+        executor,
+        FakeTelemetry(FLEET),
+        clock,
+    )
+    for t in sorted({t for t, *_ in ELASTIC_JOBS} | {t for t, _ in ELASTIC_DONE}):
+        clock.t = float(t)
+        for tj, job_id, team, kind, gpus, low, model in ELASTIC_JOBS:
+            if tj == t:
+                row, _ = store.submit(
+                    NewJob(
+                        name=f"job{job_id}",
+                        team=team,
+                        kind=kind.value,
+                        priority=0,
+                        gpu_count=gpus,
+                        gpu_count_min=low,
+                        command=("true",),
+                        gpu_model=model,
+                    ),
+                    float(t),
+                )
+                assert str(row.id) == job_id
+        for td, job_id in ELASTIC_DONE:
+            if td == t:
+                executor.finish(job_id, 0)
+        for _ in range(4):  # a resized job's exit comes back on the next poll
+            service.step()
+    assert store.get(1).state == "running" and store.get(1).preemptions == 0
+    assert len(store.get(1).gpus) == 4 and store.get(1).resize_gpus is None
+    return service.decisions
+
+
+def test_live_and_simulated_drivers_resize_elastic_jobs_alike(tmp_path: Path) -> None:
+    cluster, _ = build_cluster(FakeTelemetry(FLEET).inventory(), "h")
+    events: list[Submit | Complete | NodeLoss] = [
+        Submit(
+            float(t),
+            JobSpec(
+                job_id,
+                gpu_count=gpus,
+                gpu_count_min=low,
+                gpu_models=frozenset({model}),
+                team=team,
+                kind=kind,
+                submit_s=float(t),
+            ),
+        )
+        for t, job_id, team, kind, gpus, low, model in ELASTIC_JOBS
+    ]
+    events += [Complete(float(t), job_id) for t, job_id in ELASTIC_DONE]
+    simulated = run_events(cluster, events, TEAMS, "priority-quota", RULES, ELASTIC)
+    live = _elastic_live(tmp_path)
+    assert live == simulated
+    resized = ["resize", "resume"]
+    assert [a for _, a, j in live if j == "1"] == ["start", *resized * 3], live  # 4, 3, 2, 4
+    assert "preempt" not in {a for _, a, _ in live}, live
+
+
+class _NoResizeExecutor(FakeExecutor):
+    """An executor that cannot restart a job on other GPUs (as the Ray executor)."""
+
+    can_resize = False
+
+
+def test_an_executor_that_cannot_resize_keeps_elastic_jobs_whole(tmp_path: Path) -> None:
+    from gpupool.errors import ConflictError
+    from gpupool.service.ray_executor import RayExecutor
+
+    assert RayExecutor.can_resize is False
+    with pytest.raises(ConflictError, match="cannot resize"):
+        RayExecutor.resize(None, "7", 30.0, 0.0)  # type: ignore[arg-type]
+    clock = ManualClock(0.0)
+    store = Store(f"sqlite:///{tmp_path}/ray-like.db")
+    store.migrate()
+    config = dataclasses.replace(LIVE_DEFAULTS, teams=TEAMS, preemption=RULES, elastic=ELASTIC)
+    service = LiveService(
+        LiveConfig(tmp_path / "state", config, sample_s=0.0, host="h"),
+        store,
+        _NoResizeExecutor(),
+        FakeTelemetry(FLEET),
+        clock,
+    )
+    assert service.scheduler.elastic.enabled is False
+    for t, job_id, team, kind, gpus, low, model in ELASTIC_JOBS[:2]:
+        clock.t = float(t)
+        store.submit(
+            NewJob(
+                name=f"job{job_id}",
+                team=team,
+                kind=kind.value,
+                priority=0,
+                gpu_count=gpus,
+                gpu_count_min=low,
+                command=("true",),
+                gpu_model=model,
+            ),
+            float(t),
+        )
+        for _ in range(4):
+            service.step()
+    actions = [(a, j) for _, a, j in service.decisions]
+    assert ("preempt", "1") in actions and not any(a == "resize" for a, _ in actions), actions

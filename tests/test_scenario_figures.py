@@ -11,10 +11,11 @@ failure.
 Covered: the aware/blind pairs of bench_resources.py (hetero, energy, energy-caiso,
 multicluster; no trace files needed), one ITP row of bench_scenarios.py under a policy
 override and the ITP row without guarantees, where online inference preempts training
-of any team (both skipped without the ITP trace), and the two day/night rows, whose
+of any team (both skipped without the ITP trace), the two day/night rows, whose
 finished jobs, mean JCT and per-width figures the README quotes next to training
-GPU-hours (skipped without the Azure LLM trace; about 12 s each). The islands rows take
-minutes each and are left to `make bench`. About 75 s in all on 2 cores.
+GPU-hours, and the serving-borrow pair (elastic resizing on and off; these four skipped
+without the Azure LLM trace; 4-12 s each). The islands rows take minutes each and are
+left to `make bench`. About 85 s in all on 2 cores.
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ CASES = [
     ),
     *(
         Recorded("scenarios.json", name, traces=AZURE_TRACES)
-        for name in ("daynight-off", "daynight-on")
+        for name in ("daynight-off", "daynight-on", "serving-borrow", "serving-borrow-off")
     ),
 ]
 

@@ -73,9 +73,22 @@ def parse_mem_mib(text: str, what: str = "--gpu-mem") -> int:
 
 
 def _gpu_request(gpus: str | None, gpu_mem: str | None) -> dict[str, Any]:
-    """--gpus N (whole GPUs), --gpus 0.25 (part of one) or --gpu-mem 20GiB (part of one,
-    by memory) as the API's fields."""
+    """--gpus N (whole GPUs), --gpus 2..4 (elastic: 2 to 4 whole GPUs), --gpus 0.25 (part
+    of one) or --gpu-mem 20GiB (part of one, by memory) as the API's fields."""
     out: dict[str, Any] = {}
+    if gpus is not None and ".." in gpus:
+        low, _, high = gpus.partition("..")
+        if not (low.strip().isdigit() and high.strip().isdigit()):
+            raise SpecError(f"--gpus {gpus!r}: an elastic range is two whole numbers, e.g. 2..4")
+        lo, hi = int(low), int(high)
+        if not 1 <= lo <= hi:
+            raise SpecError(f"--gpus {gpus}: an elastic range needs 1 <= MIN <= MAX, e.g. 2..4")
+        if gpu_mem is not None:
+            raise SpecError("an elastic job (--gpus MIN..MAX) takes whole GPUs; drop --gpu-mem")
+        out["gpus"] = hi
+        if lo < hi:
+            out["gpus_min"] = lo
+        return out
     if gpus is not None:
         try:
             value = float(gpus)
@@ -211,7 +224,9 @@ def add_client_parsers(sub: Any) -> None:
     p.add_argument(
         "--gpus",
         help="GPUs the job needs; a fraction below 1 (0.25) asks for part of one GPU, "
-        "shared with other jobs",
+        "shared with other jobs; a range (2..4) makes an offline, batch or training job "
+        "elastic: it lends GPUs down to the minimum to online work at its peak "
+        "(checkpoint, restart on fewer) and grows back after",
     )
     p.add_argument(
         "--gpu-mem",
@@ -1076,6 +1091,9 @@ def _gpus(j: dict[str, Any]) -> str:
     if isinstance(milli, int) and 0 < milli < 1000:  # part of one GPU, by share
         share = f"{milli / 1000:g}"
         return f"{share} of {model}" if model else share
+    low = j.get("gpu_count_min")
+    if low is not None:  # elastic: what it holds now, of its range
+        count = f"{count} (elastic {low}..{j.get('gpu_count', '?')})"
     return f"{count} x {j['gpu_model']}" if j.get("gpu_model") else str(count)
 
 

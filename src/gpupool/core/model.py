@@ -83,6 +83,9 @@ class JobSpec:
     gpu_mem_mib: int | None = None
     """GPU memory a sharing job asks for (`--gpu-mem`); the core turns it into `gpu_milli`
     of the card it lands on (mem / card memory, rounded up). None: `gpu_milli` as given."""
+    gpu_count_min: int | None = None
+    """An elastic job (`--gpus 2..4`): it runs on any count from this to `gpu_count` and
+    gives GPUs back (checkpoint, restart on fewer) while online work peaks. None: fixed."""
 
     def __post_init__(self) -> None:
         if self.gpu_mem_mib is not None and (self.gpu_mem_mib <= 0 or self.gpu_count != 1):
@@ -115,6 +118,8 @@ class JobSpec:
             raise SpecError(
                 f"job {self.job_id}: checkpoint_interval_s must be > 0 and state_gib_per_gpu >= 0"
             )
+        if self.gpu_count_min is not None:
+            check_elastic(self.job_id, self.kind, self.gpu_count_min, self.gpu_count)
 
     @property
     def preemptible(self) -> bool:
@@ -130,6 +135,28 @@ class JobSpec:
 
     def allows_model(self, model: str) -> bool:
         return not self.gpu_models or model in self.gpu_models
+
+    @property
+    def elastic(self) -> bool:
+        """It may run on fewer GPUs than it asks for (down to gpu_count_min)."""
+        return self.gpu_count_min is not None and self.gpu_count_min < self.gpu_count
+
+
+ELASTIC_KINDS = (JobKind.OFFLINE, JobKind.BATCH, JobKind.TRAINING)
+
+
+def check_elastic(job: str, kind: JobKind, gpus_min: int, gpus: int) -> None:
+    """An elastic range: whole GPUs, 1 <= min <= max, and work that may restart (online
+    inference keeps its GPUs: it is what borrowing serves)."""
+    if kind not in ELASTIC_KINDS:
+        raise SpecError(
+            f"job {job}: only offline-inference, batch and training jobs can be elastic "
+            f"(--gpus MIN..MAX); an {kind.value} job asks for a fixed count"
+        )
+    if not 1 <= gpus_min <= gpus:
+        raise SpecError(
+            f"job {job}: an elastic range needs 1 <= min <= max whole GPUs, got {gpus_min}..{gpus}"
+        )
 
 
 @dataclass(frozen=True, slots=True)

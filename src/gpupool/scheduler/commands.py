@@ -32,6 +32,17 @@ class Stop:
 
 
 @dataclass(frozen=True)
+class Resize:
+    """Move an elastic job to this placement (fewer GPUs: lent to online work; more: given
+    back): it checkpoints, its processes leave, and the driver reports Resized; the core
+    then relaunches it there. The job stays running throughout."""
+
+    job_id: str
+    placement: Placement
+    reason: str
+
+
+@dataclass(frozen=True)
 class Cancel:
     """End a job for good (a scaled-down replica): stop it with its grace period."""
 
@@ -108,7 +119,9 @@ class Scale:
 
 
 Decision = Launch | Stop
-Command = Launch | Stop | Cancel | SetPowerCap | Burst | Reclaim | Defer | Expire | Wait | Scale
+Command = (
+    Launch | Stop | Cancel | SetPowerCap | Burst | Reclaim | Defer | Expire | Wait | Resize | Scale
+)
 
 __all__ = [
     "Burst",
@@ -119,6 +132,7 @@ __all__ = [
     "Expire",
     "Launch",
     "Reclaim",
+    "Resize",
     "Scale",
     "SetPowerCap",
     "Stop",

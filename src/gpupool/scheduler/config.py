@@ -99,6 +99,20 @@ class EnergyConfig:
 
 
 @dataclass(frozen=True)
+class ElasticConfig:
+    """Borrowing from elastic jobs (`--gpus 2..4`) for online work.
+
+    resize: the core may shrink them toward their minimum when an online job cannot be
+    placed (before preempting anyone), and grow them back once GPUs are idle again (a
+    driver whose executor cannot restart a job on other GPUs turns it off). grow_after_s:
+    the hold-down between a job's last resize and its growing back, so it does not flap
+    with the load."""
+
+    resize: bool = True
+    grow_after_s: float = 600.0
+
+
+@dataclass(frozen=True)
 class SchedulerConfig:
     """Every knob a decision depends on; the fleet and its prices come separately."""
 
@@ -142,6 +156,7 @@ class SchedulerConfig:
     time_limit_s: Mapping[str, float] = field(default_factory=dict)
     """The wall-time limit of one run of a job, per kind, for jobs that give none
     (`default_time_limit_h`); a kind absent here runs unlimited."""
+    elastic: ElasticConfig = field(default_factory=ElasticConfig)
     max_starts_per_cycle: int | None = None
     """Apply at most this many of a plan's starts; the rest are planned again next cycle
     (a live executor that takes long per launch keeps its loop responsive)."""

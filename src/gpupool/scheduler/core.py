@@ -54,6 +54,7 @@ from gpupool.policies.thermal import CoolestFirstPolicy
 from gpupool.scheduler import stages, waiting
 from gpupool.scheduler.commands import Cancel, Command, Expire, Launch, Scale, Stop, Wait
 from gpupool.scheduler.config import SchedulerConfig
+from gpupool.scheduler.elastic import Elastic
 from gpupool.scheduler.events import (
     Drain,
     Event,
@@ -66,6 +67,7 @@ from gpupool.scheduler.events import (
     Progress,
     Release,
     Requeue,
+    Resized,
     ServiceDemand,
     ServiceLoad,
     Submitted,
@@ -263,6 +265,8 @@ class Scheduler:
         """The last plan started more of a team than its limits allow (the rest dropped)."""
         self.timed = bool(cfg.time_limit_s)
         """Some job may have a time limit (a kind's default, or its own)."""
+        self.elastic = Elastic(cfg.elastic)
+        """Elastic jobs: lent to online work and grown back (scheduler/elastic.py)."""
 
     def _islands(self) -> dict[str, BoolArray]:
         """Static partitions: each team owns whole nodes covering its guarantee."""
@@ -296,6 +300,8 @@ class Scheduler:
                 r.done_s, r.saved_s, r.speed, r.overhead_s, r.cap_speed = p
         elif isinstance(event, Vacated):
             return self.vacated(event.job_id, event.t_s)
+        elif isinstance(event, Resized):
+            return self.elastic.resized(self, event.job_id, event.t_s)
         elif isinstance(event, Finished):
             return self.finished(event.job_id, event.t_s, event.state, event.reason)
         elif isinstance(event, Lost):
@@ -385,6 +391,7 @@ class Scheduler:
                 self.replicas[service].pop(job.job_id, None)
             return r
         self.queues.add(r)
+        self.elastic.track(r.spec)
         if len(r.options) > 1:
             self.choosers[job.job_id] = r
         if isinstance(self.placement, LearnedFgdPolicy):
@@ -445,6 +452,8 @@ class Scheduler:
         milli = stages.share_milli(self, job, self.pool_model[r.gpu_type])
         if milli is not None and milli != job.gpu_milli:  # a share given by GPU memory
             job = r.spec = replace(job, gpu_milli=milli)
+        if job.elastic and placement is not None and state not in TERMINAL:
+            job = r.spec = self.elastic.restored(job, placement.gpu_count)
         if placement is not None and any(s.gpu_milli != job.gpu_milli for s in placement.shares):
             placement = Placement(
                 tuple(replace(s, gpu_milli=job.gpu_milli) for s in placement.shares)
@@ -529,6 +538,7 @@ class Scheduler:
         self.on_hold.discard(job_id)
         self.expiring.pop(job_id, None)
         self.told_wait.pop(job_id, None)
+        self.elastic.ended(job_id)
         if r.service is not None:
             self.replicas[r.service].pop(job_id, None)
         self._release_claims(job_id)
@@ -544,6 +554,7 @@ class Scheduler:
         r.state = check_transition(job_id, r.state, JobState.SUSPENDED)
         r.vacate_at = None
         r.ready_s = at
+        self.elastic.full_size(r)
         self._enqueue(r)
         return self._wake_claims(job_id, at)
 
@@ -561,6 +572,8 @@ class Scheduler:
         r.ready_s = at
         r.done_s = r.saved_s
         self.expiring.pop(job_id, None)  # it died before its stop: it waits again
+        self.elastic.ended(job_id)
+        self.elastic.full_size(r)
         self._enqueue(r)
         self.dirty = True
         self._release_claims(job_id)
@@ -650,6 +663,8 @@ class Scheduler:
         if self.services:
             out += stages.autoscale(self, now)
         stages.rechoose(self, now)
+        if self.elastic.declared:  # lend before the policy would preempt for online work
+            out += self.elastic.lend(self, now)
         if cfg.energy.price_aware:
             out += self.deferral.plan(self, now)
         self.waits_due = self.waits_due or self.dirty or bool(out)
@@ -659,6 +674,8 @@ class Scheduler:
             if self.over_limit:  # once more, with the teams now at their limits hidden
                 self.over_limit = self.dirty = False
                 self._apply(self.policy.plan(self.view(now)), now, out)
+        if self.elastic.declared:
+            out += self.elastic.grow(self, now)
         out += self._wait_reasons(now)
         if cfg.energy.power_capping or cfg.energy.thermal.aware:
             out += stages.power_caps(self, now)
@@ -892,6 +909,11 @@ class Scheduler:
         if r.state is not JobState.RUNNING:
             where = "waiting in the queue already" if r.state in WAITING else r.state.value
             raise ConflictError(f"job {job_id} is {where}; only a running job can be requeued")
+        if self.elastic.resizing(job_id):
+            raise ConflictError(
+                f"job {job_id} is being resized (checkpoint and restart); requeue it once "
+                "it runs again"
+            )
         job = r.spec
         r.state = check_transition(job_id, r.state, JobState.PREEMPTING)
         self.held[(job.team, r.gpu_type)] -= job.gpu_count
@@ -932,6 +954,7 @@ class Scheduler:
         r = self.records.get(job_id)
         if r is not None and r.state in TERMINAL:
             del self.records[job_id]
+            self.elastic.forget(job_id)
             self.sized.pop(job_id, None)
             self.type_why.pop(job_id, None)
 
@@ -954,7 +977,7 @@ class Scheduler:
         them; they end as failed once they have left (the driver's Finished)."""
         out: list[Command] = []
         for job_id, r in self.running.items():
-            if r.state is not JobState.RUNNING:
+            if r.state is not JobState.RUNNING or self.elastic.resizing(job_id):
                 continue
             limit = self.time_limit_s(r.spec)
             if limit is None or now - r.run_started_s < limit - 1e-9:
@@ -1081,6 +1104,8 @@ class Scheduler:
     def speed_of(self, r: JobRecord, cap_speed: float | None = None) -> float:
         """Work per second: the power cap's slowdown times co-location's on shared GPUs."""
         cap = r.cap_speed if cap_speed is None else cap_speed
+        if self.elastic.declared:
+            cap *= self.elastic.fraction(r)  # an elastic job below its size runs slower
         placement = self.state.placements.get(r.spec.job_id)
         if placement is None or r.spec.gpu_milli == MILLI_PER_GPU:
             return cap  # a whole GPU is never shared
@@ -1172,21 +1197,26 @@ class Scheduler:
                 cost = costs[gib] = (ck.write_s(gib), ck.resume_s(gib))
             rate = max(r.speed, 1e-9)
             left = ((spec.duration_s or math.inf) - r.done_s) / rate + r.overhead_s
+            preemptions = r.preemptions
+            if job_id in self.elastic.pending:  # mid-resize: no policy may take it
+                preemptions = max(preemptions, self.config.preemption.max_per_job)
             running[job_id] = RunningView(
                 spec,
                 r.gpu_type,
                 r.run_started_s,
-                r.preemptions,
+                preemptions,
                 cost[0],
                 r.done_s - r.saved_s,
                 cost[1],
                 now + left,
             )
+        lent = self.elastic.hidden(self.claims) if self.elastic.claimants else set()
         pending = [
             PendingView(
                 r.spec, r.gpu_type, r.ready_s, ck.write_s(r.spec.state_gib_per_gpu), r.preemptions
             )
             for r in self.visible(now)
+            if r.job_id not in lent
         ]
         return CycleView(
             now_s=now,

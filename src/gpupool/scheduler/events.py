@@ -44,6 +44,15 @@ class Vacated:
 
 
 @dataclass(frozen=True)
+class Resized:
+    """An elastic job being resized has checkpointed and its processes left: the GPUs it
+    gives up are free, and it may start again on its new placement."""
+
+    t_s: float
+    job_id: str
+
+
+@dataclass(frozen=True)
 class Lost:
     """It died without finishing (crash, lost node): requeue from its checkpoint."""
 
@@ -173,6 +182,7 @@ Event = (
     Submitted
     | Finished
     | Vacated
+    | Resized
     | Lost
     | NodeDown
     | NodeUp

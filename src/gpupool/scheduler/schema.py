@@ -28,6 +28,7 @@ from gpupool.scheduler.config import (
     RESERVE_TRIGGERS,
     SITE_CHOICES,
     TYPE_CHOICES,
+    ElasticConfig,
     EnergyConfig,
     PlacementConfig,
     SchedulerConfig,
@@ -65,6 +66,7 @@ SCHEDULING_KEYS: frozenset[str] = frozenset(
         "energy",
         "burst",
         "default_time_limit_h",
+        "elastic",
     }
 )
 """The top-level keys of the scheduling section (a scenario file has more around them)."""
@@ -173,6 +175,10 @@ def parse_scheduling(
         "autoscale",
         {"lookahead_s", "headroom", "down_stable_s", "load_window_s"},
     )
+    el = r.section(raw.get("elastic"), "elastic", {"resize", "grow_after_s"})
+    resize = el.get("resize", defaults.elastic.resize)
+    if not isinstance(resize, bool):
+        raise r.fail("elastic.resize", f"{resize!r}; expected true or false")
     pre = r.section(raw.get("preemption"), "preemption", PREEMPTION_KEYS)
     reserve_on = str(
         raw.get(
@@ -249,6 +255,10 @@ def parse_scheduling(
         else defaults.placement,
         energy=_energy(r, raw["energy"], defaults.energy) if "energy" in raw else defaults.energy,
         burst=burst,
+        elastic=ElasticConfig(
+            resize,
+            r.number(el.get("grow_after_s", defaults.elastic.grow_after_s), "elastic.grow_after_s"),
+        ),
         team_limits=limits,
         time_limit_s=_time_limits(r, raw["default_time_limit_h"])
         if "default_time_limit_h" in raw

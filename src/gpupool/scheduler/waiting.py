@@ -292,6 +292,13 @@ def _reason(
         ids = sorted(victims)
         eta = core.claim_eta_s(job_id)
         by = f"; expected by {clock_text(eta)}" if eta is not None else ""
+        if all(core.elastic.resizing(v) for v in ids):
+            return WaitReason(
+                "WaitingForVictims",
+                f"{len(ids)} elastic job{'s' if len(ids) != 1 else ''} ({_ids(ids)}) "
+                f"{'are' if len(ids) != 1 else 'is'} giving back GPUs (checkpoint, restart "
+                f"on fewer){by}",
+            )
         return WaitReason(
             "WaitingForVictims",
             f"{len(ids)} preempted job{'s' if len(ids) != 1 else ''} ({_ids(ids)}) "

@@ -282,6 +282,14 @@ class JobIn(BaseModel):
         le=1024,
         description="GPUs the job needs; with sizing, the scheduler decides per GPU type.",
     )
+    gpus_min: int | None = Field(
+        None,
+        ge=1,
+        le=1024,
+        description="An elastic job (offline-inference, batch, training): it runs on "
+        "gpus_min..gpus GPUs and lends the rest to online work at its peak (checkpoint, "
+        "restart on fewer), growing back after. Needs whole GPUs.",
+    )
     gpu_model: str | None = Field(None, min_length=1, max_length=64)
     gpu_share: float | None = Field(
         None,
@@ -540,6 +548,7 @@ def job_json(row: JobRow) -> dict[str, Any]:
         "gpu_model": row.gpu_model,
         "gpu_milli": row.gpu_milli,
         "gpu_mem_mib": row.gpu_mem_mib,
+        "gpu_count_min": row.gpu_count_min,
         "gpus": [{"node": node, "index": index} for node, index in row.gpus],
         "state": state,
         "preempting": row.state == "preempting",
@@ -876,6 +885,7 @@ def create_app(
             else scheduling.time_limit_s.get(body.kind),
             gpu_milli=1000 if body.gpu_share is None else max(1, round(body.gpu_share * 1000)),
             gpu_mem_mib=body.gpu_mem_mib,
+            gpu_count_min=body.gpus_min,
         )
         check_share(job, fleet_models, catalog)
         return job

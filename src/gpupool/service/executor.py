@@ -179,6 +179,14 @@ class Executor(Protocol):
 
     def preempt(self, job_id: str, grace_s: float, now_s: float) -> None: ...
 
+    can_resize: bool
+    """It can stop a job's processes and relaunch them on other GPUs (elastic resize)."""
+
+    def resize(self, job_id: str, grace_s: float, now_s: float) -> None:
+        """Stop the job's processes as a preemption does (SIGTERM: it checkpoints; grace;
+        SIGKILL) so that the service relaunches it on its new GPUs once they exited."""
+        ...
+
     def cancel(self, job_id: str, grace_s: float, now_s: float) -> None: ...
 
     def poll(self, now_s: float) -> list[Exit]: ...
@@ -734,6 +742,13 @@ class LocalExecutor:
     def preempt(self, job_id: str, grace_s: float, now_s: float) -> None:
         self._stop(job_id, "preempt", grace_s, now_s)
 
+    can_resize = True
+
+    def resize(self, job_id: str, grace_s: float, now_s: float) -> None:
+        """Its processes checkpoint and leave as for a preemption (the exit says
+        "preempted"); the service, not this executor, relaunches it on its new GPUs."""
+        self._stop(job_id, "preempt", grace_s, now_s)
+
     def cancel(self, job_id: str, grace_s: float, now_s: float) -> None:
         self._stop(job_id, "cancel", grace_s, now_s)
 
@@ -960,6 +975,11 @@ class FakeExecutor:
     def preempt(self, job_id: str, grace_s: float, now_s: float) -> None:
         self.calls.append(("preempt", job_id))
         self._stop(job_id, "preempt", grace_s, now_s)
+
+    can_resize = True
+
+    def resize(self, job_id: str, grace_s: float, now_s: float) -> None:
+        self.preempt(job_id, grace_s, now_s)
 
     def cancel(self, job_id: str, grace_s: float, now_s: float) -> None:
         self.calls.append(("cancel", job_id))

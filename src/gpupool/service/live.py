@@ -56,6 +56,8 @@ from gpupool.scheduler import (
     Reclaim,
     Release,
     Requeue,
+    Resize,
+    Resized,
     Scale,
     Scheduler,
     ServiceDemand,
@@ -272,8 +274,13 @@ def spec_of(row: JobRow) -> JobSpec:
         latency_bound_ms=row.latency_bound_ms,
         state_gib_per_gpu=row.state_gib_per_gpu,
         time_limit_s=row.time_limit_s,
+        gpu_count_min=row.gpu_count_min,
     )
 
+
+RESIZE_EXITS = ("preempted", "killed", "lost")
+"""How a resizing job's processes may leave (checkpointed, killed after the grace, gone):
+each is relaunched on the new GPUs, resuming from its checkpoint."""
 
 TIME_LIMIT_REASON = "ran past its "
 """How the reason of a job stopped at its time limit begins (core: Expire)."""
@@ -377,6 +384,10 @@ class LiveService:
             replica_id=self._new_replica,
         )
         check_fleet(sched, self.scheduler.pool_gpus, config.source)
+        # Elastic jobs lend GPUs only where the executor can restart a job on other GPUs.
+        self.scheduler.elastic.enabled = sched.elastic.resize and bool(
+            getattr(executor, "can_resize", False)
+        )
         self.cloud: CloudNodes | None = None
         if sites is not None and sites.cloud_nodes:
             self.cloud = CloudNodes(sites, config.state_dir, cloud_runner)
@@ -388,6 +399,9 @@ class LiveService:
         self.seen_id = 0
         self.evicting: dict[str, str] = {}
         """Jobs stopped because their node went bad: requeued when they exit."""
+        self.resizing: dict[str, Placement] = {}
+        """Elastic jobs whose processes are leaving for a resize: relaunched on these GPUs
+        (the core's Launch) when they exit; the job stays running."""
         self.samples: list[GpuSample] = []
         self.monitor = MonitorRule(every_s=config.monitor_s)
         self.signals: Signals | None = None
@@ -495,6 +509,8 @@ class LiveService:
                     )
                 if adopted and row.state == "preempting":
                     self.executor.preempt(str(row.id), row.grace_s, now)
+                if row.state == "running" and row.resize_gpus is not None and handle is not None:
+                    self._recover_resize(row, node_of, adopted, now)
                 if handle is None:  # it never started: back in the queue
                     self._requeue(row.id, now, "the scheduler stopped before it started")
             elif row.state in ("pending", "suspended"):
@@ -679,6 +695,25 @@ class LiveService:
                 self.scheduler.observe(
                     ServiceLoad(now, name, load.rps, load.p99_ms, load.reporting)
                 )
+
+    def _recover_resize(
+        self, row: JobRow, node_of: dict[str, int], adopted: bool, now: float
+    ) -> None:
+        """A resize was under way when the server stopped: the core resumes it, and the
+        job's processes (asked again to leave, if they still run) are relaunched once,
+        on the new GPUs, when they exit."""
+        assert row.resize_gpus is not None
+        target = self._placement_of(dataclasses.replace(row, gpus=row.resize_gpus), node_of)
+        if target is None:
+            return  # its GPUs are no longer in the fleet: it runs on where it is
+        key = str(row.id)
+        self.scheduler.elastic.recover(self.scheduler, key, target, now)
+        self.resizing[key] = target
+        self.store.add_event(
+            "resizing", "the server restarted mid-resize: resuming the resize", now, job_id=row.id
+        )
+        if adopted:
+            self.executor.resize(key, row.grace_s, now)
 
     def _placement_of(self, row: JobRow, node_of: dict[str, int]) -> Placement | None:
         by_node: dict[int, list[int]] = defaultdict(list)
@@ -1118,6 +1153,12 @@ class LiveService:
         running = ("running", "preempting")
         if self._ended_by_time_limit(ex, row, now):
             return
+        resizing = self.resizing.pop(key, None) is not None
+        if resizing and ex.job_id not in self.evicting and ex.outcome in RESIZE_EXITS:
+            # Its processes left for a resize: the core frees what it lent and relaunches
+            # it on its new GPUs (its Launch); it stays running, no preemption counted.
+            self._carry_out(self.scheduler.observe(Resized(now, key)), now)
+            return
         if ex.job_id in self.evicting:
             why = self.evicting.pop(ex.job_id)
             self.scheduler.lost(key, now, why)
@@ -1336,6 +1377,8 @@ class LiveService:
                     reason=f"{c.reason}: not needed any more, ended before it started",
                     ended_at=now,
                 )
+        elif isinstance(c, Resize):
+            self._resize(c, now)
         elif isinstance(c, Cancel):
             self.cancel_why[c.job_id] = c.reason
             if c.job_id in self.executor.handles():
@@ -1364,6 +1407,26 @@ class LiveService:
             for name in c.nodes:  # out of the pool already: nothing starts there
                 self.gone[name] = (None, now)
                 self.store.add_event("cloud-reclaim", self.cloud.stop(name, c.reason, now), now)
+
+    def _resize(self, c: Resize, now: float) -> None:
+        """Checkpoint and stop an elastic job's processes (SIGTERM, its grace) to restart
+        it on the GPUs the core gives it; recorded first, so a restart finishes it."""
+        row = self.store.get(int(c.job_id))
+        gpus = [
+            (self.cluster.nodes[s.node].name, self.devices[(s.node, g)])
+            for s in c.placement.shares
+            for g in s.gpus
+        ]
+        self._update(
+            row.id, now, ("running",), "resizing", reason=f"resizing: {c.reason}", resize_gpus=gpus
+        )
+        self.resizing[c.job_id] = c.placement
+        self._decided(now, "resize", c.job_id)
+        if c.job_id not in self.executor.handles():  # its process is gone already
+            self.resizing.pop(c.job_id, None)
+            self._carry_out(self.scheduler.observe(Resized(now, c.job_id)), now)
+            return
+        self.executor.resize(c.job_id, row.grace_s, now)
 
     def _power_cap(self, c: SetPowerCap, now: float) -> None:
         """A SetPowerCap of the core on the node and GPU it names (a reset included)."""
@@ -1396,7 +1459,10 @@ class LiveService:
         self.stage = "launch"
         if self.gate is not None:  # e.g. a claimant of a vacated job: it waits too
             for d in batch:
-                self.scheduler.lost(d.job_id, now, self.gate)
+                if self.store.get(int(d.job_id)).state == "running":  # a resized job
+                    self._requeue(int(d.job_id), now, self.gate)
+                else:
+                    self.scheduler.lost(d.job_id, now, self.gate)
             return
         ready = []
         for d in batch:
@@ -1439,25 +1505,43 @@ class LiveService:
         attempt = row.attempts + 1
         svc = self.service_rows.get(row.service) if row.service is not None else None
         port = free_loopback_port() if svc is not None else None
-        self._transition(
-            row.id,
-            "running",
-            now,
-            ("pending", "suspended"),
-            reason=("resumed" if d.resume else "started") + (f": {d.note}" if d.note else ""),
-            gpus=[
-                [self.cluster.nodes[s.node].name, self.devices[(s.node, g)]]
-                for s in shares
-                for g in s.gpus
-            ],
-            node=node,
-            attempts=attempt,
-            started_at=row.started_at if row.started_at is not None else now,
-            pid=None,
-            pgid=None,
-            start_ticks=None,
-            port=port,
-        )
+        gpus = [
+            [self.cluster.nodes[s.node].name, self.devices[(s.node, g)]]
+            for s in shares
+            for g in s.gpus
+        ]
+        if row.state == "running":  # an elastic job's relaunch after a resize
+            self._update(
+                row.id,
+                now,
+                ("running",),
+                "resized",
+                reason=f"{d.note}; resumed from its checkpoint" if d.note else "resized",
+                gpus=gpus,
+                node=node,
+                attempts=attempt,
+                pid=None,
+                pgid=None,
+                start_ticks=None,
+                resize_gpus=None,
+            )
+        else:
+            self._transition(
+                row.id,
+                "running",
+                now,
+                ("pending", "suspended"),
+                reason=("resumed" if d.resume else "started") + (f": {d.note}" if d.note else ""),
+                gpus=gpus,
+                node=node,
+                attempts=attempt,
+                started_at=row.started_at if row.started_at is not None else now,
+                pid=None,
+                pgid=None,
+                start_ticks=None,
+                resize_gpus=None,  # a resize cut short (lost, cancelled) is over
+                port=port,
+            )
         run_dir = self.run_dir(row.id)
         run_dir.mkdir(parents=True, exist_ok=True)
         # Who it runs as and what it may use: the executor's isolation policy, if any.
@@ -1480,6 +1564,8 @@ class LiveService:
             self.ports[d.job_id] = port
         if fake:
             env["GPUPOOL_FAKE_GPUS"] = ",".join(str(x) for x in devices)
+        if row.gpu_count_min is not None:  # elastic: how many it got this time
+            env["GPUPOOL_GPU_COUNT"] = str(len(devices))
         visible: str | None = None
         if d.spec is not None and d.spec.shares_gpu:
             shared = self._share_env(d.spec, shares[0].node, shares[0].gpus[0], row.id, now)

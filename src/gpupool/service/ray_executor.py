@@ -643,6 +643,14 @@ class RayExecutor:
     def preempt(self, job_id: str, grace_s: float, now_s: float) -> None:
         self._stop(job_id, "preempt", grace_s, now_s)
 
+    can_resize = False
+
+    def resize(self, job_id: str, grace_s: float, now_s: float) -> None:
+        raise ConflictError(
+            f"job {job_id}: the Ray executor cannot resize an elastic job; the service "
+            "turns borrowing off on Ray, so elastic jobs run at their full size there"
+        )
+
     def cancel(self, job_id: str, grace_s: float, now_s: float) -> None:
         self._stop(job_id, "cancel", grace_s, now_s)
 

@@ -59,6 +59,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sess
 
 from gpupool.core.lifecycle import TRANSITIONS as CORE_TRANSITIONS
 from gpupool.core.lifecycle import JobState
+from gpupool.core.model import JobKind, check_elastic
 from gpupool.errors import (
     ConflictError,
     GpupoolError,
@@ -96,6 +97,7 @@ TERMINAL: frozenset[str] = frozenset(s for s, nxt in TRANSITIONS.items() if not 
 SETTABLE: frozenset[str] = frozenset(
     {
         "gpus",
+        "resize_gpus",
         "node",
         "pid",
         "pgid",
@@ -189,6 +191,10 @@ class JobModel(Base):
     # part of one GPU (revision 0006): thousandths of it, or GPU memory in MiB
     gpu_milli: Mapped[int] = mapped_column(Integer, server_default=text("1000"))
     gpu_mem_mib: Mapped[int | None] = mapped_column(Integer)
+    # elastic jobs (revision 0008): the fewest GPUs it runs on (gpu_count the most), and
+    # the GPUs a resize in flight moves it to (so a restart mid-resize finishes it)
+    gpu_count_min: Mapped[int | None] = mapped_column(Integer)
+    resize_gpus: Mapped[list[list[Any]] | None] = mapped_column(JSON(none_as_null=True))
     held: Mapped[bool] = mapped_column(Boolean, server_default=false())
     # the service a replica belongs to (revision 0007)
     service: Mapped[str | None] = mapped_column(String, index=True)
@@ -328,6 +334,9 @@ class NewJob:
     per GPU type (memory over the card's). None: `gpu_milli` as given."""
     service: str | None = None
     """The service this job is a replica of (the core made it); None: a job of its own."""
+    gpu_count_min: int | None = None
+    """An elastic job (`--gpus 2..4`): it runs on this many GPUs up to gpu_count, lending
+    the rest to online work at its peak. None: exactly gpu_count."""
 
     def __post_init__(self) -> None:
         # a list or a caller's dict would make two equal specs compare unequal or change later
@@ -385,6 +394,9 @@ class JobRow:
     time_limit_s: float | None = None
     gpu_milli: int = 1000
     gpu_mem_mib: int | None = None
+    gpu_count_min: int | None = None
+    resize_gpus: tuple[tuple[str, int], ...] | None = None
+    """Mid-resize: the GPUs it restarts on once its processes left."""
     held: bool = False
     """On hold (gpupool hold): it starts only once released."""
     service: str | None = None
@@ -423,6 +435,7 @@ class JobRow:
             gpu_milli=self.gpu_milli,
             gpu_mem_mib=self.gpu_mem_mib,
             service=self.service,
+            gpu_count_min=self.gpu_count_min,
         )
 
 
@@ -730,6 +743,19 @@ def _check_new(job: NewJob) -> None:
     _check_placement(job)
     _check_sizing(job)
     _check_share(job)
+    _check_elastic(job)
+
+
+def _check_elastic(job: NewJob) -> None:
+    """An elastic range (`--gpus 2..4`): whole GPUs of work that may restart."""
+    if job.gpu_count_min is None:
+        return
+    if job.gpu_milli < 1000 or job.gpu_mem_mib is not None or job.sizing is not None:
+        raise SpecError(
+            "an elastic job (--gpus MIN..MAX) asks for whole GPUs; drop the GPU share, "
+            "--gpu-mem or the model sizing"
+        )
+    check_elastic(job.name, JobKind(job.kind), job.gpu_count_min, job.gpu_count)
 
 
 def _check_share(job: NewJob) -> None:
@@ -830,6 +856,10 @@ def _job_row(m: JobModel) -> JobRow:
         time_limit_s=m.time_limit_s,
         gpu_milli=m.gpu_milli if m.gpu_milli is not None else 1000,
         gpu_mem_mib=m.gpu_mem_mib,
+        gpu_count_min=m.gpu_count_min,
+        resize_gpus=None
+        if m.resize_gpus is None
+        else tuple((str(n), int(i)) for n, i in m.resize_gpus),
         held=bool(m.held),
         service=m.service,
         port=m.port,
@@ -847,6 +877,8 @@ def _settable(fields: Mapping[str, Any]) -> dict[str, Any]:
     values = dict(fields)
     if "gpus" in values:
         values["gpus"] = [[node, index] for node, index in values["gpus"]]
+    if values.get("resize_gpus") is not None:
+        values["resize_gpus"] = [[node, index] for node, index in values["resize_gpus"]]
     return values
 
 
@@ -899,6 +931,8 @@ def _job_values(job: NewJob, idempotency_key: str | None, now_s: float) -> dict[
         "time_limit_s": job.time_limit_s,
         "gpu_milli": job.gpu_milli,
         "gpu_mem_mib": job.gpu_mem_mib,
+        "gpu_count_min": job.gpu_count_min,
+        "resize_gpus": None,
         "held": False,
         "service": job.service,
         "port": None,

@@ -20,8 +20,18 @@ from gpupool.core.model import Cluster, JobSpec
 from gpupool.core.quota import TeamQuota
 from gpupool.errors import SpecError
 from gpupool.policies.cycle import PreemptionRules
-from gpupool.scheduler import Command, Expire, Launch, Scheduler, SchedulerConfig, Stop
+from gpupool.scheduler import (
+    Command,
+    Expire,
+    Launch,
+    Resize,
+    Resized,
+    Scheduler,
+    SchedulerConfig,
+    Stop,
+)
 from gpupool.scheduler import Event as CoreEvent
+from gpupool.scheduler.config import ElasticConfig
 from gpupool.scheduler.events import CycleAt
 
 
@@ -48,7 +58,11 @@ Event = Submit | Complete | NodeLoss
 
 
 def _core(
-    cluster: Cluster, teams: Sequence[TeamQuota], policy: str, rules: PreemptionRules | None
+    cluster: Cluster,
+    teams: Sequence[TeamQuota],
+    policy: str,
+    rules: PreemptionRules | None,
+    elastic: ElasticConfig | None = None,
 ) -> Scheduler:
     """The core as the live service runs it by default: a cycle a second, the 20% online
     reserve once online inference was submitted (service.live.LIVE_DEFAULTS)."""
@@ -59,6 +73,7 @@ def _core(
         online_reserve=0.2,
         online_reserve_on="online-seen",
         preemption=rules or PreemptionRules(60.0, 3, reserve_vacate_s=30.0),
+        elastic=elastic or ElasticConfig(),
     )
     return Scheduler(cluster, config)
 
@@ -69,9 +84,11 @@ def run_events(
     teams: Sequence[TeamQuota] = (),
     policy: str = "priority-quota",
     rules: PreemptionRules | None = None,
+    elastic: ElasticConfig | None = None,
 ) -> list[tuple[float, str, str]]:
-    """(time, start|resume|preempt|expire, job id) for every decision, in order."""
-    scheduler = _core(cluster, teams, policy, rules)
+    """(time, start|resume|preempt|expire|resize, job id) for every decision, in order.
+    A resized elastic job restarts on its new GPUs at once, as a preempted job leaves."""
+    scheduler = _core(cluster, teams, policy, rules, elastic)
     out: list[tuple[float, str, str]] = []
 
     def record(t: float, decisions: Sequence[Command]) -> None:
@@ -81,6 +98,9 @@ def run_events(
             elif isinstance(d, Stop):
                 out.append((t, "preempt", d.job_id))
                 record(t, scheduler.vacated(d.job_id, t))
+            elif isinstance(d, Resize):
+                out.append((t, "resize", d.job_id))
+                record(t, scheduler.observe(Resized(t, d.job_id)))
             elif isinstance(d, Expire):  # past its time limit: it stops at once, failed
                 out.append((t, "expire", d.job_id))
                 scheduler.finished(d.job_id, t, JobState.FAILED, d.reason)

@@ -160,6 +160,7 @@ PARAMETERS: dict[str, dict[str, object]] = {
         "state_gib_per_gpu": 8.0,
         "checkpoint_interval_s": 1800.0,
         "kind": "training",
+        "elastic_min_frac": None,
         **_PER_GPU,
         **_PLACEMENT,
     },
@@ -184,6 +185,7 @@ PARAMETERS: dict[str, dict[str, object]] = {
     "job": {
         **_COMMON,
         "gpus": 1,
+        "gpus_min": None,
         "submit_h": 0.0,
         "work_min": REQUIRED,
         "kind": "training",
@@ -682,6 +684,14 @@ def backlog(params: Mapping[str, object], rng: np.random.Generator, ctx: GenCont
     jobs = _gpu_jobs(
         name, team, priority, [kind] * count, gpus, times, work, ckpt, states, cpu, mem
     )
+    if p.given("elastic_min_frac"):  # elastic: runs on this share of its GPUs or more
+        frac = p.num("elastic_min_frac", lo=0.0, hi=1.0)
+        jobs = tuple(
+            replace(j, gpu_count_min=max(1, math.ceil(j.gpu_count * frac)))
+            if j.gpu_count > 1
+            else j
+            for j in jobs
+        )
     return Workload(jobs=_placed(p, rng, jobs))
 
 
@@ -854,6 +864,7 @@ def single_job(params: Mapping[str, object], rng: np.random.Generator, ctx: GenC
         dataset=p.text("dataset") if p.given("dataset") else None,
         dataset_gb=p.num("dataset_gb", lo=0),
         gpu_models=frozenset(p.texts("gpu_models")),
+        gpu_count_min=p.int_("gpus_min", lo=1) if p.given("gpus_min") else None,
     )
     return Workload(jobs=(job,))
 

@@ -54,6 +54,8 @@ from gpupool.scheduler import (
     NodeUp,
     Progress,
     Reclaim,
+    Resize,
+    Resized,
     Scale,
     Scheduler,
     ServiceDemand,
@@ -94,6 +96,10 @@ class Run:
     cap_speed: float = 1.0
     transfer_s: float = 0.0
     """Time spent moving its dataset to the site it ran at."""
+    lent_gpu_s: float = 0.0
+    """An elastic job's GPU-seconds below its declared size (lent to online work)."""
+    resize_gpu_s: float = 0.0
+    """GPU-seconds it held without working while checkpointing and restarting to resize."""
     started: bool = False
 
     @property
@@ -187,7 +193,7 @@ def _cluster(cfg: ScenarioConfig) -> tuple[Cluster, dict[str, BoolArray], list[s
 
 
 DOWN, STARTING, UP = 0, 1, 2
-VACATE, FINISH = 0, 1
+VACATE, FINISH, RESIZED = 0, 1, 2
 
 
 class ScenarioSim:
@@ -212,6 +218,9 @@ class ScenarioSim:
         self.running: dict[str, Run] = {}
         """Runs holding GPUs: running, or preempted and still writing their checkpoint."""
         self.vacates: list[tuple[float, str]] = []
+        self.resizes: list[tuple[float, str]] = []
+        """When each resizing elastic job will have checkpointed and left (Resized)."""
+        self.relaunching: set[str] = set()
         self.violation_s: dict[str, float] = defaultdict(float)
         self.owed_since: dict[str, float] = {}
         self.hour_gpu_s: list[float] = []
@@ -369,7 +378,13 @@ class ScenarioSim:
         capped = False
         for c in commands:
             if isinstance(c, Launch):
-                self.start(self.job(c.job_id), c.resume)
+                if c.job_id in self.relaunching:  # an elastic job on its new GPUs
+                    run = self.job(c.job_id)
+                    run.speed = self.core.speed_of(run.rec, run.cap_speed)
+                else:
+                    self.start(self.job(c.job_id), c.resume)
+            elif isinstance(c, Resize):
+                self.resize(self.job(c.job_id), c, at)
             elif isinstance(c, Stop):
                 self.preempt(self.job(c.job_id), at)
             elif isinstance(c, Cancel):
@@ -435,6 +450,33 @@ class ScenarioSim:
         run.done_s = run.saved_s
         run.vacate_at = now + self.cfg.checkpoint.write_s(run.spec.state_gib_per_gpu)
         heapq.heappush(self.vacates, (run.vacate_at, run.spec.job_id))
+
+    def resize(self, run: Run, c: Resize, now: float) -> None:
+        """An elastic job checkpoints on demand (nothing lost), its processes leave
+        (Resized after the write) and restart on the new GPUs (the resume time): no work
+        meanwhile, its GPUs held."""
+        ck = self.cfg.checkpoint
+        gib = run.spec.state_gib_per_gpu
+        write, resume = ck.write_s(gib), ck.resume_s(gib)
+        pending = self.core.elastic.pending.get(c.job_id)
+        old = pending.old_count if pending is not None else run.spec.gpu_count
+        new = c.placement.gpu_count
+        run.saved_s = run.done_s
+        run.since_snapshot_s = 0.0
+        run.overhead_s = write + resume
+        run.resize_gpu_s += max(old, new) * write + new * resume
+        heapq.heappush(self.resizes, (now + write, c.job_id))
+
+    def resized(self, run: Run, at: float) -> None:
+        job_id = run.spec.job_id
+        self.relaunching.add(job_id)
+        try:
+            for c in self.feed(Resized(at, job_id)):
+                self.carry_out([c], at)
+                if isinstance(c, Launch) and c.job_id != job_id:  # the online job it lent to
+                    self.advance(self.job(c.job_id), at, self.cycle_end)
+        finally:
+            self.relaunching.discard(job_id)
 
     def apply_caps(self) -> None:
         """Each running job's speed and draw under the caps its cards carry."""
@@ -518,6 +560,9 @@ class ScenarioSim:
         lo, hi = max(a, 0.0), min(b, self.cfg.horizon_s)
         if hi > lo:
             run.gpu_s += run.spec.gpu_count * (hi - lo) * run.spec.gpu_milli / MILLI_PER_GPU
+            full = self.core.elastic.declared.get(run.spec.job_id)
+            if full is not None and run.state is JobState.RUNNING:
+                run.lent_gpu_s += (full - run.spec.gpu_count) * (hi - lo)
 
     # ---- services ---------------------------------------------------------------------------
     def serve(self, now: float, end: float) -> None:
@@ -685,6 +730,8 @@ class ScenarioSim:
                 self.vacate(r, at)
             elif kind == FINISH and r.state is JobState.RUNNING:
                 self.finish(r, at, JobState.FINISHED, "completed")
+            elif kind == RESIZED and r.state is JobState.RUNNING:
+                self.resized(r, at)
 
     def timed_events(self, now: float, end: float) -> list[tuple[float, int, str]]:
         """Run the jobs through [now, end]: the checkpoints written (VACATE) and the work
@@ -702,6 +749,9 @@ class ScenarioSim:
         while self.vacates and self.vacates[0][0] <= end:
             at, job_id = heapq.heappop(self.vacates)
             events.append((at, VACATE, job_id))
+        while self.resizes and self.resizes[0][0] <= end:
+            at, job_id = heapq.heappop(self.resizes)
+            events.append((at, RESIZED, job_id))
         return sorted(events)
 
     # ---- energy, heat, clouds -----------------------------------------------------------------
@@ -836,7 +886,33 @@ class ScenarioSim:
             "end_reasons": dict(sorted(_count(r.end_reason for r in jobs).items())),
             "waited_with": {code: len(ids) for code, ids in sorted(self.waited_with.items())},
             **served_summary(jobs, cfg.horizon_s),
+            **self.borrowing(jobs),
             "wall_s": round(wall_s, 2),
+        }
+
+    def borrowing(self, jobs: list[Run]) -> dict[str, Any]:
+        """Elastic jobs: their resizes and the offline GPU-hours lost to borrowing (what
+        they lent to online work, plus the GPU time their checkpoints and restarts for a
+        resize held idle), per team. Empty where no job is elastic."""
+        declared = self.core.elastic.declared
+        elastic = [r for r in jobs if r.spec.job_id in declared or r.spec.gpu_count_min]
+        if not elastic:
+            return {}
+        by_team: dict[str, float] = defaultdict(float)
+        for r in elastic:
+            by_team[r.spec.team] += (r.lent_gpu_s + r.resize_gpu_s) / 3600
+        lent = sum(r.lent_gpu_s for r in elastic) / 3600
+        restart = sum(r.resize_gpu_s for r in elastic) / 3600
+        return {
+            "borrowing": {
+                "elastic_jobs": len(elastic),
+                "resizes": self.core.elastic.resizes,
+                "resize_enabled": self.core.elastic.enabled,
+                "lent_gpu_hours": round(lent, 2),
+                "restart_gpu_hours": round(restart, 2),
+                "offline_gpu_hours_lost_to_borrowing": round(lent + restart, 2),
+                "by_team": {t: round(h, 2) for t, h in sorted(by_team.items())},
+            }
         }
 
     def site_of(self, pool: str) -> str:

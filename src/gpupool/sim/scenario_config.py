@@ -19,6 +19,7 @@ from gpupool.federation import TOPOLOGY_KEYS
 from gpupool.federation.burst import BurstRules
 from gpupool.policies.cycle import PreemptionRules
 from gpupool.scheduler.config import (
+    ElasticConfig,
     EnergyConfig,
     PlacementConfig,
     SchedulerConfig,
@@ -93,6 +94,7 @@ class ScenarioConfig:
     """The `burst:` section as written (minutes; gpupool.scheduler.schema checks it)."""
     team_limits: Mapping[str, TeamLimits] = field(default_factory=dict)
     time_limit_s: Mapping[str, float] = field(default_factory=dict)
+    elastic: ElasticConfig = field(default_factory=ElasticConfig)
     path: str = ""
 
     def scheduler_config(self) -> SchedulerConfig:
@@ -120,6 +122,7 @@ class ScenarioConfig:
             burst=self.burst,
             team_limits=self.team_limits,
             time_limit_s=self.time_limit_s,
+            elastic=self.elastic,
         )
 
     def pool(self, key: str) -> PoolSpec:
@@ -230,5 +233,6 @@ def parse_scenario(raw: Any, path: str = "<scenario>") -> ScenarioConfig:
         burst=sched.burst,
         team_limits=sched.team_limits,
         time_limit_s=sched.time_limit_s,
+        elastic=sched.elastic,
         path=path,
     )
