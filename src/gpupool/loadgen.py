@@ -71,7 +71,7 @@ REFRESH_S = 1.0
 MAX_REQUESTS = 1_000_000
 """Hard cap on one run's requests, whatever the profile asks (about 4.6 h at 60 rps)."""
 MAX_SLEEP_S = 0.25
-"""The dispatcher never sleeps longer than this, so refreshes and stops stay prompt."""
+"""The dispatcher never sleeps longer than this, so a stop is prompt."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -668,19 +668,25 @@ def run(
             balancer.release(target)
             slots.release()
 
+    done = threading.Event()
+
+    def refresher() -> None:
+        """Asks for the targets on its own thread: a slow answer (an API under load) must
+        not hold back the requests due meanwhile and then send them in one burst."""
+        while not done.wait(REFRESH_S) and not stop.is_set():
+            refresh()
+
+    poller = threading.Thread(target=refresher, name="loadgen-targets", daemon=True)
     try:
         refresh(first=True)
-        next_refresh = t0 + REFRESH_S
+        poller.start()
         for req in schedule:
             due = t0 + req.at_s
             while not stop.is_set():
                 now = time.monotonic()
-                if now >= next_refresh:
-                    refresh()
-                    next_refresh = now + REFRESH_S
                 if now >= due:
                     break
-                time.sleep(min(due - now, next_refresh - now, MAX_SLEEP_S))
+                time.sleep(min(due - now, MAX_SLEEP_S))
             if stop.is_set() or time.monotonic() - t0 > duration_s + 1.0:
                 break
             target = balancer.acquire()
@@ -693,6 +699,9 @@ def run(
                 continue
             pool.submit(send, req, target)
     finally:
+        done.set()
+        if poller.is_alive():
+            poller.join(timeout=30.0)
         pool.shutdown(wait=True)
         http.close()
     return Report(
