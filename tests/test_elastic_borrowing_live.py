@@ -31,22 +31,17 @@ elastic: {grow_after_s: 3}
 pytestmark = pytest.mark.slow
 
 
+def _serve_args(tmp_path: Path) -> tuple[str, ...]:
+    """A 4-GPU fake fleet, no auth, the test's service.yaml, a fast loop."""
+    config = str(tmp_path / "service.yaml")
+    fleet = ("--fake-gpus", "4xA100-80GB", "--auth", "none")
+    return (*fleet, "--config", config, "--cycle", "0.2", "--sample", "0.5")
+
+
 @pytest.fixture()
 def server(tmp_path: Path) -> Server:
     (tmp_path / "service.yaml").write_text(CONFIG, encoding="utf-8")
-    srv = Server(
-        tmp_path / "state",
-        "--fake-gpus",
-        "4xA100-80GB",
-        "--auth",
-        "none",
-        "--config",
-        str(tmp_path / "service.yaml"),
-        "--cycle",
-        "0.2",
-        "--sample",
-        "0.5",
-    ).start()
+    srv = Server(tmp_path / "state", *_serve_args(tmp_path)).start()
     yield srv  # type: ignore[misc]
     srv.stop()
 
@@ -216,18 +211,7 @@ def test_a_server_killed_mid_resize_finishes_the_resize_once(tmp_path: Path) -> 
     )
     script = tmp_path / "slow_checkpoint.py"
     script.write_text(SLOW_CHECKPOINT, encoding="utf-8")
-    args = (
-        "--fake-gpus",
-        "4xA100-80GB",
-        "--auth",
-        "none",
-        "--config",
-        str(tmp_path / "service.yaml"),
-        "--cycle",
-        "0.2",
-        "--sample",
-        "0.5",
-    )
+    args = _serve_args(tmp_path)
     state = tmp_path / "state"
     first = Server(state, *args).start()
     second: Server | None = None
@@ -305,3 +289,115 @@ def test_a_server_killed_mid_resize_finishes_the_resize_once(tmp_path: Path) -> 
         first.stop()
         if second is not None:
             second.stop()
+
+
+def _service(url: str, name: str) -> dict[str, Any]:
+    got: dict[str, Any] = httpx.get(f"{url}/v1/services/{name}", timeout=10).json()
+    return got
+
+
+def test_service_replicas_borrow_from_an_elastic_job_and_give_the_gpus_back(
+    tmp_path: Path,
+) -> None:
+    """The mission's case with a real service: chat holds one GPU, an elastic offline job
+    the other three. Chat's minimum goes to 3 (a peak an operator saw coming); with no free
+    GPU its two new replicas take two of the elastic job's cards, which keeps running on
+    one. When the minimum goes back to 1 the surplus replicas stop and the job grows back
+    to 3; its state never leaves `running` and its counter never goes back."""
+    (tmp_path / "service.yaml").write_text(
+        CONFIG + "autoscale: {down_stable_s: 2}\n", encoding="utf-8"
+    )
+    srv = Server(tmp_path / "state", *_serve_args(tmp_path)).start()
+    try:
+        url = srv.url
+        made = cli(
+            url,
+            "service",
+            "create",
+            "chat",
+            "--team",
+            "serving",
+            "--replicas",
+            "1..4",
+            "--slo-p99-ms",
+            "200",
+            "--",
+            sys.executable,
+            "-m",
+            "gpupool.examples.chat_replica",
+        )
+        assert made.returncode == 0, made.stderr
+        wait_for(
+            lambda: [r["state"] for r in _service(url, "chat")["replicas"]] == ["running"],
+            30,
+            "chat's first replica to serve",
+        )
+        offline = _submit(
+            url,
+            "--gpus",
+            "1..3",
+            "--kind",
+            "offline-inference",
+            "--team",
+            "batch",
+            "--grace",
+            "20s",
+            "--",
+            sys.executable,
+            "-m",
+            "gpupool.examples.ckpt_counter",
+            "--steps",
+            "100000",
+            "--step-s",
+            "0.02",
+            "--every",
+            "5",
+        )
+        wait_for(
+            lambda: len(_job(url, offline)["gpus"]) == 3 and _processed(srv.state_dir, offline) > 0,
+            30,
+            "the elastic job to run on the 3 spare GPUs",
+        )
+        scaled = cli(url, "service", "scale", "chat", "3..4")
+        assert scaled.returncode == 0, scaled.stderr
+        seen_counts = [3]  # waited for above; the lend may be done before the first poll
+        phase = "peak"
+        last = 0
+        deadline = time.monotonic() + 120
+        polls = 0
+        while time.monotonic() < deadline and polls < 1200:
+            polls += 1
+            job = _job(url, offline)
+            assert job["state"] == "running" and not job["preempting"], job
+            done = _processed(srv.state_dir, offline)
+            assert done >= last, f"processed items went back: {last} -> {done}"
+            last = done
+            count = len(job["gpus"])
+            if not seen_counts or seen_counts[-1] != count:
+                seen_counts.append(count)
+            serving = [r for r in _service(url, "chat")["replicas"] if r["state"] == "running"]
+            if phase == "peak" and count == 1 and len(serving) == 3:
+                phase = "after"
+                back = cli(url, "service", "scale", "chat", "1..4")
+                assert back.returncode == 0, back.stderr
+            elif phase == "after" and count == 3 and len(serving) == 1:
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError(f"no lend and give-back in time ({phase}): {seen_counts}")
+        assert seen_counts[0] == 3 and 1 in seen_counts and seen_counts[-1] == 3, seen_counts
+        job = _job(url, offline)
+        assert job["preemptions"] == 0, job
+        events = httpx.get(f"{url}/v1/events", params={"after": 0}, timeout=10).json()["events"]
+        lent = [
+            e["message"]
+            for e in events
+            if e["job_id"] == offline and e["kind"] == "resizing" and "lent" in e["message"]
+        ]
+        assert lent and lent[-1].endswith(" -> 1"), lent
+        scales = [e["message"] for e in events if e["kind"] == "service-scaled"]
+        assert any(m.endswith("1 -> 3") for m in scales), scales
+        assert any(m.endswith(" -> 1") for m in scales), scales
+        wait_for(lambda: _processed(srv.state_dir, offline) > last, 20, "progress after growth")
+    finally:
+        srv.stop()
