@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -24,6 +23,8 @@ from typing import Any
 import httpx
 import pytest
 from fastapi.testclient import TestClient
+from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client.parser import text_string_to_metric_families
 
 from gpupool.service.api import MAX_BODY_BYTES, create_app
 from gpupool.service.clock import ManualClock
@@ -605,21 +606,31 @@ def test_metrics_in_dcgm_and_gpupool_form(api: Api) -> None:
     api.step()
     text = api.client.get("/metrics")
     assert text.status_code == 200
-    assert text.headers["content-type"].startswith("text/plain")
+    assert text.headers["content-type"] == CONTENT_TYPE_LATEST
     lines = text.text.splitlines()
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(text.text)
+        for s in f.samples
+    }
     for name in ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_POWER_USAGE"):
         assert f"# TYPE {name} gauge" in lines
-        for gpu in (0, 1):
-            pattern = (
-                rf'^{name}\{{gpu="{gpu}",UUID="[^"]+",modelName="A100-80GB",'
-                rf'Hostname="{re.escape(NODE)}"\}} [0-9.e+-]+$'
-            )
-            assert any(re.match(pattern, line) for line in lines), (name, gpu)
-    assert 'gpupool_jobs{team="nlp",kind="training",state="running"} 1' in lines
-    assert 'gpupool_jobs{team="nlp",kind="batch",state="running"} 1' in lines
-    assert 'gpupool_jobs{team="cv",kind="training",state="pending"} 1' in lines
-    assert "gpupool_queue_pending 1" in lines
-    assert "gpupool_nodes_unhealthy 0" in lines
+        gpus = {dict(labels)["gpu"]: dict(labels) for (n, labels) in samples if n == name}
+        assert set(gpus) == {"0", "1"}, name
+        for gpu, labels in gpus.items():  # the DCGM exporter's labels, no others
+            assert set(labels) == {"gpu", "UUID", "modelName", "Hostname"}, (name, gpu)
+            assert labels["UUID"] and labels["modelName"] == "A100-80GB", (name, gpu)
+            assert labels["Hostname"] == NODE, (name, gpu)
+
+    def jobs(team: str, kind: str, state: str) -> float | None:
+        key = (("kind", kind), ("state", state), ("team", team))
+        return samples.get(("gpupool_jobs", key))
+
+    assert jobs("nlp", "training", "running") == 1
+    assert jobs("nlp", "batch", "running") == 1
+    assert jobs("cv", "training", "pending") == 1
+    assert samples[("gpupool_queue_pending", ())] == 1
+    assert samples[("gpupool_nodes_unhealthy", ())] == 0
 
 
 def test_healthz(api: Api) -> None:
@@ -664,7 +675,7 @@ def test_node_loss_suspends_the_job_on_it(api: Api) -> None:
     assert by_index[device]["healthy"] is False
     assert by_index[device]["problem"]
     assert by_index[device]["job_id"] is None
-    assert "gpupool_nodes_unhealthy 1" in api.client.get("/metrics").text.splitlines()
+    assert "gpupool_nodes_unhealthy 1.0" in api.client.get("/metrics").text.splitlines()
     kinds = [e["kind"] for e in api.client.get("/v1/events").json()["events"]]
     assert "node-unhealthy" in kinds
     # Both A100s form one node (live.build_cluster: one node per GPU model), so the whole

@@ -117,7 +117,7 @@ def test_preempted_training_resumes_from_its_checkpoint(server: Server) -> None:
     kinds = [e["kind"] for e in events if e["job_id"] == train]
     assert kinds.count("running") == 2 and "preempting" in kinds and "succeeded" in kinds
     metrics = httpx.get(f"{url}/metrics").text
-    assert 'gpupool_jobs{team="research",kind="training",state="succeeded"} 1' in metrics
+    assert 'gpupool_jobs{kind="training",state="succeeded",team="research"} 1.0' in metrics
     assert "DCGM_FI_DEV_GPU_UTIL" in metrics
 
 

@@ -237,14 +237,14 @@ def test_a_killed_node_is_in_the_events_and_metrics_and_its_job_finishes_elsewhe
         return line in httpx.get(f"{url}/metrics").text
 
     wait_for(
-        lambda: metric(f'gpupool_node_lost_total{{node="{node}"}} 1'), 60, "the node-lost metric"
+        lambda: metric(f'gpupool_node_lost_total{{node="{node}"}} 1.0'), 60, "the node-lost metric"
     )
     up = [
         x
         for x in httpx.get(f"{url}/metrics").text.splitlines()
         if x.startswith(f'gpupool_node_up{{node="{node}",')
     ]
-    assert len(up) == 1 and up[0].endswith('state="lost"} 0'), up
+    assert len(up) == 1 and up[0].endswith('state="lost"} 0.0'), up
     events = httpx.get(f"{url}/v1/events", params={"after": 0}).json()["events"]
     lost = [e for e in events if e["kind"] == "node-lost"]
     assert lost and node in lost[0]["message"], events[-10:]

@@ -42,6 +42,7 @@ from gpupool.service import sizing_field as sf
 from gpupool.service.admission import Fleet, admit
 from gpupool.service.auth import AuditMiddleware, AuditTrail, TokenCache
 from gpupool.service.live import LiveService, service_json
+from gpupool.service.metrics import CONTENT_TYPE_LATEST, metrics_registry, render_metrics
 from gpupool.service.rate import RateLimited, SubmitRate
 from gpupool.service.share_admission import check_share
 from gpupool.service.store import (
@@ -54,7 +55,6 @@ from gpupool.service.store import (
     TokenRow,
     audit_values,
 )
-from gpupool.service.telemetry import dcgm_name
 from gpupool.sizing.catalog import load_catalog
 from gpupool.sizing.planner import PlanRequest
 
@@ -1164,14 +1164,16 @@ def create_app(
         body = service.health_view()
         return JSONResponse(body, status_code=200 if body["ok"] else 503)
 
+    registry = metrics_registry(service, store)  # the app's own, not the global one
+
     @app.get(
         "/metrics",
         response_class=PlainTextResponse,
         summary="Prometheus metrics",
         dependencies=metrics_guard,
     )
-    def metrics() -> str:
-        return render_metrics(service, store)
+    def metrics() -> Response:
+        return Response(render_metrics(registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/openapi.json", include_in_schema=False, dependencies=docs_guard)
     def openapi() -> JSONResponse:
@@ -1188,67 +1190,3 @@ def create_app(
     app.add_middleware(BodyLimit)
     app.add_middleware(AuditMiddleware, trail=trail, wall=wall)
     return app
-
-
-def _labels(node: dict[str, Any], gpu: dict[str, Any]) -> str:
-    """The DCGM exporter's labels for one GPU."""
-    return (
-        f'gpu="{gpu["index"]}",UUID="{gpu["uuid"]}",modelName="{gpu["model"]}",'
-        f'Hostname="{node["name"]}"'
-    )
-
-
-def render_metrics(service: LiveService, store: Store) -> str:
-    """Prometheus text: DCGM exporter names per GPU, gpupool gauges per team and kind."""
-    lines: list[str] = []
-    view = service.cluster_view()
-    fields = (
-        "mem_used_mib",
-        "util_pct",
-        "temp_c",
-        "power_w",
-        "power_limit_w",
-        "sm_clock_mhz",
-        "mem_clock_mhz",
-        "ecc_uncorrected",
-    )
-    for f in fields:
-        name = dcgm_name(f)
-        lines.append(f"# TYPE {name} gauge")
-        for node in view["nodes"]:
-            for g in node["gpus"]:
-                if g[f] is None:
-                    continue
-                lines.append(f"{name}{{{_labels(node, g)}}} {float(g[f]):g}")
-    free = dcgm_name("mem_free_mib")
-    lines.append(f"# TYPE {free} gauge")
-    for node in view["nodes"]:
-        for g in node["gpus"]:
-            if g["mem_used_mib"] is not None:
-                free_mib = g["mem_total_mib"] - g["mem_used_mib"]
-                lines.append(f"{free}{{{_labels(node, g)}}} {free_mib}")
-    lines.append("# HELP gpupool_jobs Jobs by team, kind and state.")
-    lines.append("# TYPE gpupool_jobs gauge")
-    for (team, kind, state), n in sorted(store.counts().items()):
-        lines.append(f'gpupool_jobs{{team="{team}",kind="{kind}",state="{state}"}} {n}')
-    lines.append("# TYPE gpupool_gpus_reclaimable gauge")
-    lines.append(f"gpupool_gpus_reclaimable {len(view['signals']['reclaimable'])}")
-    lines.append("# TYPE gpupool_scale_out gauge")
-    lines.append(f"gpupool_scale_out {int(view['signals']['scale_out'])}")
-    lines.append("# TYPE gpupool_queue_pending gauge")
-    lines.append(f"gpupool_queue_pending {view['queue']['pending']}")
-    lines.append("# TYPE gpupool_nodes_unhealthy gauge")
-    bad = sum(1 for n in view["nodes"] if n["state"] in ("lost", "unhealthy"))
-    lines.append(f"gpupool_nodes_unhealthy {bad}")
-    lines.append(
-        "# HELP gpupool_node_up 1 while the node takes work (its state label says why not)."
-    )
-    lines.append("# TYPE gpupool_node_up gauge")
-    for n in view["nodes"]:
-        labels = f'node="{n["name"]}",site="{n["site"]}",state="{n["state"]}"'
-        lines.append(f"gpupool_node_up{{{labels}}} {int(n['state'] == 'up')}")
-    lines.append("# HELP gpupool_node_lost_total Times the node left the cluster or lost its jobs.")
-    lines.append("# TYPE gpupool_node_lost_total counter")
-    for n in view["nodes"]:
-        lines.append(f'gpupool_node_lost_total{{node="{n["name"]}"}} {n["lost_total"]}')
-    return "\n".join(lines) + "\n"

@@ -87,6 +87,7 @@ from gpupool.service.executor import (
 )
 from gpupool.service.health import LoopHealth
 from gpupool.service.lease import Lease
+from gpupool.service.metrics import StartLatency
 from gpupool.service.mps import Mps, MpsError, ShareRequest, detect_mps, share_env
 from gpupool.service.replica_load import LoadWindow, Measured, Scraper
 from gpupool.service.sites import (
@@ -463,6 +464,8 @@ class LiveService:
         self.service_load: dict[str, Measured] = {}
         self.replica_load: dict[str, Measured] = {}
         self.last_service_sample = -1e18
+        self.start_latency = StartLatency()
+        """Queue wait and submit-to-start histograms by kind, observed as processes start."""
         for svc in self.store.services():
             self._load_service(svc)
             self.scheduler.replica_seq[svc.name] = len(self.store.replicas(svc.name, False))
@@ -1708,6 +1711,11 @@ class LiveService:
         )
         self._load(tele, row)
         action = "resume" if d.resume else "start"
+        if row.state != "running":  # a start or resume, not an elastic job's relaunch
+            record = self.scheduler.records.get(d.job_id)
+            ready_s = record.ready_s if record is not None else row.submitted_at
+            first = now - row.submitted_at if row.started_at is None else None
+            self.start_latency.started(row.kind, now - ready_s, first)
         where = tuple(
             (self.cluster.nodes[s.node].name, self.devices[(s.node, g)])
             for s in shares
