@@ -8,6 +8,7 @@ each app's registry its own.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,7 +76,8 @@ class App:
         r = self.client.get("/metrics")
         assert r.status_code == 200, r.text
         assert r.headers["content-type"] == CONTENT_TYPE_LATEST
-        return r.text
+        text: str = r.text
+        return text
 
 
 @pytest.fixture
@@ -234,3 +236,27 @@ def test_each_app_has_its_own_registry(make_app: Callable[..., App]) -> None:
     assert value(b, "gpupool_jobs", team="cv", kind="batch", state="running") == 2
     assert [s.labels["kind"] for s in samples(a, f"{QUEUE_WAIT}_count")] == ["training"]
     assert [s.labels["kind"] for s in samples(b, f"{QUEUE_WAIT}_count")] == ["batch"]
+
+
+def test_a_scrape_while_the_loop_holds_its_state_is_a_503(app: App) -> None:
+    """The collector reads the same bounded view as /v1/cluster: a stuck loop gives a
+    prompt 503 that says why, not a hung scrape."""
+    app.service.VIEW_WAIT_S = 0.2
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with app.service.lock:
+            held.set()
+            release.wait(10)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    try:
+        assert held.wait(5)
+        r = app.client.get("/metrics")
+    finally:
+        release.set()
+        t.join(10)
+    assert r.status_code == 503, r.text
+    assert "scheduler loop has held its state" in r.text
+    assert app.client.get("/metrics").status_code == 200
