@@ -123,6 +123,8 @@ OPERATIONS = [
     ("POST", "/v1/jobs/{job_id}/release"),
     ("POST", "/v1/jobs/{job_id}/requeue"),
     ("POST", "/v1/drain"),
+    ("GET", "/v1/teams"),
+    ("GET", "/v1/jobs/{job_id}/events"),
 ]
 SMALL = 2**62
 """Integers in paths and queries stay within +-SMALL, below two known limits that have their

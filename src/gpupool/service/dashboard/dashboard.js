@@ -266,7 +266,7 @@ function drawCluster(view) {
           g.healthy ? null : h("span", { class: "badge bad" }, g.problem || "unhealthy")),
         h("div", {}, who),
         h("div", {}, "memory ", used === null ? "–" : `${(used / 1024).toFixed(1)}`,
-          total ? ` / ${(total / 1024).toFixed(0)} GiB` : " GiB"),
+          total ? ` / ${(total / 1024).toFixed(1)} GiB` : " GiB"),
         bar(total ? used / total : 0, "memory used"),
         h("div", {}, "utilisation ", num(g.util_pct, 0, " %")),
         bar((g.util_pct || 0) / 100, "SM utilisation"),
@@ -276,7 +276,7 @@ function drawCluster(view) {
     });
     const badge = node.state === "up" ? "badge ok" : "badge bad";
     return h("div", { class: "node", "data-node": node.name },
-      h("h3", {}, node.name, h("span", { class: badge }, node.state),
+      h("h3", {}, node.name, " ", h("span", { class: badge }, node.state),
         h("span", { class: "muted" }, `  ${node.gpu_model} · site ${node.site}`)),
       h("div", { class: "gpus" }, gpus));
   });
