@@ -3,11 +3,11 @@
 
 On the service: alpha's and beta's jobs run (each prints a line), a second beta job waits
 (beta's maximum of A100s is 1: reason QuotaMax), and the service `chat` serves with one
-replica on the H100. Signed in with the admin token, every panel shows this data, no
-console error is logged and the page asks no host but the server; the screenshot is
-bench/results/dashboard.png. Signed in with alpha's token, beta's job shows its history but
-its logs are refused with the API's sentence (and none of its output appears), while
-alpha's own job shows its output.
+replica on the H100 (30 requests sent to it give it a measured rate and p99). Signed in
+with the admin token, every panel shows this data, no console error is logged and the page
+asks no host but the server; the screenshot is bench/results/dashboard.png. Signed in with
+alpha's token, beta's job shows its history but its logs are refused with the API's
+sentence (and none of its output appears), while alpha's own job shows its output.
 """
 
 from __future__ import annotations
@@ -40,6 +40,8 @@ ALPHA_SAYS = "alpha-output: 42"
 BETA_SAYS = "beta-output: 42"
 """What each job prints; its command (which every token may see) says $((6*7)) instead."""
 UI_TIMEOUT_MS = 10_000
+REQUESTS = 30
+"""Requests sent to the replica before the browser looks (each 5-40 ms)."""
 
 
 @dataclass
@@ -121,6 +123,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
                 "min_replicas": 1,
                 "max_replicas": 2,
                 "slo_p99_ms": 200,
+                "replica_rps": 1000,  # the test's traffic never asks for a second one
                 "grace_s": 1,
                 "command": [sys.executable, "-m", "gpupool.examples.chat_replica"],
             },
@@ -141,6 +144,12 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
             )
 
         wait_for(ready, 30, "both jobs running, one waiting, a replica serving")
+        # some traffic, so the service has a measured rate and p99 to show
+        replica = next(r["url"] for r in live.get("/v1/services/chat")["replicas"] if r["ready"])
+        with httpx.Client(timeout=5) as http:
+            for _ in range(REQUESTS):
+                assert http.get(f"{replica}/generate", params={"tokens": 16}).status_code == 200
+        wait_for(lambda: live.get("/v1/services/chat")["p99_ms"] is not None, 15, "a measured p99")
         live.nodes = [n["name"] for n in live.get("/v1/cluster")["nodes"]]
         yield live
     finally:
@@ -222,6 +231,7 @@ def test_every_panel_shows_the_pool_to_the_admin(live: Live, browser: Any) -> No
         # services: replicas, rate, p99
         chat = _text(page, "#panel-services tr[data-service=chat]")
         assert "1 serving / 1 wanted (1..2)" in chat and "web" in chat, chat
+        assert re.search(r"\d+\.\d rps", chat) and re.search(r"\d+\.\d ms", chat), chat
         assert re.search(r"chat-r\d+ running on ", chat), chat
 
         # teams against their quotas and the active window
