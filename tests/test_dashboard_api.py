@@ -124,6 +124,29 @@ def test_me_says_who_and_whether_a_token_is_needed(dash: Dash) -> None:
     assert bad.status_code == 401 and "unknown token" in bad.json()["detail"]
 
 
+def test_me_with_auth_off_needs_no_sign_in(tmp_path: Path) -> None:
+    store = Store(database_url(None, tmp_path / "db"))
+    store.migrate()
+    service = LiveService(
+        LiveConfig(state_dir=tmp_path / "state", sample_s=0.0, host="h"),
+        store,
+        FakeExecutor(),
+        FakeTelemetry("1xA100-80GB"),
+        ManualClock(NOON),
+    )
+    with TestClient(create_app(service, store, auth=False)) as client:
+        me = client.get("/v1/me").json()
+        assert me == {
+            "auth": False,
+            "signed_in": True,
+            "name": "anonymous",
+            "role": "admin",
+            "team": None,
+        }
+        assert client.get("/v1/teams").json()["teams"] == []
+    store.close()
+
+
 @settings(
     max_examples=60,
     derandomize=True,

@@ -95,6 +95,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
         "--monitor",
         "2",
     ).start()
+    admin = ""
     try:
         found = re.search(r"admin token \(shown once, keep it\): (gp_\S+)", server.log.read_text())
         assert found, server.log.read_text()
