@@ -443,7 +443,9 @@ async function refreshEvents() {
 
 // ---- one job: its history and logs --------------------------------------------------------
 function openJob(id) {
-  state.open = { id, logOffset: 0, logText: "", refused: null, eventsAfter: 0, events: [] };
+  state.open = {
+    id, logOffset: 0, logText: "", refused: null, eventsAfter: 0, events: [], loading: false,
+  };
   document.getElementById("panel-job").hidden = false;
   document.getElementById("job-title").textContent = `#${id}`;
   document.getElementById("job-events").replaceChildren();
@@ -460,7 +462,16 @@ function closeJob() {
 
 async function refreshJob() {
   const open = state.open;
-  if (!open) return;
+  if (!open || open.loading) return; // one read at a time, so no log chunk is added twice
+  open.loading = true;
+  try {
+    await readJob(open);
+  } finally {
+    open.loading = false;
+  }
+}
+
+async function readJob(open) {
   const summary = document.getElementById("job-summary");
   let job;
   try {
