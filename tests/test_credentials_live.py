@@ -327,6 +327,7 @@ def tls_server(tmp_path: Path, cert: Path, key: Path, *args: str) -> Iterator[tu
         found = re.search(r"admin token \(shown once, keep it\): (gp_\S+)", log.read_text())
         assert found, log.read_text()
         assert f"export GPUPOOL_URL={url}" in log.read_text()
+        assert f"dashboard: {url}/" in log.read_text()
         yield url, found.group(1)
     finally:
         proc.send_signal(signal.SIGINT)

@@ -506,6 +506,7 @@ def serve(args: argparse.Namespace) -> int:
         print(f"  export GPUPOOL_URL={url} GPUPOOL_TOKEN={token}")
     elif not auth:
         print(f"  export GPUPOOL_URL={url}   (no authentication: loopback only)")
+    print(f"  dashboard: {url}/  (sign in with a token)" if auth else f"  dashboard: {url}/")
     if auth and scheme == "http" and not _loopback(args.host):
         print(
             "  warning: tokens cross the network in clear text; "
