@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import csv
+import html
+import json
 import math
 import random
+import re
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 
+from gpupool.cli import build_parser, main
 from gpupool.errors import SpecError
+from gpupool.report_cli import load
 from gpupool.reports.review import MS_PER_HOUR, ReviewRules, build_review, iso
+from gpupool.reports.review_csv import cell, write_csv
 from gpupool.reports.review_data import (
     Allocation,
     DownInterval,
@@ -20,6 +28,7 @@ from gpupool.reports.review_data import (
     Tariff,
     UsageSample,
 )
+from gpupool.reports.review_html import SECTIONS, render_html
 
 T0 = 1_793_491_200.0  # 2026-11-01T00:00:00Z
 H = 3600.0
@@ -403,3 +412,178 @@ def test_energy_from_jobs_when_samples_have_no_power() -> None:
 def test_a_review_is_deterministic() -> None:
     d = _pairs(20000.0, 30000.0, 35.0, 40.0)
     assert build_review(d) == build_review(d)
+
+
+# ---- HTML, CSV, command line -------------------------------------------------------------
+def _small_month() -> ReviewData:
+    """Two days with every section populated: shares, down time, a drift, waits, power."""
+    levels = [(DAY, 50.0), (DAY, 80.0)]
+    return data(
+        end_s=T0 + 2 * DAY,
+        gpus=(gpu("n1/0"), gpu("n1/1"), gpu("n2/0", "L4", 23034)),
+        allocations=(
+            Allocation("idle-holder", "n1/0", T0, T0 + 2 * DAY),
+            Allocation("pair-a", "n1/1", T0, T0 + DAY, share_milli=500),
+            Allocation("pair-b", "n1/1", T0, T0 + DAY, share_milli=500),
+            Allocation("svc-0", "n2/0", T0, T0 + 2 * DAY),
+        ),
+        down=(DownInterval("n1/1", T0 + DAY + 2 * H, T0 + DAY + 5 * H, "node lost"),),
+        usage=tuple(
+            samples("n1/0", T0, T0 + 2 * DAY, 0.0, 0.0, power=60.0)
+            + samples("n1/1", T0, T0 + DAY, 60.0, 30000.0, power=300.0, jitter=5.0)
+            + samples("n2/0", T0, T0 + 2 * DAY, 45.0, 9000.0, power=50.0, jitter=5.0)
+        ),
+        latency=tuple(
+            LatencySample(s.service, s.t_s, s.p99_ms, s.rps) for s in _latency(levels)
+        ),
+        jobs=(
+            job("idle-holder", first_start_s=T0, wait_s_by_reason={}),
+            job("pair-a", team="nlp", kind="batch", first_start_s=T0),
+            job("pair-b", team="nlp", kind="batch", submit_s=T0 + 60, first_start_s=T0 + 600,
+                wait_s_by_reason={"Resources": 540.0}, preemptions=1, lost_gpu_s=900.0),
+            job("svc-0", team="nlp", kind="online-inference", service="drifty",
+                first_start_s=T0),
+        ),
+        tariff=Tariff("tou", tuple(0.1 + 0.01 * h for h in range(24)), "USD",
+                      tuple(200.0 for _ in range(24)), 1.2),
+        gpu_price_per_hour={"A100-80GB": 1.79, "L4": 0.44},
+        utc_offset_h=1.0,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def small_html() -> str:
+    """The small month's HTML, rendered once for the module (matplotlib is the slow part)."""
+    return render_html(build_review(_small_month()))
+
+
+def test_html_is_self_contained(small_html: str) -> None:
+    text = small_html
+    assert "http://" not in text and "https://" not in text and "<script" not in text
+    assert "<link" not in text and "@import" not in text and "url(" not in text.split("<svg")[0]
+    assert "@media print" in text and "break-before: page" in text
+    assert text.count("<svg") == len(SECTIONS)
+    ids = re.findall(r'\bid="([^"]+)"', text)
+    assert len(ids) == len(set(ids))  # charts' ids are scoped, never clash
+    s = build_review(_small_month()).summary
+    assert f"{s.allocated_pct:.1f} %" in text
+    assert "idle-holder" in text and "latency-drift" in text
+
+
+def test_csv_holds_the_same_numbers_as_the_tables(tmp_path: Path, small_html: str) -> None:
+    review = build_review(_small_month())
+    written = write_csv(review, tmp_path / "csv")
+    names = {p.stem for p in written}
+    assert {t.name for t in review.tables()} | {"summary", "reconciliation"} == names
+    html_text = small_html
+    for table in review.tables():
+        with (tmp_path / "csv" / f"{table.name}.csv").open() as fh:
+            rows = list(csv.reader(fh))
+        assert rows[0] == list(table.columns())
+        assert rows[1:] == [[cell(v) for v in row] for row in table.values()]
+        for row in rows[1:]:
+            for value in row:
+                assert html.escape(value) in html_text
+    with (tmp_path / "csv" / "reconciliation.csv").open() as fh:
+        recon = {(r["scope"], r["part"]): int(r["mgpu_ms"]) for r in csv.DictReader(fh)}
+    r = review.reconciliation
+    assert (
+        recon[("cluster", "allocated")] + recon[("cluster", "idle")] + recon[("cluster", "down")]
+        == recon[("cluster", "capacity")]
+    )
+    assert sum(v for (scope, _), v in recon.items() if scope.startswith("team:")) == r.allocated
+
+
+def test_report_command_on_a_review_data_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], small_html: str
+) -> None:
+    source = tmp_path / "result.json"
+    _small_month().write(source)
+    out = tmp_path / "review.html"
+    code = main(["report", "--scenario", str(source), "--html", str(out), "--csv",
+                 str(tmp_path / "csv")])  # fmt: skip
+    assert code == 0
+    said = capsys.readouterr().out
+    assert f"wrote {out}" in said and "CSV files" in said
+    # same input, built and written again: byte-identical HTML
+    assert out.read_bytes() == small_html.encode("utf-8")
+
+
+def test_report_period_and_wrapped_simulation_result(tmp_path: Path) -> None:
+    source = tmp_path / "result.json"
+    _small_month().write(source)
+    parser = build_parser()
+    args = parser.parse_args(["report", "--scenario", str(source), "--from", "2026-11-01",
+                              "--to", "2026-11-01T12:00:00Z", "--html", "x.html"])  # fmt: skip
+    day1 = load(args)
+    assert (day1.start_s, day1.end_s) == (T0, T0 + 12 * H)
+    assert build_review(day1).reconciliation.capacity == 3 * 12 * MS_PER_HOUR * 1000
+    # a simulation result carries the record under "review"
+    wrapped = tmp_path / "wrapped.json"
+    wrapped.write_text(json.dumps({"summary": {}, "review": _small_month().to_json()}))
+    args = parser.parse_args(["report", "--scenario", str(wrapped), "--html", "x.html"])
+    assert load(args) == _small_month()
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--from", "2026-13-01"], "not a date"),
+        (["--from", "2026-11-02", "--to", "2026-11-01"], "is not before"),
+        (["--from", "2027-01-01"], "outside it"),
+    ],
+)
+def test_report_command_refuses_bad_periods(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], message: str
+) -> None:
+    source = tmp_path / "result.json"
+    _small_month().write(source)
+    code = main(["report", "--scenario", str(source), "--html", str(tmp_path / "r.html"), *extra])
+    assert code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_report_command_refuses_missing_file_and_empty_period(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["report", "--scenario", str(tmp_path / "nope.json"), "--html", "x.html"]) == 2
+    assert "no such file" in capsys.readouterr().err
+    quiet = data(end_s=T0 + 2 * DAY, gpus=(gpu("n1/0"),), jobs=(job("a", submit_s=T0 + DAY),))
+    source = tmp_path / "quiet.json"
+    quiet.write(source)
+    code = main(["report", "--scenario", str(source), "--to", "2026-11-01T12:00",
+                 "--html", str(tmp_path / "q.html")])  # fmt: skip
+    assert code == 2
+    assert "nothing happened" in capsys.readouterr().err
+
+
+def test_simulation_times_are_shifted_by_the_origin() -> None:
+    base = _small_month()
+    shifted = data(
+        start_s=0.0,
+        end_s=2 * DAY,
+        origin_s=T0,
+        gpus=base.gpus,
+        allocations=tuple(
+            Allocation(a.job_id, a.gpu_id, a.start_s - T0, a.end_s - T0, a.share_milli)
+            for a in base.allocations
+        ),
+        down=tuple(
+            DownInterval(d.gpu_id, d.start_s - T0, d.end_s - T0, d.reason) for d in base.down
+        ),
+        usage=tuple(
+            UsageSample(u.gpu_id, u.t_s - T0, u.period_s, u.mem_used_mib, u.sm_util_pct, u.power_w)
+            for u in base.usage
+        ),
+        latency=tuple(LatencySample(x.service, x.t_s - T0, x.p99_ms, x.rps) for x in base.latency),
+        jobs=tuple(
+            JobReview(**{**j.__dict__, "submit_s": j.submit_s - T0,
+                         "first_start_s": None if j.first_start_s is None
+                         else j.first_start_s - T0})
+            for j in base.jobs
+        ),
+        tariff=base.tariff,
+        gpu_price_per_hour=base.gpu_price_per_hour,
+        utc_offset_h=base.utc_offset_h,
+    )  # fmt: skip
+    assert build_review(shifted) == build_review(base)

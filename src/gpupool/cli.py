@@ -19,6 +19,7 @@ from gpupool.loadgen_cli import add_loadgen_parser, run_loadgen
 from gpupool.plan_cli import add_plan_parser, run_plan
 from gpupool.policies import cycle_names, placement_names, queue_names
 from gpupool.progress import ProgressBar
+from gpupool.report_cli import add_report_parser, run_report
 from gpupool.reports.table import render
 from gpupool.sim.experiments import (
     DEFAULT_NODES,
@@ -146,6 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("policies", help="list placement and queue policies")
     add_plan_parser(sub)
+    add_report_parser(sub)
     add_loadgen_parser(sub)
     add_client_parsers(sub)
     from gpupool.service.server import add_serve_parser
@@ -175,6 +177,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         if args.command == "plan":
             return run_plan(args)
+        if args.command == "report":
+            return run_report(args)
         if args.command == "loadgen":
             return run_loadgen(args)
         if args.command == "serve":

@@ -15,7 +15,7 @@ import math
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
@@ -634,9 +634,39 @@ def _drift(
 
 
 # ---- the review --------------------------------------------------------------------------
+def absolute(data: ReviewData) -> ReviewData:
+    """`data` with every time in Unix seconds: a simulation's times shifted by its origin."""
+    o = data.origin_s
+    if o == 0:
+        return data
+    return replace(
+        data,
+        start_s=data.start_s + o,
+        end_s=data.end_s + o,
+        allocations=tuple(
+            replace(a, start_s=a.start_s + o, end_s=a.end_s + o) for a in data.allocations
+        ),
+        down=tuple(replace(d, start_s=d.start_s + o, end_s=d.end_s + o) for d in data.down),
+        jobs=tuple(
+            replace(
+                j,
+                submit_s=j.submit_s + o,
+                first_start_s=None if j.first_start_s is None else j.first_start_s + o,
+                end_s=None if j.end_s is None else j.end_s + o,
+            )
+            for j in data.jobs
+        ),
+        usage=tuple(replace(u, t_s=u.t_s + o) for u in data.usage),
+        latency=tuple(replace(x, t_s=x.t_s + o) for x in data.latency),
+        origin_s=0.0,
+    )
+
+
 def build_review(data: ReviewData, rules: ReviewRules | None = None) -> Review:
-    """The review of `data` over its own period (see the module docstring)."""
+    """The review of `data` over its own period (see the module docstring). Times are read
+    as Unix seconds after adding `data.origin_s` (a simulation's t=0)."""
     rules = ReviewRules() if rules is None else rules
+    data = absolute(data)
     start_ms, end_ms = _ms(data.start_s), _ms(data.end_s)
     start_s, end_s = start_ms / 1000.0, end_ms / 1000.0
     offset_s = data.utc_offset_h * 3600.0
