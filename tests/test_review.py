@@ -207,18 +207,21 @@ def test_utilisation_by_type_and_team_sum_to_the_cluster() -> None:
 # ---- recommendations ---------------------------------------------------------------------
 def test_never_used_fires_on_an_idle_holder_not_on_a_near_miss() -> None:
     d = data(
-        gpus=(gpu("n1/0"), gpu("n1/1")),
+        gpus=(gpu("n1/0"), gpu("n1/1"), gpu("n1/2")),
         allocations=(
             Allocation("idle-holder", "n1/0", T0, T0 + DAY),
             Allocation("barely-used", "n1/1", T0, T0 + DAY),
+            Allocation("hardly-measured", "n1/2", T0, T0 + DAY),
         ),
         usage=tuple(
             samples("n1/0", T0, T0 + DAY, 0.4, 300.0, jitter=0.4)
+            # idle while measured, but measured for only 4 of its 24 hours: no claim
+            + samples("n1/2", T0, T0 + 4 * H, 0.0, 0.0)
             # peaks above 1 % SM once: used, if hardly
             + samples("n1/1", T0, T0 + DAY, 0.2, 300.0)
             + [UsageSample("n1/1", T0 + 3 * H + 30, 60.0, 300.0, 1.5)]
         ),
-        jobs=(job("idle-holder"), job("barely-used")),
+        jobs=(job("idle-holder"), job("barely-used"), job("hardly-measured")),
     )
     review = build_review(d)
     never = review.recommendations_of("never-used")
@@ -228,7 +231,11 @@ def test_never_used_fires_on_an_idle_holder_not_on_a_near_miss() -> None:
     assert {r.subjects[0] for r in review.recommendations_of("reclaimable-card")} == {
         "n1/0",
         "n1/1",
+        "n1/2",
     }
+    assert {r.job_id: r.sampled_pct for r in review.jobs}["hardly-measured"] == pytest.approx(
+        100 * 4 / 24, abs=1e-3
+    )
 
 
 def test_reclaimable_card_threshold() -> None:

@@ -45,6 +45,8 @@ RECOMMENDATION_KINDS = (
 class ReviewRules:
     """The thresholds the recommendations fire at (docs/review.md explains each)."""
 
+    min_sampled_frac: float = 0.5
+    """A job's recommendations need usage samples over at least this share of its held time."""
     reclaimable_mean_sm_pct: float = 30.0
     """A card whose mean SM utilisation over its up time is under this is reclaimable."""
     never_used_sm_pct: float = 1.0
@@ -183,6 +185,8 @@ class JobRow:
     asked_mem_mib: int
     card_mem_mib: int
     sampled_h: float
+    sampled_pct: float
+    """Share of the job's held card-time covered by usage samples."""
     idle_cost: float
     never_used: bool
 
@@ -354,12 +358,12 @@ class Review:
             for r in self.recommendations
         )
         return (
+            Table("recommendations", "Recommendations", recs, RecommendationRow),
             Table("reconciliation_gpus", "Capacity split per GPU", self.gpus, GpuRow),
             Table("teams", "Allocated vs used per team", self.teams, TeamRow),
             Table("utilisation_by_type", "Utilisation by GPU type", self.by_type, TypeRow),
             Table("utilisation_by_hour", "Utilisation by local hour", self.by_hour, HourRow),
             Table("jobs", "Allocated vs used per job", self.jobs, JobRow),
-            Table("recommendations", "Recommendations", recs, RecommendationRow),
             Table("latency", "Service p99 latency", self.latency, LatencyRow),
             Table("queue_wait", "Queue wait by kind and team", self.queue_wait, WaitRow),
             Table("preemptions", "Preemptions and work lost", self.preemptions, PreemptionRow),
@@ -565,7 +569,7 @@ def _planner_suggestion(job: JobReview, peak_mib: float) -> str:
     return (
         f"`gpupool plan --model {shape.name} --task {task}` suggests {best.count} x "
         f"{best.gpu} at {best.mem_per_gpu_gib:.1f} GiB per GPU "
-        f"(${best.cost_per_hour_usd:.2f}/h); "
+        f"(${best.cost_per_hour_usd:.2f}/h, for batch 1 at context 4096); "
     )
 
 
@@ -701,6 +705,7 @@ def build_review(data: ReviewData, rules: ReviewRules | None = None) -> Review:
     job_alloc: dict[str, int] = defaultdict(int)
     team_alloc: dict[str, int] = defaultdict(int)
     job_gpus: dict[str, set[str]] = defaultdict(set)
+    job_held_ms: dict[str, int] = defaultdict(int)
     gpu_alloc: dict[str, int] = defaultdict(int)
     alloc_hours: dict[str, dict[int, float]] = defaultdict(lambda: defaultdict(float))
     for gid, allocs in allocs_by_gpu.items():
@@ -716,6 +721,7 @@ def build_review(data: ReviewData, rules: ReviewRules | None = None) -> Review:
             job = jobs.get(a.job_id)
             team_alloc[job.team if job else UNKNOWN_TEAM] += amount
             job_gpus[a.job_id].add(gid)
+            job_held_ms[a.job_id] += held
             for x, y in _up_parts(md, a0, b0):
                 for hour, secs in _hour_split(x / 1000.0, y / 1000.0, offset_s):
                     alloc_hours[a.job_id][hour] += secs * a.share_milli / MILLI
@@ -804,8 +810,11 @@ def build_review(data: ReviewData, rules: ReviewRules | None = None) -> Review:
         else:
             asked = card_mem * share // MILLI
         sampled = u.samples > 0
+        held_s = job_held_ms[job_id] / 1000.0
+        covered = min(1.0, u.overlap_s / held_s) if held_s > 0 else 0.0
         never = (
             sampled
+            and covered >= rules.min_sampled_frac
             and card_mem > 0
             and u.peak_sm < rules.never_used_sm_pct
             and u.peak_mem < rules.never_used_mem_frac * card_mem
@@ -826,6 +835,7 @@ def build_review(data: ReviewData, rules: ReviewRules | None = None) -> Review:
             asked_mem_mib=asked,
             card_mem_mib=card_mem,
             sampled_h=_r(u.overlap_s / 3600.0),
+            sampled_pct=_r(100.0 * covered, 3),
             idle_cost=_r(max(0.0, alloc_h - used_h) * price, 2) if sampled else 0.0,
             never_used=bool(never),
         )
@@ -1140,6 +1150,7 @@ def _recommend(
         and whole[r.job_id]
         and not r.never_used
         and r.peak_mem_mib >= 0
+        and r.sampled_pct >= 100.0 * rules.min_sampled_frac
         and r.card_mem_mib > 0
     ]
     cands.sort(key=lambda r: r.job_id)
@@ -1180,6 +1191,8 @@ def _recommend(
     # Right-size: asked for at least `ratio` x the measured peak memory.
     for r in job_rows:
         if r.never_used or r.peak_mem_mib < 0 or r.asked_mem_mib <= 0:
+            continue
+        if r.sampled_pct < 100.0 * rules.min_sampled_frac:
             continue
         peak = max(r.peak_mem_mib, 1.0)
         if r.asked_mem_mib < rules.right_size_ratio * peak:

@@ -150,7 +150,7 @@ def chart_capacity(review: Review) -> Any:
     ax.plot(x, [g.used_gpu_h for g in rows], "o", color=COLOURS[1], ms=4, label="used (SM)")
     _labels(ax, names, len(names) > 8)
     _style(ax, "GPU-hours per card: allocated + idle + down = capacity", "GPU-hours")
-    ax.legend(fontsize=8, ncols=4, loc="lower right")
+    ax.legend(fontsize=8, ncols=4, loc="lower right", bbox_to_anchor=(1.0, 1.0), frameon=False)
     return fig
 
 
@@ -421,6 +421,13 @@ def chart_energy(review: Review) -> Any:
 # ---- sections ----------------------------------------------------------------------------
 SECTIONS: tuple[tuple[str, str, str, Callable[[Review], Any]], ...] = (
     (
+        "recommendations",
+        "Recommendations",
+        "What to change, each with its measured evidence; the thresholds are the rules at the "
+        "end of the review.",
+        chart_recommendations,
+    ),
+    (
         "reconciliation_gpus",
         "Capacity, allocated, idle and down",
         "Each card's period split exactly: what jobs held (by share), what was up but held by "
@@ -453,12 +460,6 @@ SECTIONS: tuple[tuple[str, str, str, Callable[[Review], Any]], ...] = (
         "SM % and memory per card, attributed by share where a card was shared (-1: no sample "
         "covered the job). Idle cost: held-but-unused GPU-hours at the GPU price.",
         chart_jobs,
-    ),
-    (
-        "recommendations",
-        "Recommendations",
-        "Each with its evidence. Thresholds are in the rules listed at the end.",
-        chart_recommendations,
     ),
     (
         "latency",
