@@ -11,6 +11,7 @@ their share x overlap. Recommendations carry evidence sentences with the numbers
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from collections import defaultdict
@@ -549,17 +550,23 @@ def _attribute(
 
 
 # ---- recommendations ---------------------------------------------------------------------
-def _planner_suggestion(job: JobReview, peak_mib: float) -> str:
+def _planner_suggestion(job: JobReview) -> str:
     """`gpupool plan`'s cheapest option that fits, for a job naming a known model; else ''."""
     if not job.model:
         return ""
+    task = "training" if job.kind == "training" else "inference"
+    return _planned(job.model, task, max(1, job.gpu_count))
+
+
+@functools.lru_cache(maxsize=256)
+def _planned(model: str, task: str, count: int) -> str:
+    """One planner run per (model, task, count): a month has many jobs of one model."""
     try:
         from gpupool.sizing.planner import PlanRequest, plan
         from gpupool.sizing.shapes import get_shape
 
-        shape = get_shape(job.model)
-        task = "training" if job.kind == "training" else "inference"
-        options = plan(PlanRequest(shape=shape, task=task, counts=(max(1, job.gpu_count),)))
+        shape = get_shape(model)
+        options = plan(PlanRequest(shape=shape, task=task, counts=(count,)))
     except GpupoolError:
         return ""
     fitting = [o for o in options if o.fits]
@@ -1153,10 +1160,22 @@ def _recommend(
         and r.sampled_pct >= 100.0 * rules.min_sampled_frac
         and r.card_mem_mib > 0
     ]
-    cands.sort(key=lambda r: r.job_id)
+    spans = {k: [(x, y) for x, y in v if y > x] for k, v in spans.items()}
+    reach = {
+        r.job_id: (min(x for x, _ in spans[r.job_id]), max(y for _, y in spans[r.job_id]))
+        for r in cands
+        if spans.get(r.job_id)
+    }
+    cands = sorted(
+        (r for r in cands if r.job_id in reach), key=lambda r: (reach[r.job_id], r.job_id)
+    )
     pairs: list[tuple[float, str, str, str]] = []
-    for i, ja in enumerate(cands):
-        for jb in cands[i + 1 :]:
+    for i, first in enumerate(cands):
+        # Sweep: only jobs that start before this one ends can have run together with it.
+        for second in cands[i + 1 :]:
+            if reach[second.job_id][0] >= reach[first.job_id][1]:
+                break
+            ja, jb = sorted((first, second), key=lambda r: r.job_id)
             card = min(ja.card_mem_mib, jb.card_mem_mib)
             limit = card * (1.0 - rules.share_mem_headroom_frac)
             if ja.peak_mem_mib + jb.peak_mem_mib > limit:
@@ -1199,7 +1218,7 @@ def _recommend(
             continue
         job = jobs.get(r.job_id)
         ask_gib = max(1, math.ceil(peak * (1 + rules.right_size_headroom_frac) / 1024))
-        suggestion = _planner_suggestion(job, peak) if job is not None else ""
+        suggestion = _planner_suggestion(job) if job is not None else ""
         out.append(
             Recommendation(
                 "right-size",
