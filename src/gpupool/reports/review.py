@@ -859,7 +859,10 @@ def build_review(data: ReviewData, rules: ReviewRules | None = None) -> Review:
         team_rows.append(
             TeamRow(
                 team=t,
-                jobs=sum(1 for j in data.jobs if j.team == t) or len(rows),
+                jobs=len(
+                    {r.job_id for r in rows}
+                    | {j.job_id for j in data.jobs if j.team == t and start_s <= j.submit_s < end_s}
+                ),
                 allocated_mgpu_ms=team_alloc.get(t, 0),
                 allocated_gpu_h=alloc_h,
                 allocated_share_pct=_pct(team_alloc.get(t, 0), alloc_total),

@@ -32,10 +32,11 @@ body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; co
 h1 { font-size: 26px; margin: 0 0 4px; }
 h2 { font-size: 19px; margin: 0 0 6px; border-bottom: 2px solid var(--ink); padding-bottom: 4px; }
 .sub { color: var(--muted); margin: 0 0 16px; }
-.cards { display: grid; grid-template-columns: repeat(auto-fill, minmax(170px, 1fr)); gap: 10px;
+.cards { display: grid; grid-template-columns: repeat(8, 1fr); gap: 10px;
   margin: 14px 0 10px; }
 .card { background: var(--band); border-radius: 6px; padding: 10px 12px; }
-.card b { display: block; font-size: 21px; }
+.card b { display: block; font-size: 18px; white-space: nowrap; }
+@media (max-width: 900px) { .cards { grid-template-columns: repeat(4, 1fr); } }
 .card span { color: var(--muted); font-size: 12.5px; }
 .recon { font-family: ui-monospace, Menlo, Consolas, monospace; font-size: 13px;
   background: var(--band); padding: 8px 12px; border-radius: 6px; }
@@ -51,6 +52,7 @@ th, td { padding: 3px 8px; border-bottom: 1px solid var(--rule); text-align: rig
   white-space: nowrap; }
 th { background: var(--band); position: sticky; top: 0; }
 th:first-child, td:first-child { text-align: left; }
+#t-recommendations td, #t-recommendations th { text-align: left; }
 td.text { text-align: left; white-space: normal; min-width: 320px; }
 ul.recs li { margin: 4px 0; }
 ul.recs code { background: var(--band); padding: 0 4px; border-radius: 3px; }
@@ -257,7 +259,7 @@ def chart_jobs(review: Review) -> Any:
 def chart_recommendations(review: Review) -> Any:
     from gpupool.reports.review import RECOMMENDATION_KINDS
 
-    fig = _figure(height=2.4, left=0.15, bottom=0.1)
+    fig = _figure(height=2.0, left=0.15, bottom=0.12)
     ax = fig.add_subplot()
     counts = [len(review.recommendations_of(k)) for k in RECOMMENDATION_KINDS]
     ax.barh(range(len(counts)), counts, color=COLOURS[0])
@@ -530,7 +532,7 @@ def _summary(review: Review) -> str:
 
     carbon = f"{s.carbon_kg:,.1f} kg CO2e" if s.carbon_kg is not None else "no carbon data"
     cards = [
-        card(f"{s.days:g} days", f"{s.period_from[:16]} to {s.period_to[:16]} UTC"),
+        card(f"{s.days:g} days", f"{_when(s.period_from)} to {_when(s.period_to)} UTC"),
         card(f"{s.gpus} GPUs", f"{s.capacity_gpu_h:,.1f} capacity GPU-hours"),
         card(f"{s.allocated_pct:.1f} %", "of up time allocated"),
         card(f"{s.used_pct:.1f} %", "of up time used (SM-weighted)"),
@@ -546,6 +548,12 @@ def _summary(review: Review) -> str:
         f"teams sum to {sum(v for _, v in r.by_team)}"
     )
     return f'<div class="cards">{"".join(cards)}</div><p class="recon">{html.escape(recon)}</p>'
+
+
+def _when(iso_time: str) -> str:
+    """'2026-11-01' for midnight, else '2026-11-01 08:30'."""
+    day, clock = iso_time[:10], iso_time[11:16]
+    return day if clock == "00:00" else f"{day} {clock}"
 
 
 def _recommendation_list(review: Review) -> str:
