@@ -254,7 +254,9 @@ def test_reclaimable_card_threshold() -> None:
     assert len(looser.recommendations_of("reclaimable-card")) == 2
 
 
-def _pairs(mem_a: float, mem_b: float, sm_a: float, sm_b: float) -> ReviewData:
+def _pairs(
+    mem_a: float, mem_b: float, sm_a: float, sm_b: float, kind_b: str = "training"
+) -> ReviewData:
     return data(
         gpus=(gpu("n1/0"), gpu("n1/1")),
         allocations=(
@@ -265,7 +267,7 @@ def _pairs(mem_a: float, mem_b: float, sm_a: float, sm_b: float) -> ReviewData:
             samples("n1/0", T0, T0 + 20 * H, sm_a, mem_a)
             + samples("n1/1", T0 + 2 * H, T0 + 22 * H, sm_b, mem_b)
         ),
-        jobs=(job("pair-a"), job("pair-b", team="nlp")),
+        jobs=(job("pair-a"), job("pair-b", team="nlp", kind=kind_b)),
     )
 
 

@@ -33,6 +33,8 @@ from gpupool.reports.review_data import (
 MS_PER_HOUR = 3_600_000
 MILLI = 1000
 UNKNOWN_TEAM = "(unknown)"
+ONLINE_KIND = "online-inference"
+"""JobKind.ONLINE's value: the core lets online inference share a card only with online."""
 RECOMMENDATION_KINDS = (
     "never-used",
     "reclaimable-card",
@@ -1179,6 +1181,8 @@ def _recommend(
             if reach[second.job_id][0] >= reach[first.job_id][1]:
                 break
             ja, jb = sorted((first, second), key=lambda r: r.job_id)
+            if (ja.kind == ONLINE_KIND) != (jb.kind == ONLINE_KIND):
+                continue  # the core's co-location rule: online shares only with online
             card = min(ja.card_mem_mib, jb.card_mem_mib)
             limit = card * (1.0 - rules.share_mem_headroom_frac)
             if ja.peak_mem_mib + jb.peak_mem_mib > limit:
