@@ -175,7 +175,10 @@ def test_utilisation_by_local_hour_uses_the_offset_and_day_window() -> None:
         utc_offset_h=2.0,
         day_window=(8, 20),
     )
-    hours = {r.hour: r for r in build_review(d).by_hour}
+    review = build_review(d)
+    hours = {r.hour: r for r in review.by_hour}
+    assert review.summary.day_used_pct == pytest.approx(100 * 1.8 / (12 * 2), abs=1e-3)
+    assert review.summary.night_used_pct == 0.0
     assert hours[11].used_gpu_h == pytest.approx(2 * 0.9)
     assert hours[11].window == "day"
     assert hours[3].window == "night"

@@ -310,6 +310,12 @@ class Summary:
     tariff: str
     day_window: str
     utc_offset_h: float
+    day_allocated_pct: float = 0.0
+    """Allocated share of up card-time in the local day window ..."""
+    day_used_pct: float = 0.0
+    night_allocated_pct: float = 0.0
+    """... and outside it."""
+    night_used_pct: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -1051,6 +1057,12 @@ def build_review(data: ReviewData, rules: ReviewRules | None = None) -> Review:
         )
 
     capacity_h = _h(cap_total)
+    window: dict[str, list[float]] = {"day": [0.0, 0.0, 0.0], "night": [0.0, 0.0, 0.0]}
+    for h in range(24):
+        part = window["day" if _in_day(h, data.day_window) else "night"]
+        part[0] += cap_hours[h]
+        part[1] += alloc_by_hour[h]
+        part[2] += used_by_hour[h]
     up_h = _h(cap_total - down_total)
     used_total = sum(c.used_gpu_s for c in cards.values()) / 3600.0
     summary = Summary(
@@ -1078,6 +1090,10 @@ def build_review(data: ReviewData, rules: ReviewRules | None = None) -> Review:
         tariff=tariff.name if tariff is not None else "",
         day_window=f"{data.day_window[0]:02d}:00-{data.day_window[1]:02d}:00",
         utc_offset_h=data.utc_offset_h,
+        day_allocated_pct=_pct(window["day"][1], window["day"][0]),
+        day_used_pct=_pct(window["day"][2], window["day"][0]),
+        night_allocated_pct=_pct(window["night"][1], window["night"][0]),
+        night_used_pct=_pct(window["night"][2], window["night"][0]),
     )
     return Review(
         summary=summary,

@@ -222,7 +222,12 @@ def chart_hours(review: Review) -> Any:
     ax.set_xlim(-0.5, 23.5)
     ax.set_ylim(0, 100)
     s = review.summary
-    _style(ax, f"By local hour (UTC{s.utc_offset_h:+g} h); day window {s.day_window} shaded", "%")
+    _style(
+        ax,
+        f"By local hour (UTC{s.utc_offset_h:+g} h); day {s.day_window} shaded: used "
+        f"{s.day_used_pct:.1f} % by day, {s.night_used_pct:.1f} % by night",
+        "%",
+    )
     ax.set_xlabel("local hour of day", fontsize=9)
     ax.legend(fontsize=8)
     return fig
