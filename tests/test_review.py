@@ -128,8 +128,29 @@ def test_overfull_card_is_refused_with_a_clear_message() -> None:
         ),
         jobs=(job("a"), job("b")),
     )
-    with pytest.raises(SpecError, match="allocated more than it had"):
+    with pytest.raises(SpecError, match="allocated more than the whole card from 2026-11-01"):
         build_review(d)
+    # overfull for one hour of a day: idle would stay positive, the check still catches it
+    d = data(
+        gpus=(gpu("n1/0"),),
+        allocations=(
+            Allocation("a", "n1/0", T0, T0 + 2 * H),
+            Allocation("b", "n1/0", T0 + H, T0 + 3 * H),
+        ),
+        jobs=(job("a"), job("b")),
+    )
+    with pytest.raises(SpecError, match="01:00:00Z"):
+        build_review(d)
+    # a rounding-sized overlap as one job ends and the next starts is let through
+    d = data(
+        gpus=(gpu("n1/0"),),
+        allocations=(
+            Allocation("a", "n1/0", T0, T0 + H + 0.4),
+            Allocation("b", "n1/0", T0 + H, T0 + 3 * H),
+        ),
+        jobs=(job("a"), job("b")),
+    )
+    assert build_review(d).reconciliation.allocated == 1000 * (3 * 3_600_000 + 400)
 
 
 def test_unknown_gpu_in_an_allocation_is_refused() -> None:

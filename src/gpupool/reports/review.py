@@ -681,6 +681,35 @@ def absolute(data: ReviewData) -> ReviewData:
     )
 
 
+def _check_not_overfull(
+    gpu_id: str, allocs: Sequence[Allocation], start_ms: int, end_ms: int
+) -> None:
+    """SpecError where the card's shares add up to more than the card for over a GPU-second
+    in all: double-counted allocations would inflate every number (rounding-sized overlaps
+    of one job ending as the next starts are let through)."""
+    events: dict[int, int] = defaultdict(int)
+    for a in allocs:
+        a0, b0 = max(_ms(a.start_s), start_ms), min(_ms(a.end_s), end_ms)
+        if b0 > a0:
+            events[a0] += a.share_milli
+            events[b0] -= a.share_milli
+    level = excess = 0
+    first: int | None = None
+    prev = start_ms
+    for t in sorted(events):
+        if level > MILLI:
+            excess += (level - MILLI) * (t - prev)
+            first = prev if first is None else first
+        level += events[t]
+        prev = t
+    if excess > MILLI * 1000 and first is not None:
+        raise SpecError(
+            f"GPU {gpu_id} is allocated more than the whole card from {iso(first / 1000)} "
+            f"({excess / (MILLI * 1000):.0f} GPU-seconds over in all): the review data's "
+            "allocations overlap; check their intervals and share_milli"
+        )
+
+
 def build_review(data: ReviewData, rules: ReviewRules | None = None) -> Review:
     """The review of `data` over its own period (see the module docstring). Times are read
     as Unix seconds after adding `data.origin_s` (a simulation's t=0)."""
@@ -756,11 +785,7 @@ def build_review(data: ReviewData, rules: ReviewRules | None = None) -> Review:
         down = MILLI * sum(b - a for a, b in md)
         allocated = gpu_alloc.get(g.gpu_id, 0)
         idle = capacity - down - allocated
-        if idle < 0:
-            raise SpecError(
-                f"GPU {g.gpu_id} is allocated more than it had: shares overlap beyond one "
-                "card in the review data (check the allocations' intervals and share_milli)"
-            )
+        _check_not_overfull(g.gpu_id, allocs_by_gpu.get(g.gpu_id, []), start_ms, end_ms)
         card = _CardUse()
         _attribute(
             samples_by_gpu.get(g.gpu_id, []),
