@@ -262,6 +262,18 @@ def test_never_used_fires_on_an_idle_holder_not_on_a_near_miss() -> None:
     )
 
 
+def test_card_memory_falls_back_to_the_catalogue() -> None:
+    d = data(
+        gpus=(gpu("n1/0", mem=0),),  # a source that did not record the card's memory
+        allocations=(Allocation("idle-holder", "n1/0", T0, T0 + DAY),),
+        usage=tuple(samples("n1/0", T0, T0 + DAY, 0.0, 0.0)),
+        jobs=(job("idle-holder"),),
+    )
+    review = build_review(d)
+    assert review.jobs[0].card_mem_mib == round(78.8 * 1024)  # the catalogue's usable GiB
+    assert [r.subjects for r in review.recommendations_of("never-used")] == [("idle-holder",)]
+
+
 def test_reclaimable_card_threshold() -> None:
     d = data(
         gpus=(gpu("n1/0"), gpu("n1/1")),

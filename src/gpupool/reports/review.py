@@ -681,6 +681,21 @@ def absolute(data: ReviewData) -> ReviewData:
     )
 
 
+def card_mem_mib(gpu: GpuRecord) -> int:
+    """The card's memory: as recorded, else the catalogue's for its type (0: unknown)."""
+    if gpu.mem_total_mib > 0:
+        return gpu.mem_total_mib
+    return _catalogue_mem_mib(gpu.gpu_type)
+
+
+@functools.lru_cache(maxsize=64)
+def _catalogue_mem_mib(gpu_type: str) -> int:
+    from gpupool.sizing.catalog import load_catalog
+
+    catalog = load_catalog()
+    return round(catalog[gpu_type].memory_gib * 1024) if gpu_type in catalog else 0
+
+
 def _check_not_overfull(
     gpu_id: str, allocs: Sequence[Allocation], start_ms: int, end_ms: int
 ) -> None:
@@ -839,7 +854,7 @@ def build_review(data: ReviewData, rules: ReviewRules | None = None) -> Review:
         u = uses.get(job_id, _Use())
         gids = sorted(job_gpus[job_id])
         types = sorted({by_id[g].gpu_type for g in gids})
-        card_mem = min((by_id[g].mem_total_mib for g in gids), default=0)
+        card_mem = min((card_mem_mib(by_id[g]) for g in gids), default=0)
         alloc_h = _h(job_alloc[job_id])
         used_h = u.used_gpu_s / 3600.0
         price = statistics.fmean(prices.get(t, 0.0) for t in types) if types else 0.0
