@@ -271,6 +271,8 @@ def test_card_memory_falls_back_to_the_catalogue() -> None:
     )
     review = build_review(d)
     assert review.jobs[0].card_mem_mib == round(78.8 * 1024)  # the catalogue's usable GiB
+    (cost,) = review.cost_by_type  # and, with no price in the data, the catalogue's price
+    assert cost.price_from == "catalogue" and cost.price_per_gpu_h > 0
     assert [r.subjects for r in review.recommendations_of("never-used")] == [("idle-holder",)]
 
 
@@ -429,6 +431,7 @@ def test_cost_and_energy_from_samples_at_the_hourly_tariff() -> None:
     assert s.carbon_kg == pytest.approx(0.4 * 24 * 1.5 * 0.1)
     assert s.currency == "EUR"
     (cost,) = review.cost_by_type
+    assert cost.price_from == "data"
     assert cost.capacity_cost == pytest.approx(48.0)
     assert cost.allocated_cost == pytest.approx(12.0)
     assert cost.held_unused_cost == pytest.approx(6.0)  # 6 h held, used half

@@ -265,6 +265,8 @@ class CostRow:
     gpu_type: str
     gpus: int
     price_per_gpu_h: float
+    price_from: str
+    """"data" (the source's price), "catalogue" (the sizing catalogue's) or "none"."""
     capacity_gpu_h: float
     allocated_gpu_h: float
     used_gpu_h: float
@@ -689,6 +691,16 @@ def card_mem_mib(gpu: GpuRecord) -> int:
 
 
 @functools.lru_cache(maxsize=64)
+def _catalogue_price(gpu_type: str) -> float:
+    """The catalogue's typical on-demand USD per GPU-hour, for types the data has no price
+    for (0 for a type the catalogue does not know)."""
+    from gpupool.sizing.catalog import load_catalog
+
+    catalog = load_catalog()
+    return float(catalog[gpu_type].price_usd_per_hour) if gpu_type in catalog else 0.0
+
+
+@functools.lru_cache(maxsize=64)
 def _catalogue_mem_mib(gpu_type: str) -> int:
     from gpupool.sizing.catalog import load_catalog
 
@@ -846,7 +858,10 @@ def build_review(data: ReviewData, rules: ReviewRules | None = None) -> Review:
     )
 
     # Per job: allocated vs used.
-    prices = data.gpu_price_per_hour
+    prices = {
+        g.gpu_type: data.gpu_price_per_hour.get(g.gpu_type, _catalogue_price(g.gpu_type))
+        for g in gpus
+    }
     job_rows: list[JobRow] = []
     job_row_by_id: dict[str, JobRow] = {}
     for job_id in sorted(set(job_alloc) | {j.job_id for j in data.jobs if j.job_id in job_alloc}):
@@ -948,6 +963,11 @@ def build_review(data: ReviewData, rules: ReviewRules | None = None) -> Review:
                 gpu_type=gt,
                 gpus=len(rows_t),
                 price_per_gpu_h=price,
+                price_from=(
+                    "data"
+                    if gt in data.gpu_price_per_hour
+                    else ("catalogue" if price > 0 else "none")
+                ),
                 capacity_gpu_h=_h(cap),
                 allocated_gpu_h=_h(al),
                 used_gpu_h=_r(used),
