@@ -395,7 +395,7 @@ def chart_cost(review: Review) -> Any:
         label="nobody held",
     )
     _labels(ax, [c.gpu_type for c in rows], False)
-    _style(ax, "GPU cost by type at the catalogue price", "cost")
+    _style(ax, "GPU cost by type at its price per GPU-hour", "USD")
     ax.legend(fontsize=8)
     return fig
 
