@@ -119,7 +119,9 @@ from gpupool.service.telemetry import (
     MonitorRule,
     Signals,
     Telemetry,
+    declared_use,
 )
+from gpupool.service.telemetry_history import HistoryConfig, attach, running_replicas
 from gpupool.sizing.catalog import load_catalog
 
 log = logging.getLogger("gpupool.service")
@@ -201,6 +203,8 @@ class LiveConfig:
     scrape_s: float = 1.0
     """How often each running service replica's /metrics is scraped (docs/services.md)."""
     scrape_timeout_s: float = 0.5
+    history: HistoryConfig = field(default_factory=HistoryConfig)
+    """The telemetry history's buckets, retention and row cap (the --config history:)."""
 
     @property
     def cycle_s(self) -> float:
@@ -466,6 +470,9 @@ class LiveService:
         self.last_service_sample = -1e18
         self.start_latency = StartLatency()
         """Queue wait and submit-to-start histograms by kind, observed as processes start."""
+        self.history = attach(self)
+        """Per-card bucket means and services' p99, written once a bucket (the review's)."""
+        self.wait_codes: dict[int, str] = {}
         for svc in self.store.services():
             self._load_service(svc)
             self.scheduler.replica_seq[svc.name] = len(self.store.replicas(svc.name, False))
@@ -834,7 +841,11 @@ class LiveService:
             if self.gate is None:
                 self._stage("cycle", self._cycle, now)
             self._stage("purge", self._purge, now)
+            self._stage("history", self._history, now)
             self.stage = "idle"
+
+    def _history(self, now: float) -> None:
+        self.history.step(now, self.samples, running_replicas(self))
 
     def _cycle(self, now: float) -> None:
         self._carry_out(self.scheduler.cycle(now), now)
@@ -1048,7 +1059,9 @@ class LiveService:
                     del self.gone[name]
                     self._node_joined(name, now_id)
                     self.scheduler.node_up(name, now)
-                    self.store.add_event("node-healthy", f"node {name} is back", now)
+                    self.store.add_event(
+                        "node-healthy", f"node {name} is back", now, data={"node": name}
+                    )
 
     def _probe_cloud(self, name: str, now_id: str | None, now: float) -> None:
         assert self.cloud is not None
@@ -1088,7 +1101,7 @@ class LiveService:
         if not first:
             return
         self.nodes_lost[name] += 1
-        self.store.add_event("node-lost", why, now)
+        self.store.add_event("node-lost", why, now, data={"node": name})
         for job_id in self.scheduler.node_down(name, now, why):
             row = self.store.get(int(job_id))
             self.evicting[job_id] = f"{why}; requeued from its checkpoint"
@@ -1270,7 +1283,9 @@ class LiveService:
                 self.bad_nodes.discard(name)
                 if name not in self.gone:
                     self.scheduler.node_up(name, now)
-                self.store.add_event("node-healthy", f"node {name} is healthy again", now)
+                self.store.add_event(
+                    "node-healthy", f"node {name} is healthy again", now, data={"node": name}
+                )
         for s in self.samples:
             if s.healthy:
                 continue
@@ -1284,7 +1299,7 @@ class LiveService:
             if name in self.gone:
                 continue
             why = f"node {name} unhealthy: GPU {s.index} {s.problem}"
-            self.store.add_event("node-unhealthy", why, now)
+            self.store.add_event("node-unhealthy", why, now, data={"node": name})
             for job_id in self.scheduler.node_down(name, now, why):
                 row = self.store.get(int(job_id))
                 self.evicting[job_id] = f"{why}; requeued from its checkpoint"
@@ -1732,8 +1747,9 @@ class LiveService:
         if row.gpu_milli < 1000 or row.gpu_mem_mib is not None:
             self._load_shared(set_load)
             return
+        sm_pct, mem_mib = declared_use(row.env) or (100.0, 1024)
         for dev in devices:
-            set_load(dev, 100.0, 1024)
+            set_load(dev, sm_pct, mem_mib)
 
     def _load_shared(self, set_load: Callable[..., None], leaving: str | None = None) -> None:
         """A fake card that jobs share is as busy as the shares placed on it: SM
@@ -1922,9 +1938,12 @@ class LiveService:
                 job_id,
                 now,
                 expect=("pending", "suspended"),
-                event="limit" if c.code in ("JobLimit", "CpuJobLimit") else None,
+                event="limit"
+                if c.code in ("JobLimit", "CpuJobLimit")
+                else ("wait-reason" if self.wait_codes.get(job_id) != c.code else None),
                 reason=text,
             )
+            self.wait_codes[job_id] = c.code  # a new code is an event: the review's waits
         except IllegalTransition as err:
             self.store.add_event("error", str(err), now, job_id=job_id)
 

@@ -31,6 +31,8 @@ from gpupool.service.live import LIVE_DEFAULTS, LiveConfig, LiveService
 from gpupool.service.sites import load_sites
 from gpupool.service.store import NewJob, Store, database_url
 from gpupool.service.telemetry import FakeTelemetry, NoGpuError, NvmlTelemetry, Telemetry
+from gpupool.service.telemetry_history import SECTION as HISTORY_SECTION
+from gpupool.service.telemetry_history import load_history
 from gpupool.specfile import SpecReader
 
 DEFAULT_PORT = 8642
@@ -300,9 +302,10 @@ def load_service_config(path: Path | None, defaults: SchedulerConfig) -> Schedul
         ) from None
     except yaml.YAMLError as err:
         raise SpecError(f"{path}: not valid YAML: {err}") from None
-    allowed = SCHEDULING_KEYS | {ISOLATION_SECTION}  # isolation: see isolation.py
+    # isolation: see isolation.py; history: telemetry_history.py
+    allowed = SCHEDULING_KEYS | {ISOLATION_SECTION, HISTORY_SECTION}
     top = SpecReader(str(path)).mapping({} if raw is None else raw, "top level", allowed)
-    top = {k: v for k, v in top.items() if k != ISOLATION_SECTION}
+    top = {k: v for k, v in top.items() if k not in (ISOLATION_SECTION, HISTORY_SECTION)}
     return parse_scheduling(top, str(path), defaults)
 
 
@@ -489,6 +492,7 @@ def serve(args: argparse.Namespace) -> int:
         lost_retries=args.lost_retries,
         disk_floor=DiskFloor(args.disk_floor_mib, args.disk_floor_pct),
         health_late_s=args.health_late,
+        history=load_history(args.config),
     )
     scheme = "https" if args.tls_cert is not None else "http"
     url = f"{scheme}://{args.host}:{args.port}"

@@ -292,6 +292,67 @@ class AuditModel(Base):
     detail: Mapped[str] = mapped_column(Text, server_default="")
 
 
+class GpuMinuteModel(Base):
+    """One card's means over one bucket of the telemetry history (revision 0009)."""
+
+    __tablename__ = "gpu_minutes"
+    __table_args__ = {"sqlite_autoincrement": True}  # noqa: RUF012  (ids are never reused)
+
+    id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
+    gpu_id: Mapped[str] = mapped_column(String)
+    t_s: Mapped[float] = mapped_column(Double, index=True)
+    period_s: Mapped[float] = mapped_column(Double)
+    samples: Mapped[int] = mapped_column(Integer)
+    mem_used_mib: Mapped[float] = mapped_column(Double)
+    sm_util_pct: Mapped[float] = mapped_column(Double)
+    power_w: Mapped[float | None] = mapped_column(Double)
+    temp_c: Mapped[float | None] = mapped_column(Double)
+
+
+class ServiceMinuteModel(Base):
+    """One service's p99 and rate over one bucket (revision 0009)."""
+
+    __tablename__ = "service_minutes"
+    __table_args__ = {"sqlite_autoincrement": True}  # noqa: RUF012  (ids are never reused)
+
+    id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
+    service: Mapped[str] = mapped_column(String)
+    t_s: Mapped[float] = mapped_column(Double, index=True)
+    period_s: Mapped[float] = mapped_column(Double)
+    p99_ms: Mapped[float | None] = mapped_column(Double)
+    rps: Mapped[float] = mapped_column(Double)
+    replicas: Mapped[int] = mapped_column(Integer)
+
+
+class FleetGpuModel(Base):
+    """A card the service ran on, and when it was first and last seen (revision 0009)."""
+
+    __tablename__ = "fleet_gpus"
+
+    gpu_id: Mapped[str] = mapped_column(String, primary_key=True)
+    node: Mapped[str] = mapped_column(String)
+    gpu_index: Mapped[int] = mapped_column(Integer)
+    gpu_type: Mapped[str] = mapped_column(String)
+    site: Mapped[str] = mapped_column(String)
+    mem_total_mib: Mapped[int] = mapped_column(Integer)
+    first_seen_s: Mapped[float] = mapped_column(Double)
+    last_seen_s: Mapped[float] = mapped_column(Double)
+
+
+class SettingModel(Base):
+    """What the service was configured with that a later reader needs (revision 0009)."""
+
+    __tablename__ = "service_settings"
+
+    key: Mapped[str] = mapped_column(String, primary_key=True)
+    value: Mapped[Any] = mapped_column(JSON)
+    updated_at: Mapped[float] = mapped_column(Double)
+
+
 # ---- values handed to and returned by the Store ---------------------------------------------
 @dataclass(frozen=True)
 class NewJob:
@@ -568,6 +629,55 @@ class Purged:
     events: int
     more: bool
     """A batch was full: call again for the rest."""
+
+
+@dataclass(frozen=True)
+class GpuMinute:
+    """Means of one card over [t_s, t_s + period_s), of `samples` samples."""
+
+    gpu_id: str
+    t_s: float
+    period_s: float
+    samples: int
+    mem_used_mib: float
+    sm_util_pct: float
+    power_w: float | None = None
+    temp_c: float | None = None
+
+
+@dataclass(frozen=True)
+class ServiceMinute:
+    """A service's p99 (None: no request) and rate over [t_s, t_s + period_s)."""
+
+    service: str
+    t_s: float
+    period_s: float
+    p99_ms: float | None
+    rps: float
+    replicas: int
+
+
+@dataclass(frozen=True)
+class FleetGpu:
+    """A card the service ran on; `gpu_id` is "node/index" as job rows name it."""
+
+    gpu_id: str
+    node: str
+    gpu_index: int
+    gpu_type: str
+    site: str
+    mem_total_mib: int
+    first_seen_s: float = 0.0
+    last_seen_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Pruned:
+    """History rows one prune deleted; `more` when a cap still asks for more."""
+
+    gpu_rows: int
+    service_rows: int
+    more: bool
 
 
 @dataclass(frozen=True)
@@ -1447,9 +1557,10 @@ class Store:
             if updated is None:  # unreachable while the row lock holds; kept as the CAS guard
                 raise IllegalTransition(f"job {job_id} changed while moving to {to_state}")
             reason = values.get("reason") or f"{old_state} -> {to_state}"
-            self._insert_event(
-                s, event or to_state, reason, now_s, job_id, {"from": old_state, "to": to_state}
-            )
+            data: dict[str, Any] = {"from": old_state, "to": to_state}
+            if "gpus" in values:  # which cards each run held: the review's allocations
+                data["gpus"] = values["gpus"]
+            self._insert_event(s, event or to_state, reason, now_s, job_id, data)
             return _job_row(updated)
 
     def update(
@@ -1486,7 +1597,8 @@ class Store:
                     "it changed meanwhile: read it again and decide anew"
                 )
             if event is not None:
-                self._insert_event(s, event, str(values.get("reason", "")), now_s, job_id)
+                data = {"gpus": values["gpus"]} if "gpus" in values else None
+                self._insert_event(s, event, str(values.get("reason", "")), now_s, job_id, data)
             return _job_row(updated)
 
     def set_process(
@@ -1830,6 +1942,140 @@ class Store:
                     cut = delete(AuditModel).where(AuditModel.id <= top - keep_rows)
                     gone += cast(CursorResult[Any], s.execute(cut)).rowcount
             return int(gone)
+
+    # -- telemetry history (revision 0009) --
+    def add_history(
+        self, gpu_rows: Sequence[GpuMinute], service_rows: Sequence[ServiceMinute] = ()
+    ) -> None:
+        """One bucket of history (every card's and every service's rows) in one write."""
+        if not gpu_rows and not service_rows:
+            return
+        with self._write() as s:
+            if gpu_rows:
+                s.execute(insert(GpuMinuteModel), [dataclasses.asdict(r) for r in gpu_rows])
+            if service_rows:
+                s.execute(insert(ServiceMinuteModel), [dataclasses.asdict(r) for r in service_rows])
+
+    def gpu_minutes(
+        self, start_s: float | None = None, end_s: float | None = None
+    ) -> builtins.list[GpuMinute]:
+        """Per-card buckets that begin in [start_s, end_s), oldest first."""
+        query = select(GpuMinuteModel)
+        if start_s is not None:
+            query = query.where(GpuMinuteModel.t_s >= start_s)
+        if end_s is not None:
+            query = query.where(GpuMinuteModel.t_s < end_s)
+        with self._read() as s:
+            return [
+                GpuMinute(
+                    m.gpu_id,
+                    m.t_s,
+                    m.period_s,
+                    m.samples,
+                    m.mem_used_mib,
+                    m.sm_util_pct,
+                    m.power_w,
+                    m.temp_c,
+                )
+                for m in s.scalars(query.order_by(GpuMinuteModel.t_s, GpuMinuteModel.id))
+            ]
+
+    def service_minutes(
+        self, start_s: float | None = None, end_s: float | None = None
+    ) -> builtins.list[ServiceMinute]:
+        """Per-service buckets that begin in [start_s, end_s), oldest first."""
+        query = select(ServiceMinuteModel)
+        if start_s is not None:
+            query = query.where(ServiceMinuteModel.t_s >= start_s)
+        if end_s is not None:
+            query = query.where(ServiceMinuteModel.t_s < end_s)
+        with self._read() as s:
+            return [
+                ServiceMinute(m.service, m.t_s, m.period_s, m.p99_ms, m.rps, m.replicas)
+                for m in s.scalars(query.order_by(ServiceMinuteModel.t_s, ServiceMinuteModel.id))
+            ]
+
+    def history_rows(self) -> tuple[int, int]:
+        """(GPU rows, service rows) the history holds now."""
+        with self._read() as s:
+            gpus = s.scalar(select(func.count()).select_from(GpuMinuteModel)) or 0
+            svcs = s.scalar(select(func.count()).select_from(ServiceMinuteModel)) or 0
+            return int(gpus), int(svcs)
+
+    def prune_history(
+        self, before_s: float, max_gpu_rows: int, max_service_rows: int, batch: int = 5000
+    ) -> Pruned:
+        """Delete the oldest history rows: those that begin before `before_s`, then the
+        oldest beyond each table's row cap; at most `batch` rows per table, so one prune
+        is a short transaction (call again while `Pruned.more`)."""
+        if batch < 1:
+            raise SpecError(f"batch is {batch}; prune at least 1 row at a time")
+        done: builtins.list[int] = []
+        more = False
+        with self._write() as s:
+            for model, cap in (
+                (GpuMinuteModel, max_gpu_rows),
+                (ServiceMinuteModel, max_service_rows),
+            ):
+                count = int(s.scalar(select(func.count()).select_from(model)) or 0)
+                old = int(
+                    s.scalar(select(func.count()).select_from(model).where(model.t_s < before_s))
+                    or 0
+                )
+                excess = max(old, count - max(cap, 0))
+                take = min(excess, batch)
+                if take > 0:
+                    ids = select(model.id).order_by(model.t_s, model.id).limit(take)
+                    s.execute(delete(model).where(model.id.in_(ids.scalar_subquery())))
+                done.append(take)
+                more = more or excess > take
+        return Pruned(done[0], done[1], more)
+
+    def record_fleet(self, gpus: Sequence[FleetGpu], now_s: float) -> None:
+        """The cards the service runs on now: new ones added, known ones marked seen."""
+        with self._write() as s:
+            for g in gpus:
+                found = s.get(FleetGpuModel, g.gpu_id)
+                if found is None:
+                    s.add(
+                        FleetGpuModel(
+                            **{**dataclasses.asdict(g), "first_seen_s": now_s, "last_seen_s": now_s}
+                        )
+                    )
+                else:
+                    found.node, found.gpu_index, found.gpu_type = g.node, g.gpu_index, g.gpu_type
+                    found.site, found.mem_total_mib = g.site, g.mem_total_mib
+                    found.last_seen_s = now_s
+
+    def fleet(self) -> builtins.list[FleetGpu]:
+        with self._read() as s:
+            return [
+                FleetGpu(
+                    m.gpu_id,
+                    m.node,
+                    m.gpu_index,
+                    m.gpu_type,
+                    m.site,
+                    m.mem_total_mib,
+                    m.first_seen_s,
+                    m.last_seen_s,
+                )
+                for m in s.scalars(select(FleetGpuModel).order_by(FleetGpuModel.gpu_id))
+            ]
+
+    def put_setting(self, key: str, value: Any, now_s: float) -> None:
+        with self._write() as s:
+            found = s.get(SettingModel, key)
+            if found is None:
+                s.add(SettingModel(key=key, value=value, updated_at=now_s))
+            else:
+                found.value, found.updated_at = value, now_s
+
+    def setting(self, key: str) -> Any:
+        """A stored setting's value; None when never stored."""
+        with self._read() as s:
+            found = s.get(SettingModel, key)
+            return None if found is None else found.value
 
 
 def _active_admin(now_s: float) -> tuple[Any, ...]:

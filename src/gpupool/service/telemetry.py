@@ -616,8 +616,32 @@ class _FakeGpu:
     """The air it breathes; None: the thermal model's ambient (30 C)."""
 
 
+FAKE_USE_ENV: Final = "GPUPOOL_FAKE_USE"
+"""A job's declared use of each of its whole cards on a fake fleet, `SM_PCT,MEM_MIB`
+(e.g. `0,0` for a job that holds a card and never touches it); without it a job on a
+fake card reads as 100 % busy with 1 GiB used."""
+
+
+def declared_use(env: Mapping[str, str]) -> tuple[float, int] | None:
+    """(SM %, memory MiB) a job's environment declares for the fake fleet; None when it
+    declares nothing or not in that form (the default load then)."""
+    text = env.get(FAKE_USE_ENV)
+    if text is None:
+        return None
+    try:
+        sm, mem = text.split(",")
+        return min(100.0, max(0.0, float(sm))), max(0, int(mem))
+    except ValueError:
+        return None
+
+
 class FakeTelemetry(Telemetry):
     """A fleet that exists only in the service: readings follow from the load it is told.
+
+    It is the fake implementation of NVML, for tests and demos: no process touches a GPU,
+    the service tells it what runs where (`set_load`), and a job may declare what it uses
+    of each card in its environment (`GPUPOOL_FAKE_USE=SM_PCT,MEM_MIB`), so a test can
+    plant a job that never uses its card or one that uses a quarter of it.
 
     Power is linear in utilisation between the H200's measured idle draw (103 of 700 W)
     and its compute-bound draw (620 of 700 W, middle of 607-633 W), as fractions of each
