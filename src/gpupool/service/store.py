@@ -42,6 +42,7 @@ from sqlalchemy import (
     false,
     func,
     insert,
+    inspect,
     select,
     text,
 )
@@ -2062,6 +2063,11 @@ class Store:
                 )
                 for m in s.scalars(select(FleetGpuModel).order_by(FleetGpuModel.gpu_id))
             ]
+
+    def table_names(self) -> set[str]:
+        """The tables the database holds (whatever their schema)."""
+        with self._engine.connect() as conn:
+            return set(inspect(conn).get_table_names())
 
     def put_setting(self, key: str, value: Any, now_s: float) -> None:
         with self._write() as s:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from gpupool.core.lifecycle import JobState
+from gpupool.energy.tariff import load_tariff
 from gpupool.errors import SpecError
 from gpupool.service.diskspace import DiskFloor, DiskProbe
 from gpupool.service.replica_load import Measured
@@ -293,12 +294,27 @@ def fleet_of(live: LiveService) -> list[FleetGpu]:
 def review_settings(live: LiveService) -> dict[str, Any]:
     """What the review needs of the service's configuration, stored beside the history."""
     sched = live.config.scheduling
+    tariff: dict[str, Any] | None = None
+    if sched.energy.tariff is not None:
+        t = load_tariff(sched.energy.tariff)  # the service loaded it already: it exists
+        tariff = {
+            "name": t.name,
+            "currency": t.currency,
+            "price_per_kwh": list(t.price_per_kwh),
+            "carbon_g_per_kwh": list(t.carbon_g_per_kwh or ()),
+            "utc_offset_h": t.utc_offset_h,
+        }
+    catalog = live.scheduler.catalog
+    models = {n.gpu_model for n in live.cluster.nodes}
+    prices = {m: catalog[m].price_usd_per_hour for m in models if catalog and m in catalog}
     return {
         "teams": [
             {"team": t.team, "guaranteed": dict(t.guaranteed), "max": dict(t.maximum)}
             for t in sched.teams
         ],
-        "tariff": sched.energy.tariff,
+        "tariff": tariff,
+        "pue": sched.energy.pue,
+        "gpu_price_per_hour": dict(sorted(prices.items())),
         "bucket_s": live.config.history.bucket_s,
     }
 
