@@ -25,9 +25,15 @@ import pytest
 
 from gpupool.errors import GpupoolError
 from gpupool.reports.review import build_review
-from gpupool.reports.review_data import ReviewData
+from gpupool.reports.review_data import Allocation, DownInterval, ReviewData
+from gpupool.service.clock import ManualClock
+from gpupool.service.diskspace import FakeDisk
+from gpupool.service.executor import FakeExecutor
+from gpupool.service.live import LiveConfig, LiveService
 from gpupool.service.review_source import review_from_db
-from gpupool.service.store import database_url
+from gpupool.service.store import NewJob, Store, database_url
+from gpupool.service.telemetry import FakeTelemetry
+from gpupool.service.telemetry_history import HistoryConfig
 from service_proc import Server, wait_for
 
 CONFIG = """\
@@ -230,3 +236,70 @@ def test_a_database_without_the_gpupool_schema_is_refused(tmp_path: Path) -> Non
         review_from_db(f"sqlite:///{other}", None, None)
     with pytest.raises(GpupoolError, match="no such database file"):
         review_from_db(f"sqlite:///{tmp_path / 'missing.db'}", None, None)
+
+
+T0 = 1_800_000_000.0
+
+
+def test_runs_down_time_waits_and_lost_work_come_from_the_events(tmp_path: Path) -> None:
+    """In process, on a manual clock: job `a` (checkpoints every 30 s) runs on card 0 from
+    T0+1; at T0+46 card 0 fails, so its node (both cards) is unhealthy and `a` is evicted
+    (reaped at T0+47, 46 s into its run: 16 s since its last checkpoint lost); at T0+60 it
+    is repaired, and `b`, which waited for two cards since T0, runs until T0+81, when `a`
+    runs again."""
+    url = database_url(None, tmp_path / "db")
+    store = Store(url)
+    store.migrate()
+    clock, telemetry, executor = ManualClock(T0), FakeTelemetry("2xA100-80GB"), FakeExecutor()
+    live = LiveService(
+        LiveConfig(state_dir=tmp_path / "live", sample_s=0.0, host="h", history=HistoryConfig(10)),
+        store,
+        executor,
+        telemetry,
+        clock,
+        disk=FakeDisk(),
+    )
+    store.submit(NewJob("a", "t", "training", 50, 1, ("x",), checkpoint_every_s=30.0), T0)
+    store.submit(NewJob("b", "u", "training", 50, 2, ("x",)), T0)
+
+    def run(seconds: int) -> None:
+        for _ in range(seconds):  # bounded: one cycle a second of the manual clock
+            clock.advance(1.0)
+            live.step()
+
+    try:
+        run(45)
+        telemetry.fail_gpu(0)
+        run(15)
+        telemetry.repair(0)
+        run(20)
+        assert list(executor.handles()) == ["2"]
+        executor.finish("2")
+        run(10)
+    finally:
+        live.stop()
+        store.close()
+    data = review_from_db(url, T0, T0 + 90)
+    card0, card1 = "h/A100-80GB/0", "h/A100-80GB/1"
+    assert [g.gpu_id for g in data.gpus] == [card0, card1]
+    assert data.allocations == (
+        Allocation("a", card0, T0 + 1, T0 + 47),
+        Allocation("b", card0, T0 + 61, T0 + 81),
+        Allocation("b", card1, T0 + 61, T0 + 81),
+        Allocation("a", card0, T0 + 81, T0 + 90),  # still running: up to the period's end
+    )
+    assert data.down == (
+        DownInterval(card0, T0 + 46, T0 + 61, "unhealthy"),
+        DownInterval(card1, T0 + 46, T0 + 61, "unhealthy"),
+    )
+    a, b = sorted(data.jobs, key=lambda j: j.job_id)
+    assert (a.state, a.lost_gpu_s, a.first_start_s) == ("running", 16.0, T0 + 1)
+    assert a.wait_s_by_reason == {"Queued": 1.0, "Priority": 14.0, "Resources": 20.0}
+    assert (b.state, b.end_s, b.lost_gpu_s) == ("succeeded", T0 + 81, 0.0)
+    assert b.wait_s_by_reason == {"Queued": 1.0, "Resources": 60.0}
+    assert [u.t_s for u in data.usage if u.gpu_id == card1] == [T0 + 10 * k for k in range(9)]
+    rec = build_review(data).reconciliation
+    assert rec.allocated + rec.idle + rec.down == rec.capacity == 2 * 90 * 1000 * 1000
+    assert (
+        dict(rec.by_team).keys() == {"t", "u"} and sum(dict(rec.by_team).values()) == rec.allocated
+    )
