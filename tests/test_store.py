@@ -357,7 +357,8 @@ def test_transition_sets_columns_and_writes_its_event(store: Store) -> None:
     assert running == store.get(row.id)
     ev = store.events_after(0)[-1]
     assert (ev.kind, ev.job_id, ev.message, ev.at_s) == ("started", row.id, "placed on n1", T0 + 1)
-    assert ev.data == {"from": "pending", "to": "running"}
+    # the run's cards go in its event too: the review's allocations, run by run
+    assert ev.data == {"from": "pending", "to": "running", "gpus": [["n1", 0], ["n1", 3]]}
     done = store.transition(row.id, "succeeded", T0 + 9, exit_code=0)
     assert (done.state, done.exit_code, done.ended_at, done.started_at) == (
         "succeeded",
