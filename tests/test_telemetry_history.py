@@ -177,3 +177,42 @@ def test_a_failing_history_write_costs_its_bucket_and_not_the_loop(
     finally:
         live.stop()
         store.close()
+
+
+class FullAtStart(Store):
+    """A store whose first fleet record fails, as on a disk full when the service starts."""
+
+    refused = 0
+
+    def record_fleet(self, *args: Any, **kwargs: Any) -> None:
+        if not self.refused:
+            self.refused += 1
+            raise OperationalError("INSERT", {}, Exception("database or disk is full"))
+        super().record_fleet(*args, **kwargs)
+
+
+def test_a_fleet_not_recorded_at_start_is_recorded_with_the_first_bucket(
+    url: str, tmp_path: Path
+) -> None:
+    store = FullAtStart(url)
+    store.migrate()
+    clock = ManualClock(T0)
+    live = LiveService(  # starts all the same
+        LiveConfig(state_dir=tmp_path / "live", sample_s=0.0, host="h", history=HistoryConfig(5)),
+        store,
+        FakeExecutor(),
+        FakeTelemetry("1xA100-80GB"),
+        clock,
+        disk=FakeDisk(),
+    )
+    try:
+        assert store.refused == 1 and store.fleet() == []
+        for _ in range(6):
+            clock.advance(1.0)
+            live.step()
+        assert [g.gpu_id for g in store.fleet()] == ["h/A100-80GB/0"]
+        assert store.setting("review")["bucket_s"] == 5.0
+        assert len(store.gpu_minutes()) == 1
+    finally:
+        live.stop()
+        store.close()

@@ -187,8 +187,12 @@ class TelemetryHistory:
         disk: DiskProbe | None = None,
         floor: DiskFloor | None = None,
         measure: Measure | None = None,
+        record: Callable[[float], None] | None = None,
     ) -> None:
-        """`gpu_of`: telemetry index -> gpu_id ("node/index"); `store` without retries."""
+        """`gpu_of`: telemetry index -> gpu_id ("node/index"); `store` without retries;
+        `record(now)` stores the fleet and the review's settings: tried with the first
+        bucket, and again with each next one until it succeeds (a full disk at start-up
+        must not keep the service from starting)."""
         self.config = config
         self.store = store
         self.gpu_of = dict(gpu_of)
@@ -205,6 +209,7 @@ class TelemetryHistory:
         self.error: str | None = None
         """Why the last bucket was dropped (None once one is written again)."""
         self.services = 1
+        self.record = record
 
     def observe(self, samples: Sequence[GpuSample]) -> None:
         """A new set of samples (the loop's latest; a set seen before is skipped)."""
@@ -252,6 +257,9 @@ class TelemetryHistory:
         try:
             if problem is not None:
                 raise OSError(problem)
+            if self.record is not None:
+                self.record(max([r.t_s for r in rows] + [r.t_s for r in served]))
+                self.record = None
             self.store.add_history(rows, served)
         except Exception as err:  # the loop goes on; only this bucket is lost
             self.dropped += 1
@@ -321,10 +329,19 @@ def review_settings(live: LiveService) -> dict[str, Any]:
 
 def attach(live: LiveService) -> TelemetryHistory:
     """The history of `live`: its fleet and settings recorded now, its buckets as it runs."""
-    now = live.clock.now()
     fleet = fleet_of(live)
-    live.raw_store.record_fleet(fleet, now)
-    live.raw_store.put_setting(REVIEW_SETTING, review_settings(live), now)
+    settings = review_settings(live)
+
+    def record(now_s: float) -> None:
+        live.raw_store.record_fleet(fleet, now_s)
+        live.raw_store.put_setting(REVIEW_SETTING, settings, now_s)
+
+    pending: Callable[[float], None] | None = record
+    try:
+        record(live.clock.now())
+        pending = None
+    except Exception as err:  # a full disk at start-up: tried again with each bucket
+        log.warning("telemetry history: fleet not recorded yet: %s: %s", type(err).__name__, err)
     gpu_of = {
         tele: f"{live.cluster.nodes[k].name}/{live.devices[(k, g)]}"
         for (k, g), tele in live.tele_index.items()
@@ -336,6 +353,7 @@ def attach(live: LiveService) -> TelemetryHistory:
         live.disk,
         live.config.disk_floor,
         live.scraper.measure,
+        pending,
     )
 
 
