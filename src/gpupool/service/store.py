@@ -1960,41 +1960,32 @@ class Store:
     def gpu_minutes(
         self, start_s: float | None = None, end_s: float | None = None
     ) -> builtins.list[GpuMinute]:
-        """Per-card buckets that begin in [start_s, end_s), oldest first."""
-        query = select(GpuMinuteModel)
+        """Per-card buckets that begin in [start_s, end_s), oldest first (plain rows, not
+        ORM objects: a month of a fleet is millions of them)."""
+        m = GpuMinuteModel
+        query = select(
+            m.gpu_id, m.t_s, m.period_s, m.samples, m.mem_used_mib, m.sm_util_pct, m.power_w,
+            m.temp_c,
+        )  # fmt: skip
         if start_s is not None:
-            query = query.where(GpuMinuteModel.t_s >= start_s)
+            query = query.where(m.t_s >= start_s)
         if end_s is not None:
-            query = query.where(GpuMinuteModel.t_s < end_s)
+            query = query.where(m.t_s < end_s)
         with self._read() as s:
-            return [
-                GpuMinute(
-                    m.gpu_id,
-                    m.t_s,
-                    m.period_s,
-                    m.samples,
-                    m.mem_used_mib,
-                    m.sm_util_pct,
-                    m.power_w,
-                    m.temp_c,
-                )
-                for m in s.scalars(query.order_by(GpuMinuteModel.t_s, GpuMinuteModel.id))
-            ]
+            return [GpuMinute(*row) for row in s.execute(query.order_by(m.t_s, m.id))]
 
     def service_minutes(
         self, start_s: float | None = None, end_s: float | None = None
     ) -> builtins.list[ServiceMinute]:
         """Per-service buckets that begin in [start_s, end_s), oldest first."""
-        query = select(ServiceMinuteModel)
+        m = ServiceMinuteModel
+        query = select(m.service, m.t_s, m.period_s, m.p99_ms, m.rps, m.replicas)
         if start_s is not None:
-            query = query.where(ServiceMinuteModel.t_s >= start_s)
+            query = query.where(m.t_s >= start_s)
         if end_s is not None:
-            query = query.where(ServiceMinuteModel.t_s < end_s)
+            query = query.where(m.t_s < end_s)
         with self._read() as s:
-            return [
-                ServiceMinute(m.service, m.t_s, m.period_s, m.p99_ms, m.rps, m.replicas)
-                for m in s.scalars(query.order_by(ServiceMinuteModel.t_s, ServiceMinuteModel.id))
-            ]
+            return [ServiceMinute(*row) for row in s.execute(query.order_by(m.t_s, m.id))]
 
     def history_rows(self) -> tuple[int, int]:
         """(GPU rows, service rows) the history holds now."""
