@@ -1943,6 +1943,8 @@ class LiveService:
                 else ("wait-reason" if self.wait_codes.get(job_id) != c.code else None),
                 reason=text,
             )
+            if len(self.wait_codes) > 100_000:  # bounded: at worst a code is told twice
+                self.wait_codes.clear()
             self.wait_codes[job_id] = c.code  # a new code is an event: the review's waits
         except IllegalTransition as err:
             self.store.add_event("error", str(err), now, job_id=job_id)
