@@ -14,10 +14,14 @@ stopped and the review is read from the database alone (`review_from_db`), then 
 
 from __future__ import annotations
 
+import csv
+import math
 import sqlite3
 import statistics
+import subprocess
 import sys
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -54,6 +58,18 @@ REPLICA = ("--slots", "8", "--ms-per-token", "1", "--min-ms", "1", "--max-ms", "
 """The chat replica answering `tokens` ms a request (the test picks them)."""
 PHASE_S = 18.0
 """Each latency level lasts this long: 9 buckets of 2 s, more than the review's 6."""
+
+
+SPLIT = ("capacity", "allocated", "idle", "down")
+
+
+def iso(t_s: int) -> str:
+    return datetime.fromtimestamp(t_s, UTC).strftime("%Y-%m-%dT%H:%M:%S+00:00")
+
+
+def table(path: Path) -> list[dict[str, str]]:
+    with path.open(encoding="utf-8", newline="") as fh:
+        return list(csv.DictReader(fh))
 
 
 def drive(url: str, tokens: int, until: float) -> int:
@@ -144,9 +160,9 @@ def test_a_live_run_reviews_from_its_database(tmp_path: Path) -> None:
         assert sent > 300
         time.sleep(3.0)  # the last bucket closes and is written
         ids = [j["id"] for j in httpx.get(f"{api}/v1/jobs", timeout=5).json()["jobs"]]
-        httpx.delete(f"{api}/v1/services/drifty", timeout=10).raise_for_status()
-        for job_id in ids:
+        for job_id in sorted(ids, key=lambda i: i != waits.json()["id"]):  # waiting first
             httpx.post(f"{api}/v1/jobs/{job_id}/cancel", timeout=10)
+        httpx.delete(f"{api}/v1/services/drifty", timeout=10).raise_for_status()
         wait_for(
             lambda: all(
                 j["state"] in ("cancelled", "succeeded", "failed")
@@ -183,8 +199,9 @@ def test_a_live_run_reviews_from_its_database(tmp_path: Path) -> None:
     assert len(set(cards.values())) == 5
 
     waiter = jobs["waiter"]
-    assert waiter.first_start_s is not None  # once the service's card was freed
-    waited = waiter.first_start_s - waiter.submit_s
+    assert waiter.first_start_s is None and waiter.state == "cancelled"  # while waiting
+    assert waiter.end_s is not None and not any(a.job_id == "waiter" for a in data.allocations)
+    waited = waiter.end_s - waiter.submit_s
     assert waited > 2 * PHASE_S
     assert waiter.wait_s_by_reason["Resources"] > 0.95 * waited
     assert sum(waiter.wait_s_by_reason.values()) == pytest.approx(waited)
@@ -226,6 +243,30 @@ def test_a_live_run_reviews_from_its_database(tmp_path: Path) -> None:
     assert ("over-asker",) in kinds["right-size"]
     assert ("drifty",) in kinds["latency-drift"]
     assert (cards["idle-holder"],) in kinds["reclaimable-card"]
+
+    # The same through the command line, on whole seconds: its CSVs reconcile exactly.
+    lo, hi = math.floor(data.start_s), math.ceil(data.end_s)
+    out = tmp_path / "review"
+    done = subprocess.run(
+        [sys.executable, "-m", "gpupool.cli", "report", "--db", url, "--from", iso(lo),
+         "--to", iso(hi), "--html", str(tmp_path / "review.html"), "--csv", str(out)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    gpus = table(out / "reconciliation_gpus.csv")
+    split = {k: sum(int(r[f"{k}_mgpu_ms"]) for r in gpus) for k in SPLIT}
+    assert split["capacity"] == 6 * (hi - lo) * 1000 * 1000  # milli-GPU x ms
+    assert split["allocated"] + split["idle"] + split["down"] == split["capacity"]
+    assert sum(int(r["allocated_mgpu_ms"]) for r in table(out / "teams.csv")) == split["allocated"]
+    said = {(r["kind"], r["subjects"]) for r in table(out / "recommendations.csv")}
+    assert {
+        ("never-used", "idle-holder"),
+        ("share-a-card", "pair-a pair-b"),
+        ("right-size", "over-asker"),
+        ("latency-drift", "drifty"),
+    } <= said
+    html = (tmp_path / "review.html").read_text(encoding="utf-8")
+    assert all(name in html for name in (*USE, "drifty"))
 
 
 def test_a_database_without_the_gpupool_schema_is_refused(tmp_path: Path) -> None:

@@ -36,7 +36,7 @@ from gpupool.reports.review_data import (
     TeamQuota,
     UsageSample,
 )
-from gpupool.service.store import EventRow, JobRow, Store
+from gpupool.service.store import EventRow, JobRow, Store, database_url
 from gpupool.service.telemetry_history import REVIEW_SETTING
 
 HISTORY_TABLES = ("jobs", "events", "gpu_minutes", "service_minutes", "fleet_gpus")
@@ -51,6 +51,7 @@ EVENT_PAGE = 10_000
 
 def _open(url: str) -> Store:
     """The store at `url`, refused clearly when it holds no gpupool schema."""
+    url = database_url(url, Path("."))  # postgresql:// as the service takes it, too
     try:
         parsed = make_url(url)
     except Exception:
@@ -279,6 +280,9 @@ def _read(store: Store, url: str, start_s: float | None, end_s: float | None) ->
     last += [m.t_s + m.period_s for m in minutes[-1:]] + [s.t_s + s.period_s for s in served[-1:]]
     lo = start_s if start_s is not None else (min(seen) if seen else 0.0)
     hi = end_s if end_s is not None else (max(last) if last else lo)
+    # What is still open (a run, a wait, a node down) is known to last until the last
+    # thing the database recorded, not to the end of a period that may reach the future.
+    upto = min(hi, max(last)) if last else hi
     if not hi > lo:
         raise GpupoolError(
             f"{url}: nothing recorded in the period asked for; give --from and --to around "
@@ -297,7 +301,7 @@ def _read(store: Store, url: str, start_s: float | None, end_s: float | None) ->
     reviews: list[JobReview] = []
     for row in jobs:
         mine = by_job.get(row.id, [])
-        runs = _runs(row, mine, hi)
+        runs = _runs(row, mine, upto)
         if row.submitted_at >= hi or (row.ended_at is not None and row.ended_at < lo):
             continue
         lost_gpu_s = 0.0
@@ -315,7 +319,7 @@ def _read(store: Store, url: str, start_s: float | None, end_s: float | None) ->
                 every = row.checkpoint_every_s
                 since_ckpt = math.fmod(length, every) if every else length
                 lost_gpu_s += since_ckpt * len(run.gpus)
-        waits, first = _waits(row, mine, lo, hi)
+        waits, first = _waits(row, mine, lo, upto)
         reviews.append(
             JobReview(
                 job_id=names[row.id],
@@ -350,7 +354,7 @@ def _read(store: Store, url: str, start_s: float | None, end_s: float | None) ->
         end_s=hi,
         gpus=tuple(gpus),
         allocations=tuple(sorted(allocations, key=lambda a: (a.start_s, a.gpu_id, a.job_id))),
-        down=tuple(_down(events, gpus_of_node, lo, hi)),
+        down=tuple(_down(events, gpus_of_node, lo, upto)),
         jobs=tuple(reviews),
         usage=tuple(
             UsageSample(
