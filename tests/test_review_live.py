@@ -38,6 +38,7 @@ from gpupool.service.review_source import review_from_db
 from gpupool.service.store import NewJob, Store, database_url
 from gpupool.service.telemetry import FakeTelemetry
 from gpupool.service.telemetry_history import HistoryConfig
+from pgserver import fresh_schema, pg_url  # noqa: F401
 from service_proc import Server, wait_for
 
 CONFIG = """\
@@ -282,13 +283,19 @@ def test_a_database_without_the_gpupool_schema_is_refused(tmp_path: Path) -> Non
 T0 = 1_800_000_000.0
 
 
-def test_runs_down_time_waits_and_lost_work_come_from_the_events(tmp_path: Path) -> None:
+@pytest.fixture(params=["sqlite", "postgresql"])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return database_url(None, tmp_path / "db")
+    return fresh_schema(request.getfixturevalue("pg_url"))
+
+
+def test_runs_down_time_waits_and_lost_work_come_from_the_events(url: str, tmp_path: Path) -> None:
     """In process, on a manual clock: job `a` (checkpoints every 30 s) runs on card 0 from
     T0+1; at T0+46 card 0 fails, so its node (both cards) is unhealthy and `a` is evicted
     (reaped at T0+47, 46 s into its run: 16 s since its last checkpoint lost); at T0+60 it
     is repaired, and `b`, which waited for two cards since T0, runs until T0+81, when `a`
-    runs again."""
-    url = database_url(None, tmp_path / "db")
+    runs again. On SQLite and PostgreSQL."""
     store = Store(url)
     store.migrate()
     clock, telemetry, executor = ManualClock(T0), FakeTelemetry("2xA100-80GB"), FakeExecutor()
