@@ -18,7 +18,12 @@ from gpupool.service.executor import FakeExecutor
 from gpupool.service.live import LiveConfig, LiveService
 from gpupool.service.store import GpuMinute, NewJob, ServiceMinute, Store, database_url
 from gpupool.service.telemetry import FakeTelemetry
-from gpupool.service.telemetry_history import HistoryConfig, MinuteMeans, parse_history
+from gpupool.service.telemetry_history import (
+    HistoryConfig,
+    MinuteMeans,
+    TelemetryHistory,
+    parse_history,
+)
 from pgserver import fresh_schema, pg_url  # noqa: F401
 
 T0 = 1_800_000_000.0  # a whole minute
@@ -216,3 +221,25 @@ def test_a_fleet_not_recorded_at_start_is_recorded_with_the_first_bucket(
     finally:
         live.stop()
         store.close()
+
+
+@pytest.mark.parametrize(("max_rows", "kept"), [(15, 15), (1000, 22)])
+def test_the_writer_keeps_the_history_within_its_cap_and_retention(
+    url: str, max_rows: int, kept: int
+) -> None:
+    """1-s buckets of two cards kept 10 s: the retention keeps the buckets that begin at
+    most 10 s before the newest (11 buckets, 22 rows: the derived cap), a cap of 15 rows
+    the newest 15, whichever is fewer; never more after a write."""
+    cfg = HistoryConfig(bucket_s=1.0, retention_days=10 / 86_400, max_rows=max_rows)
+    telemetry = FakeTelemetry("2xA100-80GB")
+    with Store(url) as store:
+        store.migrate()
+        history = TelemetryHistory(cfg, store, {0: "n/0", 1: "n/1"})
+        for t in range(40):  # bounded: 40 buckets
+            history.step(T0 + t, telemetry.sample(T0 + t), {})
+            assert store.history_rows()[0] <= min(max_rows, 22)
+        assert history.written == 39 and history.dropped == 0
+        rows = store.gpu_minutes()
+        assert len(rows) == kept
+        newest = [(T0 + b, f"n/{g}") for b in range(38, 27, -1) for g in (1, 0)][:kept]
+        assert sorted((r.t_s, r.gpu_id) for r in rows) == sorted(newest)
