@@ -1517,6 +1517,7 @@ class LiveService:
         """Record the job as running (before its process exists, so a restart finds it)
         and build what the executor needs."""
         row = self.store.get(int(d.job_id))
+        self.wait_codes.pop(row.id, None)  # its next wait's first code is an event again
         shares = d.placement.shares
         devices = tuple(self.devices[(s.node, g)] for s in shares for g in s.gpus)
         node = self.cluster.nodes[shares[0].node].name
