@@ -130,7 +130,12 @@ def build_parser() -> argparse.ArgumentParser:
         "folder beside or above the scenario.",
     )
     sc.add_argument("files", nargs="+", type=Path, help="scenario YAML file(s)")
-    sc.add_argument("--json", type=Path, help="write results here (one file: its summary)")
+    sc.add_argument(
+        "--json",
+        type=Path,
+        help='write results here (one file: its summary, and under key "review" the '
+        "record `gpupool report --scenario` reads)",
+    )
     sc.add_argument("--log", type=Path, help="write the decision log here (one file only)")
     sc.add_argument(
         "--jobs-csv",
@@ -396,7 +401,9 @@ def cmd_scenario(args: argparse.Namespace) -> int:
         raise SpecError("--log and --jobs-csv take one scenario run at a time")
     results = []
     for cfg in configs:
-        result = run_scenario(cfg, args.traces, ProgressBar(f"scenario {cfg.name}"))
+        result = run_scenario(
+            cfg, args.traces, ProgressBar(f"scenario {cfg.name}"), review=bool(args.json)
+        )
         results.append(result)
         s = result.summary
         rows = []
@@ -588,10 +595,12 @@ def cmd_scenario(args: argparse.Namespace) -> int:
             )
         )
     if args.json:
-        payload: object = (
-            results[0].summary if len(results) == 1 else {"scenarios": [r.summary for r in results]}
-        )
-        _write_json(args.json, payload)
+        bodies = [
+            r.summary | ({} if r.review is None else {"review": r.review.to_json()})
+            for r in results
+        ]
+        payload: object = bodies[0] if len(bodies) == 1 else {"scenarios": bodies}
+        _write_json(args.json, payload, indent=None)
     if args.log:
         args.log.write_text(results[0].log.render(results[0].node_names), encoding="utf-8")
     if args.jobs_csv:
@@ -630,10 +639,11 @@ def _write_rows(path: Path, rows: list[dict[str, object]]) -> None:
     print(f"wrote {path}", file=sys.stderr)
 
 
-def _write_json(path: Path, payload: object) -> None:
+def _write_json(path: Path, payload: object, indent: int | None = 2) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(payload, indent=2, allow_nan=True) + "\n", encoding="utf-8")
+        text = json.dumps(payload, indent=indent, allow_nan=True, sort_keys=indent is None)
+        path.write_text(text + "\n", encoding="utf-8")
     except OSError as exc:
         raise SpecError(f"cannot write {path}: {exc.strerror}; choose a writable path") from None
     print(f"wrote {path}", file=sys.stderr)

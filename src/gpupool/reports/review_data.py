@@ -92,6 +92,8 @@ class UsageSample:
     sm_util_pct: float
     power_w: float | None = None
     temp_c: float | None = None
+    mem_peak_mib: float | None = None
+    """Highest memory used within the bucket, where the source knows it (None: not kept)."""
 
 
 @dataclass(frozen=True)

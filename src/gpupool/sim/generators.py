@@ -25,6 +25,7 @@ import numpy.typing as npt
 
 from gpupool.core.model import MILLI_PER_GPU, JobKind, JobSpec
 from gpupool.errors import SpecError
+from gpupool.sim.usage import LatencyUpdate, UsageOverride, parse_updates, parse_usage
 from gpupool.sim.workload import LoadCurve, ServiceSpec, Workload
 from gpupool.traces.azure_llm import RequestArrival, arrival_rate_per_s, read_azure_llm
 from gpupool.traces.itp import read_itp
@@ -934,6 +935,29 @@ GENERATORS: dict[str, Generator] = {
 }
 
 
+WORLD_KEYS = frozenset({"usage", "update"})
+"""Entry keys that describe the simulated world's measurements, not the jobs the scheduler
+sees: `usage:` (what the entry's jobs measure on their cards, gpupool.sim.usage) and, for a
+service, `update:` (a model update that moves its base p99 from a time on)."""
+
+
+def _with_world(part: Workload, entry: Mapping[str, object], where: str) -> Workload:
+    """The entry's world keys attached to the jobs and services it made."""
+    usage: dict[str, UsageOverride] = {}
+    updates: dict[str, tuple[LatencyUpdate, ...]] = {}
+    if entry.get("usage") is not None:
+        over = parse_usage(entry["usage"], where)
+        usage = {j.job_id: over for j in part.jobs} | {s.name: over for s in part.services}
+    if entry.get("update") is not None:
+        if not part.services:
+            raise SpecError(f"{where}: update: moves a service's latency; this entry has none")
+        found = parse_updates(entry["update"], where)
+        updates = {s.name: found for s in part.services}
+    if not usage and not updates:
+        return part
+    return replace(part, usage={**part.usage, **usage}, updates={**part.updates, **updates})
+
+
 def build_workload(entries: Sequence[Mapping[str, object]], seed: int, ctx: GenContext) -> Workload:
     """All entries' jobs and services. Entry k draws from default_rng([seed, k])."""
     if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
@@ -966,8 +990,10 @@ def build_workload(entries: Sequence[Mapping[str, object]], seed: int, ctx: GenC
             )
         names[name] = k
         rng = np.random.default_rng([int(seed), k])
+        params = {key: v for key, v in entry.items() if key not in WORLD_KEYS}
         try:
-            part = GENERATORS[gen]({**entry, "name": name}, rng, ctx)
+            part = GENERATORS[gen]({**params, "name": name}, rng, ctx)
+            part = _with_world(part, entry, f"generator {gen!r}")
         except SpecError as err:
             raise SpecError(f"workload entry {k} ({gen}, name {name!r}): {err}") from err
         total = total + part

@@ -23,7 +23,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -68,8 +68,12 @@ from gpupool.scheduler.events import CycleAt
 from gpupool.sim.energy_meter import EnergyMeter, HeatMap
 from gpupool.sim.generators import GenContext, build_workload, find_traces_dir
 from gpupool.sim.scenario_config import ScenarioConfig
+from gpupool.sim.usage import Recorder, base_p99_at
 from gpupool.sim.workload import ServiceSpec, Workload
 from gpupool.sizing.catalog import load_catalog
+
+if TYPE_CHECKING:
+    from gpupool.reports.review_data import ReviewData
 
 ProgressFn = Callable[[int, int], None]
 
@@ -166,6 +170,8 @@ class ScenarioResult:
     wall_s: float
     utilization_by_hour: list[float] = field(default_factory=list)
     jobs: list[dict[str, Any]] = field(default_factory=list)
+    review: ReviewData | None = None
+    """The monthly review's record of this run (run_scenario(review=True))."""
 
 
 def _cluster(cfg: ScenarioConfig) -> tuple[Cluster, dict[str, BoolArray], list[str]]:
@@ -209,6 +215,9 @@ class ScenarioSim:
         self.services = {s.name: s for s in workload.services}
         self.service_stats = {s.name: ServiceStats() for s in workload.services}
         self.sized = workload.sized
+        self.workload = workload
+        self.recorder: Recorder | None = None
+        """Set (record_for_review) to write down what a review needs; None: nothing kept."""
         self._setup_sites()
         self._tariffs()
         self.core = self.new_core()
@@ -234,6 +243,12 @@ class ScenarioSim:
         """When set, every event fed to the core is appended (parity tests)."""
         self.commands: list[tuple[float, Command]] | None = None
         self._setup_energy()
+
+    def record_for_review(self, bucket_s: float = 3600.0) -> Recorder:
+        """Keep, while it runs, what gpupool.sim.review_source needs (costs some speed)."""
+        width = self.state.gpu_left.shape[1]
+        self.recorder = Recorder(self.state.node_count, width, self.cfg.horizon_s, bucket_s)
+        return self.recorder
 
     # ---- the world's fixtures: sites, prices, clouds, energy, heat ----------------------------
     def _setup_sites(self) -> None:
@@ -407,12 +422,16 @@ class ScenarioSim:
                 for name in c.nodes:  # a simulated node leaves the moment it is stopped
                     self.cloud_status[self.core.node_index[name]] = DOWN
                     self.feed(NodeDown(at, name))
+                    if self.recorder is not None:
+                        self.recorder.node_status.append((at, self.core.node_index[name], False))
                 self.cloud_events.append(CloudEvent(at, "reclaim", len(c.nodes), c.reason))
             elif isinstance(c, Expire):  # past its time limit: it stops and has failed
                 self.finish(self.job(c.job_id), at, JobState.FAILED, c.reason)
             elif isinstance(c, Wait):
                 if c.code:  # the world only counts why jobs waited
                     self.waited_with[c.code].add(c.job_id)
+                if self.recorder is not None:
+                    self.recorder.wait(c.job_id, at, c.code)
             elif isinstance(c, Defer):
                 pass  # the core holds the job; the world has nothing to do
             elif isinstance(c, Scale):
@@ -542,7 +561,14 @@ class ScenarioSim:
         if placement is None:
             return
         share = run.spec.gpu_milli / MILLI_PER_GPU
+        rec = self.recorder
         for part in placement.shares:
+            if rec is not None:  # what each of its cards draws (the meter's model, no PUE)
+                tdp = float(self.meter.tdp_w[part.node])
+                if tdp > 0:
+                    idle_w = self.meter.power.gpu_power_w(tdp, Load.IDLE)
+                    busy_w = self.meter.job_power_w(part.node, run.spec.kind, run.cap_frac)
+                    rec.energy(part.node, part.gpus, t, share * (idle_w * idle_s + busy_w * busy_s))
             self.meter.charge_job(
                 run.spec.job_id,
                 run.spec.team,
@@ -560,6 +586,10 @@ class ScenarioSim:
         lo, hi = max(a, 0.0), min(b, self.cfg.horizon_s)
         if hi > lo:
             run.gpu_s += run.spec.gpu_count * (hi - lo) * run.spec.gpu_milli / MILLI_PER_GPU
+            if self.recorder is not None:
+                placement = self.state.placements.get(run.spec.job_id)
+                if placement is not None:
+                    self.recorder.hold(run.spec.job_id, placement, run.spec.gpu_milli, lo, hi)
             full = self.core.elastic.declared.get(run.spec.job_id)
             if full is not None and run.state is JobState.RUNNING:
                 run.lent_gpu_s += (full - run.spec.gpu_count) * (hi - lo)
@@ -573,18 +603,27 @@ class ScenarioSim:
             stats = self.service_stats[svc.name]
             stats.requests += load * dt
             capacity = 0.0
+            base = base_p99_at(svc.base_p99_ms, self.workload.updates.get(svc.name, ()), now)
+            worst = 0.0
             for rec in self.core.replicas[svc.name].values():
                 if rec.state is not JobState.RUNNING:
                     continue
                 r = self.job(rec.job_id)
                 ready = max(0.0, dt - r.overhead_s) if r.run_started_s >= now - 1e-9 else dt
                 neighbours = self.neighbour_kinds(r)
-                p99 = svc.base_p99_ms * self.cfg.colocation.online_p99_factor(neighbours)
+                p99 = base * self.cfg.colocation.online_p99_factor(neighbours)
                 p99 += self.network_ms(svc, r)
                 if p99 > svc.slo_p99_ms:
                     continue
                 capacity += svc.replica_rps * r.speed * ready
+                worst = max(worst, p99)
             stats.ok += min(load * dt, capacity)
+            if self.recorder is not None and load > 0:
+                # The slowest replica serving sets the tail; past 1 % of requests beyond the
+                # capacity within the SLO, the p99 is at least the SLO (a floor).
+                short = 1.0 - capacity / (load * dt) if capacity < load * dt else 0.0
+                p99_seen = max(worst, svc.slo_p99_ms) if short > 0.01 else worst
+                self.recorder.served(svc.name, now, dt, load, capacity, p99_seen)
 
     def network_ms(self, svc: ServiceSpec, run: Run) -> float:
         """Round trip from the service's users to the site a replica runs at."""
@@ -688,6 +727,8 @@ class ScenarioSim:
                 if self.cloud_status[n] == STARTING and self.cloud_ready_at[n] <= now:
                     self.cloud_status[n] = UP
                     self.feed(NodeUp(now, self.cluster.nodes[n].name))
+                    if self.recorder is not None:
+                        self.recorder.node_status.append((now, n, True))
             for svc in self.services.values():
                 peak = svc.load.peak(now, now + cfg.autoscale_lookahead_s, cfg.cycle_s)
                 self.feed(ServiceDemand(now, svc.name, peak))
@@ -783,6 +824,11 @@ class ScenarioSim:
         GPUs idle for the whole cycle (a cycle at most of idle power, per job)."""
         up = self.up_nodes()
         self.meter.charge_idle(now, dt, up)
+        rec = self.recorder
+        if rec is not None:  # the unheld part of every card of a node that is up
+            free = np.clip(self.state.gpu_left, 0, None) / MILLI_PER_GPU
+            card_idle_w = self.meter.power.gpu_power_w(1.0, Load.IDLE) * self.meter.tdp_w
+            rec.idle_energy(now, free * (card_idle_w * up)[:, None] * dt)
         if self.heat is None:
             return
         tdp = self.meter.tdp_w
@@ -798,6 +844,8 @@ class ScenarioSim:
                     power[part.node, g] += share * extra
         idle = real & up[:, None] & (self.state.gpu_left == MILLI_PER_GPU)
         self.heat.step(power, dt, idle, self.state.model_id)
+        if rec is not None:
+            rec.temperature(now, self.heat.temps_c, dt)
 
     # ---- results ------------------------------------------------------------------------------
     def summary(self, wall_s: float) -> dict[str, Any]:
@@ -1091,7 +1139,10 @@ def run_scenario(
     traces_dir: Path | None = None,
     progress: ProgressFn | None = None,
     workload: Workload | None = None,
+    review: bool = False,
 ) -> ScenarioResult:
+    """Run one scenario; with `review`, also build the monthly review's record of it
+    (gpupool.sim.review_source), which records more while it runs."""
     started = time.perf_counter()
     if workload is None:
         ctx = GenContext(
@@ -1100,6 +1151,8 @@ def run_scenario(
         )
         workload = build_workload(cfg.workload, cfg.seed, ctx)
     sim = ScenarioSim(cfg, workload)
+    if review:
+        sim.record_for_review()
     sim.run(progress)
     wall = time.perf_counter() - started
     gpus = sum(sim.pool_gpus.values())
@@ -1111,4 +1164,11 @@ def run_scenario(
         wall_s=wall,
         utilization_by_hour=[round(g / (gpus * 3600), 4) for g in sim.hour_gpu_s],
         jobs=sim.job_rows(),
+        review=_review(sim) if review else None,
     )
+
+
+def _review(sim: ScenarioSim) -> ReviewData:
+    from gpupool.sim.review_source import review_data
+
+    return review_data(sim)

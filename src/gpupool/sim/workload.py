@@ -17,6 +17,7 @@ from gpupool.errors import SpecError
 from gpupool.scheduler.jobs import ServiceTemplate
 
 if TYPE_CHECKING:
+    from gpupool.sim.usage import LatencyUpdate, UsageOverride
     from gpupool.sizing.planner import PlanRequest
 
 
@@ -96,8 +97,17 @@ class Workload:
     services: tuple[ServiceSpec, ...] = ()
     sized: Mapping[str, PlanRequest] = field(default_factory=dict)
     """Jobs given by a model instead of a GPU count: the scheduler sizes them per pool."""
+    usage: Mapping[str, UsageOverride] = field(default_factory=dict)
+    """The world's measured use, by job id or service name (entries' `usage:`); never
+    read by the scheduler."""
+    updates: Mapping[str, tuple[LatencyUpdate, ...]] = field(default_factory=dict)
+    """Model updates that move a service's base p99 from a time on (entries' `update:`)."""
 
     def __add__(self, other: Workload) -> Workload:
         return Workload(
-            self.jobs + other.jobs, self.services + other.services, {**self.sized, **other.sized}
+            self.jobs + other.jobs,
+            self.services + other.services,
+            {**self.sized, **other.sized},
+            {**self.usage, **other.usage},
+            {**self.updates, **other.updates},
         )
