@@ -1,0 +1,117 @@
+"""The review of a 30-day simulated month: islands-pool with planted jobs.
+
+scenarios/review-planted.yaml is islands-pool.yaml at a 30-day horizon plus the jobs the
+review must find (see its description). The record the simulator writes for it accounts
+for every card-second, and the planted jobs measure what they were planted to measure.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+
+from gpupool.reports.review_data import ReviewData
+from gpupool.sim.generators import find_traces_dir
+from gpupool.sim.review_source import ORIGIN_S
+from gpupool.sim.scenario import ScenarioResult, run_scenario
+from gpupool.sim.scenario_config import parse_scenario
+
+pytestmark = pytest.mark.slow
+
+SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
+PLANTED = ("idle-holder", "pair-a", "pair-b", "over-asker", "drifty")
+H = 3600.0
+UPDATE_H = 400
+
+
+def planted_raw() -> dict[str, Any]:
+    """islands-pool.yaml at 30 days with the planted entries of review-planted.yaml."""
+    raw: dict[str, Any] = yaml.safe_load((SCENARIOS / "islands-pool.yaml").read_text())
+    planted = yaml.safe_load((SCENARIOS / "review-planted.yaml").read_text())
+    raw["horizon_h"] = 720
+    raw["workload"] += [w for w in planted["workload"] if w.get("name") in PLANTED]
+    for key in ("name", "description"):
+        raw[key] = planted[key]
+    assert raw == planted, "review-planted.yaml is islands-pool.yaml plus the planted jobs"
+    return raw
+
+
+@pytest.fixture(scope="module")
+def month() -> ScenarioResult:
+    cfg = parse_scenario(planted_raw(), str(SCENARIOS / "review-planted.yaml"))
+    result = run_scenario(cfg, find_traces_dir(SCENARIOS), review=True)
+    assert result.review is not None
+    return result
+
+
+def ms(t_s: float) -> int:
+    return round(t_s * 1000)
+
+
+def test_the_month_accounts_for_every_card_millisecond(month: ScenarioResult) -> None:
+    data = month.review
+    assert data is not None
+    assert (data.start_s, data.end_s) == (ORIGIN_S, ORIGIN_S + 720 * H)
+    assert len(data.gpus) == 200
+    capacity = len(data.gpus) * (ms(data.end_s) - ms(data.start_s)) * 1000
+    allocated = sum((ms(a.end_s) - ms(a.start_s)) * a.share_milli for a in data.allocations)
+    teams = {j.job_id: j.team for j in data.jobs}
+    by_team: dict[str, int] = defaultdict(int)
+    for a in data.allocations:
+        by_team[teams[a.job_id]] += (ms(a.end_s) - ms(a.start_s)) * a.share_milli
+    assert sum(by_team.values()) == allocated
+    assert allocated / capacity == pytest.approx(month.summary["gpu_hours_utilization"], abs=1e-4)
+    for team, t in month.summary["teams"].items():
+        assert by_team[team] / 3.6e9 == pytest.approx(t["gpu_hours"], abs=0.06)
+    assert not data.down  # one on-premises pool: nothing was down
+    samples = {(s.gpu_id, s.t_s) for s in data.usage}
+    assert len(samples) == len(data.usage) == 200 * 720
+
+
+def card_samples(data: ReviewData, job_id: str) -> list[Any]:
+    """The samples of the card(s) a job held, over the buckets it held them whole."""
+    allocs = [a for a in data.allocations if a.job_id == job_id]
+    assert allocs, f"{job_id} never ran"
+    return [
+        s
+        for a in allocs
+        for s in data.usage
+        if s.gpu_id == a.gpu_id and a.start_s <= s.t_s and s.t_s + s.period_s <= a.end_s
+    ]
+
+
+def test_the_planted_jobs_measure_what_they_were_planted_for(month: ScenarioResult) -> None:
+    data = month.review
+    assert data is not None
+    card = data.gpus[0].mem_total_mib
+    jobs = {j.job_id: j for j in data.jobs}
+    for job_id in ("idle-holder", "pair-a", "pair-b", "over-asker"):
+        assert jobs[job_id].first_start_s == ORIGIN_S, f"{job_id} started late"
+    idle = card_samples(data, "idle-holder")
+    assert len(idle) >= 600
+    assert max(s.sm_util_pct for s in idle) < 1.0
+    assert max(s.mem_peak_mib or s.mem_used_mib for s in idle) < 0.02 * card
+    pair = [card_samples(data, j) for j in ("pair-a", "pair-b")]
+    peaks = [max(s.mem_peak_mib or 0 for s in p) for p in pair]
+    sms = [float(np.mean([s.sm_util_pct for s in p])) for p in pair]
+    assert sum(peaks) < 0.6 * card and sum(sms) < 60
+    over = card_samples(data, "over-asker")
+    assert max(s.mem_peak_mib or 0 for s in over) < card / 4
+
+
+def test_the_planted_update_steps_drifty_from_50_to_80_ms(month: ScenarioResult) -> None:
+    data = month.review
+    assert data is not None
+    p99 = {round((s.t_s - ORIGIN_S) / H): s.p99_ms for s in data.latency if s.service == "drifty"}
+    assert len(p99) == 720
+    before = [p99[h] for h in range(UPDATE_H)]
+    after = [p99[h] for h in range(UPDATE_H, 720)]
+    assert np.median(before) == pytest.approx(50.0, rel=0.05)
+    assert np.median(after) == pytest.approx(80.0, rel=0.05)
+    first = min(h for h, v in p99.items() if v >= 1.2 * np.median(before) and h >= 24)
+    assert abs(first - UPDATE_H) <= 1
