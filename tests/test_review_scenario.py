@@ -7,7 +7,9 @@ for every card-second, and the planted jobs measure what they were planted to me
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,7 @@ import numpy as np
 import pytest
 import yaml
 
+from gpupool.reports.review import Reconciliation, build_review
 from gpupool.reports.review_data import ReviewData
 from gpupool.sim.generators import find_traces_dir
 from gpupool.sim.review_source import ORIGIN_S
@@ -115,3 +118,30 @@ def test_the_planted_update_steps_drifty_from_50_to_80_ms(month: ScenarioResult)
     assert np.median(after) == pytest.approx(80.0, rel=0.05)
     first = min(h for h, v in p99.items() if v >= 1.2 * np.median(before) and h >= 24)
     assert abs(first - UPDATE_H) <= 1
+
+
+def test_the_review_reconciles_exactly_and_names_the_planted_jobs(month: ScenarioResult) -> None:
+    data = month.review
+    assert data is not None
+    review = build_review(ReviewData.from_json(json.loads(json.dumps(data.to_json()))))
+    rec = review.reconciliation
+    assert rec.allocated + rec.idle + rec.down == rec.capacity
+    assert sum(v for _, v in rec.by_team) == rec.allocated
+    assert rec.capacity == 200 * 720 * Reconciliation.UNIT_PER_GPU_HOUR
+    assert rec.down == 0
+    assert rec.gpu_hours(rec.allocated) == pytest.approx(
+        month.summary["gpu_hours_utilization"] * 200 * 720, abs=0.1
+    )
+    found = {(r.kind, r.subjects) for r in review.recommendations}
+    assert ("never-used", ("idle-holder",)) in found
+    assert ("right-size", ("over-asker",)) in found
+    assert ("share-a-card", ("pair-a", "pair-b")) in found
+    assert ("latency-drift", ("drifty",)) in found
+    never = [r.subjects for r in review.recommendations_of("never-used")]
+    assert never == [("idle-holder",)], "only the planted holder never used its card"
+    row = next(r for r in review.latency if r.service == "drifty")
+    assert row.drifted
+    at = datetime.strptime(row.changed_at, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    assert abs(at.timestamp() - (ORIGIN_S + UPDATE_H * H)) <= H
+    assert row.before_p99_ms == pytest.approx(50.0, rel=0.05)
+    assert row.after_p99_ms == pytest.approx(80.0, rel=0.05)
