@@ -13,9 +13,10 @@ scenario seed and the job id, so adding a job changes no other job's profile:
 
 * training: mean SM 60..95 % (assumption: a training step keeps kernels running most of
   the time; NVML's "gpu" utilisation is the share of time a kernel ran, facts.md §2.3);
-  peak memory = the CUDA context (615 MiB idle on the calibration H200) + its checkpoint
-  state per GPU times 1.5..4 (weights and optimiser state, plus activations; facts.md §6),
-  at most 95 % of the card; mean memory 92 % of the peak (the allocator keeps what it took).
+  peak memory 55..95 % of the card (assumption: the batch is sized to fill the card, the
+  activations taking what weights and optimiser state leave), at least the CUDA context
+  (615 MiB idle on the calibration H200) + 1.2 x its checkpoint state per GPU (facts.md
+  §6), at most 95 %; mean memory 92 % of the peak (the allocator keeps what it took).
 * offline inference: mean SM 40..90 %; memory 90 % of the card (vLLM's default
   `gpu_memory_utilization`, facts.md §6).
 * online inference outside a service: mean SM 10..40 %, memory 90 % of the card.
@@ -156,7 +157,8 @@ def default_profile(spec: JobSpec, card_mib: float, seed: int) -> UsageProfile:
     if spec.kind is JobKind.TRAINING:
         sm = float(rng.uniform(60.0, 95.0))
         state_mib = spec.state_gib_per_gpu * 1024.0
-        peak = min(0.95 * share_mib, CONTEXT_MIB + state_mib * float(rng.uniform(1.5, 4.0)))
+        filled = share_mib * float(rng.uniform(0.55, 0.95))
+        peak = min(0.95 * share_mib, max(filled, CONTEXT_MIB + 1.2 * state_mib))
         return UsageProfile(round(sm, 2), round(0.92 * peak, 1), round(peak, 1))
     lo, hi = (40.0, 90.0) if spec.kind is JobKind.OFFLINE else (10.0, 40.0)
     sm = float(rng.uniform(lo, hi))
