@@ -129,8 +129,11 @@ def test_the_review_reconciles_exactly_and_names_the_planted_jobs(month: Scenari
     assert sum(v for _, v in rec.by_team) == rec.allocated
     assert rec.capacity == 200 * 720 * Reconciliation.UNIT_PER_GPU_HOUR
     assert rec.down == 0
+    allocated = sum((ms(a.end_s) - ms(a.start_s)) * a.share_milli for a in data.allocations)
+    assert rec.allocated == allocated  # every allocation counted, none twice
+    # the summary's utilisation is rounded to 4 decimals: 144,000 GPU-h x 0.00005
     assert rec.gpu_hours(rec.allocated) == pytest.approx(
-        month.summary["gpu_hours_utilization"] * 200 * 720, abs=0.1
+        month.summary["gpu_hours_utilization"] * 200 * 720, abs=7.2
     )
     found = {(r.kind, r.subjects) for r in review.recommendations}
     assert ("never-used", ("idle-holder",)) in found
