@@ -6,9 +6,9 @@ summary counts), why each waiting job waited (the core's Wait codes), what each 
 (the energy meter's model), how hot it ran (the heat model, when on), what each job
 measured (its usage profile), and each service's p99 per bucket (the serving model).
 
-Times are Unix seconds: scenario time 0 (midnight of day 0, which the workload's day and
-night shapes key on) is `ORIGIN_S`, 2026-11-01 00:00 UTC, so a 30-day scenario reviews as
-November 2026 with local time = UTC.
+Times are scenario seconds (0 = midnight of day 0, which the workload's day and night
+shapes key on); `origin_s` maps 0 to `ORIGIN_S`, 2026-11-01 00:00 UTC, and the review adds
+it, so a 30-day scenario reviews as November 2026 with local time = UTC.
 """
 
 from __future__ import annotations
@@ -92,8 +92,8 @@ def review_data(sim: ScenarioSim, origin_s: float = ORIGIN_S) -> ReviewData:
         Allocation(
             job_id,
             _gpu_id(sim, share.node, g),
-            round(origin_s + h.start_s, 3),
-            round(origin_s + h.end_s, 3),
+            round(h.start_s, 3),
+            round(h.end_s, 3),
             h.share_milli,
         )
         for job_id, h in intervals
@@ -102,7 +102,7 @@ def review_data(sim: ScenarioSim, origin_s: float = ORIGIN_S) -> ReviewData:
     ]
     down_spans = _down_spans(sim, rec)
     down = [
-        DownInterval(_gpu_id(sim, n, g), round(origin_s + a, 3), round(origin_s + b, 3), CLOUD_DOWN)
+        DownInterval(_gpu_id(sim, n, g), round(a, 3), round(b, 3), CLOUD_DOWN)
         for n, spans in sorted(down_spans.items())
         for a, b in spans
         for g in range(nodes[n].gpu_count)
@@ -111,14 +111,14 @@ def review_data(sim: ScenarioSim, origin_s: float = ORIGIN_S) -> ReviewData:
     for job_id, h in intervals:
         held[job_id].append((h.start_s, h.end_s))
     jobs = [
-        _job(sim, job_id, r, held.get(job_id, []), rec.waits.get(job_id, []), origin_s)
+        _job(sim, job_id, r, held.get(job_id, []), rec.waits.get(job_id, []))
         for job_id, r in runs.items()
     ]
-    usage = _usage(sim, rec, intervals, card_mib, down_spans, origin_s)
+    usage = _usage(sim, rec, intervals, card_mib, down_spans)
     latency = [
         LatencySample(
             svc,
-            round(origin_s + b * rec.bucket_s, 3),
+            float(b * rec.bucket_s),
             round(float(row[b, 3] / row[b, 0]), 3),
             round(float(row[b, 0] / _period(rec, b)), 3),
         )
@@ -129,8 +129,8 @@ def review_data(sim: ScenarioSim, origin_s: float = ORIGIN_S) -> ReviewData:
     teams = [TeamQuota(t.team, dict(t.guaranteed), dict(t.maximum)) for t in cfg.teams]
     return ReviewData(
         source=f"simulation {cfg.name} (seed {cfg.seed}, policy {cfg.policy})",
-        start_s=origin_s,
-        end_s=origin_s + horizon,
+        start_s=0.0,
+        end_s=horizon,
         gpus=tuple(gpus),
         allocations=tuple(allocations),
         down=tuple(down),
@@ -228,7 +228,6 @@ def _job(
     r: Run,
     held: list[tuple[float, float]],
     told: list[tuple[float, str]],
-    o: float,
 ) -> JobReview:
     spec = r.spec
     end = r.end_s if r.end_s is not None else sim.cfg.horizon_s
@@ -241,10 +240,10 @@ def _job(
         team=spec.team,
         kind=spec.kind.value,
         gpu_count=spec.gpu_count,
-        submit_s=round(o + spec.submit_s, 3),
+        submit_s=round(spec.submit_s, 3),
         state=r.state.value,
-        first_start_s=None if r.first_start_s is None else round(o + r.first_start_s, 3),
-        end_s=None if r.end_s is None else round(o + r.end_s, 3),
+        first_start_s=None if r.first_start_s is None else round(r.first_start_s, 3),
+        end_s=None if r.end_s is None else round(r.end_s, 3),
         service=r.service,
         model=None if sized is None else sized.shape.name,
         gpu_mem_mib=spec.gpu_mem_mib,
@@ -316,7 +315,6 @@ def _usage(
     intervals: list[tuple[str, Held]],
     card_mib: np.ndarray,
     down_spans: dict[int, list[tuple[float, float]]],
-    origin_s: float,
 ) -> list[UsageSample]:
     """Per card and bucket: the mean SM and memory its jobs measured, the peak memory of
     the jobs on it, its draw and temperature. Every card, every bucket, idle ones too."""
@@ -367,7 +365,7 @@ def _usage(
                 out.append(
                     UsageSample(
                         gid,
-                        round(origin_s + b * rec.bucket_s, 3),
+                        float(b * rec.bucket_s),
                         float(periods[b]),
                         round(float(mem_mean[n, g, b]), 1),
                         round(float(sm_mean[n, g, b]), 2),
