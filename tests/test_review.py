@@ -184,30 +184,6 @@ def test_shared_card_use_is_attributed_by_share() -> None:
     assert teams["vision"].used_gpu_h + teams["nlp"].used_gpu_h == pytest.approx(12 * 0.4)
 
 
-def test_a_job_holding_part_of_a_bucket_is_measured_over_the_part_it_held() -> None:
-    # Hourly means: the job held the card for the first 15 minutes of each hour and the card
-    # was idle the rest, so the hour's mean is a quarter of what the job used.
-    allocs = tuple(Allocation(f"j{k}", "n1/0", T0 + k * H, T0 + k * H + 900.0) for k in range(4))
-    usage = tuple(UsageSample("n1/0", T0 + k * H, H, 10000.0, 20.0) for k in range(4))
-    d = data(
-        gpus=(gpu("n1/0"),),
-        allocations=allocs,
-        usage=usage,
-        jobs=tuple(job(a.job_id) for a in allocs),
-    )
-    rows = {r.job_id: r for r in build_review(d).jobs}
-    assert rows["j0"].peak_mem_mib == pytest.approx(40000.0)
-    assert rows["j0"].mean_sm_pct == pytest.approx(80.0)
-    assert rows["j0"].used_gpu_h == pytest.approx(0.2)  # SM-hours are not scaled
-    # A source that records the bucket's peak memory is believed over the scaled mean.
-    peaked = tuple(
-        UsageSample("n1/0", T0 + k * H, H, 10000.0, 20.0, mem_peak_mib=60000.0) for k in range(4)
-    )
-    rows = {r.job_id: r for r in build_review(data(**{**d.__dict__, "usage": peaked})).jobs}
-    assert rows["j1"].peak_mem_mib == pytest.approx(60000.0)
-    assert rows["j1"].mean_mem_mib == pytest.approx(40000.0)
-
-
 def test_utilisation_by_local_hour_uses_the_offset_and_day_window() -> None:
     # One card busy 09:00-10:00 UTC every day; at UTC+2 that is the local 11 o'clock hour.
     busy = []

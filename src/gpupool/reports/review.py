@@ -542,44 +542,21 @@ def _attribute(
                 if s.power_w is not None:
                     card.energy_by_hour[hour] += s.power_w * secs
         weights = []
-        spans = []
         for a in active:
-            lo, hi = max(a_s, a.start_s), min(b_s, a.end_s)
-            if hi > lo:
-                weights.append((a, hi - lo, a.share_milli * (hi - lo)))
-                spans.append((lo, hi))
-        if not weights:
-            continue
-        # The bucket's mean covers its idle part too: a job that held the card for a
-        # quarter of the bucket used, while it held it, what the card measured over the
-        # whole bucket divided by that quarter (an idle card draws ~0 SM and memory).
-        held = min(1.0, _union_s(spans) / dur)
-        sm_held = min(100.0, sm / held)
-        mem_held = mem / held
-        mem_peak = mem_held if s.mem_peak_mib is None else max(mem_held, s.mem_peak_mib)
+            ov = min(b_s, a.end_s) - max(a_s, a.start_s)
+            if ov > 0:
+                weights.append((a, ov, a.share_milli * ov))
         total_w = sum(w for _, _, w in weights)
         for a, ov, w in weights:
             phi = w / total_w if total_w > 0 else 0.0
             u = uses[a.job_id]
             u.overlap_s += ov
             u.used_gpu_s += phi * sm / 100.0 * dur
-            u.sm_weighted += phi * sm_held * ov
-            u.mem_weighted += phi * mem_held * ov
-            u.peak_sm = max(u.peak_sm, phi * sm_held)
-            u.peak_mem = max(u.peak_mem, phi * mem_peak)
+            u.sm_weighted += phi * sm * ov
+            u.mem_weighted += phi * mem * ov
+            u.peak_sm = max(u.peak_sm, phi * sm)
+            u.peak_mem = max(u.peak_mem, phi * mem)
             u.samples += 1
-
-
-def _union_s(spans: list[tuple[float, float]]) -> float:
-    """The length of the union of intervals (allocations of one card within one bucket)."""
-    total = 0.0
-    end = -math.inf
-    for lo, hi in sorted(spans):
-        if hi <= end:
-            continue
-        total += hi - max(lo, end)
-        end = hi
-    return total
 
 
 # ---- recommendations ---------------------------------------------------------------------
