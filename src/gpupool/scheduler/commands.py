@@ -118,9 +118,45 @@ class Scale:
         return f"{self.reason}: {self.from_replicas} -> {self.to_replicas}"
 
 
+@dataclass(frozen=True)
+class LearnShadow:
+    """What the learned policy would have started this cycle next to what the rules
+    started. A record only: drivers write it to their log and carry nothing out."""
+
+    t_s: float
+    rule_starts: tuple[str, ...]
+    learned_starts: tuple[str, ...]
+
+    @property
+    def agree(self) -> bool:
+        return set(self.rule_starts) == set(self.learned_starts)
+
+
+@dataclass(frozen=True)
+class LearnGuard:
+    """The learned policy's standing changed (cold, trusted, fell back, promoted, demoted),
+    with the figures that decided it; drivers write it to their event log."""
+
+    t_s: float
+    state: str
+    reason: str
+
+
 Decision = Launch | Stop
 Command = (
-    Launch | Stop | Cancel | SetPowerCap | Burst | Reclaim | Defer | Expire | Wait | Resize | Scale
+    Launch
+    | Stop
+    | Cancel
+    | SetPowerCap
+    | Burst
+    | Reclaim
+    | Defer
+    | Expire
+    | Wait
+    | Resize
+    | Scale
+    | LearnShadow
+    | LearnGuard
 )
 
 __all__ = [
@@ -131,6 +167,8 @@ __all__ = [
     "Defer",
     "Expire",
     "Launch",
+    "LearnGuard",
+    "LearnShadow",
     "Reclaim",
     "Resize",
     "Scale",

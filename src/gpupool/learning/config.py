@@ -1,0 +1,49 @@
+"""The learning section of the scheduling configuration, as one frozen value."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gpupool.errors import SpecError
+from gpupool.learning.guard import GuardConfig
+from gpupool.learning.ordering import LasQueues
+
+MODES = ("off", "shadow", "active")
+RULES = ("las", "gittins")
+PREDICTORS = ("lightgbm", "recent-median")
+
+
+@dataclass(frozen=True)
+class LearningConfig:
+    mode: str = "off"
+    """off: rules only; shadow: the learned order is computed and recorded next to what the
+    rules did, never acted on; active: the learned order decides, under the guard."""
+    rule: str = "las"
+    """The rule order the learned one mixes with and falls back to."""
+    weight: float = 0.75
+    """Share of picks that follow the predicted order (preferential round-robin)."""
+    max_spread: float = 16.0
+    """A job whose predicted q90/q10 is above this follows the rule order only."""
+    retrain_every_s: float = 7 * 86_400.0
+    predictor: str = "lightgbm"
+    guarded: bool = True
+    """False only for experiments: use the model whatever its accuracy (cold start kept)."""
+    seed: int = 0
+    guard: GuardConfig = field(default_factory=GuardConfig)
+    las: LasQueues = field(default_factory=LasQueues)
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise SpecError(f"learning.mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if self.rule not in RULES:
+            raise SpecError(f"learning.rule must be one of {', '.join(RULES)}, got {self.rule!r}")
+        if self.predictor not in PREDICTORS:
+            raise SpecError(
+                f"learning.predictor must be one of {', '.join(PREDICTORS)}, got {self.predictor!r}"
+            )
+        if not 0.0 <= self.weight <= 1.0:
+            raise SpecError(f"learning.weight must be in 0..1, got {self.weight}")
+        if self.max_spread < 1.0:
+            raise SpecError(f"learning.max_spread must be >= 1, got {self.max_spread}")
+        if self.retrain_every_s <= 0:
+            raise SpecError(f"learning.retrain_every_s must be > 0, got {self.retrain_every_s}")

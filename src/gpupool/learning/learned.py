@@ -1,0 +1,153 @@
+"""One ordering object for every driver: rules, or predictions mixed with rules, guarded.
+
+The replay and the decision core feed it the same three things (a submit, a finish, the
+passing of time) and ask it for an order of the jobs that want GPUs. With no predictor it
+is the rule order (2D-LAS or 2D-Gittins). With one, it predicts each job's GPU-time at
+submit, retrains on its schedule, judges each prediction when the job finishes, and uses
+the predicted order (mixed with the rule order by preferential round-robin) only while
+the guard trusts the model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from gpupool.learning.config import LearningConfig
+from gpupool.learning.guard import DriftGuard, GuardChange, GuardState
+from gpupool.learning.history import History, JobFacts, Outcome
+from gpupool.learning.ordering import GittinsIndex, preferential_merge
+from gpupool.learning.predictor import ModelInfo, Prediction, Predictor
+
+GITTINS_SAMPLE = 2_000
+"""Finished jobs (most recent) the Gittins index is computed from."""
+GITTINS_REFRESH = 100
+"""Rebuild the Gittins index after this many new finishes."""
+
+
+class Candidate(NamedTuple):
+    """A job that wants GPUs now (running or waiting), as an order sees it."""
+
+    job_id: str
+    attained_gpu_s: float
+    """GPU service received so far (GPUs x time run)."""
+    arrival_s: float
+
+
+class LearnedOrdering:
+    def __init__(self, config: LearningConfig, predictor: Predictor | None = None) -> None:
+        self.config = config
+        self.predictor = predictor
+        self.history = History()
+        self.guard = DriftGuard(config.guard)
+        self.facts: dict[str, JobFacts] = {}
+        self.predictions: dict[str, Prediction] = {}
+        self._gittins = GittinsIndex(())
+        self._gittins_at = 0
+        self.retrains: list[ModelInfo] = []
+
+    # ---- what happened -------------------------------------------------------------
+    def submitted(self, facts: JobFacts) -> Prediction | None:
+        """A job arrived; predicted now (with the model and history of this moment)."""
+        self.history.submitted(facts)
+        self.facts[facts.job_id] = facts
+        return self._predict(facts)
+
+    def finished(self, job_id: str, finish_s: float, gpu_time_s: float) -> None:
+        """A job completed: it becomes training data, and its prediction is judged."""
+        facts = self.facts.pop(job_id, None)
+        if facts is None:
+            return
+        self.history.finished(Outcome(facts, finish_s, gpu_time_s))
+        prediction = self.predictions.pop(job_id, None)
+        if prediction is not None:
+            self.guard.observe(prediction.q50_gpu_s, gpu_time_s)
+
+    def forget(self, job_id: str) -> None:
+        """A job left without completing (cancelled, failed): no outcome to learn from."""
+        self.facts.pop(job_id, None)
+        self.predictions.pop(job_id, None)
+
+    def tick(self, now_s: float) -> GuardChange | None:
+        """Retrain when due, then let the guard decide; returns the guard's change."""
+        p = self.predictor
+        if p is not None and p.retrain_due(self.history, now_s):
+            info = p.retrain(self.history, now_s)
+            if info is not None:
+                self.retrains.append(info)
+                for facts in self.facts.values():
+                    self._predict(facts)
+        if p is None:
+            return None
+        return self.guard.update(
+            now_s,
+            self.history.span_s(),
+            self.history.finished_by(now_s),
+            p.info is not None,
+        )
+
+    def _predict(self, facts: JobFacts) -> Prediction | None:
+        if self.predictor is None or self.predictor.info is None:
+            return None
+        prediction = self.predictor.predict(facts, self.history)
+        if prediction is not None:
+            self.predictions[facts.job_id] = prediction
+        return prediction
+
+    # ---- the order -----------------------------------------------------------------
+    @property
+    def uses_model(self) -> bool:
+        """Whether the predicted order takes part now."""
+        if self.predictor is None or self.predictor.info is None:
+            return False
+        if not self.config.guarded:
+            return self.history.span_s() >= self.config.guard.cold_start_s
+        return self.guard.state is GuardState.TRUSTED
+
+    def rule_key(self, c: Candidate) -> tuple[float, float, str]:
+        if self.config.rule == "gittins":
+            self._refresh_gittins()
+            return self._gittins.key(c.attained_gpu_s, c.arrival_s, c.job_id)
+        q, arrival, job_id = self.config.las.key(c.attained_gpu_s, c.arrival_s, c.job_id)
+        return (float(q), arrival, job_id)
+
+    def _refresh_gittins(self) -> None:
+        n = len(self.history.outcomes)
+        if n - self._gittins_at >= GITTINS_REFRESH or (n and not len(self._gittins)):
+            recent = self.history.outcomes[-GITTINS_SAMPLE:]
+            self._gittins = GittinsIndex([o.gpu_time_s for o in recent])
+            self._gittins_at = n
+
+    def rule_order(self, candidates: Sequence[Candidate]) -> list[str]:
+        return [c.job_id for c in sorted(candidates, key=self.rule_key)]
+
+    def predicted_order(self, candidates: Sequence[Candidate]) -> list[str]:
+        """Jobs the model is confident about, by predicted GPU-time still to go."""
+        keyed: list[tuple[float, float, str]] = []
+        for c in candidates:
+            p = self.predictions.get(c.job_id)
+            if p is None or not p.confident(self.config.max_spread):
+                continue
+            if c.attained_gpu_s >= p.q90_gpu_s:
+                continue  # already past what the model thought likely: it was wrong here
+            left = (p.q50_gpu_s if c.attained_gpu_s < p.q50_gpu_s else p.q90_gpu_s) - (
+                c.attained_gpu_s
+            )
+            keyed.append((left, c.arrival_s, c.job_id))
+        keyed.sort()
+        return [job_id for _, _, job_id in keyed]
+
+    def order(self, candidates: Sequence[Candidate]) -> list[str]:
+        """The order the policy in use gives now (first runs first)."""
+        rule = self.rule_order(candidates)
+        if not self.uses_model:
+            return rule
+        return preferential_merge(self.predicted_order(candidates), rule, self.config.weight)
+
+    def learned_order(self, candidates: Sequence[Candidate]) -> list[str]:
+        """The order the model would give, trusted or not (for shadow records)."""
+        if self.predictor is None or self.predictor.info is None:
+            return self.rule_order(candidates)
+        return preferential_merge(
+            self.predicted_order(candidates), self.rule_order(candidates), self.config.weight
+        )
