@@ -151,3 +151,28 @@ class LearnedOrdering:
         return preferential_merge(
             self.predicted_order(candidates), self.rule_order(candidates), self.config.weight
         )
+
+    def status(self) -> dict[str, object]:
+        """What `gpupool learn status` shows: data seen, accuracy, the guard, the model."""
+        info = self.predictor.info if self.predictor is not None else None
+        return {
+            "rule": self.config.rule,
+            "guard": self.guard.state.value,
+            "uses_model": self.uses_model,
+            "submits_seen": self.history.submits_seen,
+            "finished_seen": len(self.history.outcomes),
+            "seen_s": self.history.span_s(),
+            "cold_start_s": self.config.guard.cold_start_s,
+            "window": self.guard.window,
+            "within_2x": self.guard.within_2x(),
+            "rank_corr": self.guard.rank_corr(),
+            "model": None
+            if info is None
+            else {
+                "version": info.version,
+                "trained_at_s": info.trained_at_s,
+                "rows": info.rows,
+                "kind": info.kind,
+            },
+            "retrains": len(self.retrains),
+        }
