@@ -86,6 +86,9 @@ class JobSpec:
     gpu_count_min: int | None = None
     """An elastic job (`--gpus 2..4`): it runs on any count from this to `gpu_count` and
     gives GPUs back (checkpoint, restart on fewer) while online work peaks. None: fixed."""
+    name: str = ""
+    """The job's name or model, where the submitter or the trace gives one: what a learned
+    predictor of GPU-time may key on. Decisions never depend on it otherwise."""
 
     def __post_init__(self) -> None:
         if self.gpu_mem_mib is not None and (self.gpu_mem_mib <= 0 or self.gpu_count != 1):
