@@ -10,7 +10,8 @@ from gpupool.learning.ordering import LasQueues
 
 MODES = ("off", "shadow", "active")
 RULES = ("las", "gittins")
-PREDICTORS = ("lightgbm", "recent-median")
+PREDICTORS = ("lightgbm", "recent-median", "shuffled", "inverted")
+"""The last two are deliberately wrong (fault injection, to test the guard)."""
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,6 @@ at time t cannot see the future of t.
 from __future__ import annotations
 
 import bisect
-from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -41,10 +40,12 @@ class Outcome:
 class History:
     """Submits and finishes seen so far, appended in nondecreasing time."""
 
-    def __init__(self, keep_submits_s: float = 7 * 86_400.0) -> None:
+    def __init__(self, keep_submits_s: float = 400 * 86_400.0) -> None:
         self.outcomes: list[Outcome] = []
         self._finish_times: list[float] = []
-        self._submits: deque[float] = deque()
+        self._submits: list[float] = []
+        self._submit_lo = 0
+        """Submits before this index are older than the kept window (dropped lazily)."""
         self._keep_submits_s = keep_submits_s
         self.first_submit_s: float | None = None
         self.submits_seen = 0
@@ -53,11 +54,11 @@ class History:
     def now_s(self) -> float:
         """The latest time appended (submit or finish)."""
         last_finish = self._finish_times[-1] if self._finish_times else float("-inf")
-        last_submit = self._submits[-1] if self._submits else float("-inf")
+        last_submit = self._submits[-1] if len(self._submits) > self._submit_lo else float("-inf")
         return max(last_finish, last_submit)
 
     def submitted(self, facts: JobFacts) -> None:
-        if self._submits and facts.submit_s < self._submits[-1]:
+        if len(self._submits) > self._submit_lo and facts.submit_s < self._submits[-1]:
             raise SpecError(
                 f"job {facts.job_id} submitted at {facts.submit_s}s, before the last submit "
                 f"({self._submits[-1]}s): submits must be appended in time order"
@@ -66,8 +67,12 @@ class History:
             self.first_submit_s = facts.submit_s
         self.submits_seen += 1
         self._submits.append(facts.submit_s)
-        while self._submits and self._submits[0] < facts.submit_s - self._keep_submits_s:
-            self._submits.popleft()
+        self._submit_lo = bisect.bisect_left(
+            self._submits, facts.submit_s - self._keep_submits_s, self._submit_lo
+        )
+        if self._submit_lo > 4096 and self._submit_lo * 2 > len(self._submits):
+            del self._submits[: self._submit_lo]
+            self._submit_lo = 0
 
     def finished(self, outcome: Outcome) -> None:
         if self._finish_times and outcome.finish_s < self._finish_times[-1]:
@@ -94,7 +99,13 @@ class History:
 
     def arrivals_since(self, t_s: float) -> int:
         """Submits at or after t_s (within the kept window)."""
-        return len(self._submits) - bisect.bisect_left(self._submits, t_s)
+        return len(self._submits) - bisect.bisect_left(self._submits, t_s, self._submit_lo)
+
+    def arrivals_between(self, start_s: float, end_s: float) -> int:
+        """Submits with start_s <= submit <= end_s (within the kept window): the arrivals a
+        job submitted at end_s could know of, whatever was appended after it."""
+        lo = bisect.bisect_left(self._submits, start_s, self._submit_lo)
+        return max(0, bisect.bisect_right(self._submits, end_s, self._submit_lo) - lo)
 
     def span_s(self) -> float:
         """Time from the first submit to the latest event: how long the cluster was seen."""

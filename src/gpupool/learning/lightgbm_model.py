@@ -1,0 +1,139 @@
+"""A LightGBM predictor of GPU-time: three quantile regressions of log GPU-seconds.
+
+Trained on the outcomes that finished by the moment of training (at most the most recent
+`max_rows`), each with its features as of its own submit (`features.FeatureIndex`), so
+neither training nor prediction sees a duration before the job ended. Retrained on a
+schedule (weekly by default), versioned; no model before `min_rows` finished jobs.
+Deterministic: one thread, a fixed seed, row-wise histograms, LightGBM's deterministic
+mode, so the same history gives the same model and the same predictions byte for byte.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import lightgbm
+import numpy as np
+
+from gpupool.errors import SpecError
+from gpupool.learning.config import LearningConfig
+from gpupool.learning.features import (
+    CATEGORICAL_COLUMNS,
+    FEATURE_NAMES,
+    FeatureConfig,
+    FeatureIndex,
+    Vocabulary,
+    log_gpu_s,
+)
+from gpupool.learning.history import History, JobFacts
+from gpupool.learning.predictor import ModelInfo, Prediction
+
+ALPHAS = (0.1, 0.5, 0.9)
+
+
+@dataclass(frozen=True)
+class LightGbmSettings:
+    retrain_every_s: float = 7 * 86_400.0
+    min_rows: int = 100
+    """Finished jobs needed before a first model."""
+    max_rows: int = 20_000
+    """Training rows: the most recent finished jobs."""
+    num_boost_round: int = 150
+    learning_rate: float = 0.05
+    num_leaves: int = 15
+    min_data_in_leaf: int = 20
+    seed: int = 0
+    features: FeatureConfig = field(default_factory=FeatureConfig)
+
+    def __post_init__(self) -> None:
+        if self.retrain_every_s <= 0:
+            raise SpecError(f"retrain_every_s must be > 0, got {self.retrain_every_s}")
+        if self.min_rows < 2 or self.max_rows < self.min_rows:
+            raise SpecError(
+                f"min_rows must be at least 2 and max_rows at least min_rows, got "
+                f"{self.min_rows} and {self.max_rows}"
+            )
+        if self.num_boost_round < 1 or self.num_leaves < 2 or self.min_data_in_leaf < 1:
+            raise SpecError("num_boost_round, num_leaves and min_data_in_leaf must be positive")
+
+
+class LightGbmPredictor:
+    def __init__(self, settings: LightGbmSettings | None = None, origin_s: float = 0.0) -> None:
+        self.settings = settings or LightGbmSettings()
+        self.index = FeatureIndex(self.settings.features, origin_s)
+        self._info: ModelInfo | None = None
+        self._vocab = Vocabulary()
+        self._boosters: tuple[lightgbm.Booster, ...] = ()
+
+    @property
+    def info(self) -> ModelInfo | None:
+        return self._info
+
+    def retrain_due(self, history: History, now_s: float) -> bool:
+        if self._info is None:
+            return history.finished_by(now_s) >= self.settings.min_rows
+        return now_s >= self._info.trained_at_s + self.settings.retrain_every_s
+
+    def _params(self, alpha: float) -> dict[str, object]:
+        s = self.settings
+        return {
+            "objective": "quantile",
+            "alpha": alpha,
+            "learning_rate": s.learning_rate,
+            "num_leaves": s.num_leaves,
+            "min_data_in_leaf": s.min_data_in_leaf,
+            "seed": s.seed,
+            "deterministic": True,
+            "force_row_wise": True,
+            "num_threads": 1,
+            "verbosity": -1,
+        }
+
+    def retrain(self, history: History, now_s: float) -> ModelInfo | None:
+        s = self.settings
+        known = history.finished_by(now_s)
+        if known < s.min_rows:
+            return None
+        rows = history.outcomes[max(0, known - s.max_rows) : known]
+        facts = [o.facts for o in rows]
+        vocab = Vocabulary.from_facts(facts, s.features.min_category_count)
+        x = self.index.matrix(facts, history, vocab)
+        y = np.asarray([log_gpu_s(o.gpu_time_s) for o in rows], dtype=np.float64)
+        boosters = []
+        for alpha in ALPHAS:
+            data = lightgbm.Dataset(
+                x,
+                label=y,
+                feature_name=list(FEATURE_NAMES),
+                categorical_feature=list(CATEGORICAL_COLUMNS),
+                params={"verbosity": -1, "seed": s.seed, "deterministic": True},
+                free_raw_data=True,
+            )
+            boosters.append(
+                lightgbm.train(self._params(alpha), data, num_boost_round=s.num_boost_round)
+            )
+        self._boosters = tuple(boosters)
+        self._vocab = vocab
+        version = 1 if self._info is None else self._info.version + 1
+        self._info = ModelInfo(version, now_s, len(rows), "lightgbm")
+        return self._info
+
+    def features(self, facts: JobFacts, history: History) -> np.ndarray:
+        """The row the model is shown for `facts` (as of its submit)."""
+        return np.asarray([self.index.row(facts, history, self._vocab)], dtype=np.float64)
+
+    def predict(self, facts: JobFacts, history: History) -> Prediction | None:
+        if self._info is None:
+            return None
+        x = self.features(facts, history)
+        logs = sorted(float(np.asarray(b.predict(x, num_threads=1))[0]) for b in self._boosters)
+        q10, q50, q90 = (math.exp(v) for v in logs)  # sorted: quantiles never cross
+        return Prediction(q10, q50, q90, self._info.version)
+
+
+def make_lightgbm(config: LearningConfig, origin_s: float = 0.0) -> LightGbmPredictor:
+    """The LightGBM predictor a learning configuration asks for (its schedule and seed)."""
+    return LightGbmPredictor(
+        LightGbmSettings(retrain_every_s=config.retrain_every_s, seed=config.seed), origin_s
+    )
