@@ -9,7 +9,7 @@ its own submit) and prediction, so the model is trained on what it will be shown
 
 Columns (`FEATURE_NAMES`): GPU count and its log2; GPU type, team and name as categorical
 codes (a `Vocabulary` frozen with the model, unknown values get code 0); hour of day and
-weekday (UTC, from `origin_s + submit_s`); arrivals in the last hour and day; the median
+weekday (UTC, from `origin_s + submit_s`); arrivals in the hour and the day before; the median
 and mean of log GPU-time over the team's last `recent` finished jobs, and its last one;
 the same-name median and last; the same-GPU-count median; the cluster's median over its
 last `cluster_recent`. Missing values (no such job yet) are NaN, which LightGBM routes on

@@ -102,10 +102,11 @@ class History:
         return len(self._submits) - bisect.bisect_left(self._submits, t_s, self._submit_lo)
 
     def arrivals_between(self, start_s: float, end_s: float) -> int:
-        """Submits with start_s <= submit <= end_s (within the kept window): the arrivals a
-        job submitted at end_s could know of, whatever was appended after it."""
+        """Submits with start_s <= submit < end_s (within the kept window): the arrivals a
+        job submitted at end_s knows of whatever was appended after it, and whichever of
+        the jobs submitted at the same instant came first."""
         lo = bisect.bisect_left(self._submits, start_s, self._submit_lo)
-        return max(0, bisect.bisect_right(self._submits, end_s, self._submit_lo) - lo)
+        return max(0, bisect.bisect_left(self._submits, end_s, self._submit_lo) - lo)
 
     def span_s(self) -> float:
         """Time from the first submit to the latest event: how long the cluster was seen."""
