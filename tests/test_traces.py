@@ -356,7 +356,8 @@ def test_gavel_msr_103959_real() -> None:
     assert jobs[1].submit_s == float(rows[1][5]) == 219316.0
     assert jobs[1].gpu_count == int(rows[1][6]) == 4
     assert jobs[-1].submit_s == max(float(r[5]) for r in rows)
-    assert all(j.duration_s is None for j in jobs)
+    assert all(j.duration_s is not None and j.duration_s > 0 for j in jobs)
+    assert {j.name for j in jobs} == {r[0] for r in rows}
     assert {j.team for j in jobs} == {"103959"}
 
 
@@ -430,7 +431,7 @@ def test_gavel_msr_malformed(tmp_path: Path) -> None:
 def test_gavel_msr_quote_in_command_does_not_merge_fields(tmp_path: Path) -> None:
     line = "\t".join(['A "quoted" job', 'echo "a\tb', "-n", "1", "10", "3.0", "2"])
     path = write(tmp_path, "q.trace.txt", ["\t".join(['Job "x', "cmd", "-n", "1", "10", "1", "1"])])
-    jobs, _ = read_gavel_msr(path)
+    jobs, _ = read_gavel_msr(path, {'Job "x': 1.0})
     assert [j.gpu_count for j in jobs] == [1]
     path2 = write(tmp_path, "q2.trace.txt", [line])
     with pytest.raises(TraceFormatError) as err:  # the tab inside the command is a field break

@@ -108,9 +108,10 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument(
         "--format",
         default="itp",
-        choices=("itp", "elasticflow"),
+        choices=("itp", "elasticflow", "gavel"),
         help="itp: ITP raw (job_id,submission_time,duration,num_gpu); elasticflow: ElasticFlow "
-        "lists (ITP elasticflow-traces or the Philly VC list)",
+        "lists (ITP elasticflow-traces or the Philly VC list); gavel: Gavel's Philly msr "
+        "*.trace.txt (one VC per file; run time = steps / V100 throughput of the model)",
     )
     rep.add_argument("--nodes", default="auto", help="node count, or 'auto' (70%% mean load)")
     rep.add_argument("--gpus-per-node", type=int, default=8)

@@ -4,17 +4,25 @@ ElasticFlow's VC 103959 list: job_id,submit_time,real_iteration,model_name,ddl,b
 num_gpu,real_duration,duration,iteration. Gavel's old msr traces: 7 tab-separated fields,
 no header: job_type, command, num_steps_arg, needs_data_dir, total_steps, arrival_time,
 scale_factor.
+
+Gavel wrote each msr job's total_steps as int(Philly run time in seconds x the job type's
+isolated single-GPU V100 throughput), whatever the job's GPU count; `data/gavel_throughputs.csv`
+holds those throughputs (source in data/SOURCES.md), so the run time comes back as
+total_steps / throughput.
 """
 
 from __future__ import annotations
 
 import csv
+import functools
 import re
+from collections.abc import Mapping
+from importlib import resources
 from pathlib import Path
 
 from gpupool.core.model import MILLI_PER_GPU, JobKind, JobSpec
 from gpupool.errors import NotFoundError, TraceFormatError
-from gpupool.traces.common import ReadReport, float_field, int_field
+from gpupool.traces.common import ReadReport, float_field, int_field, open_rows
 from gpupool.traces.itp import read_gpu_job_csv
 
 ELASTICFLOW_COLUMNS = (
@@ -56,7 +64,7 @@ def read_elasticflow_philly(
     return read_gpu_job_csv(path, ELASTICFLOW_COLUMNS, "submit_time", team_name)
 
 
-def _gavel_stem(path: Path) -> str:
+def gavel_vc(path: Path) -> str:
     """'103959.trace.txt' -> '103959': the VC name, without either suffix."""
     name = path.name
     for suffix in (".txt", ".trace"):
@@ -64,16 +72,54 @@ def _gavel_stem(path: Path) -> str:
     return name or path.stem
 
 
-def read_gavel_msr(path: str | Path) -> tuple[list[JobSpec], ReadReport]:
-    """Read one per-VC Gavel msr trace; duration_s stays None.
+GAVEL_THROUGHPUT_COLUMNS = ("job_type", "gpu_type", "steps_per_s")
 
-    Gavel derives a job's run time from total_steps and its per-model throughput, which this
-    file does not carry, so no duration is invented here.
+
+def packaged_gavel_throughputs_path() -> Path:
+    return Path(str(resources.files("gpupool") / "data" / "gavel_throughputs.csv"))
+
+
+def read_gavel_throughputs(path: str | Path) -> dict[str, float]:
+    """job_type -> steps per second, from a CSV with job_type,gpu_type,steps_per_s."""
+    out: dict[str, float] = {}
+    for line, row in open_rows(path, GAVEL_THROUGHPUT_COLUMNS):
+        job_type = row["job_type"].strip()
+        if not job_type:
+            raise TraceFormatError(path, line, "empty job_type; name the Gavel model")
+        if job_type in out:
+            raise TraceFormatError(
+                path, line, f"job_type {job_type!r} is listed twice; keep one throughput per type"
+            )
+        rate = float_field(row, "steps_per_s", path, line)
+        if rate <= 0:
+            raise TraceFormatError(
+                path, line, f"steps_per_s={rate} for {job_type!r}; a throughput must be > 0"
+            )
+        out[job_type] = rate
+    if not out:
+        raise TraceFormatError(path, 2, "no throughput rows; list one row per Gavel job type")
+    return out
+
+
+@functools.lru_cache(maxsize=1)
+def gavel_throughputs() -> Mapping[str, float]:
+    """The packaged isolated V100 throughputs Gavel used to write the msr traces' steps."""
+    return read_gavel_throughputs(packaged_gavel_throughputs_path())
+
+
+def read_gavel_msr(
+    path: str | Path, throughputs: Mapping[str, float] | None = None
+) -> tuple[list[JobSpec], ReadReport]:
+    """Read one per-VC Gavel msr trace; duration_s = total_steps / the job type's throughput.
+
+    `throughputs` maps job_type to steps per second (default: the packaged V100 table Gavel
+    derived the steps with). A job type missing from it is an error, never a guessed duration.
     """
     p = Path(path)
     if not p.is_file():
         raise NotFoundError(f"trace file {p} does not exist; check the path")
-    vc = _gavel_stem(p)
+    rates = gavel_throughputs() if throughputs is None else throughputs
+    vc = gavel_vc(p)
     report = ReadReport(str(path))
     jobs: list[JobSpec] = []
     with p.open(newline="", encoding="utf-8") as handle:
@@ -92,8 +138,18 @@ def read_gavel_msr(path: str | Path) -> tuple[list[JobSpec], ReadReport]:
             row = dict(zip(GAVEL_MSR_FIELDS, values, strict=True))
             index = report.rows
             report.rows += 1
-            if not row["job_type"].strip():
+            job_type = row["job_type"].strip()
+            if not job_type:
                 raise TraceFormatError(path, line, "empty job_type")
+            rate = rates.get(job_type)
+            if rate is None:
+                raise TraceFormatError(
+                    path,
+                    line,
+                    f"job_type {job_type!r} has no Gavel throughput, so its run time cannot be "
+                    "recovered from total_steps; add it to the throughput table "
+                    f"({len(rates)} known types, e.g. {min(rates)!r})",
+                )
             int_field(row, "needs_data_dir", path, line)
             steps = int_field(row, "total_steps", path, line)
             arrival = float_field(row, "arrival_time", path, line)
@@ -115,7 +171,8 @@ def read_gavel_msr(path: str | Path) -> tuple[list[JobSpec], ReadReport]:
                     team=vc,
                     kind=JobKind.TRAINING,
                     submit_s=arrival,
-                    duration_s=None,
+                    duration_s=steps / rate,
+                    name=job_type,
                 )
             )
             report.used += 1
