@@ -32,6 +32,9 @@ class LearningConfig:
     seed: int = 0
     guard: GuardConfig = field(default_factory=GuardConfig)
     las: LasQueues = field(default_factory=LasQueues)
+    max_wait_s: float | None = 86_400.0
+    """The age bound of the core's ordered policies: a job waiting longer than this goes
+    first in its priority class whatever the order says. None: no bound."""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -48,3 +51,7 @@ class LearningConfig:
             raise SpecError(f"learning.max_spread must be >= 1, got {self.max_spread}")
         if self.retrain_every_s <= 0:
             raise SpecError(f"learning.retrain_every_s must be > 0, got {self.retrain_every_s}")
+        if self.max_wait_s is not None and self.max_wait_s <= 0:
+            raise SpecError(
+                f"learning.max_wait_s must be > 0 (or null for no age bound), got {self.max_wait_s}"
+            )

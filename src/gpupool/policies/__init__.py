@@ -17,6 +17,7 @@ from gpupool.policies import consolidate  # noqa: F401
 from gpupool.policies import thermal  # noqa: F401
 from gpupool.policies import queueing  # noqa: F401
 from gpupool.policies import cycle  # noqa: F401
+from gpupool.policies import ordered  # noqa: F401
 from gpupool.policies.registry import (
     PolicyContext,
     cycle_names,

@@ -212,6 +212,9 @@ class CycleView:
     placement: ScoringPolicy = field(default_factory=ConsolidatePolicy)
     claims: Mapping[str, frozenset[str]] = field(default_factory=dict)
     """Each waiting claimant's victims (still writing their checkpoints)."""
+    rank: Mapping[str, int] | None = None
+    """An order of the waiting jobs inside each priority class (position, first runs
+    first), given by the core to its ordered policies (policies/ordered.py); None: age."""
     _allowed: dict[tuple[str, str], BoolArray] = field(default_factory=dict)
 
     def allowed(self, job: JobSpec, gpu_type: str, held: BoolArray | None = None) -> BoolArray:
@@ -356,6 +359,10 @@ class BackfillPolicy(FifoPolicy):
 class PriorityQuotaPolicy(CyclePolicy):
     name = "priority-quota"
 
+    def class_order(self, view: CycleView) -> Callable[[PendingView], tuple[object, ...]]:
+        """The order inside a priority class: oldest ready first (ordered.py overrides)."""
+        return lambda p: (p.ready_s, p.spec.job_id)
+
     def plan(self, view: CycleView) -> list[Command]:
         scratch = view.state.copy()
         running_usage = _usage(view)
@@ -457,14 +464,8 @@ class PriorityQuotaPolicy(CyclePolicy):
         }
         # Within each team, online first, then by priority and age; what fits inside the
         # team's guarantee is entitled (and may reclaim), the rest borrows by fair share.
-        waiting.sort(
-            key=lambda p: (
-                p.spec.kind is not JobKind.ONLINE,
-                -p.spec.priority,
-                p.ready_s,
-                p.spec.job_id,
-            )
-        )
+        tail = self.class_order(view)
+        waiting.sort(key=lambda p: (p.spec.kind is not JobKind.ONLINE, -p.spec.priority, *tail(p)))
         entitled: list[PendingView] = []
         borrowing: list[PendingView] = []
         planned = dict(usage)
@@ -482,8 +483,7 @@ class PriorityQuotaPolicy(CyclePolicy):
                 p.spec.kind is not JobKind.ONLINE,
                 view.quotas.fair_rank(p.spec.team),
                 -p.spec.priority,
-                p.ready_s,
-                p.spec.job_id,
+                *tail(p),
             )
         )
         fast_held = self._fast_held(view)

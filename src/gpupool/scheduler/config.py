@@ -14,6 +14,7 @@ from typing import Any
 from gpupool.core.calibration import CheckpointModel, ColocationModel
 from gpupool.core.quota import QuotaWindow, TeamQuota
 from gpupool.federation.burst import BurstRules
+from gpupool.learning.config import LearningConfig
 from gpupool.policies.cycle import PreemptionRules
 
 MODES = ("pool", "static")
@@ -160,3 +161,6 @@ class SchedulerConfig:
     max_starts_per_cycle: int | None = None
     """Apply at most this many of a plan's starts; the rest are planned again next cycle
     (a live executor that takes long per launch keeps its loop responsive)."""
+    learning: LearningConfig = field(default_factory=LearningConfig)
+    """The ordered policies' order (`las`, `gittins`, `learned`): rule, model, guard, age
+    bound; `mode` shadow or active goes with `policy: learned` (docs/learned-policy.md)."""

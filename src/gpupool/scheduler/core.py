@@ -13,6 +13,7 @@ cycle policy's plan (validated and applied), power caps.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -29,6 +30,8 @@ from gpupool.energy.powercap import SetPowerCap
 from gpupool.energy.tariff import Tariff
 from gpupool.errors import ConflictError, NotFoundError, PlanRejected, SpecError
 from gpupool.federation.topology import Topology
+from gpupool.learning.history import JobFacts, Outcome
+from gpupool.learning.predictor import Predictor
 from gpupool.policies.base import ScoringPolicy
 from gpupool.policies.best_fit import BestFitPolicy
 from gpupool.policies.consolidate import ConsolidatePolicy
@@ -42,6 +45,7 @@ from gpupool.policies.cycle import (
     Start,
 )
 from gpupool.policies.fgd import LearnedFgdPolicy
+from gpupool.policies.ordered import OrderedPolicy
 from gpupool.policies.pool_choice import (
     ClassRanking,
     PoolLoad,
@@ -52,7 +56,16 @@ from gpupool.policies.pool_choice import (
 )
 from gpupool.policies.thermal import CoolestFirstPolicy
 from gpupool.scheduler import stages, waiting
-from gpupool.scheduler.commands import Cancel, Command, Expire, Launch, Scale, Stop, Wait
+from gpupool.scheduler.commands import (
+    Cancel,
+    Command,
+    Expire,
+    Launch,
+    LearnGuard,
+    Scale,
+    Stop,
+    Wait,
+)
 from gpupool.scheduler.config import SchedulerConfig
 from gpupool.scheduler.elastic import Elastic
 from gpupool.scheduler.events import (
@@ -74,6 +87,7 @@ from gpupool.scheduler.events import (
     Vacated,
 )
 from gpupool.scheduler.jobs import WAITING, JobRecord, ServiceTemplate, TeamQueues
+from gpupool.scheduler.learning import CoreLearning
 from gpupool.sizing.catalog import Catalog
 from gpupool.sizing.planner import PlanRequest, sized_options
 
@@ -128,12 +142,14 @@ class Scheduler:
         seed: int = 0,
         log: DecisionLog | None = None,
         replica_id: Callable[[str, int, int], str] | None = None,
+        predictor: Predictor | None = None,
     ) -> None:
         """node_pool: each node's pool key (default: its GPU model, or site/model when the
         nodes are in several sites). tariffs: per site. cloud_nodes: nodes a Burst starts;
         they are out of the pool until they join (NodeUp). replica_id(service, seq,
         gpu_milli): the id of a new replica, given by the driver (the live service makes
-        each replica a job row); default `<service>-r<seq>`."""
+        each replica a job row); default `<service>-r<seq>`. predictor: the learned
+        policy's GPU-time predictor (default: scheduler.learning.default_predictor)."""
         cfg = config or SchedulerConfig()
         if cfg.policy not in CYCLE_POLICIES:
             raise SpecError(f"unknown policy {cfg.policy!r}; choose {', '.join(CYCLE_POLICIES)}")
@@ -150,6 +166,20 @@ class Scheduler:
         self.gpu_usage = stages.UsageWindow(cfg.sharing)
         self.engine = Engine(self.state, self.placement, self.rng, log)
         self.policy = CYCLE_POLICIES[cfg.policy]()
+        self.learning: CoreLearning | None = None
+        """The order of the ordered policies (las, gittins, learned); None for the others."""
+        if isinstance(self.policy, OrderedPolicy):
+            self.learning = CoreLearning(
+                cfg.learning, cfg.policy, self.policy.rule, self.policy.learned, predictor
+            )
+        elif cfg.learning.mode != "off":
+            raise SpecError(
+                f"learning.mode {cfg.learning.mode} runs the learned policy; set policy: "
+                f"learned (with learning.rule: {cfg.learning.rule}) instead of policy: "
+                f"{cfg.policy}"
+            )
+        self.progress_s = 0.0
+        """When the driver last measured progress (Progress)."""
         multi_site = len({n.cluster for n in cluster.nodes}) > 1
         self.node_pool = (
             list(node_pool)
@@ -295,6 +325,7 @@ class Scheduler:
             self.submit(event.job, event.t_s, sized=event.sized)
         elif isinstance(event, Progress):
             self.measured = True
+            self.progress_s = event.t_s
             for job_id, p in event.jobs.items():
                 r = self.records[job_id]
                 r.done_s, r.saved_s, r.speed, r.overhead_s, r.cap_speed = p
@@ -396,7 +427,30 @@ class Scheduler:
             self.choosers[job.job_id] = r
         if isinstance(self.placement, LearnedFgdPolicy):
             self.placement.observe(r.spec)
+        self._learn_submitted(r)
         return r
+
+    def _learn_submitted(self, r: JobRecord) -> None:
+        """Batch and training jobs are what the ordered policies order and learn from
+        (online inference goes first anyway, and a replica never finishes by itself)."""
+        if self.learning is None or r.service is not None or r.spec.kind is JobKind.ONLINE:
+            return
+        job = r.spec
+        model = self.pool_model.get(r.gpu_type, r.gpu_type)
+        self.learning.submitted(
+            JobFacts(job.job_id, job.submit_s, job.gpu_count, job.team, model, job.name)
+        )
+
+    def _work_at(self, r: JobRecord, at: float) -> float:
+        """Work a job has done by `at` (seconds at full speed): from the driver's last
+        measurement, or from its last start."""
+        if r.state is not JobState.RUNNING:
+            return r.done_s
+        if self.measured and self.progress_s >= r.run_started_s:
+            base, since, overhead = r.done_s, self.progress_s, r.overhead_s
+        else:
+            base, since, overhead = r.start_done_s, r.run_started_s, r.start_overhead_s
+        return base + max(0.0, at - since - overhead) * r.speed
 
     def _unplaceable_reason(self, job: JobSpec, r: JobRecord) -> str:
         if job.job_id in self.sized:
@@ -478,6 +532,8 @@ class Scheduler:
         else:
             r.state = state
             del self.active[job.job_id]
+        if state not in TERMINAL:
+            self._learn_submitted(r)
         self.dirty = True
 
     # ---- services -----------------------------------------------------------------------------
@@ -519,6 +575,11 @@ class Scheduler:
         r = self._record(job_id)
         if r.state in TERMINAL:
             return []
+        if self.learning is not None:
+            if state is JobState.FINISHED:
+                self.learning.finished(job_id, at, self._work_at(r, at) * r.spec.gpu_count)
+            else:
+                self.learning.forget(job_id)
         if r.state is JobState.RUNNING:
             self.held[(r.spec.team, r.gpu_type)] -= r.spec.gpu_count
             self.room_since[(r.spec.team, r.gpu_type)] = at
@@ -643,6 +704,12 @@ class Scheduler:
                 usage[r.spec.team] += r.spec.gpu_count
             self.quotas.record_usage(usage, now - last)
         self.last_cycle_s = now
+        if self.learning is not None:
+            change, moved = self.learning.tick(now)
+            if change is not None:
+                out.append(change)
+            if moved or now > self.learning.next_age_s:
+                self.dirty = True  # a new model, another guard state, a job past its age
         rules = cfg.preemption
         if (rules.by_priority or rules.max_lost_work_s is not None) and self.queues.by_team:
             # A victim reaching its minimum runtime or its next checkpoint changes what
@@ -670,16 +737,64 @@ class Scheduler:
         self.waits_due = self.waits_due or self.dirty or bool(out)
         if self.dirty:
             self.dirty = False
-            self._apply(self.policy.plan(self.view(now)), now, out)
+            self._plan(now, out, shadow=True)
             if self.over_limit:  # once more, with the teams now at their limits hidden
                 self.over_limit = self.dirty = False
-                self._apply(self.policy.plan(self.view(now)), now, out)
+                self._plan(now, out, shadow=False)
         if self.elastic.declared:
             out += self.elastic.grow(self, now)
         out += self._wait_reasons(now)
         if cfg.energy.power_capping or cfg.energy.thermal.aware:
             out += stages.power_caps(self, now)
         return out
+
+    def _plan(self, now: float, out: list[Command], shadow: bool) -> None:
+        """The policy's plan, validated and applied. An ordered policy plans with the
+        order its LearnedOrdering gives now; in shadow mode the learned order plans on the
+        same view too (a scratch copy, its own copy of the random state), and only the
+        difference is recorded (LearnShadow): nothing of it is applied."""
+        lg = self.learning
+        if lg is None:
+            self._apply(self.policy.plan(self.view(now)), now, out)
+            return
+        waiting = [self.records[job_id] for q in self.queues.by_team.values() for _, job_id in q]
+        use, learned = lg.ranks(now, waiting)
+        rng = copy.deepcopy(self.rng) if shadow and learned is not None else None
+        plan = self.policy.plan(self.view(now, use))
+        if rng is not None and learned is not None:
+            view = self.view(now, learned)
+            view.rng = rng
+            record = lg.shadow(now, _starts(plan), _starts(self.policy.plan(view)))
+            if record is not None:
+                out.append(record)
+        self._apply(plan, now, out)
+
+    def set_learning_mode(self, mode: str, t_s: float, reason: str) -> LearnGuard:
+        """Promote the learned policy to active or demote it to shadow (the live
+        `gpupool learn promote` and its automatic demotion); the next cycle plans anew."""
+        if self.learning is None:
+            raise SpecError(
+                f"the policy is {self.config.policy}; only policy learned has a shadow and an "
+                "active mode: set policy: learned"
+            )
+        change = self.learning.set_mode(mode, t_s, reason)
+        self.dirty = True
+        return change
+
+    def learning_status(self) -> dict[str, object] | None:
+        """The ordered policy's state (data seen, accuracy, guard, model, mode, shadow
+        agreement); None when the policy is not las, gittins or learned."""
+        return None if self.learning is None else self.learning.status()
+
+    def learning_seed(self, outcomes: Sequence[Outcome]) -> int:
+        """Preload finished jobs into the learned policy's history (a restarted service
+        reads them from its database); returns how many were taken. Call before the
+        first submit or restore."""
+        if self.learning is None:
+            return 0
+        taken = self.learning.seed(outcomes)
+        self.dirty = self.dirty or bool(taken)
+        return taken
 
     def _apply(
         self, commands: list[Start | Preempt | Claim], now: float, out: list[Command]
@@ -915,6 +1030,8 @@ class Scheduler:
                 "it runs again"
             )
         job = r.spec
+        if not self.measured:  # its work since the last cycle counts up to its checkpoint
+            self._estimate_one(r, now)
         r.state = check_transition(job_id, r.state, JobState.PREEMPTING)
         self.held[(job.team, r.gpu_type)] -= job.gpu_count
         self.room_since[(job.team, r.gpu_type)] = now
@@ -1122,14 +1239,17 @@ class Scheduler:
         """No driver measures progress: work since the last start at speed 1, saved at the
         last whole checkpoint interval."""
         for r in self.running.values():
-            if r.state is not JobState.RUNNING:
-                continue
-            ran = now - r.run_started_s
-            r.overhead_s = max(0.0, r.start_overhead_s - ran)
-            work = max(0.0, ran - r.start_overhead_s)
-            interval = r.spec.checkpoint_interval_s
-            r.done_s = r.start_done_s + work
-            r.saved_s = r.start_done_s + (work // interval) * interval if interval > 0 else r.done_s
+            if r.state is JobState.RUNNING:
+                self._estimate_one(r, now)
+
+    @staticmethod
+    def _estimate_one(r: JobRecord, now: float) -> None:
+        ran = now - r.run_started_s
+        r.overhead_s = max(0.0, r.start_overhead_s - ran)
+        work = max(0.0, ran - r.start_overhead_s)
+        interval = r.spec.checkpoint_interval_s
+        r.done_s = r.start_done_s + work
+        r.saved_s = r.start_done_s + (work // interval) * interval if interval > 0 else r.done_s
 
     # ---- views --------------------------------------------------------------------------------
     def usage(self, team: str, pool: str) -> int:
@@ -1148,16 +1268,20 @@ class Scheduler:
                     work[r.gpu_type] += r.spec.gpu_count * (r.spec.duration_s - r.done_s)
         return pool_loads(self.state, self.pool_nodes, work)
 
-    def visible(self, now: float) -> list[JobRecord]:
+    def visible(self, now: float, rank: Mapping[str, int] | None = None) -> list[JobRecord]:
         """The waiting jobs a cycle considers: the head of each team's queue, plus (further
         back) jobs small enough for the room left under the team's guarantee, so that a
-        queue headed by big borrowing jobs cannot hide what the team is owed."""
+        queue headed by big borrowing jobs cannot hide what the team is owed. With a
+        `rank` (an ordered policy's), each queue is taken in that order inside each
+        priority class."""
         out: list[JobRecord] = []
         depth = self.config.queue_depth
         deferred = self.deferral.held
         limits = self.config.team_limits
         counts = self._running_counts() if limits else {}
         for team, queue in self.queues.by_team.items():
+            if rank is not None:
+                queue = self._ranked(queue, rank)
             if deferred:
                 queue = [e for e in queue if e[1] not in deferred]
             if team in limits:
@@ -1181,7 +1305,19 @@ class Scheduler:
                         break
         return out
 
-    def view(self, now: float) -> CycleView:
+    def _ranked(
+        self, queue: list[tuple[tuple[object, ...], str]], rank: Mapping[str, int]
+    ) -> list[tuple[tuple[object, ...], str]]:
+        last = len(rank)
+        records = self.records
+
+        def key(e: tuple[tuple[object, ...], str]) -> tuple[bool, int, int]:
+            spec = records[e[1]].spec
+            return (spec.kind is not JobKind.ONLINE, -spec.priority, rank.get(e[1], last))
+
+        return sorted(queue, key=key)
+
+    def view(self, now: float, rank: Mapping[str, int] | None = None) -> CycleView:
         ck = self.config.checkpoint
         running: dict[str, RunningView] = {}
         vacating: set[str] = set()
@@ -1215,7 +1351,7 @@ class Scheduler:
             PendingView(
                 r.spec, r.gpu_type, r.ready_s, ck.write_s(r.spec.state_gib_per_gpu), r.preemptions
             )
-            for r in self.visible(now)
+            for r in self.visible(now, rank)
             if r.job_id not in lent
         ]
         return CycleView(
@@ -1234,6 +1370,7 @@ class Scheduler:
             rng=self.rng,
             placement=self.placement,
             claims={c: frozenset(v) for c, v in self.claims.items()},
+            rank=rank,
         )
 
     def working(self) -> Iterator[tuple[JobRecord, Placement]]:
@@ -1311,3 +1448,8 @@ class Scheduler:
 
     def options(self, job: JobSpec) -> tuple[PoolOption, ...]:
         return stages.options_for(self, job)
+
+
+def _starts(plan: Sequence[Start | Preempt | Claim]) -> tuple[str, ...]:
+    """The jobs a plan starts, now or once their victims left, in plan order."""
+    return tuple(c.job_id for c in plan if not isinstance(c, Preempt))

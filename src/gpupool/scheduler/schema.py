@@ -21,6 +21,9 @@ from gpupool.core.calibration import CheckpointModel
 from gpupool.core.model import JobKind
 from gpupool.core.quota import QuotaWindow, TeamQuota, clock_s
 from gpupool.errors import SpecError
+from gpupool.learning.config import LearningConfig
+from gpupool.learning.guard import GuardConfig
+from gpupool.learning.ordering import LasQueues
 from gpupool.policies.cycle import CYCLE_POLICIES, PreemptionRules
 from gpupool.scheduler.config import (
     MODES,
@@ -67,6 +70,7 @@ SCHEDULING_KEYS: frozenset[str] = frozenset(
         "burst",
         "default_time_limit_h",
         "elastic",
+        "learning",
     }
 )
 """The top-level keys of the scheduling section (a scenario file has more around them)."""
@@ -91,6 +95,29 @@ PREEMPTION_KEYS: frozenset[str] = frozenset(
 
 SCENARIO_DEFAULTS = SchedulerConfig()
 """A scenario's defaults: `SchedulerConfig()` (the service passes its LIVE_DEFAULTS)."""
+
+LEARNING_KEYS: frozenset[str] = frozenset(
+    {
+        "mode",
+        "rule",
+        "weight",
+        "max_spread",
+        "retrain_every_s",
+        "predictor",
+        "guarded",
+        "seed",
+        "max_wait_s",
+        "guard",
+        "las_thresholds_gpu_s",
+    }
+)
+"""The `learning:` section (gpupool.learning.config.LearningConfig)."""
+
+GUARD_KEYS: frozenset[str] = frozenset(
+    {"window_jobs", "min_within_2x", "min_rank_corr", "recover_margin", "cold_start_s"}
+    | {"min_finished"}
+)
+"""`learning.guard:` (gpupool.learning.guard.GuardConfig)."""
 
 _SHARES = ("util_threshold", "reclaim_util")
 _MINUTES = ("sustain_min", "pending_sustain_min", "reclaim_sustain_min")
@@ -202,6 +229,7 @@ def parse_scheduling(
     burst = defaults.burst
     if "burst" in raw:
         burst = _burst(r, raw["burst"])
+    learning = _learning(r, raw.get("learning"), defaults.learning, policy, "learning" in raw)
     return dataclasses.replace(
         defaults,
         policy=policy,
@@ -263,7 +291,92 @@ def parse_scheduling(
         time_limit_s=_time_limits(r, raw["default_time_limit_h"])
         if "default_time_limit_h" in raw
         else defaults.time_limit_s,
+        learning=learning,
     )
+
+
+def _learning(
+    r: ConfigReader, raw: Any, d: LearningConfig, policy: str, given: bool
+) -> LearningConfig:
+    """The `learning:` section over `d`; `policy: learned` defaults its mode to shadow,
+    and a mode other than off needs `policy: learned`."""
+    m = r.section(raw, "learning", LEARNING_KEYS)
+    if not given and policy != "learned" and d.mode == "off":
+        return d
+    mode = m.get("mode", d.mode if d.mode != "off" or policy != "learned" else "shadow")
+    if policy == "learned" and mode not in ("shadow", "active"):
+        raise r.fail(
+            "learning.mode",
+            f"{mode!r}; policy learned runs in mode shadow (the rules decide and the learned "
+            "plan is recorded, the default) or active (the learned order decides, guarded)",
+        )
+    if policy != "learned" and mode != "off":
+        raise r.fail(
+            "learning.mode",
+            f"{mode!r} runs the learned policy; set policy: learned (policy is {policy})",
+        )
+    for key in ("rule", "predictor"):
+        if key in m and not isinstance(m[key], str):
+            raise r.fail(f"learning.{key}", f"expected a name, got {m[key]!r}")
+    g = r.section(m.get("guard"), "learning.guard", GUARD_KEYS)
+    dg = d.guard
+    las = d.las
+    if "las_thresholds_gpu_s" in m:
+        t = r.entries(m["las_thresholds_gpu_s"], "learning.las_thresholds_gpu_s", "GPU-seconds")
+        thresholds = tuple(
+            r.number(x, f"learning.las_thresholds_gpu_s[{k}]", positive=True)
+            for k, x in enumerate(t)
+        )
+        try:
+            las = LasQueues(thresholds)
+        except SpecError as err:
+            raise r.fail("learning.las_thresholds_gpu_s", str(err)) from None
+    wait = m.get("max_wait_s", d.max_wait_s)
+    try:
+        guard = GuardConfig(
+            window_jobs=r.integer(
+                g.get("window_jobs", dg.window_jobs), "learning.guard.window_jobs", 10
+            ),
+            min_within_2x=r.number(
+                g.get("min_within_2x", dg.min_within_2x), "learning.guard.min_within_2x"
+            ),
+            min_rank_corr=r.number(
+                g.get("min_rank_corr", dg.min_rank_corr), "learning.guard.min_rank_corr", low=-1.0
+            ),
+            recover_margin=r.number(
+                g.get("recover_margin", dg.recover_margin), "learning.guard.recover_margin"
+            ),
+            cold_start_s=r.number(
+                g.get("cold_start_s", dg.cold_start_s), "learning.guard.cold_start_s"
+            ),
+            min_finished=r.integer(
+                g.get("min_finished", dg.min_finished), "learning.guard.min_finished"
+            ),
+        )
+    except SpecError as err:
+        raise r.fail("learning.guard", str(err)) from None
+    try:
+        return LearningConfig(
+            mode=str(mode),
+            rule=str(m.get("rule", d.rule)),
+            weight=r.number(m.get("weight", d.weight), "learning.weight"),
+            max_spread=r.number(m.get("max_spread", d.max_spread), "learning.max_spread"),
+            retrain_every_s=r.number(
+                m.get("retrain_every_s", d.retrain_every_s),
+                "learning.retrain_every_s",
+                positive=True,
+            ),
+            predictor=str(m.get("predictor", d.predictor)),
+            guarded=r.flag(m.get("guarded", d.guarded), "learning.guarded"),
+            seed=r.integer(m.get("seed", d.seed), "learning.seed"),
+            guard=guard,
+            las=las,
+            max_wait_s=None
+            if wait is None
+            else r.number(wait, "learning.max_wait_s", positive=True),
+        )
+    except SpecError as err:
+        raise r.fail("learning", str(err)) from None
 
 
 def check_fleet(config: SchedulerConfig, pools: Mapping[str, int], path: str) -> None:

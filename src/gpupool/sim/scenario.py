@@ -64,6 +64,7 @@ from gpupool.scheduler import (
     Vacated,
     Wait,
 )
+from gpupool.scheduler.commands import LearnGuard, LearnShadow
 from gpupool.scheduler.events import CycleAt
 from gpupool.sim.energy_meter import EnergyMeter, HeatMap
 from gpupool.sim.generators import GenContext, build_workload, find_traces_dir
@@ -242,6 +243,8 @@ class ScenarioSim:
         self.recorded: list[Event | CycleAt] | None = None
         """When set, every event fed to the core is appended (parity tests)."""
         self.commands: list[tuple[float, Command]] | None = None
+        self.learn_records: list[LearnShadow | LearnGuard] = []
+        """The learned policy's records (shadow plans, guard changes): kept, not acted on."""
         self._setup_energy()
 
     def record_for_review(self, bucket_s: float = 3600.0) -> Recorder:
@@ -436,6 +439,8 @@ class ScenarioSim:
                 pass  # the core holds the job; the world has nothing to do
             elif isinstance(c, Scale):
                 self.scale_events.append((at, c))
+            elif isinstance(c, LearnShadow | LearnGuard):
+                self.learn_records.append(c)  # a record only: the world carries out nothing
         if capped or self.caps:
             self.apply_caps()
 

@@ -17,6 +17,7 @@ from gpupool.core.quota import QuotaWindow, TeamQuota
 from gpupool.errors import NotFoundError, SpecError
 from gpupool.federation import TOPOLOGY_KEYS
 from gpupool.federation.burst import BurstRules
+from gpupool.learning.config import LearningConfig
 from gpupool.policies.cycle import PreemptionRules
 from gpupool.scheduler.config import (
     ElasticConfig,
@@ -96,6 +97,7 @@ class ScenarioConfig:
     time_limit_s: Mapping[str, float] = field(default_factory=dict)
     elastic: ElasticConfig = field(default_factory=ElasticConfig)
     path: str = ""
+    learning: LearningConfig = field(default_factory=LearningConfig)
 
     def scheduler_config(self) -> SchedulerConfig:
         """The scheduling section: what the decision core reads."""
@@ -123,6 +125,7 @@ class ScenarioConfig:
             team_limits=self.team_limits,
             time_limit_s=self.time_limit_s,
             elastic=self.elastic,
+            learning=self.learning,
         )
 
     def pool(self, key: str) -> PoolSpec:
@@ -235,4 +238,5 @@ def parse_scenario(raw: Any, path: str = "<scenario>") -> ScenarioConfig:
         time_limit_s=sched.time_limit_s,
         elastic=sched.elastic,
         path=path,
+        learning=sched.learning,
     )
