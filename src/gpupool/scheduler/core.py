@@ -1308,14 +1308,9 @@ class Scheduler:
     def _ranked(
         self, queue: list[tuple[tuple[object, ...], str]], rank: Mapping[str, int]
     ) -> list[tuple[tuple[object, ...], str]]:
+        """A team's queue by the rank (its positions keep the priority classes apart)."""
         last = len(rank)
-        records = self.records
-
-        def key(e: tuple[tuple[object, ...], str]) -> tuple[bool, int, int]:
-            spec = records[e[1]].spec
-            return (spec.kind is not JobKind.ONLINE, -spec.priority, rank.get(e[1], last))
-
-        return sorted(queue, key=key)
+        return sorted(queue, key=lambda e: rank.get(e[1], last))
 
     def view(self, now: float, rank: Mapping[str, int] | None = None) -> CycleView:
         ck = self.config.checkpoint

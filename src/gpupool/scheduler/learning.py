@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
+from gpupool.core.model import JobKind
 from gpupool.errors import SpecError
 from gpupool.learning.baseline import RecentMedianPredictor
 from gpupool.learning.config import LearningConfig
 from gpupool.learning.history import JobFacts, Outcome
 from gpupool.learning.learned import Candidate, LearnedOrdering
+from gpupool.learning.ordering import preferential_merge
 from gpupool.learning.predictor import Predictor
 from gpupool.scheduler.commands import LearnGuard, LearnShadow
 from gpupool.scheduler.jobs import JobRecord
@@ -124,15 +126,18 @@ class CoreLearning:
             Candidate(r.job_id, r.done_s * r.spec.gpu_count, r.spec.submit_s) for r in records
         ]
         ordering = self.ordering
+        rule = ordering.rule_order(candidates)
+        use = rule
         shadow: list[str] | None = None
-        if self.mode == "active":
-            use = ordering.order(candidates)
-        else:
-            use = ordering.rule_order(candidates)
-            if self.mode == "shadow" and self.model_ready:
-                shadow = ordering.learned_order(candidates)
+        weight = self.config.weight
+        if self.mode == "active" and ordering.uses_model:  # ordering.order, rule sorted once
+            use = preferential_merge(ordering.predicted_order(candidates), rule, weight)
+        elif self.mode == "shadow" and self.model_ready:  # ordering.learned_order
+            shadow = preferential_merge(ordering.predicted_order(candidates), rule, weight)
         aged = self._aged(now_s, records)
-        return self._positions(use, aged), None if shadow is None else self._positions(shadow, aged)
+        classes = {r.job_id: (r.spec.kind is not JobKind.ONLINE, -r.spec.priority) for r in records}
+        learned = None if shadow is None else self._positions(shadow, aged, classes)
+        return self._positions(use, aged, classes), learned
 
     @property
     def model_ready(self) -> bool:
@@ -156,12 +161,16 @@ class CoreLearning:
         return [job_id for _, job_id in aged]
 
     @staticmethod
-    def _positions(order: Sequence[str], aged: Sequence[str]) -> dict[str, int]:
-        rank = {job_id: k for k, job_id in enumerate(aged)}
-        for job_id in order:
-            if job_id not in rank:
-                rank[job_id] = len(rank)
-        return rank
+    def _positions(
+        order: Sequence[str], aged: Sequence[str], classes: Mapping[str, tuple[bool, int]]
+    ) -> dict[str, int]:
+        """Positions by priority class (online first, then the priority number), then the
+        aged jobs, then the order: sorting by position alone keeps the classes apart."""
+        seen = set(aged)
+        ids = list(aged) + [job_id for job_id in order if job_id not in seen]
+        at = {job_id: k for k, job_id in enumerate(ids)}
+        ids.sort(key=lambda job_id: (classes[job_id], at[job_id]))
+        return {job_id: k for k, job_id in enumerate(ids)}
 
     # ---- shadow and mode -------------------------------------------------------------
     def shadow(
