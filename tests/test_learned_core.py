@@ -559,16 +559,16 @@ def scenario_run(policy: str, mode: str) -> ScenarioSim:
     return _RUNS[(policy, mode)]
 
 
+def decisions(sim: ScenarioSim) -> list[tuple[float, str, str]]:
+    return [
+        (t, type(c).__name__, c.job_id)
+        for t, c in sim.commands or []
+        if isinstance(c, Launch | Stop)
+    ]
+
+
 def test_the_shadow_scenario_carries_out_what_las_decides() -> None:
     shadow, las = scenario_run("learned", "shadow"), scenario_run("las", "off")
-
-    def decisions(sim: ScenarioSim) -> list[tuple[float, str, str]]:
-        return [
-            (t, type(c).__name__, c.job_id)
-            for t, c in sim.commands or []
-            if isinstance(c, Launch | Stop)
-        ]
-
     assert decisions(shadow) == decisions(las)
     assert any(isinstance(r, LearnShadow) for r in shadow.learn_records)
     assert not las.learn_records
@@ -582,5 +582,7 @@ def test_the_scenario_and_a_replay_of_its_events_agree(mode: str) -> None:
     assert kinds["LearnGuard"] > 0 and kinds["Launch"] > 100
     if mode == "shadow":
         assert kinds["LearnShadow"] > 0 and sim.learn_records
+    else:  # the model was trusted for a while: its order decided then
+        assert decisions(sim) != decisions(scenario_run("las", "off"))
     fresh = sim.new_core()
     assert replay(fresh, sim.recorded) == sim.commands
