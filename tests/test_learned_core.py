@@ -525,20 +525,29 @@ def test_the_core_refuses_a_learning_mode_without_the_learned_policy() -> None:
 
 
 def test_a_restarted_core_is_seeded_with_finished_jobs() -> None:
+    """A restarted service preloads its finished jobs: the default predictor (LightGBM,
+    100 rows before a first model) trains on them at the first cycle."""
     sched = core("learned", learning(mode="shadow"))
     outcomes = [
-        Outcome(JobFacts(f"h{i}", 100.0 * i, 1, "a", MODEL, "resnet"), 100.0 * i + 50, 50.0)
-        for i in range(25)
+        Outcome(
+            JobFacts(f"h{i}", 100.0 * i, 1 + i % 4, "a", MODEL, ("resnet", "bert")[i % 2]),
+            100.0 * i + 50,
+            600.0 * (1 + i % 4) * (1 + i % 2),
+        )
+        for i in range(120)
     ]
-    assert sched.learning_seed(outcomes) == 25
+    assert sched.learning_seed(outcomes) == 120
     status = sched.learning_status()
     assert status is not None
-    assert status["finished_seen"] == 25 and status["mode"] == "shadow"
-    assert status["agreement"] is None  # no shadow cycle yet
-    # a job submitted before the last seeded one (a restored job) is still taken
-    sched.submit(job("late", 10.0, 100.0), 3_000.0)
-    sched.cycle(3_000.0)
-    assert sched.learning_status()["model"] is not None  # type: ignore[index]
+    assert status["finished_seen"] == 120 and status["mode"] == "shadow"
+    assert status["agreement"] is None and status["model"] is None  # no cycle yet
+    # a job restored or submitted with a submit before the last seeded one is still taken
+    sched.submit(job("late", 10.0, 100.0), 13_000.0)
+    sched.cycle(13_000.0)
+    status = sched.learning_status()
+    assert status is not None and status["submits_seen"] == 121
+    model = status["model"]
+    assert isinstance(model, dict) and model["kind"] == "lightgbm" and model["rows"] == 120
 
 
 # ---- the scenario simulator ---------------------------------------------------------------

@@ -17,8 +17,8 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from gpupool.core.model import JobKind
 from gpupool.errors import SpecError
-from gpupool.learning.baseline import RecentMedianPredictor
 from gpupool.learning.config import LearningConfig
+from gpupool.learning.factory import make_predictor
 from gpupool.learning.history import JobFacts, Outcome
 from gpupool.learning.learned import Candidate, LearnedOrdering
 from gpupool.learning.ordering import preferential_merge
@@ -30,8 +30,9 @@ LEARNED_MODES = ("shadow", "active")
 
 
 def default_predictor(config: LearningConfig) -> Predictor:
-    """The predictor the learned policy uses when the driver gives none."""
-    return RecentMedianPredictor(retrain_every_s=config.retrain_every_s)
+    """The predictor the learned policy uses when the driver gives none: the one
+    `learning.predictor` names, with the driver's time 0 as its clock origin."""
+    return make_predictor(config)
 
 
 class CoreLearning:
