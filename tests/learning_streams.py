@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from gpupool.learning.guard import GuardChange
 from gpupool.learning.history import History, JobFacts, Outcome
 from gpupool.learning.learned import LearnedOrdering
+from gpupool.learning.predictor import Prediction
 
 TEAM_BASE_S = {"t0": 60.0, "t1": 600.0, "t2": 6_000.0, "t3": 200.0, "t4": 2_000.0, "t5": 20_000.0}
 """Each team's typical run time: the signal a predictor can learn (three decades)."""
@@ -104,11 +105,14 @@ def online(jobs: Sequence[Job], at_submit: Callable[[Job, History], None]) -> Hi
 
 
 def drive(
-    ordering: LearnedOrdering, jobs: Sequence[Job], tick_every_s: float = 3_600.0
+    ordering: LearnedOrdering,
+    jobs: Sequence[Job],
+    tick_every_s: float = 3_600.0,
+    made: list[tuple[str, Prediction | None]] | None = None,
 ) -> list[GuardChange]:
     """Run a LearnedOrdering through the jobs as a driver would: finishes at or before each
-    moment first, a tick at least every `tick_every_s` and at each submit, then the submit.
-    Returns the guard's changes."""
+    moment first, a tick at least every `tick_every_s` and at each submit, then the submit
+    (its prediction appended to `made`). Returns the guard's changes."""
     changes: list[GuardChange] = []
     pending: list[tuple[float, str, Job]] = []
     clock = 0.0
@@ -129,7 +133,9 @@ def drive(
 
     for j in sorted(jobs, key=lambda x: (x.facts.submit_s, x.facts.job_id)):
         advance(j.facts.submit_s)
-        ordering.submitted(j.facts)
+        prediction = ordering.submitted(j.facts)
+        if made is not None:
+            made.append((j.facts.job_id, prediction))
         heapq.heappush(pending, (j.finish_s, j.facts.job_id, j))
     if pending:
         advance(max(p[0] for p in pending))

@@ -205,3 +205,22 @@ def _median(values: list[float]) -> float:
 
 def _mean(values: list[float]) -> float:
     return math.fsum(values) / len(values) if values else math.nan
+
+
+BASELINE_ORDER: tuple[str, ...] = (
+    "name_median_log",
+    "gpus_median_log",
+    "team_median_log",
+    "cluster_median_log",
+)
+"""Where a job's baseline comes from: the most specific recent median it has."""
+_BASELINE_COLUMNS = tuple(FEATURE_NAMES.index(c) for c in BASELINE_ORDER)
+
+
+def baseline_log(x: np.ndarray) -> np.ndarray:
+    """Per row of a feature matrix: the first of `BASELINE_ORDER` that is known, else NaN."""
+    out = np.full(x.shape[0], np.nan)
+    for col in reversed(_BASELINE_COLUMNS):
+        v = x[:, col]
+        out = np.where(np.isnan(v), out, v)
+    return out

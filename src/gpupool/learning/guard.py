@@ -72,16 +72,15 @@ def spearman(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def _ranks(x: np.ndarray) -> np.ndarray:
+    """Ranks from 0, equal values sharing the average of their ranks."""
     order = np.argsort(x, kind="stable")
-    ranks = np.empty(x.size, dtype=np.float64)
-    ranks[order] = np.arange(x.size, dtype=np.float64)
-    # average the ranks of equal values
     sorted_x = x[order]
-    starts = np.flatnonzero(np.r_[True, sorted_x[1:] != sorted_x[:-1]])
+    first = np.r_[True, sorted_x[1:] != sorted_x[:-1]]
+    starts = np.flatnonzero(first)
     ends = np.r_[starts[1:], x.size]
-    for s, e in zip(starts, ends, strict=True):
-        if e - s > 1:
-            ranks[order[s:e]] = (s + e - 1) / 2.0
+    average = (starts + ends - 1) / 2.0
+    ranks = np.empty(x.size, dtype=np.float64)
+    ranks[order] = average[np.cumsum(first) - 1]
     return ranks
 
 

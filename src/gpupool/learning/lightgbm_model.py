@@ -24,6 +24,7 @@ from gpupool.learning.features import (
     FeatureConfig,
     FeatureIndex,
     Vocabulary,
+    baseline_log,
     log_gpu_s,
 )
 from gpupool.learning.history import History, JobFacts
@@ -44,6 +45,10 @@ class LightGbmSettings:
     num_leaves: int = 15
     min_data_in_leaf: int = 20
     seed: int = 0
+    relative: bool = True
+    """Learn log GPU-time relative to the job's baseline (`features.baseline_log`: the
+    recent median of jobs alike), so a level shift between retrains is tracked by the
+    baseline and the trees learn the corrections; False: learn the level itself."""
     features: FeatureConfig = field(default_factory=FeatureConfig)
 
     def __post_init__(self) -> None:
@@ -65,6 +70,13 @@ class LightGbmPredictor:
         self._info: ModelInfo | None = None
         self._vocab = Vocabulary()
         self._boosters: tuple[lightgbm.Booster, ...] = ()
+        self._fallback_log = 0.0
+
+    def _baseline(self, x: np.ndarray) -> np.ndarray:
+        if not self.settings.relative:
+            return np.zeros(x.shape[0])
+        base = baseline_log(x)
+        return np.where(np.isnan(base), self._fallback_log, base)
 
     @property
     def info(self) -> ModelInfo | None:
@@ -100,6 +112,9 @@ class LightGbmPredictor:
         vocab = Vocabulary.from_facts(facts, s.features.min_category_count)
         x = self.index.matrix(facts, history, vocab)
         y = np.asarray([log_gpu_s(o.gpu_time_s) for o in rows], dtype=np.float64)
+        self._fallback_log = float(np.median(y))
+        if s.relative:
+            y = y - self._baseline(x)
         boosters = []
         for alpha in ALPHAS:
             data = lightgbm.Dataset(
@@ -127,7 +142,10 @@ class LightGbmPredictor:
         if self._info is None:
             return None
         x = self.features(facts, history)
-        logs = sorted(float(np.asarray(b.predict(x, num_threads=1))[0]) for b in self._boosters)
+        base = float(self._baseline(x)[0])
+        logs = sorted(
+            base + float(np.asarray(b.predict(x, num_threads=1))[0]) for b in self._boosters
+        )
         q10, q50, q90 = (math.exp(v) for v in logs)  # sorted: quantiles never cross
         return Prediction(q10, q50, q90, self._info.version)
 

@@ -105,7 +105,8 @@ def preferential_merge(predicted: Sequence[str], rule: Sequence[str], weight: fl
     taken: set[str] = set()
     members = set(rule)
     p = r = 0
-    credit = 1.0 - weight  # a weight of one half or more picks from the prediction first
+    credit = 0.5  # rounds: a weight of one half or more picks from the prediction first,
+    # a weight of 0 never does
     while len(out) < len(members):
         credit += weight
         use_predicted = credit >= 1.0 - 1e-12 and p < len(predicted)

@@ -1,0 +1,187 @@
+"""The orders: 2D-LAS queues, the Gittins index, the preferential round-robin, and the
+learned ordering that uses a good model and refuses a wrong one."""
+
+from __future__ import annotations
+
+import random
+import struct
+from dataclasses import dataclass
+
+import pytest
+
+from gpupool.errors import SpecError
+from gpupool.learning.config import LearningConfig
+from gpupool.learning.faults import InvertedPredictor, ShuffledPredictor
+from gpupool.learning.guard import GuardConfig, GuardState
+from gpupool.learning.learned import Candidate, LearnedOrdering
+from gpupool.learning.lightgbm_model import LightGbmPredictor, LightGbmSettings
+from gpupool.learning.ordering import GittinsIndex, LasQueues, preferential_merge
+from gpupool.learning.predictor import Prediction, Predictor
+from learning_streams import drive, stream
+
+DAY = 86_400.0
+GUARD = GuardConfig(window_jobs=100, cold_start_s=2 * DAY, min_finished=100)
+SETTINGS = LightGbmSettings(min_rows=100, num_boost_round=30, retrain_every_s=2 * DAY)
+
+
+# ---- 2D-LAS ------------------------------------------------------------------------------
+def test_las_queues_by_attained_service_then_arrival() -> None:
+    las = LasQueues((3_600.0, 36_000.0))
+    assert [las.queue(x) for x in (0.0, 3_599.9, 3_600.0, 35_999.0, 36_000.0, 1e9)] == [
+        0,
+        0,
+        1,
+        1,
+        2,
+        2,
+    ]
+    assert las.next_threshold(0.0) == 3_600.0
+    assert las.next_threshold(3_600.0) == 36_000.0
+    assert las.next_threshold(50_000.0) is None
+    jobs = [("late-short", 10.0, 50.0), ("early-long", 4_000.0, 1.0), ("early-short", 5.0, 2.0)]
+    order = sorted(jobs, key=lambda j: las.key(j[1], j[2], j[0]))
+    assert [j[0] for j in order] == ["early-short", "late-short", "early-long"]
+    with pytest.raises(SpecError, match="ascending"):
+        LasQueues((10.0, 5.0))
+
+
+# ---- 2D-Gittins --------------------------------------------------------------------------
+def _gittins_brute(sample: list[float], a: float) -> float:
+    """max over every quantum D of P(S - a <= D | S > a) / E[min(S - a, D) | S > a]."""
+    alive = [x - a for x in sample if x > a]
+    if not alive:
+        return 0.0
+    best = 0.0
+    for d in alive:
+        done = sum(1 for g in alive if g <= d) / len(alive)
+        spent = sum(min(g, d) for g in alive) / len(alive)
+        best = max(best, done / spent)
+    return best
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_gittins_index_matches_a_brute_force_computation(seed: int) -> None:
+    rng = random.Random(seed)
+    sample = [round(10 ** rng.uniform(0, 5)) for _ in range(150)]  # integers: some ties
+    index = GittinsIndex(sample, per_decade=10)
+    for attained in (0.0, 0.5, 3.0, 47.0, 1_000.0, 12_345.0, 99_999.0, 1e7):
+        step = index._step(attained)
+        grid = 0.0 if step < 0 else 10.0 ** (step / 10)
+        assert index.index(attained) == pytest.approx(_gittins_brute(sample, grid), rel=1e-9)
+    assert index.index(1e7) == 0.0  # older than every job seen: served last
+
+
+def test_gittins_serves_the_likely_to_finish_soon_first() -> None:
+    # most jobs are short (100 GPU-s), a few are very long: a job past 100 s is likely long
+    index = GittinsIndex([100.0] * 90 + [100_000.0] * 10)
+    fresh = index.key(0.0, 5.0, "fresh")
+    old = index.key(200.0, 1.0, "old")
+    assert fresh < old
+
+
+# ---- preferential round-robin ------------------------------------------------------------
+def test_preferential_merge_is_a_permutation_of_the_rule_order() -> None:
+    rng = random.Random(3)
+    for _ in range(200):
+        rule = [f"j{i}" for i in range(rng.randrange(0, 15))]
+        rng.shuffle(rule)
+        predicted = [*rng.sample(rule, rng.randrange(0, len(rule) + 1)), "stranger"]
+        predicted += predicted[:2]  # repeats are ignored
+        rng.shuffle(predicted)
+        for weight in (0.0, 0.2, 0.5, 0.75, 1.0):
+            out = preferential_merge(predicted, rule, weight)
+            assert sorted(out) == sorted(rule)
+
+
+def test_preferential_merge_weight_zero_is_the_rule_one_is_predicted_first() -> None:
+    rule = ["a", "b", "c", "d", "e"]
+    predicted = ["e", "c"]
+    assert preferential_merge(predicted, rule, 0.0) == rule
+    assert preferential_merge(predicted, rule, 1.0) == ["e", "c", "a", "b", "d"]
+    assert preferential_merge(predicted, rule, 0.5) == ["e", "a", "c", "b", "d"]
+    with pytest.raises(SpecError, match="weight"):
+        preferential_merge(predicted, rule, 1.5)
+
+
+# ---- the learned ordering ----------------------------------------------------------------
+@dataclass
+class Run:
+    ordering: LearnedOrdering
+    made: list[tuple[str, Prediction | None]]
+    candidates: list[Candidate]
+    """Forty jobs submitted after the trace, all waiting at once."""
+
+
+def _run(make: str, guarded: bool = True) -> Run:
+    inner = LightGbmPredictor(SETTINGS)
+    predictors: dict[str, Predictor] = {
+        "good": inner,
+        "shuffled": ShuffledPredictor(inner, seed=1),
+        "inverted": InvertedPredictor(inner),
+    }
+    config = LearningConfig(mode="active", retrain_every_s=2 * DAY, guard=GUARD, guarded=guarded)
+    ordering = LearnedOrdering(config, predictors[make])
+    made: list[tuple[str, Prediction | None]] = []
+    drive(ordering, stream(1_000, seed=21), made=made)
+    waiting = stream(40, seed=99, start_s=ordering.history.now_s, first_id=10_000)
+    for j in waiting:
+        ordering.submitted(j.facts)
+    cands = [Candidate(j.facts.job_id, 0.0, j.facts.submit_s) for j in waiting]
+    return Run(ordering, made, cands)
+
+
+@pytest.fixture(scope="module")
+def runs() -> dict[str, Run]:
+    return {
+        "good": _run("good"),
+        "shuffled": _run("shuffled"),
+        "inverted": _run("inverted"),
+        "unguarded-inverted": _run("inverted", guarded=False),
+    }
+
+
+def test_a_good_model_is_trusted_and_its_order_is_used(runs: dict[str, Run]) -> None:
+    good, cands = runs["good"].ordering, runs["good"].candidates
+    assert [c.after for c in good.guard.changes][:1] == [GuardState.TRUSTED]
+    assert good.guard.state is GuardState.TRUSTED and good.uses_model
+    predicted = good.predicted_order(cands)
+    assert len(predicted) > 10
+    assert good.order(cands) == preferential_merge(predicted, good.rule_order(cands), 0.75)
+    assert good.order(cands) != good.rule_order(cands)
+
+
+@pytest.mark.parametrize("wrong", ["shuffled", "inverted"])
+def test_a_wrong_model_is_never_trusted(runs: dict[str, Run], wrong: str) -> None:
+    ordering, cands = runs[wrong].ordering, runs[wrong].candidates
+    assert ordering.predictor is not None and ordering.predictor.info is not None
+    assert ordering.guard.changes, "the guard judged the model"
+    assert all(c.after is not GuardState.TRUSTED for c in ordering.guard.changes)
+    assert ordering.guard.state is GuardState.FALLBACK and not ordering.uses_model
+    assert ordering.guard.changes[0].reason.startswith("model not good enough yet: ")
+    assert ordering.order(cands) == ordering.rule_order(cands)
+    assert ordering.learned_order(cands) != ordering.rule_order(cands)  # what shadow shows
+
+
+def test_unguarded_the_wrong_model_decides(runs: dict[str, Run]) -> None:
+    ordering, cands = runs["unguarded-inverted"].ordering, runs["unguarded-inverted"].candidates
+    assert ordering.uses_model
+    assert ordering.order(cands) != ordering.rule_order(cands)
+
+
+def test_same_events_give_the_same_predictions_and_orders_byte_for_byte(
+    runs: dict[str, Run],
+) -> None:
+    first, again = runs["good"], _run("good")
+
+    def packed(run: Run) -> bytes:
+        return b"".join(
+            job_id.encode() + struct.pack("<3di", p.q10_gpu_s, p.q50_gpu_s, p.q90_gpu_s, p.version)
+            for job_id, p in run.made
+            if p is not None
+        )
+
+    assert packed(again) == packed(first)
+    assert sum(p is not None for _, p in first.made) > 800
+    assert again.ordering.retrains == first.ordering.retrains
+    assert again.ordering.guard.changes == first.ordering.guard.changes
+    assert again.ordering.order(again.candidates) == first.ordering.order(first.candidates)
