@@ -9,6 +9,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -21,6 +22,9 @@ from gpupool.policies import cycle_names, placement_names, queue_names
 from gpupool.progress import ProgressBar
 from gpupool.report_cli import add_report_parser, run_report
 from gpupool.reports.table import render
+
+if TYPE_CHECKING:
+    from gpupool.learning.config import LearningConfig
 from gpupool.sim.experiments import (
     DEFAULT_NODES,
     DEFAULT_PODS,
@@ -378,6 +382,16 @@ def _h(value: object) -> object:
     return "-" if value is None else value
 
 
+def _learning_for(learning: LearningConfig, policy: str) -> LearningConfig:
+    """A policy given on the command line: `learned` runs in the file's learning mode
+    (shadow when it has none), any other policy with learning off."""
+    from dataclasses import replace
+
+    if policy != "learned":
+        return replace(learning, mode="off")
+    return learning if learning.mode != "off" else replace(learning, mode="shadow")
+
+
 def cmd_scenario(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
@@ -396,7 +410,14 @@ def cmd_scenario(args: argparse.Namespace) -> int:
         base = load_scenario(path)
         for name in overrides:
             configs.append(
-                base if name is None else replace(base, policy=name, name=f"{base.name}/{name}")
+                base
+                if name is None
+                else replace(
+                    base,
+                    policy=name,
+                    name=f"{base.name}/{name}",
+                    learning=_learning_for(base.learning, name),
+                )
             )
     if (args.log or args.jobs_csv) and len(configs) > 1:
         raise SpecError("--log and --jobs-csv take one scenario run at a time")
