@@ -35,6 +35,7 @@ from gpupool.scheduler.commands import Command, Launch, LearnGuard, LearnShadow,
 from gpupool.scheduler.config import SchedulerConfig
 from gpupool.scheduler.events import Finished, Requeue, Submitted, Vacated
 from gpupool.scheduler.schema import parse_scheduling
+from gpupool.scheduler.waiting import explain_all
 from gpupool.sim.eventsim import replay
 from gpupool.sim.generators import GenContext, build_workload
 from gpupool.sim.scenario import ScenarioSim
@@ -274,7 +275,7 @@ def short_after_long(policy: str, mode: str = "active") -> World:
     """After the warm-up, a blocker holds the one GPU; a long job arrives, then a short
     one; when the blocker ends one of them gets the GPU."""
     t0 = 20_000.0
-    probe = [job("B", t0, 600.0), job("L", t0 + 10, 20_000.0), job("S", t0 + 20, 400.0)]
+    probe = [job("B", t0, 600.0), job("L", t0 + 100, 20_000.0), job("S", t0 + 110, 400.0)]
     jobs = WARM + probe
     learn = learning(mode=mode) if policy == "learned" else None
     world = World(core(policy, learn, TablePredictor(gpu_time(jobs))))
@@ -287,10 +288,28 @@ def short_after_long(policy: str, mode: str = "active") -> World:
 def test_active_with_a_good_model_starts_the_short_job_first() -> None:
     learned, las = short_after_long("learned"), short_after_long("las")
     assert learned.core.learning_status()["guard"] == "trusted"  # type: ignore[index]
+    for world in (learned, las):  # the blocker ran first, the other two waited for it
+        assert first_start(world, "B") < min(first_start(world, "S"), first_start(world, "L"))
     assert first_start(learned, "S") < first_start(learned, "L")
     assert first_start(las, "L") < first_start(las, "S")  # the rule: first come in queue 0
     trusted = [g for g in learned.of(LearnGuard) if isinstance(g, LearnGuard)]
     assert trusted and trusted[0].state == "trusted" and "within 2x" in trusted[0].reason
+
+
+def test_a_waiting_job_is_told_it_waits_behind_the_job_the_order_puts_first() -> None:
+    """While the blocker runs, the long job waits behind the short one in the learned
+    order (and its reason says so), though it came first."""
+    t0 = 20_000.0
+    probe = [job("B", t0, 600.0), job("L", t0 + 100, 20_000.0), job("S", t0 + 110, 400.0)]
+    jobs = WARM + probe
+    world = World(core("learned", learning(mode="active"), TablePredictor(gpu_time(jobs))))
+    for j in jobs:
+        world.submit(j)
+    world.go(horizon_s=10 * 86_400.0, until_s=t0 + 300)
+    reasons = explain_all(world.core, t0 + 300)
+    assert reasons["L"].code == "Priority"
+    assert "ahead in the learned order (first: S)" in reasons["L"].sentence
+    assert "B" in world.starts and "S" not in world.starts and "L" not in world.starts
 
 
 def test_shadow_decisions_never_reach_the_executor() -> None:
@@ -347,7 +366,7 @@ def test_the_guard_falls_back_with_its_sentence_and_the_rule_order_returns() -> 
     long one runs first again, as 2D-LAS has it (the inverted model would run the long)."""
     flip, t0 = 10_000.0, 40_000.0
     drifted = [job(f"d{i}", flip + 10.0 * i, 300.0 + 97.0 * (i % 7)) for i in range(14)]
-    probe = [job("B", t0, 600.0), job("S", t0 + 10, 400.0), job("L", t0 + 20, 20_000.0)]
+    probe = [job("B", t0, 600.0), job("S", t0 + 100, 400.0), job("L", t0 + 110, 20_000.0)]
     jobs = WARM + drifted + probe
     world = World(core("learned", learning(mode="active"), DriftingPredictor(gpu_time(jobs), flip)))
     for j in jobs:

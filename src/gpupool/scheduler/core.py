@@ -180,6 +180,8 @@ class Scheduler:
             )
         self.progress_s = 0.0
         """When the driver last measured progress (Progress)."""
+        self.rank: dict[str, int] | None = None
+        """The order in use at the ordered policy's last plan (waiting jobs' reasons)."""
         multi_site = len({n.cluster for n in cluster.nodes}) > 1
         self.node_pool = (
             list(node_pool)
@@ -759,6 +761,7 @@ class Scheduler:
             return
         waiting = [self.records[job_id] for q in self.queues.by_team.values() for _, job_id in q]
         use, learned = lg.ranks(now, waiting)
+        self.rank = use
         rng = copy.deepcopy(self.rng) if shadow and learned is not None else None
         plan = self.policy.plan(self.view(now, use))
         if rng is not None and learned is not None:

@@ -188,7 +188,11 @@ def _front(core: Scheduler) -> dict[str, tuple[int, str]]:
     groups = core.queues.by_team if core.team_nodes is not None else core.queues.by_pool
     one_pool = core.team_nodes is None or len(core.pool_nodes) == 1
     out: dict[str, tuple[int, str]] = {}
+    rank = core.rank  # an ordered policy's order at its last plan (None: the queue's)
     for queue in groups.values():
+        if rank is not None:
+            last = len(rank)
+            queue = sorted(queue, key=lambda e: rank.get(e[1], last))
         seen: dict[str, int] = {}
         head: dict[str, str] = {}
         for _, job_id in queue:
@@ -269,9 +273,12 @@ def _behind(core: Scheduler, r: JobRecord, ahead: int, head: str | None, exact: 
     )
     many = f"{ahead} waiting job{'s' if ahead != 1 else ''}"
     first = f" (first: {head})" if head is not None else ""
+    why = "waiting longer"
+    if core.learning is not None:  # an ordered policy: its order, not age, within a class
+        why = f"ahead in the {core.config.policy} order"
     return (
         f"behind {many if exact else 'at least ' + many} for {where} "
-        f"with higher priority or waiting longer{first}"
+        f"with higher priority or {why}{first}"
     )
 
 
