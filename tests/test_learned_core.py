@@ -296,6 +296,22 @@ def test_active_with_a_good_model_starts_the_short_job_first() -> None:
     assert trusted and trusted[0].state == "trusted" and "within 2x" in trusted[0].reason
 
 
+def test_the_order_also_picks_which_waiting_jobs_a_cycle_looks_at() -> None:
+    """The cycle sees two waiting jobs per team (queue_depth 2); the short job is sixth in
+    its team's queue by age, and still the next to start under the learned order."""
+    t0 = 20_000.0
+    longs = [job(f"L{i}", t0 + 100 + i, 20_000.0) for i in range(5)]
+    probe = [job("B", t0, 600.0), *longs, job("S", t0 + 110, 400.0)]
+    jobs = WARM + probe
+    world = World(
+        core("learned", learning(mode="active"), TablePredictor(gpu_time(jobs)), queue_depth=2)
+    )
+    for j in jobs:
+        world.submit(j)
+    world.go(horizon_s=30 * 86_400.0)
+    assert first_start(world, "S") < min(first_start(world, j.job_id) for j in longs)
+
+
 def test_a_waiting_job_is_told_it_waits_behind_the_job_the_order_puts_first() -> None:
     """While the blocker runs, the long job waits behind the short one in the learned
     order (and its reason says so), though it came first."""
