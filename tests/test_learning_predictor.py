@@ -305,3 +305,16 @@ def test_factory_makes_each_named_predictor_and_the_config_rejects_others() -> N
     assert inner.inner.settings.seed == 4 and inner.inner.index.origin_s == 10.0
     with pytest.raises(SpecError, match=r"learning\.predictor must be one of"):
         LearningConfig(predictor="oracle")
+
+
+def test_rounds_are_chosen_on_the_newest_rows_so_noise_keeps_few() -> None:
+    noise = stream(700, seed=13, base=lambda team, gpus: 1_000.0 / gpus)  # GPU-time: noise
+    signal = stream(700, seed=13)
+    t = noise[-1].facts.submit_s
+    kept = {}
+    for name, jobs, share in (("noise", noise, 0.2), ("signal", signal, 0.2), ("all", noise, 0.0)):
+        p = LightGbmPredictor(LightGbmSettings(num_boost_round=150, validation_share=share))
+        p.retrain(full_history(jobs), t)
+        kept[name] = p._boosters[1].num_trees()  # the median's model
+    assert kept["all"] == 150
+    assert kept["noise"] * 3 < kept["all"] and kept["noise"] * 2 < kept["signal"], kept

@@ -45,6 +45,10 @@ class LightGbmSettings:
     num_leaves: int = 15
     min_data_in_leaf: int = 20
     seed: int = 0
+    validation_share: float = 0.2
+    """The newest share of the training rows the number of rounds is chosen on (0: always
+    `num_boost_round`)."""
+    early_stopping_rounds: int = 20
     relative: bool = True
     """Learn log GPU-time relative to the job's baseline (`features.baseline_log`: the
     recent median of jobs alike), so a level shift between retrains is tracked by the
@@ -59,6 +63,8 @@ class LightGbmSettings:
                 f"min_rows must be at least 2 and max_rows at least min_rows, got "
                 f"{self.min_rows} and {self.max_rows}"
             )
+        if not 0.0 <= self.validation_share < 1.0:
+            raise SpecError(f"validation_share must be in [0, 1), got {self.validation_share}")
         if self.num_boost_round < 1 or self.num_leaves < 2 or self.min_data_in_leaf < 1:
             raise SpecError("num_boost_round, num_leaves and min_data_in_leaf must be positive")
 
@@ -102,6 +108,37 @@ class LightGbmPredictor:
             "verbosity": -1,
         }
 
+    def _dataset(self, x: np.ndarray, y: np.ndarray) -> lightgbm.Dataset:
+        return lightgbm.Dataset(
+            x,
+            label=y,
+            feature_name=list(FEATURE_NAMES),
+            categorical_feature=list(CATEGORICAL_COLUMNS),
+            params={"verbosity": -1, "seed": self.settings.seed, "deterministic": True},
+            free_raw_data=True,
+        )
+
+    def _fit(self, alpha: float, x: np.ndarray, y: np.ndarray) -> lightgbm.Booster:
+        """Rounds chosen on the most recent `validation_share` of the rows (trained on the
+        older ones), then a model of that many rounds on all rows: where the features do
+        not carry over to newer jobs, few rounds are kept and the baseline decides."""
+        s = self.settings
+        params = self._params(alpha)
+        rounds = s.num_boost_round
+        cut = int(len(y) * (1.0 - s.validation_share))
+        if s.validation_share > 0 and len(y) - cut >= 20 and cut >= s.min_data_in_leaf * 2:
+            train = self._dataset(x[:cut], y[:cut])
+            valid = lightgbm.Dataset(x[cut:], label=y[cut:], reference=train)
+            probe = lightgbm.train(
+                params,
+                train,
+                num_boost_round=s.num_boost_round,
+                valid_sets=[valid],
+                callbacks=[lightgbm.early_stopping(s.early_stopping_rounds, verbose=False)],
+            )
+            rounds = max(1, probe.best_iteration)
+        return lightgbm.train(params, self._dataset(x, y), num_boost_round=rounds)
+
     def retrain(self, history: History, now_s: float) -> ModelInfo | None:
         s = self.settings
         known = history.finished_by(now_s)
@@ -115,19 +152,7 @@ class LightGbmPredictor:
         self._fallback_log = float(np.median(y))
         if s.relative:
             y = y - self._baseline(x)
-        boosters = []
-        for alpha in ALPHAS:
-            data = lightgbm.Dataset(
-                x,
-                label=y,
-                feature_name=list(FEATURE_NAMES),
-                categorical_feature=list(CATEGORICAL_COLUMNS),
-                params={"verbosity": -1, "seed": s.seed, "deterministic": True},
-                free_raw_data=True,
-            )
-            boosters.append(
-                lightgbm.train(self._params(alpha), data, num_boost_round=s.num_boost_round)
-            )
+        boosters = [self._fit(alpha, x, y) for alpha in ALPHAS]
         self._boosters = tuple(boosters)
         self._vocab = vocab
         version = 1 if self._info is None else self._info.version + 1
