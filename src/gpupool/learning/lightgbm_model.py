@@ -4,8 +4,11 @@ Trained on the outcomes that finished by the moment of training (at most the mos
 `max_rows`), each with its features as of its own submit (`features.FeatureIndex`), so
 neither training nor prediction sees a duration before the job ended. Retrained on a
 schedule (weekly by default), versioned; no model before `min_rows` finished jobs.
-Deterministic: one thread, a fixed seed, row-wise histograms, LightGBM's deterministic
-mode, so the same history gives the same model and the same predictions byte for byte.
+The label is log GPU-time relative to the job's baseline (the most specific recent median
+it has), and the number of boosting rounds is chosen on the newest training rows, so the
+trees add only the corrections that carried over to newer jobs. Deterministic: one
+thread, a fixed seed, row-wise histograms, LightGBM's deterministic mode, so the same
+history gives the same model and the same predictions byte for byte.
 """
 
 from __future__ import annotations
