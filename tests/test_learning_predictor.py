@@ -313,7 +313,15 @@ def test_rounds_are_chosen_on_the_newest_rows_so_noise_keeps_few() -> None:
     t = noise[-1].facts.submit_s
     kept = {}
     for name, jobs, share in (("noise", noise, 0.2), ("signal", signal, 0.2), ("all", noise, 0.0)):
-        p = LightGbmPredictor(LightGbmSettings(num_boost_round=150, validation_share=share))
+        p = LightGbmPredictor(
+            LightGbmSettings(
+                num_boost_round=150,
+                validation_share=share,
+                num_leaves=15,
+                min_data_in_leaf=20,
+                lambda_l2=0.0,
+            )
+        )
         p.retrain(full_history(jobs), t)
         kept[name] = p._boosters[1].num_trees()  # the median's model
     assert kept["all"] == 150

@@ -45,8 +45,9 @@ class LightGbmSettings:
     """Training rows: the most recent finished jobs."""
     num_boost_round: int = 150
     learning_rate: float = 0.05
-    num_leaves: int = 15
-    min_data_in_leaf: int = 20
+    num_leaves: int = 7
+    min_data_in_leaf: int = 100
+    lambda_l2: float = 10.0
     seed: int = 0
     validation_share: float = 0.2
     """The newest share of the training rows the number of rounds is chosen on (0: always
@@ -66,6 +67,8 @@ class LightGbmSettings:
                 f"min_rows must be at least 2 and max_rows at least min_rows, got "
                 f"{self.min_rows} and {self.max_rows}"
             )
+        if self.lambda_l2 < 0:
+            raise SpecError(f"lambda_l2 must be >= 0, got {self.lambda_l2}")
         if not 0.0 <= self.validation_share < 1.0:
             raise SpecError(f"validation_share must be in [0, 1), got {self.validation_share}")
         if self.num_boost_round < 1 or self.num_leaves < 2 or self.min_data_in_leaf < 1:
@@ -104,6 +107,7 @@ class LightGbmPredictor:
             "learning_rate": s.learning_rate,
             "num_leaves": s.num_leaves,
             "min_data_in_leaf": s.min_data_in_leaf,
+            "lambda_l2": s.lambda_l2,
             "seed": s.seed,
             "deterministic": True,
             "force_row_wise": True,
@@ -129,7 +133,7 @@ class LightGbmPredictor:
         params = self._params(alpha)
         rounds = s.num_boost_round
         cut = int(len(y) * (1.0 - s.validation_share))
-        if s.validation_share > 0 and len(y) - cut >= 20 and cut >= s.min_data_in_leaf * 2:
+        if s.validation_share > 0 and len(y) - cut >= 20 and cut >= 40:
             train = self._dataset(x[:cut], y[:cut])
             valid = lightgbm.Dataset(x[cut:], label=y[cut:], reference=train)
             probe = lightgbm.train(
