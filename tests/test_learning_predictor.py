@@ -326,3 +326,16 @@ def test_rounds_are_chosen_on_the_newest_rows_so_noise_keeps_few() -> None:
         kept[name] = p._boosters[1].num_trees()  # the median's model
     assert kept["all"] == 150
     assert kept["noise"] * 3 < kept["all"] and kept["noise"] * 2 < kept["signal"], kept
+
+
+def test_history_counts_arrivals_before_a_moment_within_its_kept_window() -> None:
+    h = History(keep_submits_s=1_000.0)
+    for i in range(10_000):
+        h.submitted(JobFacts(f"s{i}", float(i), 1))
+    assert h.arrivals_between(9_000.0, 9_100.0) == 100  # 9000..9099: the end is excluded
+    assert h.arrivals_between(9_100.0, 9_100.0) == 0
+    assert h.arrivals_since(9_990.0) == 10
+    assert h.arrivals_between(0.0, 20_000.0) == 1_001  # only the kept window: 8999..9999
+    assert h.submits_seen == 10_000 and h.now_s == 9_999.0
+    with pytest.raises(SpecError, match="in time order"):
+        h.submitted(JobFacts("late", 5.0, 1))
