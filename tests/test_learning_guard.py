@@ -119,7 +119,7 @@ def test_learned_ordering_falls_back_on_a_workload_change_and_recovers_after_it(
     every two days, recent medians refreshed) it is trusted again."""
     guard = GuardConfig(window_jobs=100, cold_start_s=3 * DAY, min_finished=150)
     config = LearningConfig(mode="active", retrain_every_s=2 * DAY, guard=guard)
-    settings = LightGbmSettings(min_rows=100, num_boost_round=40, retrain_every_s=2 * DAY)
+    settings = LightGbmSettings(min_rows=100, num_boost_round=25, retrain_every_s=2 * DAY)
     ordering = LearnedOrdering(config, LightGbmPredictor(settings))
     teams = sorted(TEAM_BASE_S, key=TEAM_BASE_S.__getitem__)
     swapped = dict(zip(teams, reversed([TEAM_BASE_S[t] for t in teams]), strict=True))

@@ -122,7 +122,7 @@ def _run(make: str, guarded: bool = True) -> Run:
     config = LearningConfig(mode="active", retrain_every_s=2 * DAY, guard=GUARD, guarded=guarded)
     ordering = LearnedOrdering(config, predictors[make])
     made: list[tuple[str, Prediction | None]] = []
-    drive(ordering, stream(1_000, seed=21), made=made)
+    drive(ordering, stream(700, seed=21), made=made)
     waiting = stream(40, seed=99, start_s=ordering.history.now_s, first_id=10_000)
     for j in waiting:
         ordering.submitted(j.facts)
@@ -181,7 +181,7 @@ def test_same_events_give_the_same_predictions_and_orders_byte_for_byte(
         )
 
     assert packed(again) == packed(first)
-    assert sum(p is not None for _, p in first.made) > 800
+    assert sum(p is not None for _, p in first.made) > 500
     assert again.ordering.retrains == first.ordering.retrains
     assert again.ordering.guard.changes == first.ordering.guard.changes
     assert again.ordering.order(again.candidates) == first.ordering.order(first.candidates)

@@ -305,3 +305,37 @@ def test_factory_makes_each_named_predictor_and_the_config_rejects_others() -> N
     assert inner.inner.settings.seed == 4 and inner.inner.index.origin_s == 10.0
     with pytest.raises(SpecError, match=r"learning\.predictor must be one of"):
         LearningConfig(predictor="oracle")
+
+
+def test_rounds_are_chosen_on_the_newest_rows_so_noise_keeps_few() -> None:
+    noise = stream(700, seed=13, base=lambda team, gpus: 1_000.0 / gpus)  # GPU-time: noise
+    signal = stream(700, seed=13)
+    t = noise[-1].facts.submit_s
+    kept = {}
+    for name, jobs, share in (("noise", noise, 0.2), ("signal", signal, 0.2), ("all", noise, 0.0)):
+        p = LightGbmPredictor(
+            LightGbmSettings(
+                num_boost_round=150,
+                validation_share=share,
+                num_leaves=15,
+                min_data_in_leaf=20,
+                lambda_l2=0.0,
+            )
+        )
+        p.retrain(full_history(jobs), t)
+        kept[name] = p._boosters[1].num_trees()  # the median's model
+    assert kept["all"] == 150
+    assert kept["noise"] * 3 < kept["all"] and kept["noise"] * 2 < kept["signal"], kept
+
+
+def test_history_counts_arrivals_before_a_moment_within_its_kept_window() -> None:
+    h = History(keep_submits_s=1_000.0)
+    for i in range(10_000):
+        h.submitted(JobFacts(f"s{i}", float(i), 1))
+    assert h.arrivals_between(9_000.0, 9_100.0) == 100  # 9000..9099: the end is excluded
+    assert h.arrivals_between(9_100.0, 9_100.0) == 0
+    assert h.arrivals_since(9_990.0) == 10
+    assert h.arrivals_between(0.0, 20_000.0) == 1_001  # only the kept window: 8999..9999
+    assert h.submits_seen == 10_000 and h.now_s == 9_999.0
+    with pytest.raises(SpecError, match="in time order"):
+        h.submitted(JobFacts("late", 5.0, 1))

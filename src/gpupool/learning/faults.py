@@ -63,7 +63,7 @@ class InvertedPredictor:
     def __init__(self, inner: Predictor, recent: int = 1_000) -> None:
         self.inner = inner
         self.recent = recent
-        self._median_at: tuple[int, int, float] | None = None
+        self._median_at: tuple[History, int, float] | None = None
 
     @property
     def info(self) -> ModelInfo | None:
@@ -80,11 +80,11 @@ class InvertedPredictor:
         if known == 0:
             return None
         cached = self._median_at
-        if cached is not None and cached[0] == id(history) and cached[1] == known:
+        if cached is not None and cached[0] is history and cached[1] == known:
             return cached[2]
         rows = history.outcomes[max(0, known - self.recent) : known]
         m = float(np.median([log_gpu_s(o.gpu_time_s) for o in rows]))
-        self._median_at = (id(history), known, m)
+        self._median_at = (history, known, m)
         return m
 
     def predict(self, facts: JobFacts, history: History) -> Prediction | None:

@@ -4,8 +4,11 @@ Trained on the outcomes that finished by the moment of training (at most the mos
 `max_rows`), each with its features as of its own submit (`features.FeatureIndex`), so
 neither training nor prediction sees a duration before the job ended. Retrained on a
 schedule (weekly by default), versioned; no model before `min_rows` finished jobs.
-Deterministic: one thread, a fixed seed, row-wise histograms, LightGBM's deterministic
-mode, so the same history gives the same model and the same predictions byte for byte.
+The label is log GPU-time relative to the job's baseline (the most specific recent median
+it has), and the number of boosting rounds is chosen on the newest training rows, so the
+trees add only the corrections that carried over to newer jobs. Deterministic: one
+thread, a fixed seed, row-wise histograms, LightGBM's deterministic mode, so the same
+history gives the same model and the same predictions byte for byte.
 """
 
 from __future__ import annotations
@@ -42,9 +45,14 @@ class LightGbmSettings:
     """Training rows: the most recent finished jobs."""
     num_boost_round: int = 150
     learning_rate: float = 0.05
-    num_leaves: int = 15
-    min_data_in_leaf: int = 20
+    num_leaves: int = 7
+    min_data_in_leaf: int = 100
+    lambda_l2: float = 10.0
     seed: int = 0
+    validation_share: float = 0.2
+    """The newest share of the training rows the number of rounds is chosen on (0: always
+    `num_boost_round`)."""
+    early_stopping_rounds: int = 20
     relative: bool = True
     """Learn log GPU-time relative to the job's baseline (`features.baseline_log`: the
     recent median of jobs alike), so a level shift between retrains is tracked by the
@@ -59,6 +67,10 @@ class LightGbmSettings:
                 f"min_rows must be at least 2 and max_rows at least min_rows, got "
                 f"{self.min_rows} and {self.max_rows}"
             )
+        if self.lambda_l2 < 0:
+            raise SpecError(f"lambda_l2 must be >= 0, got {self.lambda_l2}")
+        if not 0.0 <= self.validation_share < 1.0:
+            raise SpecError(f"validation_share must be in [0, 1), got {self.validation_share}")
         if self.num_boost_round < 1 or self.num_leaves < 2 or self.min_data_in_leaf < 1:
             raise SpecError("num_boost_round, num_leaves and min_data_in_leaf must be positive")
 
@@ -95,12 +107,44 @@ class LightGbmPredictor:
             "learning_rate": s.learning_rate,
             "num_leaves": s.num_leaves,
             "min_data_in_leaf": s.min_data_in_leaf,
+            "lambda_l2": s.lambda_l2,
             "seed": s.seed,
             "deterministic": True,
             "force_row_wise": True,
             "num_threads": 1,
             "verbosity": -1,
         }
+
+    def _dataset(self, x: np.ndarray, y: np.ndarray) -> lightgbm.Dataset:
+        return lightgbm.Dataset(
+            x,
+            label=y,
+            feature_name=list(FEATURE_NAMES),
+            categorical_feature=list(CATEGORICAL_COLUMNS),
+            params={"verbosity": -1, "seed": self.settings.seed, "deterministic": True},
+            free_raw_data=True,
+        )
+
+    def _fit(self, alpha: float, x: np.ndarray, y: np.ndarray) -> lightgbm.Booster:
+        """Rounds chosen on the most recent `validation_share` of the rows (trained on the
+        older ones), then a model of that many rounds on all rows: where the features do
+        not carry over to newer jobs, few rounds are kept and the baseline decides."""
+        s = self.settings
+        params = self._params(alpha)
+        rounds = s.num_boost_round
+        cut = int(len(y) * (1.0 - s.validation_share))
+        if s.validation_share > 0 and len(y) - cut >= 20 and cut >= 40:
+            train = self._dataset(x[:cut], y[:cut])
+            valid = lightgbm.Dataset(x[cut:], label=y[cut:], reference=train)
+            probe = lightgbm.train(
+                params,
+                train,
+                num_boost_round=s.num_boost_round,
+                valid_sets=[valid],
+                callbacks=[lightgbm.early_stopping(s.early_stopping_rounds, verbose=False)],
+            )
+            rounds = max(1, probe.best_iteration)
+        return lightgbm.train(params, self._dataset(x, y), num_boost_round=rounds)
 
     def retrain(self, history: History, now_s: float) -> ModelInfo | None:
         s = self.settings
@@ -115,19 +159,7 @@ class LightGbmPredictor:
         self._fallback_log = float(np.median(y))
         if s.relative:
             y = y - self._baseline(x)
-        boosters = []
-        for alpha in ALPHAS:
-            data = lightgbm.Dataset(
-                x,
-                label=y,
-                feature_name=list(FEATURE_NAMES),
-                categorical_feature=list(CATEGORICAL_COLUMNS),
-                params={"verbosity": -1, "seed": s.seed, "deterministic": True},
-                free_raw_data=True,
-            )
-            boosters.append(
-                lightgbm.train(self._params(alpha), data, num_boost_round=s.num_boost_round)
-            )
+        boosters = [self._fit(alpha, x, y) for alpha in ALPHAS]
         self._boosters = tuple(boosters)
         self._vocab = vocab
         version = 1 if self._info is None else self._info.version + 1
