@@ -40,6 +40,7 @@ test: lint
 bench: $(STAMP)
 	$(BIN)/python bench/bench_fill.py
 	$(BIN)/python bench/bench_replay.py
+	$(BIN)/python bench/bench_learned.py
 	$(BIN)/python bench/fgd_reproduction.py
 	$(BIN)/python bench/bench_scenarios.py
 	$(BIN)/python bench/bench_resources.py
