@@ -9,22 +9,20 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 
 from gpupool import __version__
 from gpupool.client_cli import add_client_parsers, run_client
 from gpupool.errors import GpupoolError, SpecError
+from gpupool.learning.config import PREDICTORS, LearningConfig
 from gpupool.loadgen_cli import add_loadgen_parser, run_loadgen
 from gpupool.plan_cli import add_plan_parser, run_plan
 from gpupool.policies import cycle_names, placement_names, queue_names
 from gpupool.progress import ProgressBar
 from gpupool.report_cli import add_report_parser, run_report
 from gpupool.reports.table import render
-
-if TYPE_CHECKING:
-    from gpupool.learning.config import LearningConfig
 from gpupool.sim.experiments import (
     DEFAULT_NODES,
     DEFAULT_PODS,
@@ -119,7 +117,40 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rep.add_argument("--nodes", default="auto", help="node count, or 'auto' (70%% mean load)")
     rep.add_argument("--gpus-per-node", type=int, default=8)
-    rep.add_argument("--queue", default="fifo", help=f"queue policy: {', '.join(queue_names())}")
+    rep.add_argument(
+        "--queue",
+        default="fifo",
+        help=f"queue policy: {', '.join(queue_names())}. fifo: submit order, the head blocks; "
+        "backfill: fifo with EASY backfill (a later job jumps the blocked head only if it "
+        "cannot delay the head's reservation; oracle run times); sjf / srtf: shortest job / "
+        "shortest remaining time first with oracle durations (the ceiling; srtf preempts); "
+        "las: Tiresias 2D-LAS, queues by attained GPU service, first come first served in a "
+        "queue, preemptive, no durations; gittins: Tiresias 2D-Gittins on the GPU-time of "
+        "jobs finished so far, preemptive; learned: predicted GPU-time mixed with 2D-LAS, "
+        "used only while the guard trusts the model (rules during the cold start and on drift)",
+    )
+    rep.add_argument(
+        "--predictor",
+        default="lightgbm",
+        choices=PREDICTORS,
+        help="learned queue: the GPU-time predictor. lightgbm: quantile LightGBM on features "
+        "known at submit, retrained weekly on jobs finished by then; recent-median: quantiles "
+        "of recent similar finished jobs; shuffled / inverted: deliberately wrong predictions, "
+        "to see the guard fall back (default lightgbm)",
+    )
+    rep.add_argument(
+        "--unguarded",
+        action="store_true",
+        help="learned queue: use the model whatever its accuracy once the cold start is over "
+        "(an experiment: shows what the guard prevents)",
+    )
+    rep.add_argument(
+        "--origin",
+        type=float,
+        default=None,
+        help="learned queue: UTC epoch second of the trace's time 0, for hour and weekday "
+        "features (default: 2021-03-04 for itp, else 0)",
+    )
     rep.add_argument(
         "--policy", default="consolidate", help="placement policy (default consolidate)"
     )
@@ -270,6 +301,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if args.queue not in queue_names():
         raise SpecError(f"unknown queue {args.queue!r}; choose from {', '.join(queue_names())}")
     traces = load_replay_trace(args.trace, args.format)
+    learning = LearningConfig(predictor=args.predictor, guarded=not args.unguarded)
+    origin_s = args.origin
+    if origin_s is None:
+        origin_s = ITP_ORIGIN_S if args.format == "itp" else 0.0
+    learned_lines: list[str] = []
     rows = []
     per_cluster: list[dict[str, float | int | str]] = []
     all_jct: list[np.ndarray] = []
@@ -296,7 +332,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
             args.seed,
             name,
             ProgressBar(f"replay {name}"),
+            learning=learning,
+            origin_s=origin_s,
         )
+        if result.guard_changes or result.retrains:
+            learned_lines.append(_learned_summary(name, result))
         m = result.metrics
         total_wall += result.wall_s
         all_jct.append(m.jct_s)
@@ -368,6 +408,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
             f"{args.gpus_per_node} GPUs/node",
         )
     )
+    for line in learned_lines:
+        print(line)
     if args.json:
         payload: dict[str, object] = dict(total)
         if len(per_cluster) > 1:
@@ -376,6 +418,30 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if args.log:
         args.log.write_text("".join(logs), encoding="utf-8")
     return 0
+
+
+ITP_ORIGIN_S = 1_614_816_000.0
+"""2021-03-04 00:00 UTC: second 0 of the Microsoft ITP 2021 trace (its README)."""
+
+
+def _learned_summary(name: str, result: Any) -> str:
+    """The guard's changes of a learned replay: how often, and when the model was trusted."""
+    t0 = min((d.time_s for d in result.log.decisions), default=0.0)
+    spans = []
+    since = None
+    for change in result.guard_changes:
+        if change.after.value == "trusted":
+            since = change.t_s
+        elif since is not None:
+            spans.append(f"day {(since - t0) / 86400:.1f}-{(change.t_s - t0) / 86400:.1f}")
+            since = None
+    if since is not None:
+        spans.append(f"day {(since - t0) / 86400:.1f}-end")
+    return (
+        f"{name}: {len(result.retrains)} model(s) trained, {len(result.guard_changes)} guard "
+        f"change(s), model trusted {result.trusted_s / 86400:.1f} days"
+        + (f" ({', '.join(spans)})" if spans else " (never)")
+    )
 
 
 def _h(value: object) -> object:

@@ -312,6 +312,9 @@ class _Job:
     started_s: float = 0.0
     token: int = 0
     bound_gpu_s: float = math.inf
+    crossed_gpu_s: float = 0.0
+    """The last boundary crossed: the rank uses at least this much attained service, so
+    rounding in the running total cannot take a job back over a boundary it passed."""
     seq: int = 0
 
 
@@ -389,9 +392,11 @@ def _run_ordered(
             return r.attained_gpu_s + r.gpus * (now - r.started_s)
         return r.attained_gpu_s
 
-    def boundary(r: _Job) -> float:
-        """The next attained service at which r's rank can change (inf: none)."""
-        a = r.attained_gpu_s
+    def ranked_attained(r: _Job, now: float) -> float:
+        return max(attained(r, now), r.crossed_gpu_s)
+
+    def boundary(r: _Job, a: float) -> float:
+        """The next attained service above a at which r's rank can change (inf: none)."""
         if ordering is None:
             return math.inf
         if ordering.config.rule == "gittins":
@@ -408,9 +413,11 @@ def _run_ordered(
         return bound
 
     def push_boundary(r: _Job, now: float) -> None:
-        r.bound_gpu_s = boundary(r)
+        a = ranked_attained(r, now)
+        r.bound_gpu_s = boundary(r, a)
         if r.bound_gpu_s < math.inf:
-            at = now + (r.bound_gpu_s - r.attained_gpu_s) / r.gpus
+            # from the start of this run, so the time does not depend on when it is asked
+            at = r.started_s + (r.bound_gpu_s - r.attained_gpu_s) / r.gpus
             push(at, _BOUNDARY, r.job.job_id, r.token, r.bound_gpu_s)
 
     def start(r: _Job, now: float) -> bool:
@@ -460,7 +467,7 @@ def _run_ordered(
             del ranked[bisect.bisect_left(ranked, old)]
         if r.state is JobState.FINISHED:
             return
-        key = ordering.rule_key(Candidate(job_id, attained(r, now), r.job.submit_s))
+        key = ordering.rule_key(Candidate(job_id, ranked_attained(r, now), r.job.submit_s))
         rule_keys[job_id] = key
         bisect.insort(ranked, key)
         if ordering.config.rule == "gittins" and gittins_index() is not index_in_use:
@@ -476,7 +483,7 @@ def _run_ordered(
         if ordering.config.rule == "gittins" and ranked:
             # asking for one key lets the ordering rebuild its index when it is due
             first = table[ranked[0][2]]
-            ordering.rule_key(Candidate(first.job.job_id, attained(first, now), 0.0))
+            ordering.rule_key(Candidate(first.job.job_id, ranked_attained(first, now), 0.0))
             index = gittins_index()
             if index is not index_in_use:
                 index_in_use = index
@@ -508,7 +515,7 @@ def _run_ordered(
         order = rule_order(now)
         if ordering.uses_model:
             cands = [
-                Candidate(job_id, attained(table[job_id], now), table[job_id].job.submit_s)
+                Candidate(job_id, ranked_attained(table[job_id], now), table[job_id].job.submit_s)
                 for job_id in order
             ]
             order = preferential_merge(
@@ -577,8 +584,7 @@ def _run_ordered(
                 if what == _BOUNDARY:
                     if bound != r.bound_gpu_s:
                         continue  # stale: the job's boundary was worked out again since
-                    r.attained_gpu_s = max(attained(r, now), r.bound_gpu_s)
-                    r.started_s = now
+                    r.crossed_gpu_s = r.bound_gpu_s
                     push_boundary(r, now)
                     moved.append((rule_keys.get(job_id), r))
                     rekey(r, now)
@@ -627,8 +633,6 @@ def _run_ordered(
                 if ordering.uses_model:
                     trusted_since = now
                     for x in running.values():  # predictions now bound their ranks
-                        x.attained_gpu_s = attained(x, now)
-                        x.started_s = now
                         push_boundary(x, now)
                 elif trusted_since is not None:
                     trusted_s += now - trusted_since
