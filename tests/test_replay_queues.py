@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 import sys
 
@@ -125,7 +126,7 @@ def test_backfill_never_delays_a_head_reservation() -> None:
     for job_id, reserved in r.reservations.items():
         assert first[job_id] <= reserved + 1e-6, job_id
     order = sorted(trace, key=lambda x: x.submit_s)
-    jumped = sum(first[b.job_id] < first[a.job_id] for a, b in zip(order, order[1:], strict=False))
+    jumped = sum(first[b.job_id] < first[a.job_id] for a, b in itertools.pairwise(order))
     assert jumped > 0  # and backfilling happened
     assert r.metrics.preemptions == 0
 
