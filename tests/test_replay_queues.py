@@ -5,10 +5,12 @@ from __future__ import annotations
 import itertools
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from gpupool.cli import main
 from gpupool.core.model import JobSpec
 from gpupool.learning.config import LearningConfig
 from gpupool.learning.guard import GuardConfig
@@ -200,3 +202,20 @@ def test_the_queues_are_explained_in_replay_help() -> None:
     for word in ("backfill", "las", "gittins", "learned", "--predictor", "--unguarded"):
         assert word in out
     assert "2D-LAS" in out and "2D-Gittins" in out and "EASY" in out
+
+
+def test_replay_command_reports_the_guard_of_a_learned_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = random_trace(13, 700, 21 * 86_400.0)
+    csv = tmp_path / "cluster99.csv"
+    csv.write_text(
+        "job_id,submission_time,duration,num_gpu\n"
+        + "".join(f"{x.job_id},{x.submit_s:.0f},{x.duration_s:.0f},{x.gpu_count}\n" for x in trace)
+    )
+    argv = ["simulate", "replay", "--trace", str(csv), "--nodes", "3", "--queue", "learned"]
+    assert main([*argv, "--predictor", "recent-median"]) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("cluster99:"))
+    assert "model(s) trained" in line and "guard change(s)" in line
+    assert "model trusted" in line

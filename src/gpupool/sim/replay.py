@@ -475,7 +475,7 @@ def _run_ordered(
 
     def gittins_index() -> object:
         assert ordering is not None
-        return ordering._gittins
+        return ordering._gittins  # identity only: was the index rebuilt?
 
     def rule_order(now: float) -> list[str]:
         nonlocal index_in_use, rebuilt
