@@ -219,3 +219,14 @@ def test_replay_command_reports_the_guard_of_a_learned_run(
     line = next(x for x in out.splitlines() if x.startswith("cluster99:"))
     assert "model(s) trained" in line and "guard change(s)" in line
     assert "model trusted" in line
+
+
+def test_unguarded_learned_uses_the_model_from_the_end_of_the_cold_start() -> None:
+    trace = random_trace(5, 500, 6 * 86_400.0, teams=3)
+    cfg = LearningConfig(predictor="inverted", guarded=False, guard=SMALL_GUARD)
+    r = run_replay(trace, 4, 8, "learned", learning=cfg)
+    first_model = r.retrains[0].trained_at_s
+    end = max(d.time_s for d in r.log.decisions)
+    # from the first model (after the one-day cold start) to the end, whatever its accuracy
+    assert first_model >= SMALL_GUARD.cold_start_s
+    assert r.trusted_s == pytest.approx(end - max(first_model, SMALL_GUARD.cold_start_s), rel=0.05)

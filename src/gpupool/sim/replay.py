@@ -385,6 +385,7 @@ def _run_ordered(
     guard_changes: list[GuardChange] = []
     trusted_since: float | None = None
     trusted_s = 0.0
+    model_in_use = False
     seq = 0
 
     def attained(r: _Job, now: float) -> float:
@@ -619,18 +620,21 @@ def _run_ordered(
             changed = True
         if moved and not changed:
             changed = rebuilt or not all(ahead_of_waiting(old, r) for old, r in moved)
-        if ordering is not None and learned:
-            # time passes for the learner at each finish: its guard and its retraining
-            # change only with finished jobs (ticking at every event cost a third of a run)
-            was_trusted = ordering.uses_model
-            change = ordering.tick(now)
-            if change is not None:
-                guard_changes.append(change)
-                engine.note("learning", now, f"guard-{change.after.value}")
+        if ordering is not None:
+            if learned:
+                # time passes for the learner at each finish: its guard and its retraining
+                # change only with finished jobs (ticking at every event cost a third of a
+                # run)
+                change = ordering.tick(now)
+                if change is not None:
+                    guard_changes.append(change)
+                    engine.note("learning", now, f"guard-{change.after.value}")
+                    changed = True
+            # unguarded, the model comes in when the cold start ends, at any event
+            if ordering.uses_model != model_in_use:
+                model_in_use = ordering.uses_model
                 changed = True
-            if ordering.uses_model != was_trusted:
-                changed = True
-                if ordering.uses_model:
+                if model_in_use:
                     trusted_since = now
                     for x in running.values():  # predictions now bound their ranks
                         push_boundary(x, now)
