@@ -358,6 +358,7 @@ def render(data: dict[str, Any]) -> str:
         )
         + ".",
         "",
+        *[f"{n}\n" for n in data.get("notes", [])],
         "## Acceptance",
         "",
         "Checked on the clusters whose FIFO replay reaches the 70-80 % band: "
@@ -445,12 +446,14 @@ def main() -> int:
         action="store_true",
         help="only write the .md again from the .json of an earlier run (checks recomputed)",
     )
+    ap.add_argument("--note", action="append", default=[], help="with --render: a paragraph to add")
     args = ap.parse_args()
     stem = "learned" if args.traces == "itp" else "learned_gavel"
     if args.render:
         data = json.loads((args.out / f"{stem}.json").read_text(encoding="utf-8"))
         data["checks"] = checks(data["rows"], data["checked_clusters"])
         data.setdefault("traces", args.traces)
+        data["notes"] = [*data.get("notes", []), *args.note]
         (args.out / f"{stem}.json").write_text(json.dumps(data, indent=1) + "\n", "utf-8")
         (args.out / f"{stem}.md").write_text(render(data), encoding="utf-8")
         return 0
