@@ -284,6 +284,19 @@ class Client:
         params = {"hold": "true"} if hold else None
         return _object(self._request("POST", f"/v1/jobs/{id}/requeue", params=params))
 
+    # the learned policy
+    def learn(self) -> dict[str, Any]:
+        return _object(self._request("GET", "/v1/learn", attempts=3))
+
+    def learn_history(self, days: float) -> dict[str, Any]:
+        return _object(self._request("GET", "/v1/learn/history", params={"days": days}, attempts=3))
+
+    def learn_promote(self, evidence: dict[str, Any]) -> dict[str, Any]:
+        return _object(self._request("POST", "/v1/learn/promote", json={"evidence": evidence}))
+
+    def learn_demote(self, reason: str = "") -> dict[str, Any]:
+        return _object(self._request("POST", "/v1/learn/demote", json={"reason": reason}))
+
     # services
     def create_service(self, spec: dict[str, Any]) -> dict[str, Any]:
         return _object(self._request("POST", "/v1/services", json=spec))

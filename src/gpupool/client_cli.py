@@ -321,6 +321,9 @@ def add_client_parsers(sub: Any) -> None:
     _add_paging_flags(p, TOP_LIMIT)
     p.set_defaults(client_handler=cmd_top)
     add_credential_parsers(sub, conn, as_json)
+    from gpupool.learn_cli import add_learn_parser
+
+    add_learn_parser(sub, conn, as_json)
     _add_lifecycle_parsers(sub, conn, as_json)
     from gpupool.service_cli import add_service_parsers
 

@@ -487,6 +487,28 @@ class BatchIn(BaseModel):
 MAX_TOKEN_LIFE_S = 10 * 365 * 86400.0
 
 
+class EvidenceIn(BaseModel):
+    """A replay of this cluster's own history under the rule and the learned policy, as
+    `gpupool learn promote` ran it (the server cannot simulate: the CLI does)."""
+
+    model_config = ConfigDict(extra="allow")
+    days: float = Field(gt=0, le=3650, allow_inf_nan=False)
+    jobs: int = Field(ge=0, le=10**9, strict=True)
+    rule: Literal["las", "gittins"]
+    rule_mean_jct_s: float = Field(ge=0, allow_inf_nan=False)
+    learned_mean_jct_s: float = Field(ge=0, allow_inf_nan=False)
+
+
+class PromoteIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    evidence: EvidenceIn
+
+
+class DemoteIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    reason: str = Field("", max_length=512, json_schema_extra={"pattern": "^[^\\x00]*$"})
+
+
 class DrainIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     node: str = Field(min_length=1, max_length=256, json_schema_extra={"pattern": "^[^\\x00]*$"})
@@ -1156,6 +1178,27 @@ def create_app(
         if not who.is_admin:
             raise HTTPException(403, "only an admin token drains nodes")
         return service.drain(body.node, who.name, undo=body.undo, reason=body.reason)
+
+    # ---- the learned policy: status, the history its replay needs, promote and demote ----
+    @app.get("/v1/learn", summary="The learned policy: data seen, accuracy, guard, mode")
+    def learn(who: Who) -> dict[str, Any]:
+        return service.learning_view()
+
+    @app.get("/v1/learn/history", summary="Jobs finished in the last N days, and the fleet")
+    def learn_history(
+        who: Who, days: Annotated[float, Query(gt=0, le=3650, allow_inf_nan=False)] = 14.0
+    ) -> dict[str, Any]:
+        return service.learning_history(days)
+
+    @app.post("/v1/learn/promote", summary="Make the learned policy active on a replay win (admin)")
+    def learn_promote(body: PromoteIn, who: Who) -> dict[str, Any]:
+        admin_only(who, "promotes the learned policy")
+        return service.promote_learning(body.evidence.model_dump(), who.name)
+
+    @app.post("/v1/learn/demote", summary="Return the learned policy to shadow (admin)")
+    def learn_demote(who: Who, body: DemoteIn | None = None) -> dict[str, Any]:
+        admin_only(who, "demotes the learned policy")
+        return service.demote_learning(who.name, body.reason if body is not None else "")
 
     # ---- the dashboard: `/` (static, no token) and the read endpoints its panels need ----
     @app.get("/", include_in_schema=False)

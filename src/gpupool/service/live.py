@@ -68,6 +68,7 @@ from gpupool.scheduler import (
     Wait,
     pool_key,
 )
+from gpupool.scheduler.commands import LearnGuard, LearnShadow
 from gpupool.scheduler.config import SchedulerConfig
 from gpupool.scheduler.schema import check_fleet
 from gpupool.scheduler.stages import card_mem_mib
@@ -86,6 +87,7 @@ from gpupool.service.executor import (
     launch_file,
 )
 from gpupool.service.health import LoopHealth
+from gpupool.service.learning import Evidence, ShadowTally, check_evidence, outcomes_of
 from gpupool.service.lease import Lease
 from gpupool.service.metrics import StartLatency
 from gpupool.service.mps import Mps, MpsError, ShareRequest, detect_mps, share_env
@@ -280,6 +282,7 @@ def spec_of(row: JobRow) -> JobSpec:
         state_gib_per_gpu=row.state_gib_per_gpu,
         time_limit_s=row.time_limit_s,
         gpu_count_min=row.gpu_count_min,
+        name=row.name,
     )
 
 
@@ -473,11 +476,20 @@ class LiveService:
         self.history = attach(self)
         """Per-card bucket means and services' p99, written once a bucket (the review's)."""
         self.wait_codes: dict[int, str] = {}
+        self.shadow = ShadowTally()
+        """Shadow cycles of the learned policy since start (counts; events are bounded)."""
+        self.learning = sched.policy == "learned"
+        """Whether the core runs the learned policy (shadow or active)."""
         for svc in self.store.services():
             self._load_service(svc)
             self.scheduler.replica_seq[svc.name] = len(self.store.replicas(svc.name, False))
+        now = clock.now()
+        if self.learning:  # what finished before this start is the learner's first history
+            self.scheduler.learning_seed(outcomes_of(self.store.finished_runs(None, now)))
         self.recover()
         self._recover_lifecycle()
+        if self.learning:
+            self._restore_learning_mode(now)
         for row in self.store.active():  # replicas of a service deleted while we were down
             if row.service is not None and row.service not in self.service_rows:
                 self.cancel(row.id)
@@ -1425,6 +1437,130 @@ class LiveService:
             for name in c.nodes:  # out of the pool already: nothing starts there
                 self.gone[name] = (None, now)
                 self.store.add_event("cloud-reclaim", self.cloud.stop(name, c.reason, now), now)
+        elif isinstance(c, LearnShadow):  # a record only: nothing is carried out
+            due = self.shadow.record(c)
+            if due is not None:
+                self.store.add_event("learn-shadow", due[0], now, data=due[1])
+        elif isinstance(c, LearnGuard):
+            self.store.add_event(
+                "learn-guard",
+                f"learned policy {c.state}: {c.reason}",
+                now,
+                data={"state": c.state, "reason": c.reason},
+            )
+
+    # ---- the learned policy: its mode, promotion and demotion ------------------------------
+    def _restore_learning_mode(self, now: float) -> None:
+        """A promotion or demotion survives a restart: the mode it stored wins over the
+        config's (until one was made, the config's mode applies)."""
+        stored = self.store.learning_mode()
+        if stored is None:
+            return
+        reason = f"restored at start: {stored.reason}"
+        self._carry_out([self.scheduler.set_learning_mode(stored.mode, now, reason)], now)
+
+    def _require_learning(self) -> None:
+        if not self.learning:
+            raise NotFoundError(
+                f"this server schedules with policy {self.config.scheduling.policy!r}, not "
+                "'learned': there is no learned policy to show, promote or demote; set "
+                "`policy: learned` and a `learning:` section in the --config file of "
+                "`gpupool serve`"
+            )
+
+    def _learning_mode(self) -> str:
+        """The mode the core runs the learned policy in now (shadow or active)."""
+        status = self.scheduler.learning_status() or {}
+        return str(status.get("mode", self.config.scheduling.learning.mode))
+
+    def learning_view(self) -> dict[str, Any]:
+        """What GET /v1/learn shows: the core's status, the mode, the shadow record and the
+        last promotion or demotion."""
+        self._require_learning()
+        with self.lock:
+            status = self.scheduler.learning_status()
+            shadow = self.shadow.view()
+        cfg = self.config.scheduling.learning
+        stored = self.store.learning_mode()
+        changes = self.store.learning_changes(limit=1)
+        return {
+            "policy": self.config.scheduling.policy,
+            "mode": (status or {}).get("mode", cfg.mode),
+            "mode_since_s": stored.set_at_s if stored is not None else None,
+            "mode_reason": stored.reason if stored is not None else "the configured mode",
+            "status": status,
+            "shadow": shadow,
+            "min_jobs": cfg.guard.min_finished,
+            "config": dataclasses.asdict(cfg),
+            "last_change": None if not changes else dataclasses.asdict(changes[0]),
+        }
+
+    def learning_history(self, days: float) -> dict[str, Any]:
+        """The jobs that finished here in the last `days` and the fleet's size: what the
+        CLI replays under the rule and the learned policy."""
+        self._require_learning()
+        now = self.clock.now()
+        since = now - days * 86_400.0
+        runs = self.store.finished_runs(since, now)
+        per_node = [n.gpu_count for n in self.cluster.nodes if n.gpu_count > 0]
+        return {
+            "now_s": now,
+            "since_s": since,
+            "days": days,
+            "fleet": {"nodes": len(per_node), "gpus": sum(per_node), "gpus_per_node": per_node},
+            "jobs": [
+                {
+                    "id": r.job_id,
+                    "team": r.team,
+                    "name": r.name,
+                    "gpu_count": r.gpu_count,
+                    "gpu_model": r.gpu_model,
+                    "submit_s": r.submit_s,
+                    "run_gpu_s": r.gpu_time_s,
+                    "finish_s": r.finish_s,
+                }
+                for r in runs
+            ],
+        }
+
+    def promote_learning(self, evidence: Mapping[str, Any], by: str) -> dict[str, Any]:
+        """Make the learned policy active, if the replay evidence shows it wins here."""
+        self._require_learning()
+        with self.lock:
+            now = self.clock.now()
+            if self._learning_mode() == "active":
+                raise ConflictError(
+                    "the learned policy is active already; `gpupool learn demote` returns it "
+                    "to shadow"
+                )
+            ev = Evidence.of(evidence)
+            cfg = self.config.scheduling.learning
+            finished = len(self.store.finished_runs(now - ev.days * 86_400.0, now))
+            check_evidence(ev, cfg.rule, cfg.guard.min_finished, finished)
+            reason = (
+                f"promoted by {by}: a replay of the last {ev.days:g} days ({ev.jobs} jobs) gave "
+                f"a mean JCT of {ev.learned_mean_jct_s:.1f} s learned against "
+                f"{ev.rule_mean_jct_s:.1f} s {ev.rule} ({ev.gain:.1%} less)"
+            )
+            self.store.set_learning_mode(
+                "active", now, reason, action="promote", by=by, evidence=evidence
+            )
+            self._carry_out([self.scheduler.set_learning_mode("active", now, reason)], now)
+            self.wake.set()
+        return self.learning_view()
+
+    def demote_learning(self, by: str, why: str = "") -> dict[str, Any]:
+        """Back to shadow: the rules decide, the learned order is only recorded."""
+        self._require_learning()
+        with self.lock:
+            now = self.clock.now()
+            if self._learning_mode() == "shadow":
+                raise ConflictError("the learned policy is in shadow already: nothing to demote")
+            reason = f"demoted by {by}" + (f": {why}" if why else "")
+            self.store.set_learning_mode("shadow", now, reason, action="demote", by=by)
+            self._carry_out([self.scheduler.set_learning_mode("shadow", now, reason)], now)
+            self.wake.set()
+        return self.learning_view()
 
     def _resize(self, c: Resize, now: float) -> None:
         """Checkpoint and stop an elastic job's processes (SIGTERM, its grace) to restart

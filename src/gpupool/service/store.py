@@ -95,6 +95,10 @@ def _transitions() -> dict[str, frozenset[str]]:
 
 TRANSITIONS: dict[str, frozenset[str]] = _transitions()
 TERMINAL: frozenset[str] = frozenset(s for s, nxt in TRANSITIONS.items() if not nxt)
+ON_GPU: frozenset[str] = frozenset({"running", "preempting"})
+"""States in which a job holds its GPUs (a preempting job still runs to its checkpoint)."""
+LEARNING_MODES: tuple[str, ...] = ("shadow", "active")
+"""How the learned policy may stand in the live service (off is the other policies)."""
 SETTABLE: frozenset[str] = frozenset(
     {
         "gpus",
@@ -352,6 +356,34 @@ class SettingModel(Base):
     key: Mapped[str] = mapped_column(String, primary_key=True)
     value: Mapped[Any] = mapped_column(JSON)
     updated_at: Mapped[float] = mapped_column(Double)
+
+
+class LearningModeModel(Base):
+    """The learned policy's mode (shadow or active), kept across restarts (revision 0010)."""
+
+    __tablename__ = "learning_mode"
+
+    key: Mapped[str] = mapped_column(String, primary_key=True)
+    mode: Mapped[str] = mapped_column(String)
+    set_at_s: Mapped[float] = mapped_column(Double)
+    reason: Mapped[str] = mapped_column(Text)
+
+
+class LearningChangeModel(Base):
+    """A promotion or demotion of the learned policy, with its evidence (revision 0010)."""
+
+    __tablename__ = "learning_changes"
+    __table_args__ = {"sqlite_autoincrement": True}  # noqa: RUF012  (ids are never reused)
+
+    id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
+    at_s: Mapped[float] = mapped_column(Double, index=True)
+    action: Mapped[str] = mapped_column(String)
+    mode: Mapped[str] = mapped_column(String)
+    by: Mapped[str] = mapped_column(String)
+    reason: Mapped[str] = mapped_column(Text)
+    evidence: Mapped[dict[str, Any]] = mapped_column(JSON)
 
 
 # ---- values handed to and returned by the Store ---------------------------------------------
@@ -682,6 +714,47 @@ class Pruned:
 
 
 @dataclass(frozen=True)
+class LearningMode:
+    """The stored mode of the learned policy: shadow or active, since when and why."""
+
+    mode: str
+    set_at_s: float
+    reason: str
+
+
+@dataclass(frozen=True)
+class LearningChange:
+    """A promotion (shadow -> active) or demotion (active -> shadow) as recorded."""
+
+    id: int
+    at_s: float
+    action: str
+    mode: str
+    by: str
+    reason: str
+    evidence: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class FinishedRun:
+    """A job that completed, as the learner and the replay see it: its facts at submit and
+    the GPU service it took (GPUs x the time it spent running, over all its runs)."""
+
+    job_id: int
+    name: str
+    team: str
+    gpu_model: str | None
+    gpu_count: int
+    submit_s: float
+    finish_s: float
+    run_s: float
+
+    @property
+    def gpu_time_s(self) -> float:
+        return self.gpu_count * self.run_s
+
+
+@dataclass(frozen=True)
 class EventRow:
     seq: int
     at_s: float
@@ -975,6 +1048,10 @@ def _job_row(m: JobModel) -> JobRow:
         service=m.service,
         port=m.port,
     )
+
+
+def _learning_change(m: LearningChangeModel) -> LearningChange:
+    return LearningChange(m.id, m.at_s, m.action, m.mode, m.by, m.reason, dict(m.evidence))
 
 
 def _event_row(m: EventModel) -> EventRow:
@@ -2073,6 +2150,101 @@ class Store:
         with self._read() as s:
             found = s.get(SettingModel, key)
             return None if found is None else found.value
+
+    # -- the learned policy --
+    def learning_mode(self) -> LearningMode | None:
+        """The mode last set (promote, demote, or the first start); None when never set."""
+        with self._read() as s:
+            found = s.get(LearningModeModel, "mode")
+            return None if found is None else LearningMode(found.mode, found.set_at_s, found.reason)
+
+    def set_learning_mode(
+        self,
+        mode: str,
+        now_s: float,
+        reason: str,
+        action: str | None = None,
+        by: str = "",
+        evidence: Mapping[str, Any] | None = None,
+    ) -> LearningChange | None:
+        """Store the mode; with an action (promote, demote, fallback) also record the change
+        and its evidence, in the same transaction. Returns the change recorded, if any."""
+        if mode not in LEARNING_MODES:
+            raise SpecError(
+                f"learning mode must be one of {', '.join(LEARNING_MODES)}, got {mode!r}"
+            )
+        with self._write() as s:
+            found = s.get(LearningModeModel, "mode")
+            if found is None:
+                s.add(LearningModeModel(key="mode", mode=mode, set_at_s=now_s, reason=reason))
+            else:
+                found.mode, found.set_at_s, found.reason = mode, now_s, reason
+            if action is None:
+                return None
+            change = LearningChangeModel(
+                at_s=now_s,
+                action=action,
+                mode=mode,
+                by=by,
+                reason=reason,
+                evidence=_as_json(dict(evidence or {})),
+            )
+            s.add(change)
+            s.flush()
+            return _learning_change(change)
+
+    def learning_changes(self, limit: int = 20) -> builtins.list[LearningChange]:
+        """Promotions and demotions, newest first."""
+        query = select(LearningChangeModel).order_by(LearningChangeModel.id.desc()).limit(limit)
+        with self._read() as s:
+            return [_learning_change(m) for m in s.scalars(query)]
+
+    def finished_runs(self, since_s: float | None, until_s: float) -> builtins.list[FinishedRun]:
+        """Jobs of their own (not a service's replicas) that needed GPUs and succeeded
+        between since_s (None: ever) and until_s, in order of finish, each with the time it
+        spent on its GPUs (running or checkpointing to leave) summed over its runs from its
+        events."""
+        query = select(JobModel).where(
+            JobModel.state == "succeeded",
+            JobModel.service.is_(None),
+            JobModel.gpu_count > 0,
+            JobModel.ended_at <= until_s,
+        )
+        if since_s is not None:
+            query = query.where(JobModel.ended_at >= since_s)
+        query = query.order_by(JobModel.ended_at, JobModel.id)
+        with self._read() as s:
+            jobs = builtins.list(s.scalars(query))
+            on: dict[int, float] = {}
+            since: dict[int, float] = {}
+            ids = [m.id for m in jobs]
+            for chunk in range(0, len(ids), 500):
+                events = s.scalars(
+                    select(EventModel)
+                    .where(EventModel.job_id.in_(ids[chunk : chunk + 500]))
+                    .order_by(EventModel.seq)
+                )
+                for e in events:
+                    before, after = (e.data or {}).get("from"), (e.data or {}).get("to")
+                    if before is None or after is None or e.job_id is None:
+                        continue
+                    if after in ON_GPU and before not in ON_GPU:
+                        since[e.job_id] = e.at_s
+                    elif before in ON_GPU and after not in ON_GPU and e.job_id in since:
+                        on[e.job_id] = on.get(e.job_id, 0.0) + e.at_s - since.pop(e.job_id)
+            return [
+                FinishedRun(
+                    m.id,
+                    m.name,
+                    m.team,
+                    m.gpu_model,
+                    m.gpu_count,
+                    m.submitted_at,
+                    float(m.ended_at if m.ended_at is not None else m.updated_at),
+                    on.get(m.id, 0.0),
+                )
+                for m in jobs
+            ]
 
 
 def _active_admin(now_s: float) -> tuple[Any, ...]:
