@@ -41,6 +41,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/bench_fill.py
 	$(BIN)/python bench/bench_replay.py
 	$(BIN)/python bench/bench_learned.py
+	$(BIN)/python bench/bench_learned_rules.py
 	$(BIN)/python bench/fgd_reproduction.py
 	$(BIN)/python bench/bench_scenarios.py
 	$(BIN)/python bench/bench_resources.py
