@@ -103,6 +103,7 @@ def trace_slice(done_dir: Path) -> list[TraceJob]:
             kind=kind,
             submit_s=submit,
             duration_s=run,
+            name=pod.job_id,  # the live service hands the core the job's name too
         )
         new = NewJob(
             name=pod.job_id,
