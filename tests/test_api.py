@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -964,36 +963,56 @@ def test_a_slow_database_read_does_not_stall_other_requests(
     make_api: Callable[..., Api], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The event poll and the token lookup read the database off the event loop: while
-    one waits 0.6 s on a slow read, a health check on the same loop answers at once."""
-    import asyncio
-
+    one is held in a slow read, a health check on the same loop answers. The read is
+    released only after the health check answered (or after hold_s, when the loop is
+    blocked and no answer can come), so the order of the two proves it, however loaded
+    the machine is."""
     api = make_api(auth=True)
-    slow_s = 0.6
-    events_after, principal = api.store.events_after, api.store.principal
+    hold_s = 5.0
+    release = threading.Event()
+    order: list[str] = []
 
-    def slow_events(*args: Any, **kw: Any) -> Any:
-        time.sleep(slow_s)
-        return events_after(*args, **kw)
+    def held(read: Callable[..., Any]) -> Callable[..., Any]:
+        def slow(*args: Any, **kw: Any) -> Any:
+            order.append("read-held")
+            release.wait(hold_s)
+            order.append("read-done")
+            return read(*args, **kw)
 
-    def slow_principal(*args: Any, **kw: Any) -> Any:
-        time.sleep(slow_s)
-        return principal(*args, **kw)
+        return slow
 
-    monkeypatch.setattr(api.store, "events_after", slow_events)
-    monkeypatch.setattr(api.store, "principal", slow_principal)
     app = api.client.app
 
-    async def race(path: str, headers: dict[str, str]) -> float:
+    async def race(path: str, headers: dict[str, str]) -> list[str]:
+        order.clear()
+        release.clear()
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
-            t0 = time.perf_counter()
             slow = asyncio.create_task(client.get(path, headers=headers))
-            await asyncio.sleep(0.05)  # the slow request is in its database read
+            for _ in range(500):  # bounded: at most about 5 s until the read is held
+                if order:
+                    break
+                await asyncio.sleep(0.01)
             health = await client.get("/healthz")
-            took = time.perf_counter() - t0  # a blocked loop makes this at least slow_s
+            order.append("health-answered")
             assert health.status_code == 200
+            release.set()
             await slow
-            return took
+        return list(order)
 
-    assert asyncio.run(race("/v1/events", api.headers)) < slow_s / 2
-    assert asyncio.run(race("/v1/jobs", bearer("gp_not_a_token"))) < slow_s / 2
+    # a loop blocked by the read answers the health check only after the read is done
+    with monkeypatch.context() as patch:
+        patch.setattr(api.store, "events_after", held(api.store.events_after))
+        assert race_order(asyncio.run(race("/v1/events", api.headers))) == "health-first"
+    with monkeypatch.context() as patch:
+        patch.setattr(api.store, "principal", held(api.store.principal))
+        assert race_order(asyncio.run(race("/v1/jobs", bearer("gp_not_a_token")))) == (
+            "health-first"
+        )
+
+
+def race_order(order: list[str]) -> str:
+    """Whether the health check answered while the first slow read was still held."""
+    assert order and order[0] == "read-held", order
+    answered, done = order.index("health-answered"), order.index("read-done")
+    return "health-first" if answered < done else f"read-first: {order}"
