@@ -249,9 +249,10 @@ def test_sent_rate_follows_the_profile_on_a_real_server(
     sched = build_schedule(conv, profile, 12, seed=5)
     assert report.count(OK) == len(sched) == len(rep.seen)
     assert len(sched) == pytest.approx(profile.requests_until(12), rel=0.1)
-    # Each request was sent on time and asked for its trace row's tokens.
+    # No request went early, most went on time (a stall of the whole machine delays some:
+    # CI once saw 1.7 s), and each asked for its trace row's tokens.
     lags = [r.sent_s - r.scheduled_s for r in report.records if r.sent_s is not None]
-    assert np.percentile(lags, 95) < 0.1, max(lags)
+    assert min(lags) >= 0 and np.median(lags) < 0.1, (min(lags), np.median(lags), max(lags))
     asked = sorted((int(q["context_tokens"]), int(q["generated_tokens"])) for q in rep.seen)
     assert asked == sorted((r.context_tokens, r.generated_tokens) for r in sched)
     assert all(q["tokens"] == q["generated_tokens"] for q in rep.seen)
