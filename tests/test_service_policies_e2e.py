@@ -141,8 +141,9 @@ def test_a_deadline_job_is_deferred_to_the_cheap_hour_and_starts_before_its_dead
     serve: Any,
 ) -> None:
     """At 23:58 (flat price) a 10-minute job due at 04:00 waits for the valley from 00:00
-    (guangdong-tou's hours read as UTC here); the clock runs 20x, so 00:00 comes in 6 s. The day lies years ahead (a Tuesday, like
-    the first one chosen) because the CLI refuses a --deadline that has passed by its own clock."""
+    (guangdong-tou's hours read as UTC here); the clock runs 20x, so 00:00 comes in 6 s.
+    The day lies years ahead (a Tuesday, like the first one chosen) because the CLI refuses
+    a --deadline that has passed by its own clock."""
     start = "2037-12-01T23:58:00"
     srv = serve(PRICED, "--fake-gpus", "1xA100-80GB", "--clock-start", start, "--clock-speed", "20")
     deadline = at("2037-12-02T04:00:00")
