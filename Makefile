@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-$(shell $(PY) -c 'import hashlib,sys; print(hashlib.
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --upgrade pip
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev,ray]'
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 

@@ -32,7 +32,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).parent))
 from gpupool.learning.config import LearningConfig
 from gpupool.learning.predictor import Predictor
-from gpupool.sim.replay import default_predictor, run_replay
+from gpupool.sim.ordered_replay import default_predictor
+from gpupool.sim.replay import run_replay
 from gpupool.traces.loaders import load_replay_trace
 from machine import describe
 

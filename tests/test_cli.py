@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from gpupool.cli import main, parse_seeds
+from gpupool.cli import main
 from gpupool.errors import SpecError
+from gpupool.sim_cli import parse_seeds
 
 
 def test_seed_ranges() -> None:

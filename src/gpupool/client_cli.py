@@ -23,6 +23,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from gpupool.commands import HELP
 from gpupool.errors import GpupoolError, SpecError
 from gpupool.plan_cli import parse_count
 from gpupool.reports.table import render
@@ -216,7 +217,7 @@ def add_client_parsers(sub: Any) -> None:
     p = sub.add_parser(
         "submit",
         parents=[conn, as_json],
-        help="submit a job to the server",
+        help=HELP["submit"],
         description="Submit a job. Everything after -- is the job's command.",
         epilog="example: gpupool submit --gpus 2 --kind training --checkpoint-every 30m "
         "-- python train.py --lr 3e-4",
@@ -278,30 +279,30 @@ def add_client_parsers(sub: Any) -> None:
     p.add_argument("job_argv", nargs="*", metavar="command", help="the job's command, after --")
     p.set_defaults(client_handler=cmd_submit)
 
-    p = sub.add_parser("ls", parents=[conn, as_json], help="list the server's jobs")
+    p = sub.add_parser("ls", parents=[conn, as_json], help=HELP["ls"])
     p.add_argument("--state", help="only jobs in this state (pending, running, ...)")
     p.add_argument("--team", help="only this team's jobs")
     _add_paging_flags(p, LS_LIMIT)
     p.add_argument("--oldest-first", action="store_true", help="oldest jobs first")
     p.set_defaults(client_handler=cmd_ls)
 
-    p = sub.add_parser("show", parents=[conn, as_json], help="show one job")
+    p = sub.add_parser("show", parents=[conn, as_json], help=HELP["show"])
     p.add_argument("id", type=int)
     p.set_defaults(client_handler=cmd_show)
 
     p = sub.add_parser(
         "why",
         parents=[conn, as_json],
-        help="why a job waits: its reason code and the sentence with the numbers",
+        help=HELP["why"],
     )
     p.add_argument("id", type=int)
     p.set_defaults(client_handler=cmd_why)
 
-    p = sub.add_parser("cancel", parents=[conn, as_json], help="cancel a job")
+    p = sub.add_parser("cancel", parents=[conn, as_json], help=HELP["cancel"])
     p.add_argument("id", type=int)
     p.set_defaults(client_handler=cmd_cancel)
 
-    p = sub.add_parser("logs", parents=[conn], help="print a job's output")
+    p = sub.add_parser("logs", parents=[conn], help=HELP["logs"])
     p.add_argument("id", type=int)
     p.add_argument("-f", "--follow", action="store_true", help="keep printing until it ends")
     p.add_argument("--stderr", action="store_true", help="the job's stderr instead of stdout")
@@ -313,9 +314,7 @@ def add_client_parsers(sub: Any) -> None:
     )
     p.set_defaults(client_handler=cmd_logs)
 
-    p = sub.add_parser(
-        "top", parents=[conn], help="live view of GPUs, jobs and the scale-out signals"
-    )
+    p = sub.add_parser("top", parents=[conn], help=HELP["top"])
     p.add_argument("--once", action="store_true", help="print one frame and exit")
     p.add_argument("--interval", type=float, default=1.0, help="seconds between frames")
     _add_paging_flags(p, TOP_LIMIT)
@@ -344,7 +343,7 @@ def _add_paging_flags(p: argparse.ArgumentParser, default: int) -> None:
 
 def add_credential_parsers(sub: Any, conn: argparse.ArgumentParser, as_json: Any) -> None:
     """`gpupool token create|ls|revoke` and `gpupool audit` (admin tokens)."""
-    p = sub.add_parser("token", help="create, list and revoke API tokens (admin)")
+    p = sub.add_parser("token", help=HELP["token"])
     tsub = p.add_subparsers(dest="token_command", metavar="{create,ls,revoke}", required=True)
     c = tsub.add_parser(
         "create",
@@ -373,7 +372,7 @@ def add_credential_parsers(sub: Any, conn: argparse.ArgumentParser, as_json: Any
     a = sub.add_parser(
         "audit",
         parents=[conn, as_json],
-        help="who did what, when, from where (admin)",
+        help=HELP["audit"],
         description="The audit trail, newest first: token changes, every request that "
         "changed something or was refused, admin reads of tokens and of the trail.",
     )
@@ -401,18 +400,16 @@ def _time_limit(args: argparse.Namespace) -> dict[str, Any]:
 
 def _add_lifecycle_parsers(sub: Any, conn: argparse.ArgumentParser, as_json: Any) -> None:
     """hold, release, requeue, drain and nodes."""
-    p = sub.add_parser(
-        "hold", parents=[conn, as_json], help="keep a waiting job from starting until released"
-    )
+    p = sub.add_parser("hold", parents=[conn, as_json], help=HELP["hold"])
     p.add_argument("id", type=int)
     p.set_defaults(client_handler=cmd_hold)
-    p = sub.add_parser("release", parents=[conn, as_json], help="let a held job start again")
+    p = sub.add_parser("release", parents=[conn, as_json], help=HELP["release"])
     p.add_argument("id", type=int)
     p.set_defaults(client_handler=cmd_release)
     p = sub.add_parser(
         "requeue",
         parents=[conn, as_json],
-        help="stop a running job (SIGTERM and its grace to checkpoint) and queue it again",
+        help=HELP["requeue"],
     )
     p.add_argument("id", type=int)
     p.add_argument("--hold", action="store_true", help="and hold it once it has left")
@@ -420,13 +417,13 @@ def _add_lifecycle_parsers(sub: Any, conn: argparse.ArgumentParser, as_json: Any
     p = sub.add_parser(
         "drain",
         parents=[conn, as_json],
-        help="no new jobs on a node; its running jobs finish (admin)",
+        help=HELP["drain"],
     )
     p.add_argument("node", help="the node's name, as `gpupool nodes` lists it")
     p.add_argument("--undo", action="store_true", help="let the node take new jobs again")
     p.add_argument("--reason", default="", help="why (kept in the events)")
     p.set_defaults(client_handler=cmd_drain)
-    p = sub.add_parser("nodes", parents=[conn, as_json], help="the nodes and their state")
+    p = sub.add_parser("nodes", parents=[conn, as_json], help=HELP["nodes"])
     p.set_defaults(client_handler=cmd_nodes)
 
 

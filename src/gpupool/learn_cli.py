@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from gpupool.commands import HELP
 from gpupool.errors import SpecError
 from gpupool.learning.config import LearningConfig
 from gpupool.learning.guard import GuardConfig
@@ -36,9 +37,7 @@ DEFAULT_DAYS = 14.0
 
 def add_learn_parser(sub: Any, conn: argparse.ArgumentParser, as_json: Any) -> None:
     """`gpupool learn status|promote|demote` (promote and demote need an admin token)."""
-    p = sub.add_parser(
-        "learn", help="the learned scheduling policy: status, promote, demote (admin)"
-    )
+    p = sub.add_parser("learn", help=HELP["learn"])
     lsub = p.add_subparsers(dest="learn_command", metavar="{status,promote,demote}", required=True)
     days = argparse.ArgumentParser(add_help=False)
     days.add_argument(

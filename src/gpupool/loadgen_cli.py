@@ -10,6 +10,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from gpupool.commands import HELP
 from gpupool.reports.table import render
 
 EXAMPLES = """\
@@ -41,7 +42,7 @@ def add_loadgen_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the `loadgen` command to the top-level subparsers."""
     p: argparse.ArgumentParser = subparsers.add_parser(
         "loadgen",
-        help="send trace-shaped HTTP load to a service's replicas on loopback",
+        help=HELP["loadgen"],
         description="Replay the Azure LLM inference 2023 arrivals, time-compressed onto a "
         "rate profile, as real HTTP requests to replicas on 127.0.0.1; report sent, ok, "
         "errors, rps and p50/p99 latency per window.",

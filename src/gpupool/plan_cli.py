@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from gpupool.commands import HELP
 from gpupool.errors import GpupoolError, SpecError
 from gpupool.reports.table import render
 from gpupool.sizing.catalog import load_catalog
@@ -40,7 +41,7 @@ def add_plan_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the `plan` command to the top-level subparsers."""
     p: argparse.ArgumentParser = subparsers.add_parser(
         "plan",
-        help="size a model-shaped job: GPU type x count, memory, speed and cost",
+        help=HELP["plan"],
         description="Rank every GPU type x count for a model: memory per GPU, whether it "
         "fits, estimated tokens/s (inference) or step time (training), and cost. Options "
         "that fit and meet the deadline come first, cheapest per unit of work first.",

@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from gpupool.commands import HELP
 from gpupool.errors import GpupoolError, SpecError
 from gpupool.reports.review_data import ReviewData
 
@@ -34,7 +35,7 @@ def add_report_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the `report` command to the top-level subparsers."""
     p: argparse.ArgumentParser = subparsers.add_parser(
         "report",
-        help="the monthly review: utilisation, use vs allocation, recommendations, cost (HTML)",
+        help=HELP["report"],
         description="Build the pool's review for a period: capacity split exactly into "
         "allocated, idle and down; utilisation by GPU type, team and hour; allocated vs used "
         "per team and job; recommendations with evidence; queueing; GPU and electricity cost. "

@@ -8,6 +8,7 @@ import re
 import time
 from typing import TYPE_CHECKING, Any
 
+from gpupool.commands import HELP
 from gpupool.errors import SpecError
 from gpupool.reports.table import render
 
@@ -32,7 +33,7 @@ def parse_replicas(text: str) -> tuple[int, int]:
 def add_service_parsers(sub: Any, conn: argparse.ArgumentParser, as_json: Any) -> None:
     p = sub.add_parser(
         "service",
-        help="online services whose replicas scale with their traffic",
+        help=HELP["service"],
         description="An online service: the scheduler starts, places and stops its replicas "
         "(jobs of kind online-inference), more when load or p99 latency rises, fewer when "
         "demand falls. Each replica gets a free loopback port in $PORT (--port-env) and "

@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from gpupool.commands import HELP
 from gpupool.core.quota import TeamQuota
 from gpupool.errors import ConflictError, SpecError
 from gpupool.scheduler.config import SchedulerConfig
@@ -41,7 +42,7 @@ DEFAULT_PORT = 8642
 def add_serve_parser(sub: Any) -> None:
     sp = sub.add_parser(
         "serve",
-        help="run the scheduler service (API, database, local executor, GPU telemetry)",
+        help=HELP["serve"],
         description="Run the live scheduler on this machine's GPUs. Examples:\n"
         "  gpupool serve                                  # SQLite in --state-dir, NVML GPUs\n"
         "  gpupool serve --fake-gpus 4xA100-80GB --auth none\n"
@@ -658,7 +659,13 @@ def _ray_live(
     args: argparse.Namespace, config: LiveConfig, store: Store, lease: Lease | None = None
 ) -> LiveService:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    import ray
+    try:
+        import ray
+    except ImportError:
+        raise SpecError(
+            "--ray needs Ray, an optional part of gpupool: pip install 'gpupool[ray]' "
+            "(the local executor needs nothing more: leave out --ray)"
+        ) from None
     from gpupool.service.live import ray_service
     from gpupool.service.ray_executor import RayExecutor
 

@@ -15,24 +15,11 @@ from gpupool.core.model import Cluster, JobSpec
 from gpupool.sim.fill import run_fill
 from gpupool.traces.openb import read_nodes, read_pods
 
-FIGURE_POINTS = (90, 95, 100, 110, 130)
-"""Arrived-workload percentages at which the paper's Fig. 9(a) is compared."""
-
 
 def embedded(name: str) -> Path:
     """A data file shipped inside the package (see gpupool/data/SOURCES.md)."""
     return Path(str(resources.files("gpupool") / "data" / name))
 
-
-PAPER_POLICY_NAMES = {
-    "random": "01-Random",
-    "dot-product": "02-DotProd",
-    "gpu-clustering": "03-GpuClustering",
-    "gpu-packing": "04-GpuPacking",
-    "best-fit": "05-BestFit",
-    "fgd": "06-FGD",
-}
-"""gpupool's names for the six policies compared in the FGD paper -> the authors' labels."""
 
 DEFAULT_NODES = "openb_node_list_gpu_node.csv"
 DEFAULT_PODS = "openb_pod_list_default.csv"

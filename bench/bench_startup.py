@@ -1,0 +1,119 @@
+"""Speed targets for what a user waits on at the prompt, each a whole process, median of 5:
+`gpupool --version` <= 150 ms and the 876-job Philly FIFO replay <= 0.3 s wall.
+
+Bytecode is compiled first (as `pip install` does) and each command runs once before it
+is timed, so the figures are a warm start of an installed gpupool, not of a first import.
+With --baseline REV the same commands also run from a checkout of REV (same interpreter and
+libraries, its own source on PYTHONPATH), so before and after are measured in one run.
+
+Writes bench/results/startup.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from machine import describe
+
+ROOT = Path(__file__).resolve().parent.parent
+TARGETS_S = {"version": 0.150, "philly_fifo_replay": 0.300}
+RUNS = 5
+
+
+def philly_list() -> Path:
+    for base in (ROOT.parent / "shared", ROOT / "shared"):
+        path = base / "traces" / "philly" / "elasticflow_philly_103959.csv"
+        if path.is_file():
+            return path
+    raise SystemExit("shared/traces/philly/elasticflow_philly_103959.csv not found")
+
+
+def commands() -> dict[str, list[str]]:
+    cli = [sys.executable, "-m", "gpupool.cli"]
+    trace = ["--trace", str(philly_list()), "--format", "elasticflow", "--queue", "fifo"]
+    return {
+        "version": [*cli, "--version"],
+        "philly_fifo_replay": [*cli, "simulate", "replay", *trace],
+    }
+
+
+def timed(argv: list[str], src: Path) -> list[float]:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPATH"] = str(src)
+    subprocess.run(
+        [sys.executable, "-m", "compileall", "-q", str(src / "gpupool")],
+        check=True,
+        env=env,
+        stdout=subprocess.DEVNULL,
+    )
+    subprocess.run(argv, check=True, env=env, stdout=subprocess.DEVNULL)  # warm the caches
+    walls = []
+    for _ in range(RUNS):
+        t0 = time.perf_counter()
+        subprocess.run(argv, check=True, env=env, stdout=subprocess.DEVNULL)
+        walls.append(time.perf_counter() - t0)
+    return walls
+
+
+def measure(src: Path) -> dict[str, dict[str, object]]:
+    out: dict[str, dict[str, object]] = {}
+    for name, argv in commands().items():
+        walls = timed(argv, src)
+        out[name] = {
+            "median_s": round(statistics.median(walls), 3),
+            "runs_s": [round(w, 3) for w in walls],
+        }
+    return out
+
+
+def checkout(rev: str, into: Path) -> Path:
+    subprocess.run(
+        ["git", "-C", str(ROOT), "worktree", "add", "-q", "--detach", str(into), rev], check=True
+    )
+    return into
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--baseline", metavar="REV", help="also time the commands from this git revision"
+    )
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "startup.json")
+    args = ap.parse_args()
+    result: dict[str, object] = {"targets_s": TARGETS_S, "runs": RUNS, "machine": describe()}
+    now = measure(ROOT / "src")
+    result["now"] = now
+    if args.baseline:
+        with tempfile.TemporaryDirectory() as tmp:
+            tree = checkout(args.baseline, Path(tmp) / "baseline")
+            try:
+                result["baseline"] = {"rev": args.baseline, **measure(tree / "src")}
+            finally:
+                subprocess.run(
+                    ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
+                    check=False,
+                )
+    ok = all(float(str(now[k]["median_s"])) <= t for k, t in TARGETS_S.items())
+    result["meets_targets"] = ok
+    args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    for name, target in TARGETS_S.items():
+        base = result.get("baseline")
+        before = f" (baseline {base[name]['median_s']:.3f} s)" if isinstance(base, dict) else ""
+        print(f"{name}: median {now[name]['median_s']:.3f} s, target {target:.3f} s{before}")
+    print(f"{'OK' if ok else 'MISSED'}; wrote {args.out}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
