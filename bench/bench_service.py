@@ -150,8 +150,57 @@ def running_jobs(n: int = 1000, window_s: float = 30.0) -> dict[str, Any]:
     }
 
 
+def submit_to_start(jobs: int = 30, gap_s: float = 0.3) -> dict[str, Any]:
+    """On an idle fleet, the time from sending POST /v1/jobs to the job's own process
+    running: the job writes the clock (`date +%s.%N`, as the server's host sees it) as its
+    first act. One job at a time, each on an idle GPU, `gap_s` apart."""
+    with tempfile.TemporaryDirectory() as tmp:
+        server = Server(Path(tmp) / "state", "--fake-gpus", "8xA100-80GB", "--auth", "none")
+        server.start()
+        lags_ms: list[float] = []
+        try:
+            with httpx.Client(base_url=server.url, timeout=30) as client:
+                for k in range(jobs):
+                    mark = Path(tmp) / f"started-{k}"
+                    body = {
+                        "command": [
+                            "sh",
+                            "-c",
+                            f"date +%s.%N > {mark}.tmp && mv {mark}.tmp {mark}",
+                        ],
+                        "team": "bench",
+                        "gpus": 1,
+                    }
+                    sent = time.time()
+                    r = client.post("/v1/jobs", json=body)
+                    assert r.status_code == 201, r.text
+                    deadline = time.monotonic() + 30
+                    while not mark.exists() and time.monotonic() < deadline:
+                        time.sleep(0.002)
+                    assert mark.exists(), f"job {k} did not start within 30 s"
+                    lags_ms.append(1000 * (float(mark.read_text()) - sent))
+                    time.sleep(gap_s)
+        finally:
+            server.stop()
+    lags_ms.sort()
+    p50 = lags_ms[len(lags_ms) // 2]
+    p90 = lags_ms[int(len(lags_ms) * 0.9)]
+    print(f"submit to process start, idle fleet: p50 {p50:.1f} ms, p90 {p90:.1f} ms")
+    return {
+        "jobs": jobs,
+        "p50_ms": round(p50, 1),
+        "p90_ms": round(p90, 1),
+        "max_ms": round(lags_ms[-1], 1),
+        "target_p50_ms": 50,
+    }
+
+
 def main() -> int:
     results: dict[str, Any] = {"machine": describe()}
+    if sys.argv[1:] == ["--submit-to-start"]:
+        print(json.dumps(submit_to_start(), indent=2))
+        return 0
+    results["submit_to_start"] = submit_to_start()
     results["sqlite"] = throughput(None, "SQLite")
     with PgServer() as pg:
         results["postgresql"] = throughput(pg.url.replace("+psycopg", ""), "PostgreSQL")

@@ -124,6 +124,10 @@ class SchedulerConfig:
     """`pool`: one shared pool; `static`: each team owns whole nodes (islands)."""
     cycle_s: float = 60.0
     """How often the periodic stages run; the policy compares checkpoint times to it."""
+    start_on_submit: bool = True
+    """A submitted job that idle GPUs could hold brings the next cycle forward to its
+    arrival, so it starts at once instead of waiting out cycle_s; the cycle after that is
+    due cycle_s later. False: cycles run only every cycle_s."""
     online_reserve: float = 0.2
     """Share of each pool (GPUs, rounded up) kept for online inference: idle, or held by
     training and batch work that vacates within preemption.reserve_vacate_s."""

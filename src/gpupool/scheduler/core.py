@@ -272,6 +272,9 @@ class Scheduler:
         self.measured = False
         """A driver reports progress (Progress); else the core estimates it."""
         self.last_cycle_s: float | None = None
+        self.cycle_due = False
+        """A job that idle GPUs could hold arrived: the next call runs the stages
+        (config.start_on_submit)."""
         self.rejected_remote: set[str] = set()
         self.deferral = stages.Deferral()
         self.caps: dict[tuple[int, int], SetPowerCap] = {}
@@ -384,6 +387,8 @@ class Scheduler:
         self.records[job.job_id] = r
         self.active[job.job_id] = r
         self.dirty = True
+        if self.config.start_on_submit and not self.cycle_due and self._idle_could_hold(job):
+            self.cycle_due = True
         if service is not None:
             self.replicas[service][job.job_id] = r
         r.options = stages.options_for(self, job)
@@ -698,8 +703,9 @@ class Scheduler:
                 if launch is not None:
                     out.append(launch)
         last = self.last_cycle_s
-        if last is not None and last < now < last + cfg.cycle_s - 1e-9:
+        if last is not None and last < now < last + cfg.cycle_s - 1e-9 and not self.cycle_due:
             return out  # the stages run once per cycle_s (again at the same instant)
+        self.cycle_due = False
         if last is not None and now > last:
             usage: dict[str, float] = defaultdict(float)
             for r in self.running.values():
@@ -1390,6 +1396,15 @@ class Scheduler:
                 if idx:
                     inlet[idx[-th.hot_nodes :]] = th.hot_inlet_c
         return inlet
+
+    def _idle_could_hold(self, job: JobSpec) -> bool:
+        """Whether the fleet's idle GPUs (whole, or with room for a share) could hold the
+        job: a cheap test of whether an early cycle may start it, not a placement."""
+        if job.gpu_count == 0:
+            return True
+        if job.gpu_milli >= MILLI_PER_GPU:
+            return int(self.state.whole_free.sum()) >= job.gpu_count
+        return int((self.state.gpu_left >= job.gpu_milli).sum()) >= job.gpu_count
 
     def _online_seen(self, gpu_models: frozenset[str]) -> None:
         """Online inference may run in the pools of these models (all when empty)."""

@@ -57,6 +57,7 @@ SCHEDULING_KEYS: frozenset[str] = frozenset(
         "mode",
         "policy",
         "cycle_s",
+        "start_on_submit",
         "online_reserve",
         "online_reserve_on",
         "share_cap",
@@ -237,6 +238,9 @@ def parse_scheduling(
         windows=windows,
         mode=mode,
         cycle_s=r.number(raw.get("cycle_s", defaults.cycle_s), "cycle_s", positive=True),
+        start_on_submit=r.flag(
+            raw.get("start_on_submit", defaults.start_on_submit), "start_on_submit"
+        ),
         online_reserve=r.number(
             raw.get("online_reserve", defaults.online_reserve), "online_reserve"
         ),

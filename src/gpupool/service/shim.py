@@ -32,9 +32,11 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
-from types import FrameType
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pathlib and typing's runtime parts stay unloaded: every job waits on it
+    from types import FrameType
+    from typing import Any, ClassVar
 
 EXIT_NOT_FOUND = 127
 EXIT_NOT_EXECUTABLE = 126
@@ -72,9 +74,10 @@ def _keep_waiting(signum: int, frame: FrameType | None) -> None:
         _Arrivals.during.append(signum)
 
 
-def write_record(path: Path, record: dict[str, object]) -> None:
+def write_record(path: str, record: dict[str, object]) -> None:
     """Write the record so that a reader sees either nothing or all of it."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    head, name = os.path.split(path)
+    tmp = os.path.join(head, f".{name}.{os.getpid()}.tmp")
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(record, f)
         f.flush()
@@ -148,7 +151,7 @@ class CappedLog:
     """Copies one of the job's streams into its log file (our own fd `target`), starting a
     new file once it holds `max_bytes` and keeping the previous one as `<path>.1`."""
 
-    def __init__(self, path: Path, target: int, max_bytes: int) -> None:
+    def __init__(self, path: str, target: int, max_bytes: int) -> None:
         self.path = path
         self.target = target
         self.max_bytes = max(1, max_bytes)
@@ -157,7 +160,7 @@ class CappedLog:
     def _rotate(self) -> None:
         st = os.fstat(self.target)
         with contextlib.suppress(OSError):
-            os.replace(self.path, self.path.with_name(self.path.name + ".1"))
+            os.replace(self.path, self.path + ".1")
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o640)
         with contextlib.suppress(OSError):
             os.fchown(fd, st.st_uid, st.st_gid)
@@ -194,14 +197,14 @@ def stat_mode(mode: int) -> int:
     return mode & 0o7777
 
 
-def _parse(argv: list[str]) -> tuple[Path, int | None, list[str]]:
+def _parse(argv: list[str]) -> tuple[str, int | None, list[str]]:
     if len(argv) == 4 and argv[0] == "--exit-file" and argv[2] == "--spec-fd":
         if not argv[3].isdigit():
             raise SystemExit(_USAGE)
-        return Path(argv[1]), int(argv[3]), []
+        return argv[1], int(argv[3]), []
     if len(argv) < 4 or argv[0] != "--exit-file" or argv[2] != "--":
         raise SystemExit(_USAGE)
-    return Path(argv[1]), None, argv[3:]
+    return argv[1], None, argv[3:]
 
 
 def _read_spec(fd: int) -> dict[str, Any] | None:
@@ -300,7 +303,7 @@ def _start(
     uid, gid = spec.get("uid"), spec.get("gid")
     env = spec.get("env")
     cap = spec.get("log_max_bytes")
-    logs = [(Path(str(spec[k])), fd) for k, fd in (("stdout", 1), ("stderr", 2)) if spec.get(k)]
+    logs = [(str(spec[k]), fd) for k, fd in (("stdout", 1), ("stderr", 2)) if spec.get(k)]
     pipes: list[tuple[int, int]] = []
     if isinstance(cap, int) and len(logs) == 2:
         pipes = [os.pipe() for _ in logs]
