@@ -1360,18 +1360,25 @@ class LiveService:
         if self.commands is not None:
             self.commands += [(now, c) for c in commands]
         batch: list[Launch] = []
+        waits: list[Wait] = []
         for c in commands:
             if isinstance(c, Launch):
                 batch.append(c)
                 continue
+            if isinstance(c, Wait):
+                waits.append(c)  # told together: one commit for a cycle's reasons
+                continue
             self._launch_all(batch, now)
             batch = []
+            self._waiting_all(waits, now)
+            waits = []
             job_id = getattr(c, "job_id", None)
             try:
                 self._command(c, now)
             except Exception as err:  # one command's failure must not drop the others
                 self._fault(type(c).__name__.lower(), err, _job_number(job_id))
         self._launch_all(batch, now)
+        self._waiting_all(waits, now)
 
     def _command(self, c: Command, now: float) -> None:
         if isinstance(c, Stop):
@@ -1427,7 +1434,7 @@ class LiveService:
         elif isinstance(c, Expire):
             self._expire(c, now)
         elif isinstance(c, Wait):
-            self._waiting(c, now)
+            self._waiting_all([c], now)
         elif isinstance(c, Burst):
             assert self.cloud is not None
             for name in c.nodes:
@@ -2058,33 +2065,46 @@ class LiveService:
                 if started is not None:
                     r.run_started_s = started
 
-    def _waiting(self, c: Wait, now: float) -> None:
-        """Store why a waiting job does not start, as `Code: sentence` (an empty reason:
-        nothing holds it back). A Deferred job keeps the reason its Defer wrote (in local
-        time); while the launch gate is closed its reason says that, and this one is
-        what it gets back once the gate opens."""
-        if c.code == "Deferred":
-            return
-        text = c.text or "waiting for GPUs"
-        job_id = int(c.job_id)
-        if job_id in self.told:
-            self.told[job_id] = text
-            return
-        try:
-            self.store.update(
-                job_id,
-                now,
-                expect=("pending", "suspended"),
-                event="limit"
+    def _waiting_all(self, waits: Sequence[Wait], now: float) -> None:
+        """Store why waiting jobs do not start, as `Code: sentence` (an empty reason:
+        nothing holds them back), in one transaction. A Deferred job keeps the reason its
+        Defer wrote (in local time); while the launch gate is closed a job's reason says
+        that, and this one is what it gets back once the gate opens."""
+        told: list[tuple[int, str, str | None]] = []
+        codes: dict[int, str] = {}
+        for c in waits:
+            if c.code == "Deferred":
+                continue
+            text = c.text or "waiting for GPUs"
+            job_id = int(c.job_id)
+            if job_id in self.told:
+                self.told[job_id] = text
+                continue
+            event = (
+                "limit"
                 if c.code in ("JobLimit", "CpuJobLimit")
-                else ("wait-reason" if self.wait_codes.get(job_id) != c.code else None),
-                reason=text,
+                else ("wait-reason" if self.wait_codes.get(job_id) != c.code else None)
             )
-            if len(self.wait_codes) > 100_000:  # bounded: at worst a code is told twice
-                self.wait_codes.clear()
-            self.wait_codes[job_id] = c.code  # a new code is an event: the review's waits
-        except IllegalTransition as err:
-            self.store.add_event("error", str(err), now, job_id=job_id)
+            told.append((job_id, text, event))
+            codes[job_id] = c.code
+        if not told:
+            return
+        left = self.store.set_reasons(told, now)
+        if len(self.wait_codes) + len(codes) > 100_000:  # bounded: at worst told twice
+            self.wait_codes.clear()
+        for job_id, code in codes.items():
+            if job_id not in left:
+                self.wait_codes[job_id] = code  # a new code is an event: the review's waits
+        for job_id, state in left.items():
+            if state is None:
+                continue  # gone: nothing to tell it
+            self.store.add_event(
+                "error",
+                f"job {job_id} is {state}, not pending or suspended; it changed meanwhile: "
+                "read it again and decide anew",
+                now,
+                job_id=job_id,
+            )
 
     def _expire(self, c: Expire, now: float) -> None:
         """A job past its time limit: SIGTERM, its grace, SIGKILL; failed once it left."""

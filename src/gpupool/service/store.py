@@ -1679,6 +1679,32 @@ class Store:
                 self._insert_event(s, event, str(values.get("reason", "")), now_s, job_id, data)
             return _job_row(updated)
 
+    def set_reasons(
+        self, reasons: Sequence[tuple[int, str, str | None]], now_s: float
+    ) -> dict[int, str | None]:
+        """Many waiting jobs' reasons in one transaction: (job id, reason, event kind or
+        None) each, written only while the job is pending or suspended, the events after
+        every update (as `_insert_event` needs). A cycle that tells thousands of new
+        jobs why they wait costs one commit, not one each. Returns the jobs left as they
+        were, with the state each is in now (None: no such job)."""
+        left: dict[int, str | None] = {}
+        with self._write() as s:
+            events: builtins.list[tuple[str, str, int]] = []
+            for job_id, reason, event in reasons:
+                query = (
+                    sql_update(JobModel)
+                    .where(JobModel.id == job_id, JobModel.state.in_(("pending", "suspended")))
+                    .values(updated_at=now_s, reason=reason)
+                )
+                done = cast(CursorResult[Any], s.execute(query)).rowcount
+                if not done:
+                    left[job_id] = s.scalar(select(JobModel.state).where(JobModel.id == job_id))
+                elif event is not None:
+                    events.append((event, reason, job_id))
+            for kind, message, job_id in events:
+                self._insert_event(s, kind, message, now_s, job_id)
+        return left
+
     def set_process(
         self, job_id: int, pid: int, pgid: int, start_ticks: int | None, now_s: float
     ) -> JobRow:
