@@ -45,8 +45,17 @@ class TypicalTask:
 def typical_tasks(
     jobs: Iterable[JobSpec], popularity: float = DEFAULT_POPULARITY
 ) -> tuple[TypicalTask, ...]:
-    """The most frequent task shapes covering `popularity` of all tasks, renormalised to 1."""
-    return typical_of_counts(Counter(TaskShape.of(j) for j in jobs), popularity)
+    """The most frequent task shapes covering `popularity` of all tasks, renormalised to 1.
+
+    Jobs are counted by their raw fields first: a `TaskShape` is made once per distinct
+    demand rather than once per job."""
+    demands = Counter(
+        (j.cpu_milli, j.gpu_milli if j.gpu_count else 0, j.gpu_count, j.gpu_models) for j in jobs
+    )
+    counts: Counter[TaskShape] = Counter()
+    for (cpu, milli, count, models), n in demands.items():
+        counts[TaskShape(cpu, milli, count, "|".join(sorted(models)))] += n
+    return typical_of_counts(counts, popularity)
 
 
 def typical_of_counts(

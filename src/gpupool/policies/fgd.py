@@ -37,51 +37,56 @@ class FgdPolicy(CachedScoringPolicy):
     def __init__(self, meter: FragmentationMeter) -> None:
         super().__init__()
         self.meter = meter
-        self._tables: dict[TaskShape, IntArray] = {}
+        self._tables: dict[tuple[int, int, int], IntArray] = {}
+        self._frags: dict[int, float] = {}
         self._tables_for: tuple[FragmentationMeter, list[FreeKey]] | None = None
 
     def scores(self, state: ClusterState, job: JobSpec, candidates: IntArray) -> IntArray:
         """A node's score reads only its `FreeKey` (model, CPU left, free shares in any
-        order), so it is kept per job shape and key id: many nodes share a key, and a key
+        order), so it is kept per job demand and key id: many nodes share a key, and a key
         never changes meaning. Where co-location rules also decide which GPU a share may
         use, scores are kept per node instead."""
         if job.shares_gpu and state.share_rules:
             return super().scores(state, job, candidates)
-        table = self._table(state, TaskShape.of(job))
+        table = self._table(state, job)
         ids = state.free_id[candidates]
         values = table[ids]
-        unscored = values < 0
-        if unscored.any():
-            for free_id in np.unique(ids[unscored]).tolist():
-                table[free_id] = self._free_score(state, job, state.free_keys[free_id])
+        if values.min() < 0:
+            for free_id in dict.fromkeys(ids[values < 0].tolist()):
+                table[free_id] = self._free_score(state, job, free_id)
             values = table[ids]
         return values
 
-    def _table(self, state: ClusterState, shape: TaskShape) -> IntArray:
-        """Scores by key id for one job shape, -1 where not yet scored; sized to the keys."""
+    def _table(self, state: ClusterState, job: JobSpec) -> IntArray:
+        """Scores by key id for the job's demand, -1 where not yet scored; as long as the
+        key list. Tables hold for one meter and one list of keys."""
         owner = self._tables_for
         if owner is None or owner[0] is not self.meter or owner[1] is not state.free_keys:
-            self._tables, self._tables_for = {}, (self.meter, state.free_keys)
-        table = self._tables.get(shape)
+            self._tables, self._frags = {}, {}
+            self._tables_for = (self.meter, state.free_keys)
+        demand = (job.cpu_milli, job.gpu_milli if job.gpu_count else 0, job.gpu_count)
+        table = self._tables.get(demand)
         if table is None or table.size < len(state.free_keys):
             grown = np.full(2 * len(state.free_keys), -1, dtype=np.int64)
             if table is not None:
                 grown[: table.size] = table
-            table = self._tables[shape] = grown
+            table = self._tables[demand] = grown
         return table
 
-    def _free_score(self, state: ClusterState, job: JobSpec, key: FreeKey) -> int:
+    def _free_score(self, state: ClusterState, job: JobSpec, free_id: int) -> int:
         """The node score of a node with this key; a sharing task gets its best GPU's."""
-        model_id, cpu_left, gpus = key
+        model_id, cpu_left, gpus = state.free_keys[free_id]
         model = state.models[model_id]
-        before = self.meter.node(model, cpu_left, gpus)
+        before = self._frags.get(free_id)
+        if before is None:
+            before = self._frags[free_id] = self.meter.node(model, cpu_left, gpus)
         cpu_after = cpu_left - job.cpu_milli
-        if job.shares_gpu:
+        if job.shares_gpu:  # each distinct free share once: equal ones leave equal nodes
             return max(
                 (
                     _score(before - self.meter.node(model, cpu_after, _take(gpus, g, job)))
                     for g, left in enumerate(gpus)
-                    if left >= job.gpu_milli
+                    if left >= job.gpu_milli and (g == 0 or gpus[g - 1] != left)
                 ),
                 default=-1,
             )
@@ -114,7 +119,7 @@ class FgdPolicy(CachedScoringPolicy):
     def node_score(self, state: ClusterState, job: JobSpec, node: int) -> int:
         if job.shares_gpu:
             return self._best_share(state, job, node)[0]
-        return self._free_score(state, job, state.free_keys[int(state.free_id[node])])
+        return self._free_score(state, job, int(state.free_id[node]))
 
     def choose_gpus(
         self, state: ClusterState, job: JobSpec, node: int, rng: np.random.Generator
