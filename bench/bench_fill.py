@@ -1,10 +1,10 @@
 """Speed target: one FGD fill run (seed 42, ~10,800 tasks onto 1,213 nodes) in <= 0.5 s.
 
-The run is timed apart from reading the node and pod lists; both are reported. Best of 3.
-With --baseline REV the same measurement also runs from a checkout of REV (same
-interpreter and libraries, its own source on PYTHONPATH), each side in its own process;
-the two alternate run by run, so a busy machine slows both alike. Both sides also hash
-what the runs produced, so a speed-up that changed the result shows.
+The run is timed apart from reading the node and pod lists; both are reported. Best of 3
+(--runs N for more). With --baseline REV the same measurement also runs from a checkout
+of REV (same interpreter and libraries, its own source on PYTHONPATH), each side in its
+own process; the two alternate run by run, so a busy machine slows both alike. Both sides
+also hash what the runs produced, so a speed-up that changed the result shows.
 
 Writes bench/results/fill_fgd.json. The authors quote ~10 minutes per run for their Go
 simulator on 2 vCPUs.
@@ -116,7 +116,7 @@ def checkout(rev: str, into: Path) -> Path:
     return into
 
 
-def measure(baseline: str | None, tmp: Path) -> dict[str, object]:
+def measure(baseline: str | None, tmp: Path, rounds: int) -> dict[str, object]:
     sides = {"now": ROOT / "src"}
     if baseline is not None:
         sides["baseline"] = checkout(baseline, tmp / "baseline") / "src"
@@ -127,7 +127,7 @@ def measure(baseline: str | None, tmp: Path) -> dict[str, object]:
             if not Path(str(workers[name].ready["gpupool"])).is_relative_to(src):
                 raise SystemExit(f"{name}: gpupool came from {workers[name].ready['gpupool']}")
         runs: dict[str, list[dict[str, object]]] = {name: [] for name in sides}
-        for _ in range(RUNS):
+        for _ in range(rounds):
             for name in sides:  # alternate, so that load on the machine hits both sides
                 runs[name].append(workers[name].run())
     finally:
@@ -176,16 +176,17 @@ def main() -> int:
     )
     ap.add_argument("--baseline", metavar="REV", help="also time the run from this git revision")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "fill_fgd.json")
+    ap.add_argument("--runs", type=int, default=RUNS, help=f"runs per side, best counts ({RUNS})")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         return worker(sys.stdin)
     with tempfile.TemporaryDirectory() as tmp:
-        out = measure(args.baseline, Path(tmp))
+        out = measure(args.baseline, Path(tmp), args.runs)
     args.out.write_text(json.dumps(out, indent=2) + "\n", encoding="utf-8")
     base = out.get("baseline")
     print(
-        f"fill fgd: {out['tasks']} tasks, best of {RUNS} {out['best_s']:.3f} s "
+        f"fill fgd: {out['tasks']} tasks, best of {args.runs} {out['best_s']:.3f} s "
         f"(+{out['read_s']:.3f} s read), target {TARGET_S} s -> "
         f"{'OK' if out['meets_target'] else 'MISSED'}"
     )
