@@ -6,8 +6,6 @@ Policies read it; only the engine changes it, through `allocate` and `release`, 
 
 from __future__ import annotations
 
-from collections import Counter
-
 import numpy as np
 import numpy.typing as npt
 
@@ -67,7 +65,8 @@ class ClusterState:
         self._free_ids: dict[FreeKey, int] = {}
         self.free_id: IntArray = np.array([self._free_id(i) for i in range(n)], dtype=np.int64)
         """Each node's id in `free_keys`; nodes with one id have the same free resources."""
-        self.affinity: list[Counter[str]] = [Counter() for _ in nodes]
+        self.affinity: list[dict[str, int]] = [{} for _ in nodes]
+        """Per node, how many running jobs of each `affinity_tag` hold GPUs there."""
         self.placements: dict[str, Placement] = {}
         self.jobs: dict[str, JobSpec] = {}
         self.total_gpu_milli = int(self.gpu_count.sum()) * MILLI_PER_GPU
@@ -239,12 +238,13 @@ class ClusterState:
                 raise PlanRejected(f"job {job.job_id}: plan gpu_milli differs from the job's")
             if len(set(share.gpus)) != len(share.gpus):
                 raise PlanRejected(f"job {job.job_id}: a GPU is used twice on node #{i}")
-            if share.gpus and not job.allows_model(self.node_model(i)):
+            if share.gpus and job.gpu_models and not job.allows_model(self.node_model(i)):
                 raise PlanRejected(
                     f"job {job.job_id}: node {self.cluster.nodes[i].name} has "
                     f"{self.node_model(i)}, job allows {sorted(job.gpu_models)}"
                 )
             row = self.gpu_rows[i]
+            share_rules = self.share_rules
             for g in share.gpus:
                 if not 0 <= g < len(row):
                     raise PlanRejected(f"job {job.job_id}: node #{i} has no GPU {g}")
@@ -253,7 +253,7 @@ class ClusterState:
                         f"job {job.job_id}: GPU {g} of node #{i} has {row[g]} milli free, "
                         f"plan wants {share.gpu_milli}"
                     )
-                if self.share_rules:
+                if share_rules:
                     problem = self.colocation_problem(job, i, g)
                     if problem is not None:
                         raise PlanRejected(f"job {job.job_id}: GPU {g} of node #{i}: {problem}")
@@ -270,8 +270,8 @@ class ClusterState:
             self._count(job, share, +1)
             tag = affinity_tag(job)
             if tag is not None and share.gpus:
-                counts = Counter(self.affinity[share.node])
-                counts[tag] += 1
+                counts = dict(self.affinity[share.node])
+                counts[tag] = counts.get(tag, 0) + 1
                 self.affinity[share.node] = counts
         self.placements[job.job_id] = placement
         self.jobs[job.job_id] = job
@@ -287,8 +287,8 @@ class ClusterState:
             self._count(job, share, -1)
             tag = affinity_tag(job)
             if tag is not None and share.gpus:
-                counts = Counter(self.affinity[share.node])
-                counts[tag] -= 1
+                counts = dict(self.affinity[share.node])
+                counts[tag] = counts.get(tag, 0) - 1
                 if counts[tag] <= 0:
                     del counts[tag]
                 self.affinity[share.node] = counts
