@@ -140,6 +140,8 @@ def _fragment(mix: _ModelMix, cpu_rank: int, gpus: tuple[int, ...]) -> float:
     frag = mix.whole_idle * idle
     for popularity, cpu, j, count in mix.gpu_tasks:
         cut = cuts[j]
-        fits = cpu_rank > cpu and len(gpus) - cut >= count
-        frag += popularity * (below_milli[cut] if fits else idle)
+        if cpu_rank > cpu and len(gpus) - cut >= count:
+            frag += popularity * below_milli[cut]
+        else:
+            frag += popularity * idle
     return frag
