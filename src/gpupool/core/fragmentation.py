@@ -11,9 +11,11 @@ mix, as in the authors' configuration (isInvolvedCpuPods, 95% popularity thresho
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from itertools import accumulate
 
 from gpupool.core.model import JobSpec
 
@@ -43,8 +45,17 @@ class TypicalTask:
 def typical_tasks(
     jobs: Iterable[JobSpec], popularity: float = DEFAULT_POPULARITY
 ) -> tuple[TypicalTask, ...]:
-    """The most frequent task shapes covering `popularity` of all tasks, renormalised to 1."""
-    return typical_of_counts(Counter(TaskShape.of(j) for j in jobs), popularity)
+    """The most frequent task shapes covering `popularity` of all tasks, renormalised to 1.
+
+    Jobs are counted by their raw fields first: a `TaskShape` is made once per distinct
+    demand rather than once per job."""
+    demands = Counter(
+        (j.cpu_milli, j.gpu_milli if j.gpu_count else 0, j.gpu_count, j.gpu_models) for j in jobs
+    )
+    counts: Counter[TaskShape] = Counter()
+    for (cpu, milli, count, models), n in demands.items():
+        counts[TaskShape(cpu, milli, count, "|".join(sorted(models)))] += n
+    return typical_of_counts(counts, popularity)
 
 
 def typical_of_counts(
@@ -67,11 +78,14 @@ def typical_of_counts(
 
 
 class FragmentationMeter:
-    """Fragmentation of a node state in GPU milli; memoised, since states repeat a lot."""
+    """Fragmentation of a node state in GPU milli; memoised, since states repeat a lot.
+
+    The memo keys CPU by its rank among the mix's CPU requests: a node's CPU is only ever
+    compared with those, so nodes that differ in CPU but not in rank share one entry."""
 
     def __init__(self, tasks: tuple[TypicalTask, ...], models: Iterable[str]) -> None:
         self.tasks = tasks
-        self._per_model: dict[str, tuple[float, tuple[tuple[float, int, int, int], ...]]] = {}
+        self._per_model: dict[str, _ModelMix] = {}
         for model in models:
             whole_idle = 0.0
             gpu_tasks: list[tuple[float, int, int, int]] = []
@@ -82,32 +96,52 @@ class FragmentationMeter:
                     whole_idle += t.popularity
                 else:
                     gpu_tasks.append((t.popularity, s.cpu_milli, s.gpu_milli, s.gpu_count))
-            self._per_model[model] = (whole_idle, tuple(gpu_tasks))
+            cpus = tuple(sorted({cpu for _, cpu, _, _ in gpu_tasks}))
+            millis = tuple(sorted({milli for _, _, milli, _ in gpu_tasks}))
+            self._per_model[model] = _ModelMix(
+                whole_idle,
+                cpus,
+                millis,
+                tuple((p, cpus.index(c), millis.index(m), n) for p, c, m, n in gpu_tasks),
+            )
         self._memo: dict[tuple[str, int, tuple[int, ...]], float] = {}
 
     def node(self, model: str, cpu_left: int, gpus: tuple[int, ...]) -> float:
-        key = (model, cpu_left, tuple(sorted(gpus)))
+        mix = self._per_model[model]
+        key = (model, bisect_right(mix.cpus, cpu_left), tuple(sorted(gpus)))
         value = self._memo.get(key)
         if value is None:
-            value = self._compute(model, cpu_left, key[2])
-            self._memo[key] = value
+            value = self._memo[key] = _fragment(mix, key[1], key[2])
         return value
 
-    def _compute(self, model: str, cpu_left: int, gpus: tuple[int, ...]) -> float:
-        idle = sum(gpus)
-        whole_idle, gpu_tasks = self._per_model[model]
-        frag = whole_idle * idle
-        for popularity, cpu, milli, count in gpu_tasks:
-            if cpu_left >= cpu:
-                usable = 0
-                stranded = 0
-                for g in gpus:
-                    if g >= milli:
-                        usable += 1
-                    else:
-                        stranded += g
-                if usable >= count:
-                    frag += popularity * stranded
-                    continue
+
+@dataclass(frozen=True, slots=True)
+class _ModelMix:
+    """The typical tasks as one GPU model sees them."""
+
+    whole_idle: float
+    """Popularity of the tasks that can use none of its GPUs: all idle share is fragment."""
+    cpus: tuple[int, ...]
+    """Distinct CPU requests of the others, ascending."""
+    millis: tuple[int, ...]
+    """Distinct per-GPU requests of the others, ascending."""
+    gpu_tasks: tuple[tuple[float, int, int, int], ...]
+    """(popularity, index into `cpus`, index into `millis`, GPU count), in task order."""
+
+
+def _fragment(mix: _ModelMix, cpu_rank: int, gpus: tuple[int, ...]) -> float:
+    """`gpus` ascending, `cpu_rank` the number of `mix.cpus` at or below the CPU left. The
+    GPUs below a per-GPU request are a prefix, so one bisection per distinct request gives
+    both how many GPUs it can use and the share it strands. The float sum runs in task
+    order, as the plain definition adds it."""
+    below_milli = list(accumulate(gpus, initial=0))  # [k]: share on the k smallest GPUs
+    idle = below_milli[-1]
+    cuts = [bisect_left(gpus, milli) for milli in mix.millis]
+    frag = mix.whole_idle * idle
+    for popularity, cpu, j, count in mix.gpu_tasks:
+        cut = cuts[j]
+        if cpu_rank > cpu and len(gpus) - cut >= count:
+            frag += popularity * below_milli[cut]
+        else:
             frag += popularity * idle
-        return frag
+    return frag

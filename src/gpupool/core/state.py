@@ -6,8 +6,6 @@ Policies read it; only the engine changes it, through `allocate` and `release`, 
 
 from __future__ import annotations
 
-from collections import Counter
-
 import numpy as np
 import numpy.typing as npt
 
@@ -16,6 +14,8 @@ from gpupool.errors import ConflictError, PlanRejected
 
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
+FreeKey = tuple[int, int, tuple[int, ...]]
+"""(model id, CPU milli left, free GPU shares in ascending order) of one node."""
 
 NO_GPU = -1
 """Marks a GPU slot a node does not have, so that `left >= request` never holds there."""
@@ -47,6 +47,8 @@ class ClusterState:
         for i, nd in enumerate(nodes):
             self.gpu_left[i, : nd.gpu_count] = MILLI_PER_GPU
         self.whole_free: IntArray = self.gpu_count.copy()
+        self.max_free: IntArray = np.where(self.gpu_count > 0, MILLI_PER_GPU, NO_GPU)
+        """The largest free share on any of the node's GPUs: a one-GPU share fits there."""
         self.version: IntArray = np.zeros(n, dtype=np.int64)
         self.tie_rank: IntArray = np.arange(n, dtype=np.int64)
         """Order in which equally scored nodes win; a run may shuffle it with its seed."""
@@ -57,7 +59,14 @@ class ClusterState:
         )
         # Python mirrors of the per-node GPU rows: per-node scoring reads these, not numpy.
         self.gpu_rows: list[tuple[int, ...]] = [(MILLI_PER_GPU,) * nd.gpu_count for nd in nodes]
-        self.affinity: list[Counter[str]] = [Counter() for _ in nodes]
+        self.free_keys: list[FreeKey] = []
+        """Every distinct `FreeKey` seen, by id. Append-only and shared with copies, so an
+        id means the same key everywhere: a score that reads only these can be kept by id."""
+        self._free_ids: dict[FreeKey, int] = {}
+        self.free_id: IntArray = np.array([self._free_id(i) for i in range(n)], dtype=np.int64)
+        """Each node's id in `free_keys`; nodes with one id have the same free resources."""
+        self.affinity: list[dict[str, int]] = [{} for _ in nodes]
+        """Per node, how many running jobs of each `affinity_tag` hold GPUs there."""
         self.placements: dict[str, Placement] = {}
         self.jobs: dict[str, JobSpec] = {}
         self.total_gpu_milli = int(self.gpu_count.sum()) * MILLI_PER_GPU
@@ -90,6 +99,8 @@ class ClusterState:
             "mem_left",
             "gpu_left",
             "whole_free",
+            "max_free",
+            "free_id",
             "version",
             "online_on_gpu",
             "other_on_gpu",
@@ -115,9 +126,12 @@ class ClusterState:
         ok = (self.cpu_left >= job.cpu_milli) & (self.mem_left >= job.mem_mib)
         if job.gpu_count == 0:
             return ok
-        ok &= self.model_mask(job.gpu_models)
+        if job.gpu_models:
+            ok &= self.model_mask(job.gpu_models)
         if job.gpu_milli == MILLI_PER_GPU:
             return ok & (self.whole_free >= job.gpu_count)
+        if job.gpu_count == 1 and not self.share_rules:
+            return ok & (self.max_free >= job.gpu_milli)
         fitting: IntArray = self.usable_gpus(job).sum(axis=1)
         return ok & (fitting >= job.gpu_count)
 
@@ -185,6 +199,15 @@ class ClusterState:
                 return f"measured free memory {free} MiB is less than the {need} MiB asked"
         return None
 
+    def _free_id(self, node: int) -> int:
+        row = self.gpu_rows[node]
+        key = (int(self.model_id[node]), int(self.cpu_left[node]), tuple(sorted(row)))
+        free_id = self._free_ids.get(key)
+        if free_id is None:
+            free_id = self._free_ids[key] = len(self.free_keys)
+            self.free_keys.append(key)
+        return free_id
+
     def node_model(self, node: int) -> str:
         return self.models[int(self.model_id[node])]
 
@@ -215,12 +238,13 @@ class ClusterState:
                 raise PlanRejected(f"job {job.job_id}: plan gpu_milli differs from the job's")
             if len(set(share.gpus)) != len(share.gpus):
                 raise PlanRejected(f"job {job.job_id}: a GPU is used twice on node #{i}")
-            if share.gpus and not job.allows_model(self.node_model(i)):
+            if share.gpus and job.gpu_models and not job.allows_model(self.node_model(i)):
                 raise PlanRejected(
                     f"job {job.job_id}: node {self.cluster.nodes[i].name} has "
                     f"{self.node_model(i)}, job allows {sorted(job.gpu_models)}"
                 )
             row = self.gpu_rows[i]
+            share_rules = self.share_rules
             for g in share.gpus:
                 if not 0 <= g < len(row):
                     raise PlanRejected(f"job {job.job_id}: node #{i} has no GPU {g}")
@@ -229,7 +253,7 @@ class ClusterState:
                         f"job {job.job_id}: GPU {g} of node #{i} has {row[g]} milli free, "
                         f"plan wants {share.gpu_milli}"
                     )
-                if self.share_rules:
+                if share_rules:
                     problem = self.colocation_problem(job, i, g)
                     if problem is not None:
                         raise PlanRejected(f"job {job.job_id}: GPU {g} of node #{i}: {problem}")
@@ -246,8 +270,8 @@ class ClusterState:
             self._count(job, share, +1)
             tag = affinity_tag(job)
             if tag is not None and share.gpus:
-                counts = Counter(self.affinity[share.node])
-                counts[tag] += 1
+                counts = dict(self.affinity[share.node])
+                counts[tag] = counts.get(tag, 0) + 1
                 self.affinity[share.node] = counts
         self.placements[job.job_id] = placement
         self.jobs[job.job_id] = job
@@ -263,8 +287,8 @@ class ClusterState:
             self._count(job, share, -1)
             tag = affinity_tag(job)
             if tag is not None and share.gpus:
-                counts = Counter(self.affinity[share.node])
-                counts[tag] -= 1
+                counts = dict(self.affinity[share.node])
+                counts[tag] = counts.get(tag, 0) - 1
                 if counts[tag] <= 0:
                     del counts[tag]
                 self.affinity[share.node] = counts
@@ -288,5 +312,7 @@ class ClusterState:
                 row[g] += sign * share.gpu_milli
                 self.gpu_left[i, g] = row[g]
             self.gpu_rows[i] = tuple(row)
-            self.whole_free[i] = sum(1 for v in row if v == MILLI_PER_GPU)
+            self.whole_free[i] = row.count(MILLI_PER_GPU)
+            self.max_free[i] = max(row)
+        self.free_id[i] = self._free_id(i)
         self.version[i] += 1

@@ -47,7 +47,7 @@ class ScoringPolicy:
         mask = state.fits_mask(job)
         if allowed is not None:
             mask &= allowed
-        candidates = np.flatnonzero(mask)
+        candidates = mask.nonzero()[0]
         node = self.pick(state, job, candidates, rng)
         if node is None:
             return None

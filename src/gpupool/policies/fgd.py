@@ -20,10 +20,10 @@ from gpupool.core.fragmentation import (
     TaskShape,
     typical_of_counts,
 )
-from gpupool.core.model import JobSpec
-from gpupool.core.state import ClusterState
+from gpupool.core.model import MILLI_PER_GPU, JobSpec
+from gpupool.core.state import ClusterState, FreeKey, IntArray
 from gpupool.errors import SpecError
-from gpupool.policies.base import CachedScoringPolicy, lowest_free_gpus
+from gpupool.policies.base import CachedScoringPolicy
 from gpupool.policies.registry import PolicyContext, register_placement
 
 
@@ -37,9 +37,67 @@ class FgdPolicy(CachedScoringPolicy):
     def __init__(self, meter: FragmentationMeter) -> None:
         super().__init__()
         self.meter = meter
+        self._tables: dict[tuple[int, int, int], IntArray] = {}
+        self._frags: dict[int, float] = {}
+        self._tables_for: tuple[FragmentationMeter, list[FreeKey]] | None = None
+
+    def scores(self, state: ClusterState, job: JobSpec, candidates: IntArray) -> IntArray:
+        """A node's score reads only its `FreeKey` (model, CPU left, free shares in any
+        order), so it is kept per job demand and key id: many nodes share a key, and a key
+        never changes meaning. Where co-location rules also decide which GPU a share may
+        use, scores are kept per node instead."""
+        if job.shares_gpu and state.share_rules:
+            return super().scores(state, job, candidates)
+        table = self._table(state, job)
+        ids = state.free_id[candidates]
+        values = table[ids]
+        if values.min() < 0:
+            for free_id in dict.fromkeys(ids[values < 0].tolist()):
+                table[free_id] = self._free_score(state, job, free_id)
+            values = table[ids]
+        return values
+
+    def _table(self, state: ClusterState, job: JobSpec) -> IntArray:
+        """Scores by key id for the job's demand, -1 where not yet scored; as long as the
+        key list. Tables hold for one meter and one list of keys."""
+        owner = self._tables_for
+        if owner is None or owner[0] is not self.meter or owner[1] is not state.free_keys:
+            self._tables, self._frags = {}, {}
+            self._tables_for = (self.meter, state.free_keys)
+        demand = (job.cpu_milli, job.gpu_milli if job.gpu_count else 0, job.gpu_count)
+        table = self._tables.get(demand)
+        if table is None or table.size < len(state.free_keys):
+            grown = np.full(2 * len(state.free_keys), -1, dtype=np.int64)
+            if table is not None:
+                grown[: table.size] = table
+            table = self._tables[demand] = grown
+        return table
+
+    def _free_score(self, state: ClusterState, job: JobSpec, free_id: int) -> int:
+        """The node score of a node with this key; a sharing task gets its best GPU's."""
+        model_id, cpu_left, gpus = state.free_keys[free_id]
+        model = state.models[model_id]
+        before = self._frags.get(free_id)
+        if before is None:
+            before = self._frags[free_id] = self.meter.node(model, cpu_left, gpus)
+        cpu_after = cpu_left - job.cpu_milli
+        if job.shares_gpu:  # each distinct free share once: equal ones leave equal nodes
+            return max(
+                (
+                    _score(before - self.meter.node(model, cpu_after, _take(gpus, g, job)))
+                    for g, left in enumerate(gpus)
+                    if left >= job.gpu_milli and (g == 0 or gpus[g - 1] != left)
+                ),
+                default=-1,
+            )
+        # Whole GPUs: which free ones are taken does not change the multiset left.
+        taken = min(job.gpu_count, gpus.count(MILLI_PER_GPU))
+        after = gpus[: len(gpus) - taken] + (MILLI_PER_GPU - job.gpu_milli,) * taken
+        return _score(before - self.meter.node(model, cpu_after, after))
 
     def _best_share(self, state: ClusterState, job: JobSpec, node: int) -> tuple[int, int]:
-        """(score, gpu index) of the best GPU for a sharing task on this node."""
+        """(score, gpu index) of the best GPU for a sharing task on this node: the first
+        GPU, by index, of those that score best."""
         model = state.node_model(node)
         cpu_left = int(state.cpu_left[node])
         row = state.gpu_rows[node]
@@ -52,8 +110,7 @@ class FgdPolicy(CachedScoringPolicy):
                 continue
             score = tried.get(left)
             if score is None:
-                after_row = (*row[:g], left - job.gpu_milli, *row[g + 1 :])
-                after = self.meter.node(model, cpu_left - job.cpu_milli, after_row)
+                after = self.meter.node(model, cpu_left - job.cpu_milli, _take(row, g, job))
                 score = tried[left] = _score(before - after)
             if score > best_score:
                 best_score, best_gpu = score, g
@@ -62,16 +119,7 @@ class FgdPolicy(CachedScoringPolicy):
     def node_score(self, state: ClusterState, job: JobSpec, node: int) -> int:
         if job.shares_gpu:
             return self._best_share(state, job, node)[0]
-        model = state.node_model(node)
-        cpu_left = int(state.cpu_left[node])
-        row = state.gpu_rows[node]
-        before = self.meter.node(model, cpu_left, row)
-        taken = set(lowest_free_gpus(row, job.gpu_count)) if job.gpu_count else set()
-        after_row = tuple(
-            left - job.gpu_milli if g in taken else left for g, left in enumerate(row)
-        )
-        after = self.meter.node(model, cpu_left - job.cpu_milli, after_row)
-        return _score(before - after)
+        return self._free_score(state, job, int(state.free_id[node]))
 
     def choose_gpus(
         self, state: ClusterState, job: JobSpec, node: int, rng: np.random.Generator
@@ -79,6 +127,11 @@ class FgdPolicy(CachedScoringPolicy):
         if job.shares_gpu:
             return (self._best_share(state, job, node)[1],)
         return super().choose_gpus(state, job, node, rng)
+
+
+def _take(gpus: tuple[int, ...], g: int, job: JobSpec) -> tuple[int, ...]:
+    """The free shares after one share of the job goes on GPU `g`."""
+    return (*gpus[:g], gpus[g] - job.gpu_milli, *gpus[g + 1 :])
 
 
 class LearnedFgdPolicy(FgdPolicy):
@@ -102,7 +155,7 @@ class LearnedFgdPolicy(FgdPolicy):
             self.meter = FragmentationMeter(
                 typical_of_counts(self.seen, self.popularity), self.models
             )
-            self._owner, self._cache = None, {}
+            self._owner, self._cache = None, {}  # the key-id tables follow the meter
 
 
 @register_placement("fgd")

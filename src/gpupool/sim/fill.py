@@ -114,15 +114,13 @@ def run_fill(
     state.tie_rank = rng.permutation(state.node_count).astype(np.int64)
 
     n = len(workload)
-    arrived = np.zeros(n + 1, dtype=np.int64)
-    used = np.zeros(n + 1, dtype=np.int64)
-    frag = np.zeros(n + 1, dtype=np.float64)
     node_frag = [
         meter.node(state.node_model(i), int(state.cpu_left[i]), state.gpu_rows[i])
         for i in range(state.node_count)
     ]
     frag_total = float(sum(node_frag))
-    frag[0] = frag_total
+    # Samples go to lists, one per arrival, and become arrays once at the end.
+    arrived, used, frag = [0], [0], [frag_total]
     arrived_total = 0
     unplaced: list[str] = []
     every = max(1, n // 100)
@@ -132,13 +130,14 @@ def run_fill(
         if plan is None:
             unplaced.append(job.job_id)
         else:
-            for i in plan.nodes:
+            for share in plan.shares:
+                i = share.node
                 new = meter.node(state.node_model(i), int(state.cpu_left[i]), state.gpu_rows[i])
                 frag_total += new - node_frag[i]
                 node_frag[i] = new
-        arrived[k] = arrived_total
-        used[k] = state.used_gpu_milli
-        frag[k] = frag_total
+        arrived.append(arrived_total)
+        used.append(state.used_gpu_milli)
+        frag.append(frag_total)
         if progress is not None and (k % every == 0 or k == n):
             progress(k, n)
     return FillResult(
@@ -146,9 +145,9 @@ def run_fill(
         seed=seed,
         tune=tune,
         total_gpus=int(state.gpu_count.sum()),
-        arrived_milli=arrived,
-        used_milli=used,
-        frag_milli=frag,
+        arrived_milli=np.array(arrived, dtype=np.int64),
+        used_milli=np.array(used, dtype=np.int64),
+        frag_milli=np.array(frag, dtype=np.float64),
         tasks=n,
         placed=n - len(unplaced),
         unplaced=unplaced,
