@@ -608,7 +608,11 @@ class PriorityQuotaPolicy(CyclePolicy):
         return may_hold_reserve(view.rules, view.cycle_s, job, vacate_s, preemptions)
 
     def _fast_held(self, view: CycleView) -> dict[str, int]:
+        """GPUs of each pool held by work that could vacate the reserve in time; only a
+        pool with a reserve asks (`_reserve_ok`), so without one nothing is counted."""
         out = {t: 0 for t in view.pool_nodes}
+        if not any(view.reserve.values()):
+            return out
         for job_id, r in view.running.items():
             if job_id not in view.vacating and self._can_vacate(
                 view, r.spec, r.vacate_s, r.preemptions
@@ -659,27 +663,36 @@ class PriorityQuotaPolicy(CyclePolicy):
         """
         allowed = view.allowed(job, gpu_type)
         rules = view.rules
-        bound = rules.max_lost_work_s
+        bound = math.inf if rules.max_lost_work_s is None else rules.max_lost_work_s + 1e-9
         patient = claimant is not None and claimant.kind is not JobKind.ONLINE
+        # the loop below visits every running job: its tests are written out flat (no
+        # property, no call) since at 100,000 GPUs it runs over tens of thousands of jobs
+        online = JobKind.ONLINE
+        by_online = claimant is not None and claimant.kind is online
+        above = math.inf if claimant is None or by_online else claimant.priority
+        now_s, min_runtime_s = view.now_s, rules.min_runtime_s
+        max_per_job = rules.max_per_job
+        vacating = view.vacating
+        placements = view.state.placements
         by_node: dict[int, list[tuple[tuple[float, float], str, int]]] = {}
         for job_id, r in view.running.items():
+            spec = r.spec
             if (
-                job_id in taken
-                or (job_id in view.vacating and job_id not in orphans)
-                or r.gpu_type != gpu_type
-                or not r.spec.preemptible
-                or r.preemptions >= view.rules.max_per_job
-                or (team is not None and r.spec.team != team)
+                r.gpu_type != gpu_type
+                or spec.kind is online
+                or r.preemptions >= max_per_job
+                or job_id in taken
+                or (team is not None and spec.team != team)
+                or (job_id in vacating and job_id not in orphans)
             ):
                 continue
-            if job_id not in orphans:
-                if bound is not None and r.lost_work_s > bound + 1e-9:
-                    continue
-                if claimant is not None and not outranks(claimant, r.spec):
-                    continue
-                if patient and view.now_s - r.run_started_s < rules.min_runtime_s:
-                    continue
-            placement = view.state.placements.get(job_id)
+            if job_id not in orphans and (
+                r.lost_work_s > bound
+                or spec.priority >= above
+                or (patient and now_s - r.run_started_s < min_runtime_s)
+            ):
+                continue
+            placement = placements.get(job_id)
             if placement is None:
                 continue
             key: tuple[float, float] = (
@@ -709,6 +722,10 @@ class PriorityQuotaPolicy(CyclePolicy):
             best: tuple[tuple[float, float], int, list[tuple[str, bool]]] | None = None
             for node, items in by_node.items():
                 if not allowed[node]:
+                    continue
+                # A node's score is at least its cheapest victim's (priority, cost): one
+                # that cannot beat the best so far is not worked out (the same choice).
+                if best is not None and min(items)[0] >= best[0]:
                     continue
                 free = int(scratch.whole_free[node])
                 left = dict(excess)
