@@ -16,7 +16,7 @@ from gpupool.errors import GpupoolError
 
 def build_parser(words: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The whole parser, or with `words` (the command line) one whose other commands are
-    placeholders with their help line: `gpupool ls` does not import the simulator, and
+    stand-ins that carry only their help line: `gpupool ls` does not import the simulator, and
     `gpupool --version` imports nothing of gpupool's commands."""
     parser = argparse.ArgumentParser(
         prog="gpupool",
