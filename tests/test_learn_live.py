@@ -449,6 +449,79 @@ def test_promotion_is_refused_when_the_replay_shows_no_win() -> None:
     assert not ok and "does not win" in sentence
 
 
+MEASURED_RUNS = (
+    [(k * 0.2, 10.2 + 0.05 * (k % 3), 5.8 + 0.04 * (k % 4)) for k in range(15)],
+    [10.3, 10.19, 10.44, 10.33, 10.22, 10.22],
+    [5.81, 6.08, 6.01, 6.01, 5.82, 5.77],
+)
+"""A run of the real-server test below, measured under load: 15 long and short pairs at
+once, then six long jobs and six short ones behind them, where the second batch's short
+jobs ran past the 90th percentile of the first batch's."""
+
+
+def measured_history() -> dict[str, Any]:
+    pairs, longs, shorts = MEASURED_RUNS
+    rows: list[tuple[str, str, float, float]] = []
+    for at, long_s, short_s in pairs:
+        rows += [("finetune", "train", at, long_s), ("eval", "sweep", at + 0.1, short_s)]
+    rows += [("finetune", "train", 66.5 + 0.1 * k, run) for k, run in enumerate(longs)]
+    rows += [("eval", "sweep", 67.1 + 0.1 * k, run) for k, run in enumerate(shorts)]
+    jobs = [
+        {
+            "id": n + 1,
+            "team": team,
+            "name": name,
+            "gpu_count": 1,
+            "gpu_model": None,
+            "submit_s": T0 + at,
+            "run_gpu_s": run_s,
+            "finish_s": T0 + at + run_s,
+        }
+        for n, (name, team, at, run_s) in enumerate(rows)
+    ]
+    fleet = {"nodes": 1, "gpus": 4, "gpus_per_node": [4]}
+    return {"days": 1.0, "now_s": T0 + 100.0, "fleet": fleet, "jobs": jobs}
+
+
+def test_the_promotion_replay_does_not_preempt_as_the_live_core_does_not() -> None:
+    # the live core's ordered policies only choose which waiting job starts next; a
+    # preemptive replay judges another policy, one that suspends a short job a moment from
+    # its end because it outran its predicted q90, and here loses to 2D-LAS for it
+    from gpupool.core.model import JobSpec
+    from gpupool.sim.replay import run_replay
+
+    hist = measured_history()
+    jobs = [
+        JobSpec(
+            str(j["id"]),
+            1,
+            team=j["team"],
+            submit_s=j["submit_s"] - T0,
+            duration_s=j["run_gpu_s"],
+            name=j["name"],
+        )
+        for j in hist["jobs"]
+    ]
+    active = dataclasses.replace(SHADOW, mode="active")
+    runs = {
+        (queue, preemptive): run_replay(
+            jobs, 1, 4, queue=queue, learning=active, origin_s=T0, preemptive=preemptive
+        )
+        for queue in ("las", "learned")
+        for preemptive in (True, False)
+    }
+    preempts = {key: sum(d.action == "preempt" for d in r.log.decisions) for key, r in runs.items()}
+    assert preempts[("learned", True)] > 0 and preempts[("las", True)] == 0
+    assert preempts[("learned", False)] == preempts[("las", False)] == 0
+    mean = {key: r.metrics.avg_jct_s for key, r in runs.items()}
+    assert mean[("learned", True)] > mean[("las", True)]
+    ev = replay_history(hist, SHADOW)
+    assert ev["learned_mean_jct_s"] == pytest.approx(mean[("learned", False)])
+    assert ev["rule_mean_jct_s"] == pytest.approx(mean[("las", False)])
+    ok, sentence = verdict(ev, SHADOW.guard.min_finished)
+    assert ok, sentence
+
+
 # ---- through a real `gpupool serve` ------------------------------------------------------
 SERVE_CONFIG = """\
 teams:

@@ -86,7 +86,11 @@ def fleet_shape(fleet: Mapping[str, Any]) -> tuple[int, int]:
 
 def replay_history(history: Mapping[str, Any], learning: LearningConfig) -> dict[str, Any]:
     """Replay the history's finished jobs under the rule and the learned policy (each job
-    runs its measured GPU-time on its GPU count) on a fleet of the server's shape."""
+    runs its measured GPU-time on its GPU count) on a fleet of the server's shape.
+
+    Without preemption, as the live core runs both: its ordered policies only choose which
+    waiting job starts next. (A preemptive replay judged another policy: it suspended a
+    job a moment from its end once the job outran its predicted q90.)"""
     from gpupool.core.model import JobSpec
     from gpupool.sim.replay import run_replay
 
@@ -127,6 +131,7 @@ def replay_history(history: Mapping[str, Any], learning: LearningConfig) -> dict
             name=f"learn-{label}",
             learning=active,
             origin_s=origin_s,
+            preemptive=False,
         )
         results[label] = r.metrics
     rule_m, learned_m = results[learning.rule], results["learned"]

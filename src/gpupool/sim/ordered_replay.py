@@ -86,6 +86,7 @@ def run_ordered(
     learning: LearningConfig | None,
     predictor: Predictor | None,
     origin_s: float,
+    preemptive: bool = True,
 ) -> ReplayResult:
     started = time.perf_counter()
     learning = learning or LearningConfig()
@@ -265,6 +266,9 @@ def run_ordered(
         best_waiting = None
         if not waiting:
             return  # everything that wants GPUs runs: no rank can change that
+        if not preemptive:
+            start_in_order(now)
+            return
         order = rule_order(now)
         if ordering.uses_model:
             cands = [
@@ -288,6 +292,26 @@ def run_ordered(
             preempt(running[job_id], now)
         for r in wanted:
             if r.state is not JobState.RUNNING:
+                start(r, now)
+
+    def start_in_order(now: float) -> None:
+        """Without preemption (the live core's ordered policies): the waiting jobs in the
+        order, each started when it fits the free GPUs; running jobs keep running."""
+        assert ordering is not None
+        order = [job_id for job_id in rule_order(now) if job_id in waiting]
+        if ordering.uses_model:
+            cands = [
+                Candidate(job_id, ranked_attained(table[job_id], now), table[job_id].job.submit_s)
+                for job_id in order
+            ]
+            order = preferential_merge(
+                ordering.predicted_order(cands), order, ordering.config.weight
+            )
+        for job_id in order:
+            if free == 0:
+                break
+            r = table[job_id]
+            if r.gpus <= free:
                 start(r, now)
 
     def schedule_backfill(now: float) -> None:
@@ -370,7 +394,7 @@ def run_ordered(
             if ordering is not None:
                 rekey(r, now)
             changed = True
-        if moved and not changed:
+        if moved and not changed and preemptive:
             changed = rebuilt or not all(ahead_of_waiting(old, r) for old, r in moved)
         if ordering is not None:
             if learned:

@@ -118,6 +118,7 @@ def run_replay(
     learning: LearningConfig | None = None,
     predictor: Predictor | None = None,
     origin_s: float = 0.0,
+    preemptive: bool = True,
 ) -> ReplayResult:
     """Replay `jobs` on `nodes` x `gpus_per_node` GPUs under the queue policy `queue`.
 
@@ -125,7 +126,9 @@ def run_replay(
     `learning.predictor` names, made with `origin_s`, the wall-clock time of the trace's
     second 0, so hour and weekday features are true); `learning` also sets the rule it
     mixes with (las or gittins), the mixing weight and the guard. `las` and `gittins`
-    take their LAS thresholds from `learning` and never use a predictor.
+    take their LAS thresholds from `learning` and never use a predictor. The ranked
+    queues preempt (Tiresias' semantics) unless `preemptive` is False, as in the live
+    core, where the order only chooses which waiting job starts next.
     """
     if queue in RULE_QUEUES or queue == "backfill":
         from gpupool.sim.ordered_replay import run_ordered
@@ -142,6 +145,7 @@ def run_replay(
             learning,
             predictor,
             origin_s,
+            preemptive,
         )
     started = time.perf_counter()
     for job in jobs:
