@@ -10,20 +10,19 @@
    that time - the client's time.time() just before the POST. The path is broken down
    with timing shims (set on the instances here, the library is untouched): submit ->
    the loop step that launched it begins (the job's started_at) -> RayExecutor.launch_many
-   called -> it returned (Ray actor created, the shim Popen'd on the node) -> the job's
-   first action (shim and job Python start-up).
+   called -> it returned (the node's warm launcher Popen'd the shim) -> the job's first
+   action (shim and job Python start-up).
 2. Scheduler CPU per decision: `time.thread_time()` (the loop thread's own CPU) around
    each `live.scheduler.cycle(now)` call, divided by its decisions (Launch/Stop); and
-   around each whole `live.step()`, per launch (includes reaping, Ray actor creation and
+   around each whole `live.step()`, per launch (includes reaping, the launcher calls and
    the database writes). Process-wide CPU (API + loop + Ray driver threads) and the CPU
    of every process this script started (Ray's GCS, raylets, workers, jobs) per job are
    reported too.
 
 Each node declares enough fake GPUs (72, 216 in all) that no job waits for a GPU. The
 default rate (0.5/s) measures one launch at a time; `--rate 20 --tag burst` submits the
-200 jobs within 10 s, so cycles launch several at once (`launch_many`: all the actors are
-created, then awaited), which on 2 cores is bounded by Ray starting one worker process
-per job actor.
+200 jobs within 10 s, so cycles launch several at once (`launch_many`: one `start_many`
+call per node's launcher, all in flight before any is awaited).
 
 Ray probes an outside address, so this runs only in a loopback-only network namespace:
 
@@ -424,9 +423,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
         # ---- latency and its parts
         total, api_rt, to_step, in_step, launch, to_first = [], [], [], [], [], []
+        after_last: list[float] = []
+        last_submit = max(t for t, _, _ in jobs.values())
         per_node: dict[str, int] = {}
         for job_id, (t_submit, t_answer, mark) in jobs.items():
             first = float(mark.read_text())
+            after_last.append(first - last_submit)
             key = str(job_id)
             step_begin = probes.step_begin[key]
             call_begin, call_end, _ = probes.launch_call[key]
@@ -478,11 +480,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             },
             "latency_ms": {
                 "submit_to_process_start": stats(total),
+                "last_submit_to_process_start": stats(after_last),
+                "jobs_failed": 0,  # wait_done raises unless every job succeeded
                 "parts": {
                     "api_round_trip": stats(api_rt),
                     "submit_to_launching_step": stats(to_step),
                     "step_begin_to_launch_call": stats(in_step),
-                    "launch_call (ray actors + shim Popen, one batch per cycle)": stats(launch),
+                    "launch_call (node launchers Popen the shims, one batch per cycle)": stats(
+                        launch
+                    ),
                     "launch_return_to_process_start (shim + job start-up)": stats(to_first),
                 },
                 "warmup_first_launches": [round(1000 * x, 1) for x in warm_lat],
@@ -518,8 +524,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "notes": (
                     "thread CPU is the loop thread's own (time.thread_time); process CPU is "
                     "this whole process (API, loop, Ray driver threads) over the measured "
-                    "window; started processes = Ray GCS, raylets, workers (one per job "
-                    "actor) and the jobs, which run on the same 2 cores"
+                    "window; started processes = Ray GCS, raylets, workers (one launcher "
+                    "per node), the shims and the jobs, which run on the same 2 cores"
                 ),
             },
         }
@@ -552,8 +558,8 @@ def markdown(r: dict[str, Any]) -> str:
         "`gpupool serve --ray` default).",
         "",
         "The loop launches the jobs one cycle decided together "
-        "(`RayExecutor.launch_many`: every job's actor is created, then all are awaited), "
-        "and a launch waits for Ray to start the actor's worker process; at most "
+        "(`RayExecutor.launch_many`: one `start_many` call to each node's warm launcher, "
+        "all in flight before any is awaited); at most "
         f"{cpu['launches_per_call_max']} jobs went out in one call here.",
         "",
         "Each job is `python -S -c ...` writing `time.time()` as its first action (`-S`: no "
@@ -566,13 +572,15 @@ def markdown(r: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|",
         row("**submit -> process start**", lat["submit_to_process_start"]),
     ]
+    if "last_submit_to_process_start" in lat:
+        lines.append(row("last submit -> process start", lat["last_submit_to_process_start"]))
     lines += [row(k, v) for k, v in lat["parts"].items()]
     lines += [
         "",
         "The parts after the API round trip add up to the total: submit -> the loop step that "
         "launched the job begins; -> `RayExecutor.launch_many` is called (ingest, reaping, "
-        "sampling, the cycle and earlier launches of the same step); the call (Ray creates "
-        "the job's actor on its node, which Popens the shim); its return -> the job's first "
+        "sampling, the cycle and earlier launches of the same step); the call (the node's "
+        "launcher Popens the shim); its return -> the job's first "
         "action (shim and job start-up; in a batch a job's process can start before the "
         "whole call returns, so this part can be negative; "
         f"`python -S -c pass` alone takes "
@@ -588,15 +596,15 @@ def markdown(r: dict[str, Any]) -> str:
         f"{cyc['decisions_per_cycle_max']} in one).",
         f"- Cycles without decisions: p50 {r['cpu']['scheduler_cycle_without_decisions_us']['p50']}"
         f" us; all cycles' CPU / decisions: {cpu['all_cycles_cpu_per_decision_us']} us.",
-        f"- Whole live step per launch (ingest, reap + poll of running actors, telemetry, node "
-        f"probe, cycle, actor creation, database writes), loop thread CPU: p50 "
+        f"- Whole live step per launch (ingest, reap + poll of the node launchers, telemetry, "
+        f"node probe, cycle, launcher calls, database writes), loop thread CPU: p50 "
         f"{cpu['live_step_per_launch_ms']['thread_cpu']['p50']} ms, p99 "
         f"{cpu['live_step_per_launch_ms']['thread_cpu']['p99']} ms; wall p50 "
         f"{cpu['live_step_per_launch_ms']['wall']['p50']} ms. Of it, the launch call itself: "
         f"p50 {cpu['launch_thread_cpu_ms']['p50']} ms CPU per job.",
         f"- This process (API + loop + Ray driver threads): {cpu['process_cpu_per_job_ms']} ms "
-        f"CPU per job; every process the benchmark started (GCS, raylets, one Ray worker per "
-        f"job actor, shims, jobs): {cpu['started_processes_cpu_per_job_ms']} ms CPU per job.",
+        f"CPU per job; every process the benchmark started (GCS, raylets, the node launchers' "
+        f"workers, shims, jobs): {cpu['started_processes_cpu_per_job_ms']} ms CPU per job.",
         "",
         "Reproduce: `RAY_USAGE_STATS_ENABLED=0 unshare -n sh -c 'ip link set lo up && exec "
         f'"$@"\' sh .venv/bin/python bench/bench_ray.py --rate {w["rate_per_s"]:g}'

@@ -10,9 +10,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpupool.errors import ConflictError
 from gpupool.examples.ckpt_counter import expected_result
 from gpupool.service.executor import LaunchSpec
-from gpupool.service.ray_executor import RayExecutor, gpu_resource, ray_nodes
+from gpupool.service.ray_executor import RayExecutor, ray_nodes
 
 PY = sys.executable
 
@@ -55,23 +56,70 @@ def test_discovery_and_pinning(ray_cluster: Any, tmp_path: Path) -> None:
     h = ex.launch_on(_spec("pin", [PY, "-c", code], run_dir, (1, 3)), "a2", time.time())
     ray_cluster.pgids.append(h.pgid)
     assert ex.actor_node_id("pin") == ray_cluster.ids["a2"]
-    # GPU indices 1 and 3 of a2 are held: the Ray resource view shows them taken.
-    import ray
-
-    avail = ray.available_resources()
-    assert avail.get(gpu_resource("a2", 1), 0) == 0 and avail.get(gpu_resource("a2", 3), 0) == 0
-    assert avail.get(gpu_resource("a2", 0)) == 1
+    # GPU indices 1 and 3 of a2 are claimed on the node: another job is refused them
+    # while pin runs, and gets them once pin's end has been seen
+    other = _spec("other", [PY, "-c", "pass"], tmp_path / "other", (3,))
+    (refused,) = ex.launch_many([(other, "a2")], time.time())
+    assert isinstance(refused, ConflictError) and "GPU 3 of node a2" in str(refused), refused
     e = _wait(ex, "pin", 30)
     assert e.outcome == "succeeded", e
     out = (run_dir / "stdout.log").read_text().split("\n")
     fields = next(line for line in out if line and not line.startswith("==")).split()
     assert fields[:4] == [ray_cluster.ids["a2"], "a2", "1,3", "pin"]
     assert fields[4] == str(run_dir.absolute() / "checkpoint")
-    # The actor is gone once the exit was reported: its GPU resources are free again.
-    end = time.monotonic() + 5
-    while ray.available_resources().get(gpu_resource("a2", 1), 0) != 1:
-        assert time.monotonic() < end, "GPU resources not freed"
+    h2 = ex.launch_on(other, "a2", time.time())
+    ray_cluster.pgids.append(h2.pgid)
+    assert _wait(ex, "other", 30).outcome == "succeeded"
+
+
+def test_a_launcher_that_dies_is_replaced_and_its_jobs_run_on(
+    ray_cluster: Any, tmp_path: Path
+) -> None:
+    ex = RayExecutor(ray_cluster.ids)
+    first = ex.launcher_info("a1")
+    # the shims are fenced on the node's raylet, not on the launcher
+    with open(f"/proc/{first['raylet'][0]}/cmdline", "rb") as f:
+        assert b"raylet" in f.read()
+    run_dir = tmp_path / "kept"
+    steps = 80
+    h = ex.launch_on(_spec("kept", _counter(steps, 0.05), run_dir, (2,)), "a1", time.time())
+    ray_cluster.pgids.append(h.pgid)
+    ck = run_dir / "checkpoint" / "counter.json"
+    end = time.monotonic() + 30
+    while not ck.exists():
+        assert time.monotonic() < end, "no periodic checkpoint"
         time.sleep(0.1)
+    os.kill(first["pid"], signal.SIGKILL)
+    end = time.monotonic() + 60
+    while True:  # Ray restarts it on the same node (max_restarts=-1)
+        assert time.monotonic() < end, "the launcher was not replaced"
+        assert ex.poll(time.time()) == []  # the job is never reported lost meanwhile
+        try:
+            now = ex.launcher_info("a1")
+        except Exception:
+            time.sleep(0.2)
+            continue
+        if now["pid"] != first["pid"]:
+            break
+        time.sleep(0.2)
+    assert now["node_id"] == ray_cluster.ids["a1"]
+    os.killpg(h.pgid, 0)  # the job's group still runs, with the same shim
+    # the new launcher watches it and stops it: preempted, its checkpoint kept
+    ex.preempt("kept", 10.0, time.time())
+    e = _wait(ex, "kept", 30)
+    assert e.outcome == "preempted", e
+    # and starts work: the job resumes from its checkpoint and finishes
+    h2 = ex.launch_on(
+        _spec("kept", _counter(steps, 0.0), run_dir, (2,), attempt=2, resume=True),
+        "a1",
+        time.time(),
+    )
+    ray_cluster.pgids.append(h2.pgid)
+    assert _wait(ex, "kept", 30).outcome == "succeeded"
+    last = (run_dir / "stdout.log").read_text().strip().splitlines()[-1]
+    result = dict(kv.split("=") for kv in last.split())
+    assert int(result["result"]) == expected_result(steps)
+    assert int(result["resumed_from"]) > 0
 
 
 def test_preempt_and_resume_on_another_node(ray_cluster: Any, tmp_path: Path) -> None:

@@ -206,8 +206,8 @@ def job_pids(job_id: str) -> list[int]:
 def test_a_gang_starts_whole_or_not_at_all(gang_cluster: Any, tmp_path: Path) -> None:
     ex = RayExecutor(namespace="gang-none")
     ex.START_TIMEOUT_S = 5.0
-    # another job holds GPU 1 of g3, so rank 1 of the gang cannot be placed while rank 0,
-    # on g1, is placed and started: the gang must not run on with rank 0 alone
+    # another job holds GPU 1 of g3, so rank 1 of the gang is refused while rank 0, on g1,
+    # is started: the gang must not run on with rank 0 alone
     hold = (PY, "-c", "import time; time.sleep(120)")
     blocker = LaunchSpec("blocker", 1, hold, {}, (1,), tmp_path / "blocker", False)
     ex.launch_on(blocker, "g3", 0)
@@ -217,7 +217,8 @@ def test_a_gang_starts_whole_or_not_at_all(gang_cluster: Any, tmp_path: Path) ->
     assert isinstance(result, Unavailable), result
     assert "not every member of its gang of 2 nodes (g1:0, g3:1) started" in str(result)
     assert "none runs, it is requeued" in str(result)
-    assert "env " in (run_dir / "stdout.log").read_text()  # rank 0 had started
+    assert "GPU 1 of node g3 is still held by job blocker" in str(result)
+    assert "== attempt 1 ==" in (run_dir / "stdout.log").read_text()  # rank 0 had started
     wait_for(lambda: job_pids("none") == [], 10, "every started member to be killed")
     assert set(ex.handles()) == {"blocker"}
     ex.cancel("blocker", 0.0, time.time())

@@ -1,18 +1,20 @@
 """Run jobs on the nodes of a Ray cluster, on exactly the node and GPU indices the core chose.
 
-One Ray actor per attempt, pinned with ``NodeAffinitySchedulingStrategy(soft=False)`` to the
-node the caller names and holding one custom resource per chosen GPU index
-(``gpupool_<node>_gpu<i>``), with ``num_gpus=0`` and ``num_cpus=0`` so that Ray's own GPU
-accounting can neither remap ``CUDA_VISIBLE_DEVICES`` nor queue jobs behind a CPU. The
-actor starts the job under the same shim as :class:`LocalExecutor` (own session and process
-group, exit record in the run directory) and answers cheap calls: ``pid``, ``signal``,
-``poll``, ``node_id``, ``read_log``. It is a threaded actor, so a signal gets through while
-another call runs.
+Each node has one warm launcher (:class:`~gpupool.service.ray_launcher.NodeLauncher`, a
+detached actor pinned to the node by hard affinity, restarted by Ray when it dies), with
+``num_gpus=0`` and ``num_cpus=0`` so that Ray's own GPU accounting can neither remap
+``CUDA_VISIBLE_DEVICES`` nor queue jobs behind a CPU. A launch is one call to it: it
+starts the job under the same shim as :class:`LocalExecutor` (own session and process
+group, exit record in the run directory), claims the job's GPU indices on the node (two
+jobs never hold one index), and later answers cheap calls that carry the shim's pid and
+start ticks: ``poll_many``, ``signal``, ``read_log``, ``find``, ``release``. A gang wider
+than one node is one start per member, on each member's node's launcher, all or none.
 
 Preemption keeps the checkpoint protocol: SIGTERM to the job's process group through the
-actor, then SIGKILL once the grace period (kept in the caller's clock) has passed, sent by
-the first poll after the deadline. An actor that died with its node makes poll report the
-attempt as outcome "lost". See docs/ray.md.
+launcher, then SIGKILL once the grace period (kept in the caller's clock) has passed, sent
+by the first poll after the deadline. A node that Ray no longer lists as alive makes poll
+report its attempts as outcome "lost"; a launcher that dies only is replaced, and its jobs
+run on. See docs/ray.md.
 """
 
 from __future__ import annotations
@@ -20,24 +22,17 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import os
 import signal
-import socket
-import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpupool.errors import ConflictError, GpupoolError, NotFoundError, SpecError, Unavailable
 from gpupool.service.executor import (
-    CHECKPOINT_DIR,
     DEFAULT_GRACE_S,
-    DEFAULT_LOG_MAX_BYTES,
-    DEFAULT_PATH,
-    HOME_DIR,
     LOST,
     STDERR_LOG,
     STDOUT_LOG,
@@ -49,9 +44,14 @@ from gpupool.service.executor import (
     _validate,
     classify,
     exit_file,
-    job_environment,
-    read_start_ticks,
-    stop_file,
+)
+from gpupool.service.ray_launcher import (
+    Launch,
+    NodeLauncher,
+    launcher_name,
+    member_dir,
+    member_key,
+    state_root,
 )
 
 if TYPE_CHECKING:
@@ -60,20 +60,8 @@ if TYPE_CHECKING:
 NODE_PREFIX = "gpupool_node_"
 MODEL_PREFIX = "gpupool_model_"
 SITE_PREFIX = "gpupool_site_"
-ACTOR_PREFIX = "gpupool-job-"
 DEFAULT_NAMESPACE = "gpupool"
-CALL_TIMEOUT_S = 5.0  # a live actor answers in milliseconds; longer means its node is in doubt
-
-
-def member_dir(rank: int) -> str:
-    """Where gang member `rank` (> 0) keeps its logs and exit record in the job's run
-    directory; rank 0's are the job's own (``stdout.log``: what `gpupool logs` prints)."""
-    return f"rank-{rank}"
-
-
-def actor_name(job_id: str, rank: int = 0) -> str:
-    """The detached actor of a job (rank 0 of a gang) or of gang member `rank`."""
-    return ACTOR_PREFIX + job_id + (f"-rank{rank}" if rank else "")
+CALL_TIMEOUT_S = 5.0  # a live launcher answers in milliseconds; longer: its node is in doubt
 
 
 def gang_file(run_dir: Path, attempt: int) -> Path:
@@ -163,179 +151,56 @@ def ray_nodes() -> list[RayNode]:
     return sorted(found, key=lambda n: n.name)
 
 
-# --------------------------------------------------------------------------- the actor
-
-
-class JobActor:
-    """Lives on the job's node for the job's life; wrapped with ray.remote by RayExecutor."""
-
-    def __init__(self, spec: LaunchSpec, node: str, python: str, rank: int | None = None) -> None:
-        """`rank`: a gang member (rank 0 included), which starts only when `start` brings
-        the gang's rendezvous; its logs and exit record go to ``rank-<k>/`` for k > 0."""
-        import ray
-
-        self._node_id = str(ray.get_runtime_context().get_node_id())
-        run_dir = spec.run_dir.absolute()
-        (run_dir / CHECKPOINT_DIR).mkdir(parents=True, exist_ok=True)
-        (run_dir / HOME_DIR).mkdir(exist_ok=True)
-        self._spec, self._node, self._python = spec, node, python
-        self._log_dir = run_dir / member_dir(rank) if rank else run_dir
-        self._log_dir.mkdir(parents=True, exist_ok=True)
-        self._run_dir = run_dir
-        self._record = exit_file(self._log_dir, spec.attempt)
-        for stale in (self._record, stop_file(self._log_dir, spec.attempt)):
-            stale.unlink(missing_ok=True)
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._ticks = 0
-        if rank is None:
-            self.start({})
-
-    def endpoint(self) -> tuple[str, int]:
-        """This node's address and a port free on it now: the gang's MASTER_ADDR and
-        MASTER_PORT when this is rank 0's actor."""
-        import ray
-
-        ray_api: Any = ray
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("", 0))
-            port = int(s.getsockname()[1])
-        return str(ray_api.util.get_node_ip_address()), port
-
-    def start(self, extra_env: Mapping[str, str]) -> tuple[int, int]:
-        """Start the job (once) with `extra_env` on top of its own; (pid, start ticks)."""
-        if self._proc is not None:
-            return self.pid()
-        spec = self._spec
-        env = job_environment(spec)
-        env.update(extra_env)
-        env["GPUPOOL_NODE"] = self._node
-        env["GPUPOOL_RAY_NODE_ID"] = self._node_id
-        stdout, stderr = self._log_dir / STDOUT_LOG, self._log_dir / STDERR_LOG
-        # The shim gets the job over a pipe, as under LocalExecutor: its own interpreter
-        # runs isolated (-I) in a clean environment, the job's applies to the job only.
-        job = {
-            "argv": list(spec.argv),
-            "env": env,
-            "cwd": str(spec.cwd) if spec.cwd is not None else None,
-            "stdout": str(stdout),
-            "stderr": str(stderr),
-            "log_max_bytes": DEFAULT_LOG_MAX_BYTES,
-            "fence_ppid": os.getpid(),  # the job dies with this actor's node
-        }
-        read_end, write_end = os.pipe()
-        argv = [self._python, "-I", "-m", "gpupool.service.shim", "--exit-file"]
-        argv += [str(self._record), "--spec-fd", str(read_end)]
-        header = f"== attempt {spec.attempt} ==\n".encode()
-        try:
-            try:
-                with (
-                    open(stdout, "ab", buffering=0) as out,
-                    open(stderr, "ab", buffering=0) as err,
-                ):
-                    out.write(header)
-                    err.write(header)
-                    self._proc = subprocess.Popen(
-                        argv,
-                        stdin=subprocess.DEVNULL,
-                        stdout=out,
-                        stderr=err,
-                        env={"PATH": DEFAULT_PATH},
-                        start_new_session=True,
-                        pass_fds=(read_end,),
-                    )
-            finally:
-                os.close(read_end)
-            with open(write_end, "wb", closefd=False) as pipe:
-                pipe.write(json.dumps(job).encode())
-        finally:
-            os.close(write_end)
-        self._ticks = read_start_ticks(self._proc.pid, zombie_ok=True) or 0
-        return self.pid()
-
-    def node_id(self) -> str:
-        return self._node_id
-
-    def pid(self) -> tuple[int, int]:
-        """(pid, start ticks) of the shim, which leads the job's process group; (0, 0)
-        for a gang member not started yet."""
-        if self._proc is None:
-            return 0, 0
-        return self._proc.pid, self._ticks
-
-    def signal(self, sig: int) -> bool:
-        """Send `sig` to the job's process group; False if the job has already ended."""
-        if self._proc is None or self._proc.poll() is not None:
-            return False
-        with contextlib.suppress(OSError):
-            os.killpg(self._proc.pid, sig)
-        return True
-
-    def poll(self) -> dict[str, Any] | None:
-        """None while the job runs (or, a gang member, waits to start); then how it
-        ended, from the shim's exit record."""
-        if self._proc is None:
-            return None
-        status = self._proc.poll()
-        if status is None:
-            return None
-        with contextlib.suppress(OSError):
-            os.killpg(self._proc.pid, signal.SIGKILL)  # whatever the shim left behind
-        code, sig = (None, -status) if status < 0 else (status, None)
-        result: dict[str, Any] = {"exit_code": code, "signal": sig, "record": None}
-        try:
-            with open(self._record, encoding="utf-8") as f:
-                record = json.load(f)
-            if isinstance(record, dict):
-                result["record"] = record
-        except (OSError, ValueError):
-            pass
-        return result
-
-    def read_log(self, name: str, offset: int, limit: int = 1 << 20) -> bytes:
-        """Bytes of stdout.log or stderr.log from `offset`: logs of a node without a
-        shared filesystem reach the scheduler this way."""
-        if name not in (STDOUT_LOG, STDERR_LOG):
-            raise ValueError(f"no log named {name!r}")
-        try:
-            with open(self._log_dir / name, "rb") as f:
-                f.seek(offset)
-                return f.read(limit)
-        except OSError:
-            return b""
-
-
 # --------------------------------------------------------------------------- executor
+
+
+@dataclass
+class _Run:
+    """One process a node's launcher started: a job, or one member of a gang."""
+
+    key: str
+    """Its name in the node's records (`member_key`)."""
+    rank: int
+    node: str
+    launcher: Any
+    pid: int
+    ticks: int
+    record: str
+    """The shim's exit record, on the node."""
+    log_dir: Path
+    """The run's log directory (the same path on the node and the scheduler's host)."""
+    done: bool = False
+    vanished: bool = False
+    result: Mapping[str, Any] | None = None
+    order: int = 0
 
 
 @dataclass
 class _RayJob:
     handle: Handle
-    node: str
-    actor: Any
+    runs: list[_Run]
+    """Rank 0 first; more than one: a gang, one member per node."""
     stop_kind: str | None = None
     grace_s: float = DEFAULT_GRACE_S
     deadline_s: float | None = None
     kill_sent: bool = False
     sigterm_at_wall_s: float | None = None
     run_dir: Path | None = None
-    members: list[_Member] = field(default_factory=list)
-    """A gang's members, rank 0 first (rank 0's actor is `actor`); empty: one node."""
     gang_stop: str | None = None
     """Why the gang's other members are being stopped: one ended badly or vanished."""
     ended: int = 0
 
+    @property
+    def node(self) -> str:
+        return self.runs[0].node
 
-@dataclass
-class _Member:
-    """One member of a gang: its actor, and how it ended once it has."""
+    @property
+    def gang(self) -> bool:
+        return len(self.runs) > 1
 
-    rank: int
-    node: str
-    actor: Any
-    done: bool = False
-    vanished: bool = False
-    result: Mapping[str, Any] | None = None
-    order: int = 0
+
+_VANISHED: Mapping[str, Any] = {"node_lost": True}
+"""A run's answer when its node is gone."""
 
 
 class RayExecutor:
@@ -343,9 +208,9 @@ class RayExecutor:
 
     `nodes` maps gpupool node names to Ray node ids; when omitted (or a name is missing)
     it is filled from :func:`ray_nodes`. `launch` runs on `default_node`; use
-    :meth:`launch_on` to name the node per attempt. Actors are detached and named
-    ``gpupool-job-<job_id>`` in `namespace`, so jobs outlive the scheduler and `adopt`
-    finds them again. `python` must exist at the same path on every node."""
+    :meth:`launch_on` to name the node per attempt. The launchers are detached and named
+    per node in `namespace`, so jobs outlive the scheduler and `adopt` finds them again
+    through them. `python` must exist at the same path on every node."""
 
     def __init__(
         self,
@@ -364,10 +229,15 @@ class RayExecutor:
         self._namespace = namespace
         self._python = python
         self._timeout = call_timeout_s
-        self._actor_cls: Any = ray.remote(JobActor)
+        self._launcher_cls: Any = ray.remote(NodeLauncher)
+        self._launchers: dict[str, tuple[str, Any]] = {}
+        """gpupool node -> (Ray node id, its warm launcher's handle)."""
+        self._state_dir = str(state_root(namespace))
         self._jobs: dict[str, _RayJob] = {}
         self._dead: list[Exit] = []
         """Ends found outside poll (a gang adopted only in part), reported by the next."""
+        for node in list(self._nodes):  # warm: each node's launcher starts now, not at launch
+            self._launcher(node)
 
     # ---- placement
 
@@ -381,6 +251,48 @@ class RayExecutor:
         if node not in self._nodes:
             raise SpecError(f"node {node} is not in the Ray cluster (no live gpupool_node_{node})")
         return self._nodes[node]
+
+    # ---- the warm launchers
+
+    def _launcher(self, node: str) -> Any:
+        """The node's launcher, created (or found, after a scheduler restart) on first use:
+        detached, pinned to the node by hard affinity, restarted by Ray when it dies."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        ray_node = self.node_id(node)
+        known = self._launchers.get(node)
+        if known is not None and known[0] == ray_node:
+            return known[1]
+        handle = self._launcher_cls.options(
+            name=launcher_name(node, ray_node),
+            namespace=self._namespace,
+            get_if_exists=True,
+            lifetime="detached",
+            num_cpus=0,
+            num_gpus=0,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(ray_node, soft=False),
+            max_concurrency=16,
+            max_restarts=-1,
+            max_task_retries=0,
+        ).remote(node, self._state_dir)
+        self._launchers[node] = (ray_node, handle)
+        return handle
+
+    def launcher_info(self, node: str) -> dict[str, Any]:
+        """The node's launcher: its pid, its node and the raylet its jobs are fenced on."""
+        info: dict[str, Any] = self._ray.get(
+            self._launcher(node).info.remote(), timeout=self.START_TIMEOUT_S
+        )
+        return info
+
+    def _node_alive(self, node: str) -> bool:
+        """Whether Ray still lists the node's Ray node as alive (a GCS call)."""
+        ray_node = self._nodes.get(node)
+        ray_api: Any = self._ray
+        for entry in ray_api.nodes():
+            if str(entry.get("NodeID")) == ray_node:
+                return bool(entry.get("Alive"))
+        return False
 
     # ---- starting
 
@@ -402,87 +314,89 @@ class RayExecutor:
     runs_gangs = True
     """A job placed over several nodes runs here as a gang: one member per node."""
 
+    def _run_of(self, answer: Mapping[str, Any], launch: Launch, node: str, launcher: Any) -> _Run:
+        spec = launch.spec
+        log_dir = spec.run_dir / member_dir(launch.rank) if launch.rank else spec.run_dir
+        return _Run(
+            member_key(spec.job_id, launch.rank),
+            launch.rank,
+            node,
+            launcher,
+            int(answer["pid"]),
+            int(answer["ticks"]),
+            str(exit_file(log_dir, spec.attempt)),
+            log_dir,
+        )
+
     def launch_many(
         self, launches: Sequence[tuple[LaunchSpec, str]], now_s: float
     ) -> list[Handle | GpupoolError]:
-        """Start several attempts at once: every actor is created before any is waited
-        for, so a cycle that starts N jobs waits for the slowest worker start, not the
-        sum. One result per launch, in order: its handle, or the error that stopped it."""
-        from ray.exceptions import GetTimeoutError
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-        started: list[tuple[LaunchSpec, str, Any, Any] | GpupoolError | None] = []
-        gangs: list[LaunchSpec] = []
-        for spec, node in launches:
+        """Start several attempts at once: one call to each node's warm launcher carries
+        all of that node's launches, and every call is in flight before any is waited
+        for. One result per launch, in order: its handle, or the error that stopped it."""
+        results: list[Handle | GpupoolError | None] = [None] * len(launches)
+        gangs: list[tuple[int, LaunchSpec]] = []
+        by_node: dict[str, list[tuple[int, Launch]]] = {}
+        for k, (spec, node) in enumerate(launches):
             if spec.gang is not None and len(spec.gang.members) > 1:
-                started.append(None)  # started below, once the single-node actors are on
-                gangs.append(spec)
+                gangs.append((k, spec))  # started below, once the single-node launches are out
                 continue
             try:
                 _validate(spec)
-                if spec.job_id in self._jobs:
+                if spec.job_id in self._jobs or any(
+                    spec.job_id == other.spec.job_id for _, other in by_node.get(node, [])
+                ):
                     raise ConflictError(
-                        f"job {spec.job_id} is already watched here (attempt "
-                        f"{self._jobs[spec.job_id].handle.attempt}); poll until it ends "
+                        f"job {spec.job_id} is already watched here; poll until it ends "
                         "before launching it again"
                     )
-                ray_node = self.node_id(node)
+                self.node_id(node)
             except GpupoolError as err:
-                started.append(err)
+                results[k] = err
                 continue
-            name = ACTOR_PREFIX + spec.job_id
-            with contextlib.suppress(ValueError):  # an actor left by an earlier attempt
-                self._ray.kill(self._ray.get_actor(name, namespace=self._namespace))
             spec = dataclasses.replace(spec, env=dict(spec.env), run_dir=spec.run_dir.absolute())
-            actor = self._actor_cls.options(
-                name=name,
-                namespace=self._namespace,
-                lifetime="detached",
-                num_cpus=0,
-                num_gpus=0,
-                resources={gpu_resource(node, i): 1.0 for i in spec.gpu_indices},
-                scheduling_strategy=NodeAffinitySchedulingStrategy(ray_node, soft=False),
-                max_concurrency=4,
-                max_restarts=0,
-            ).remote(spec, node, self._python)
-            started.append((spec, node, actor, actor.pid.remote()))
+            by_node.setdefault(node, []).append((k, Launch(spec, self._python)))
+        calls = []
+        for node, items in by_node.items():
+            launcher = self._launcher(node)
+            ref = launcher.start_many.remote([launch for _, launch in items])
+            calls.append((node, items, launcher, ref))
         deadline = time.monotonic() + self.START_TIMEOUT_S
-        out: list[Handle | GpupoolError] = []
-        for item in started:
-            if item is None:
-                out.append(self._launch_gang(gangs.pop(0)))
-                continue
-            if isinstance(item, GpupoolError):
-                out.append(item)
-                continue
-            spec, node, actor, ref = item
+        for node, items, launcher, ref in calls:
             try:
-                pid, ticks = self._ray.get(ref, timeout=max(deadline - time.monotonic(), 0.01))
-            except GetTimeoutError:
-                with contextlib.suppress(Exception):
-                    self._ray.kill(actor)
-                out.append(
-                    Unavailable(
-                        f"job {spec.job_id}: node {node} did not start its actor within "
-                        f"{self.START_TIMEOUT_S:.0f} s; it is requeued"
-                    )
-                )
-                continue
+                answers = self._ray.get(ref, timeout=max(deadline - time.monotonic(), 0.01))
             except Exception as e:
-                with contextlib.suppress(Exception):
-                    self._ray.kill(actor)
-                out.append(SpecError(f"job {spec.job_id}: cannot start on node {node}: {e}"))
+                # Should the launcher still start one, the requeued job's next attempt
+                # kills it first (the launcher's records): a job never runs twice.
+                for k, launch in items:
+                    results[k] = Unavailable(
+                        f"job {launch.spec.job_id}: node {node}'s launcher did not answer "
+                        f"within {self.START_TIMEOUT_S:.0f} s ({type(e).__name__}); it is "
+                        "requeued"
+                    )
                 continue
-            handle = Handle(spec.job_id, spec.attempt, pid, pid, ticks)
-            self._jobs[spec.job_id] = _RayJob(handle, node, actor, run_dir=spec.run_dir)
-            out.append(handle)
+            for (k, launch), answer in zip(items, answers, strict=True):
+                spec = launch.spec
+                if "error" in answer:
+                    kind = ConflictError if answer.get("conflict") else SpecError
+                    results[k] = kind(f"job {spec.job_id}: {answer['error']}")
+                    continue
+                run = self._run_of(answer, launch, node, launcher)
+                handle = Handle(spec.job_id, spec.attempt, run.pid, run.pid, run.ticks)
+                self._jobs[spec.job_id] = _RayJob(handle, [run], run_dir=spec.run_dir)
+                results[k] = handle
+        for k, spec in gangs:
+            results[k] = self._launch_gang(spec)
+        out: list[Handle | GpupoolError] = []
+        for r in results:
+            assert r is not None
+            out.append(r)
         return out
 
     def _launch_gang(self, spec: LaunchSpec) -> Handle | GpupoolError:
-        """All members or none: every actor is placed, rank 0's finds the rendezvous port,
-        then all start; if any cannot, those started are killed and the job is requeued."""
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
+        """All members or none: rank 0's launcher finds the rendezvous port, then every
+        member's launcher starts its member; if any cannot, those started are killed and
+        the job is requeued."""
         gang = spec.gang
         assert gang is not None
         members = gang.members
@@ -493,7 +407,7 @@ class RayExecutor:
                     f"job {spec.job_id} is already watched here; poll until it ends before "
                     "launching it again"
                 )
-            ray_ids = [self.node_id(m.node) for m in members]
+            launchers = [self._launcher(m.node) for m in members]
         except GpupoolError as err:
             return err
         run_dir = spec.run_dir.absolute()
@@ -505,100 +419,108 @@ class RayExecutor:
         gang_file(run_dir, spec.attempt).write_text(
             json.dumps({"members": layout}), encoding="utf-8"
         )
-        actors: list[Any] = []
-        for rank, (m, ray_node) in enumerate(zip(members, ray_ids, strict=True)):
-            name = actor_name(spec.job_id, rank)
-            with contextlib.suppress(ValueError):  # an actor left by an earlier attempt
-                self._ray.kill(self._ray.get_actor(name, namespace=self._namespace))
-            env = dict(spec.env)
-            if "GPUPOOL_FAKE_GPUS" in env:  # a fake fleet: this member's fake GPUs
-                env["GPUPOOL_FAKE_GPUS"] = ",".join(str(i) for i in m.gpu_indices)
-            mspec = dataclasses.replace(spec, env=env, gpu_indices=m.gpu_indices, gang=None)
-            actors.append(
-                self._actor_cls.options(
-                    name=name,
-                    namespace=self._namespace,
-                    lifetime="detached",
-                    num_cpus=0,
-                    num_gpus=0,
-                    resources={gpu_resource(m.node, i): 1.0 for i in m.gpu_indices},
-                    scheduling_strategy=NodeAffinitySchedulingStrategy(ray_node, soft=False),
-                    max_concurrency=4,
-                    max_restarts=0,
-                ).remote(mspec, m.node, self._python, rank)
-            )
-        deadline = time.monotonic() + self.START_TIMEOUT_S
         where = ", ".join(f"{m.node}:{','.join(map(str, m.gpu_indices))}" for m in members)
+        deadline = time.monotonic() + self.START_TIMEOUT_S
+        runs: list[_Run] = []
+        why = ""
         try:
-            addr, port = self._ray.get(actors[0].endpoint.remote(), timeout=self.START_TIMEOUT_S)
+            addr, port = self._ray.get(launchers[0].endpoint.remote(), timeout=self.START_TIMEOUT_S)
+            launches = []
+            for rank, m in enumerate(members):
+                env = dict(spec.env)
+                if "GPUPOOL_FAKE_GPUS" in env:  # a fake fleet: this member's fake GPUs
+                    env["GPUPOOL_FAKE_GPUS"] = ",".join(str(i) for i in m.gpu_indices)
+                mspec = dataclasses.replace(spec, env=env, gpu_indices=m.gpu_indices, gang=None)
+                launches.append(
+                    Launch(mspec, self._python, rank, gang_env(members, rank, addr, port))
+                )
             refs = [
-                actor.start.remote(gang_env(members, rank, addr, port))
-                for rank, actor in enumerate(actors)
+                launcher.start_many.remote([launch])
+                for launcher, launch in zip(launchers, launches, strict=True)
             ]
-            pids = [
-                self._ray.get(ref, timeout=max(deadline - time.monotonic(), 0.01)) for ref in refs
-            ]
+            for rank, ref in enumerate(refs):
+                try:
+                    (answer,) = self._ray.get(ref, timeout=max(deadline - time.monotonic(), 0.01))
+                except Exception as err:
+                    why = why or f"rank {rank} on node {members[rank].node}: {type(err).__name__}"
+                    continue
+                if "error" in answer:
+                    why = why or f"rank {rank}: {answer['error']}"
+                    continue
+                runs.append(
+                    self._run_of(answer, launches[rank], members[rank].node, launchers[rank])
+                )
         except Exception as err:
-            self._kill_all(actors)
+            why = why or f"{type(err).__name__}: {err}"
+        if why or len(runs) != len(members):
+            self._kill_runs(runs)
             return Unavailable(
                 f"job {spec.job_id}: not every member of its gang of {len(members)} nodes "
-                f"({where}) started within {self.START_TIMEOUT_S:.0f} s ({type(err).__name__}: "
-                f"{err}); the members that did were killed, none runs, it is requeued"
+                f"({where}) started within {self.START_TIMEOUT_S:.0f} s ({why}); the "
+                "members that did were killed, none runs, it is requeued"
             )
-        pid, ticks = pids[0]
-        handle = Handle(spec.job_id, spec.attempt, pid, pid, ticks)
-        self._jobs[spec.job_id] = _RayJob(
-            handle,
-            members[0].node,
-            actors[0],
-            grace_s=gang.grace_s,
-            run_dir=run_dir,
-            members=[
-                _Member(k, m.node, a) for k, (m, a) in enumerate(zip(members, actors, strict=True))
-            ],
-        )
+        handle = Handle(spec.job_id, spec.attempt, runs[0].pid, runs[0].pid, runs[0].ticks)
+        self._jobs[spec.job_id] = _RayJob(handle, runs, grace_s=gang.grace_s, run_dir=run_dir)
         return handle
 
-    def _kill_all(self, actors: Sequence[Any]) -> None:
-        """SIGKILL each actor's job, then the actor (its job's fence would kill it too)."""
+    def _kill_runs(self, runs: Sequence[_Run]) -> None:
+        """SIGKILL each run's process group through its launcher, then release it."""
         refs = []
-        for actor in actors:
+        for run in runs:
             with contextlib.suppress(Exception):
-                refs.append(actor.signal.remote(signal.SIGKILL))
+                refs.append(run.launcher.signal.remote(run.pid, run.ticks, signal.SIGKILL))
         for ref in refs:
             with contextlib.suppress(Exception):
                 self._ray.get(ref, timeout=self._timeout)
-        for actor in actors:
-            with contextlib.suppress(Exception):
-                self._ray.kill(actor)
+        for run in runs:
+            self._release(run)
+
+    def _release(self, run: _Run) -> None:
+        with contextlib.suppress(Exception):
+            run.launcher.release.remote(run.key, run.pid)
+
+    # ---- adoption
+
+    def _find(self, node: str, key: str) -> dict[str, Any] | None:
+        try:
+            entry: dict[str, Any] | None = self._ray.get(
+                self._launcher(node).find.remote(key), timeout=self.START_TIMEOUT_S
+            )
+        except Exception:
+            return None
+        return entry
 
     def _adopt_gang(self, handle: Handle, run_dir: Path, layout: list[Any]) -> bool:
         """A gang is adopted whole or not at all: if any member is gone after the restart,
         the live ones are killed and the next poll reports the job lost (requeued)."""
-        members: list[_Member] = []
+        runs: list[_Run] = []
         missing: list[str] = []
         for k, entry in enumerate(layout):
             node = str(entry.get("node", "?")) if isinstance(entry, dict) else "?"
-            try:
-                actor = self._ray.get_actor(actor_name(handle.job_id, k), namespace=self._namespace)
-            except Exception:
+            found = self._find(node, member_key(handle.job_id, k)) if node != "?" else None
+            if found is None or int(found.get("attempt", 0)) != handle.attempt:
                 missing.append(f"rank {k} on node {node}")
                 continue
-            members.append(_Member(k, node, actor))
-            try:
-                running = self._ray.get(actor.poll.remote(), timeout=self._timeout) is None
-                pid = self._ray.get(actor.pid.remote(), timeout=self._timeout)
-            except Exception:
-                missing.append(f"rank {k} on node {node}")
-                continue
-            if not running or (k == 0 and tuple(pid) != (handle.pid, handle.start_ticks)):
-                missing.append(f"rank {k} on node {node}")
-        if not missing and len(members) == len(layout):
-            self._jobs[handle.job_id] = _RayJob(
-                handle, members[0].node, members[0].actor, run_dir=run_dir, members=members
+            log_dir = run_dir / member_dir(k) if k else run_dir
+            run = _Run(
+                member_key(handle.job_id, k),
+                k,
+                node,
+                self._launcher(node),
+                int(found["pid"]),
+                int(found["ticks"]),
+                str(found["record"]),
+                log_dir,
             )
+            runs.append(run)
+            if not found.get("running") or (
+                k == 0 and (run.pid, run.ticks) != (handle.pid, handle.start_ticks)
+            ):
+                missing.append(f"rank {k} on node {node}")
+        if not missing and len(runs) == len(layout):
+            self._jobs[handle.job_id] = _RayJob(handle, runs, run_dir=run_dir)
             return True
-        self._kill_all([m.actor for m in members])
+        self._kill_runs(runs)
         lost_node = missing[0].rsplit(" ", 1)[-1] if missing else None
         self._dead.append(
             Exit(
@@ -617,26 +539,44 @@ class RayExecutor:
         return False
 
     def adopt(self, handle: Handle, run_dir: Path) -> bool:
-        """Watch an attempt an earlier scheduler started: True if its actor still runs that
-        very process. Stop requests made before the restart are not remembered yet."""
+        """Watch an attempt an earlier scheduler started: True if a node's launcher started
+        that very process (pid and start time). Stop requests made before the restart
+        are not remembered yet."""
         if handle.job_id in self._jobs:
             raise ConflictError(f"job {handle.job_id} is already watched by this executor")
-        layout = _read_gang(gang_file(run_dir.absolute(), handle.attempt))
+        run_dir = run_dir.absolute()
+        layout = _read_gang(gang_file(run_dir, handle.attempt))
         if layout is not None:
-            return self._adopt_gang(handle, run_dir.absolute(), layout)
-        try:
-            actor = self._ray.get_actor(ACTOR_PREFIX + handle.job_id, namespace=self._namespace)
-            pid, ticks = self._ray.get(actor.pid.remote(), timeout=self._timeout)
-            node_id = self._ray.get(actor.node_id.remote(), timeout=self._timeout)
-        except Exception:
-            return False
-        if (pid, ticks) != (handle.pid, handle.start_ticks):
-            return False
-        names = {v: k for k, v in self._nodes.items()}
-        self._jobs[handle.job_id] = _RayJob(
-            handle, names.get(node_id, ""), actor, run_dir=run_dir.absolute()
-        )
-        return True
+            return self._adopt_gang(handle, run_dir, layout)
+        if not self._nodes:
+            self._nodes.update({n.name: n.ray_node_id for n in ray_nodes()})
+        asks = {}
+        for node in list(self._nodes):
+            with contextlib.suppress(Exception):
+                asks[node] = self._launcher(node).find.remote(handle.job_id)
+        deadline = time.monotonic() + self.START_TIMEOUT_S
+        for node, ref in asks.items():
+            try:
+                entry = self._ray.get(ref, timeout=max(deadline - time.monotonic(), 0.01))
+            except Exception:
+                continue
+            if entry is None:
+                continue
+            if (int(entry["pid"]), int(entry["ticks"])) != (handle.pid, handle.start_ticks):
+                continue
+            run = _Run(
+                handle.job_id,
+                0,
+                node,
+                self._launcher(node),
+                handle.pid,
+                handle.start_ticks,
+                str(entry["record"]),
+                run_dir,
+            )
+            self._jobs[handle.job_id] = _RayJob(handle, [run], run_dir=run_dir)
+            return True
+        return False
 
     # ---- stopping
 
@@ -676,19 +616,15 @@ class RayExecutor:
         self._enforce(job, now_s)
 
     def _send(self, job: _RayJob, sig: int) -> None:
-        # A dead actor or node: the next poll reports the job "lost".
-        if job.members:  # every member still running, all in flight at once
-            refs = []
-            for m in job.members:
-                if not m.done:
-                    with contextlib.suppress(Exception):
-                        refs.append(m.actor.signal.remote(sig))
-            for ref in refs:
+        # every run still going, all in flight at once; a dead node: poll says "lost"
+        refs = []
+        for run in job.runs:
+            if not run.done:
                 with contextlib.suppress(Exception):
-                    self._ray.get(ref, timeout=self._timeout)
-            return
-        with contextlib.suppress(Exception):
-            self._ray.get(job.actor.signal.remote(sig), timeout=self._timeout)
+                    refs.append(run.launcher.signal.remote(run.pid, run.ticks, sig))
+        for ref in refs:
+            with contextlib.suppress(Exception):
+                self._ray.get(ref, timeout=self._timeout)
 
     def _enforce(self, job: _RayJob, now_s: float) -> None:
         if job.kill_sent or job.deadline_s is None or now_s < job.deadline_s:
@@ -699,123 +635,123 @@ class RayExecutor:
     # ---- watching
 
     def poll(self, now_s: float) -> list[Exit]:
-        """One round trip to every job's actor, all in flight at once. An actor that
-        cannot be reached within the call timeout is asked again next time; one that
-        died (with its node) makes the attempt "lost"."""
-        from ray.exceptions import GetTimeoutError, RayActorError
-
+        """One call to each node's launcher for all of its runs, all in flight at once.
+        A launcher that cannot answer within the call timeout is asked again next time
+        (Ray replaces one that died); a node Ray no longer lists as alive makes its
+        attempts "lost"."""
         exits: list[Exit] = [dataclasses.replace(e, at_s=now_s) for e in self._dead]
         self._dead.clear()
         for job in self._jobs.values():
             self._enforce(job, now_s)
+        by_node: dict[str, list[tuple[str, _Run]]] = {}
+        for job_id, job in self._jobs.items():
+            for run in job.runs:
+                if not run.done:
+                    by_node.setdefault(run.node, []).append((job_id, run))
         refs = {
-            job_id: job.actor.poll.remote() for job_id, job in self._jobs.items() if not job.members
+            node: items[0][1].launcher.poll_many.remote(
+                [(run.key, run.pid, run.ticks, run.record) for _, run in items]
+            )
+            for node, items in by_node.items()
         }
-        member_refs = {
-            (job_id, m.rank): m.actor.poll.remote()
-            for job_id, job in self._jobs.items()
-            for m in job.members
-            if not m.done
-        }
+        answers: dict[str, Any] = {}
         deadline = time.monotonic() + self._timeout
-        for job_id in [j for j, job in self._jobs.items() if job.members]:
-            ended_gang = self._poll_gang(self._jobs[job_id], member_refs, deadline, now_s)
-            if ended_gang is not None:
-                exits.append(ended_gang)
-                for m in self._jobs[job_id].members:
-                    if not m.vanished:
-                        self._collect_logs(self._jobs[job_id], m)
-                self._forget(job_id)
-        for job_id, ref in refs.items():
-            job = self._jobs[job_id]
+        for node, ref in refs.items():
             try:
-                ended = self._ray.get(ref, timeout=max(deadline - time.monotonic(), 0.01))
-            except GetTimeoutError:
-                continue
-            except RayActorError:
-                exits.append(self._classify(job, None, now_s, vanished=True))
+                answers.update(self._ray.get(ref, timeout=max(deadline - time.monotonic(), 0.01)))
+            except Exception:
+                # The launcher is being replaced (its jobs run on, fenced on the raylet)
+                # or its node is gone: only the node's death makes its runs lost.
+                if not self._node_alive(node):
+                    for _, run in by_node[node]:
+                        answers[run.key] = _VANISHED
+                    self._launchers.pop(node, None)
+        for job_id in list(self._jobs):
+            job = self._jobs[job_id]
+            if job.gang:
+                ended = self._poll_gang(job, answers, now_s)
+                if ended is None:
+                    continue
+                exits.append(ended)
+                for run in job.runs:
+                    if not run.vanished:
+                        self._collect_logs(job, run)
                 self._forget(job_id)
                 continue
-            if ended is None:
+            answer = answers.get(job_id)
+            if answer is None:
                 continue
-            exits.append(self._classify(job, ended, now_s, vanished=False))
-            self._collect_logs(job)
+            run = job.runs[0]
+            if answer.get("node_lost"):
+                exits.append(self._classify(job, None, now_s, vanished=True))
+            else:
+                exits.append(self._classify(job, answer, now_s, vanished=False))
+                self._collect_logs(job, run)
             self._forget(job_id)
         return exits
 
-    def _poll_gang(
-        self, job: _RayJob, refs: Mapping[tuple[str, int], Any], deadline: float, now_s: float
-    ) -> Exit | None:
+    def _poll_gang(self, job: _RayJob, answers: Mapping[str, Any], now_s: float) -> Exit | None:
         """Note which members ended; the first to end badly (or vanish with its node)
         stops all the others (SIGTERM, SIGKILL after the grace period). The gang's Exit
         comes once every member has ended: no member is left running alone."""
-        from ray.exceptions import GetTimeoutError, RayActorError
-
-        h = job.handle
-        for m in job.members:
-            ref = refs.get((h.job_id, m.rank))
-            if m.done or ref is None:
+        for run in job.runs:
+            answer = answers.get(run.key)
+            if run.done or answer is None:
                 continue
-            try:
-                ended = self._ray.get(ref, timeout=max(deadline - time.monotonic(), 0.01))
-            except GetTimeoutError:
-                continue
-            except RayActorError:
-                m.vanished = True
+            if answer.get("node_lost"):
+                run.vanished = True
             else:
-                if ended is None:
-                    continue
-                m.result = ended
-            m.done, job.ended, m.order = True, job.ended + 1, job.ended + 1
-            bad = m.vanished or self._member_exit(job, m, now_s).outcome != SUCCEEDED
+                run.result = answer
+            run.done, job.ended, run.order = True, job.ended + 1, job.ended + 1
+            bad = run.vanished or self._member_exit(job, run, now_s).outcome != SUCCEEDED
             if bad and job.stop_kind is None and job.gang_stop is None:
-                job.gang_stop = f"gang member rank {m.rank} on node {m.node}"
+                job.gang_stop = f"gang member rank {run.rank} on node {run.node}"
                 job.deadline_s = now_s + job.grace_s
                 job.sigterm_at_wall_s = time.time()
                 self._send(job, signal.SIGTERM)
-        if not all(m.done for m in job.members):
+        if not all(run.done for run in job.runs):
             return None
         return self._gang_exit(job, now_s)
 
-    def _member_exit(self, job: _RayJob, m: _Member, now_s: float) -> Exit:
+    def _member_exit(self, job: _RayJob, run: _Run, now_s: float) -> Exit:
         """How one member ended, by the rules of a single job: a stop the scheduler asked
         for counts; the gang's own stop of the others does not."""
-        if m.vanished or m.result is None:
+        if run.vanished or run.result is None:
             return self._classify(job, None, now_s, vanished=True)
         stop_kind, kill_sent = job.stop_kind, job.kill_sent
         if stop_kind is None:  # a member ended by itself: judged as it ended
             job.kill_sent = False
         try:
-            return self._classify(job, m.result, now_s, vanished=False)
+            return self._classify(job, run.result, now_s, vanished=False)
         finally:
             job.stop_kind, job.kill_sent = stop_kind, kill_sent
 
     def _gang_exit(self, job: _RayJob, now_s: float) -> Exit:
         h = job.handle
-        n = len(job.members)
-        by_order = sorted(job.members, key=lambda m: m.order)
-        lost = [m for m in by_order if m.vanished]
+        n = len(job.runs)
+        by_order = sorted(job.runs, key=lambda run: run.order)
+        lost = [run for run in by_order if run.vanished]
         if lost:
-            m = lost[0]
+            run = lost[0]
             return Exit(
                 h.job_id,
                 h.attempt,
                 LOST,
                 None,
                 None,
-                f"gang member rank {m.rank} on node {m.node} was lost (its Ray node died or "
-                f"left the cluster); all {n} members were stopped: requeue the job, it "
+                f"gang member rank {run.rank} on node {run.node} was lost (its Ray node died "
+                f"or left the cluster); all {n} members were stopped: requeue the job, it "
                 "resumes from its last checkpoint with a new gang",
                 now_s,
-                node=m.node,
+                node=run.node,
             )
-        ends = {m.rank: self._member_exit(job, m, now_s) for m in job.members}
+        ends = {run.rank: self._member_exit(job, run, now_s) for run in job.runs}
         if job.stop_kind is not None:  # preempted or cancelled: the worst member's end
             killed = [e for e in ends.values() if e.signal == signal.SIGKILL]
             ex = killed[0] if killed else ends[0]
             return dataclasses.replace(ex, reason=f"{ex.reason} (all {n} members of the gang)")
         if job.gang_stop is not None:
-            first = next(m for m in by_order if ends[m.rank].outcome != SUCCEEDED)
+            first = next(run for run in by_order if ends[run.rank].outcome != SUCCEEDED)
             ex = ends[first.rank]
             return dataclasses.replace(
                 ex,
@@ -829,28 +765,24 @@ class RayExecutor:
 
     LOG_TAIL_LIMIT = 64 << 20
 
-    def _collect_logs(self, job: _RayJob, member: _Member | None = None) -> None:
-        """Before its actor goes, copy what the scheduler's run directory lacks of the
-        job's logs from its node (nothing on a shared filesystem, where sizes match);
-        a gang member's go to ``rank-<k>/``."""
+    def _collect_logs(self, job: _RayJob, run: _Run) -> None:
+        """Before the attempt is released, copy what the scheduler's run directory lacks
+        of the run's logs from its node (nothing on a shared filesystem, where sizes
+        match); a gang member's go to ``rank-<k>/``."""
         if job.run_dir is None:
             return
-        actor, local_dir = job.actor, job.run_dir
-        if member is not None:
-            actor = member.actor
-            local_dir = job.run_dir / member_dir(member.rank) if member.rank else job.run_dir
         for name in (STDOUT_LOG, STDERR_LOG):
-            local = local_dir / name
+            local = run.log_dir / name
             have = local.stat().st_size if local.is_file() else 0
             try:
                 data: bytes = self._ray.get(
-                    actor.read_log.remote(name, have, self.LOG_TAIL_LIMIT),
+                    run.launcher.read_log.remote(str(run.log_dir), name, have, self.LOG_TAIL_LIMIT),
                     timeout=self._timeout,
                 )
             except Exception:  # the node went: what was streamed is what there is
                 return
             if data:
-                local_dir.mkdir(parents=True, exist_ok=True)
+                run.log_dir.mkdir(parents=True, exist_ok=True)
                 with local.open("ab") as f:
                     f.write(data)
 
@@ -863,16 +795,16 @@ class RayExecutor:
         sig: int | None = None
         error: str | None = None
         if vanished:
-            # Actor died with its node: the process is gone with it (machine lost), and
-            # even if we sent SIGKILL the node loss is the news; it resumes elsewhere.
+            # The node died: the process is gone with it (machine lost), and even if we
+            # sent SIGKILL the node loss is the news; it resumes elsewhere.
             return Exit(
                 h.job_id,
                 h.attempt,
                 "lost",
                 None,
                 None,
-                f"the Ray node of gpupool node {job.node or '?'} died or left the cluster "
-                "(its actor is gone); requeue the job, it resumes from its last checkpoint",
+                f"the Ray node of gpupool node {job.node or '?'} died or left the cluster; "
+                "requeue the job, it resumes from its last checkpoint",
                 now_s,
             )
         assert ended is not None
@@ -900,37 +832,40 @@ class RayExecutor:
         )
 
     def _forget(self, job_id: str) -> None:
+        """The attempt's end has been seen: its launchers release its GPU claims (a dead
+        node's go with the node)."""
         job = self._jobs.pop(job_id)
-        for actor in [m.actor for m in job.members] or [job.actor]:
-            with contextlib.suppress(Exception):
-                self._ray.kill(actor)  # frees its GPU-index resources at once
+        for run in job.runs:
+            self._release(run)
 
     def read_log(
         self, job_id: str, name: str = STDOUT_LOG, offset: int = 0, rank: int = 0
     ) -> bytes:
-        """Log bytes of a running job (of gang member `rank`), read on its node by its actor."""
+        """Log bytes of a running job (of gang member `rank`), read on its node by the
+        node's launcher."""
         job = self._get(job_id)
-        actor = job.actor
-        if rank:
-            if rank >= len(job.members):
-                raise NotFoundError(
-                    f"job {job_id} has no gang member of rank {rank}; it runs "
-                    f"{max(len(job.members), 1)} member(s), ranks from 0"
-                )
-            actor = job.members[rank].actor
-        data: bytes = self._ray.get(actor.read_log.remote(name, offset), timeout=self._timeout)
+        if not 0 <= rank < len(job.runs):
+            raise NotFoundError(
+                f"job {job_id} has no gang member of rank {rank}; it runs "
+                f"{len(job.runs)} member(s), ranks from 0"
+            )
+        run = job.runs[rank]
+        data: bytes = self._ray.get(
+            run.launcher.read_log.remote(str(run.log_dir), name, offset), timeout=self._timeout
+        )
         return data
 
     def actor_node_id(self, job_id: str) -> str:
-        """The Ray node id the job's actor runs on, as the actor itself reports it."""
-        node: str = self._ray.get(self._get(job_id).actor.node_id.remote(), timeout=self._timeout)
+        """The Ray node id the job runs on, as its node's launcher reports it."""
+        run = self._get(job_id).runs[0]
+        node: str = self._ray.get(run.launcher.node_id.remote(), timeout=self._timeout)
         return node
 
     def handles(self) -> dict[str, Handle]:
         return {job_id: j.handle for job_id, j in self._jobs.items()}
 
     def shutdown(self) -> None:
-        """Stop watching; the detached actors and their jobs keep running for adoption."""
+        """Stop watching; the detached launchers and their jobs keep running for adoption."""
         self._jobs.clear()
 
 

@@ -129,16 +129,34 @@ FENCE_ENV = "GPUPOOL_FENCE_PPID"
 """Set by a launcher whose death must end the job (a Ray actor: its node is gone)."""
 
 
-def _fence(parent: int, every_s: float = 0.5) -> None:
-    """When the launcher that must outlive the job dies (we are re-parented), nobody can
-    stop the job any more and the scheduler will restart it elsewhere: kill the group."""
+def _start_ticks(pid: int) -> int | None:
+    """Field 22 of /proc/<pid>/stat (when the process started); None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    rest = stat[stat.rfind(b")") + 2 :].split()
+    if len(rest) < 20 or rest[0] in (b"Z", b"X"):
+        return None
+    return int(rest[19])
+
+
+def _fence(parent: int, every_s: float = 0.5, watched: tuple[int, int] | None = None) -> None:
+    """When the launcher that must outlive the job dies (we are re-parented), or the
+    process `watched` (pid, start ticks) that stands for the node ends, nobody can stop
+    the job any more and the scheduler will restart it elsewhere: kill the group."""
     while True:
         time.sleep(every_s)
-        if os.getppid() != parent:
+        if watched is not None:
+            gone = _start_ticks(watched[0]) != watched[1]
+            who = f"node's Ray process (pid {watched[0]})"
+        else:
+            gone = os.getppid() != parent
+            who = f"launcher (pid {parent})"
+        if gone:
             print(
-                f"gpupool: the job's launcher (pid {parent}) is gone; stopping the job",
-                file=sys.stderr,
-                flush=True,
+                f"gpupool: the job's {who} is gone; stopping the job", file=sys.stderr, flush=True
             )
             pgid = os.getpgrp()
             if pgid == os.getpid():
@@ -244,7 +262,12 @@ def main(argv: list[str] | None = None) -> int:
     exit_code: int | None
     sig_num: int | None = None
     fence = str(spec.get("fence_ppid") or os.environ.pop(FENCE_ENV, ""))
-    if fence.isdigit():
+    watched = spec.get("fence_watch")
+    if isinstance(watched, list) and len(watched) == 2 and all(isinstance(v, int) for v in watched):
+        # a warm launcher may be replaced while the job runs: fence on the node instead
+        args: tuple[Any, ...] = (0, 0.5, (watched[0], watched[1]))
+        threading.Thread(target=_fence, args=args, daemon=True).start()
+    elif fence.isdigit():
         threading.Thread(target=_fence, args=(int(fence),), daemon=True).start()
     copiers: list[threading.Thread] = []
     if _Arrivals.before:
