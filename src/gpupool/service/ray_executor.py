@@ -675,7 +675,7 @@ class RayExecutor:
                 exits.append(ended)
                 for run in job.runs:
                     if not run.vanished:
-                        self._collect_logs(job, run)
+                        self._collect_logs(job, run, run.result)
                 self._forget(job_id)
                 continue
             answer = answers.get(job_id)
@@ -686,7 +686,7 @@ class RayExecutor:
                 exits.append(self._classify(job, None, now_s, vanished=True))
             else:
                 exits.append(self._classify(job, answer, now_s, vanished=False))
-                self._collect_logs(job, run)
+                self._collect_logs(job, run, answer)
             self._forget(job_id)
         return exits
 
@@ -765,15 +765,19 @@ class RayExecutor:
 
     LOG_TAIL_LIMIT = 64 << 20
 
-    def _collect_logs(self, job: _RayJob, run: _Run) -> None:
+    def _collect_logs(self, job: _RayJob, run: _Run, ended: Mapping[str, Any] | None) -> None:
         """Before the attempt is released, copy what the scheduler's run directory lacks
-        of the run's logs from its node (nothing on a shared filesystem, where sizes
-        match); a gang member's go to ``rank-<k>/``."""
+        of the run's logs from its node (nothing on a shared filesystem, where the sizes
+        the poll reported match: then no call is made); a gang member's go to
+        ``rank-<k>/``."""
         if job.run_dir is None:
             return
+        sizes = ended.get("log_sizes") if ended is not None else None
         for name in (STDOUT_LOG, STDERR_LOG):
             local = run.log_dir / name
             have = local.stat().st_size if local.is_file() else 0
+            if isinstance(sizes, dict) and int(sizes.get(name, 0)) <= have:
+                continue
             try:
                 data: bytes = self._ray.get(
                     run.launcher.read_log.remote(str(run.log_dir), name, have, self.LOG_TAIL_LIMIT),

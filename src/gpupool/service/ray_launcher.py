@@ -96,10 +96,13 @@ def spawn_shim(
     record: Path,
     env: Mapping[str, str],
     fence: Mapping[str, Any],
+    nice: int | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start the job's shim in its own session; the job reaches it over a pipe, so the
     shim's interpreter runs isolated (-I) in a clean environment and the job's
-    environment applies to the job only (as under LocalExecutor)."""
+    environment applies to the job only (as under LocalExecutor). `nice`: the priority
+    the shim (and so the job) runs at, set before it gets the job; Ray runs its workers,
+    and so whatever they start, at a niceness of 15."""
     stdout, stderr = log_dir / STDOUT_LOG, log_dir / STDERR_LOG
     job = {
         "argv": list(spec.argv),
@@ -130,6 +133,9 @@ def spawn_shim(
                 )
         finally:
             os.close(read_end)
+        if nice is not None:
+            with contextlib.suppress(OSError):  # not permitted: it runs at Ray's niceness
+                os.setpriority(os.PRIO_PROCESS, proc.pid, nice)
         with open(write_end, "wb", closefd=False) as pipe:
             pipe.write(json.dumps(job).encode())
     finally:
@@ -186,6 +192,10 @@ class NodeLauncher:
         # live on through a launcher's restart and die with the node
         raylet = os.getppid()
         self._raylet = (raylet, read_start_ticks(raylet) or 0)
+        try:  # jobs run at the node's own priority, not at Ray's worker niceness
+            self._nice: int | None = os.getpriority(os.PRIO_PROCESS, raylet)
+        except OSError:
+            self._nice = None
         self._children: dict[int, subprocess.Popen[bytes]] = {}
         self._lock = threading.Lock()
 
@@ -239,6 +249,7 @@ class NodeLauncher:
                     record=record,
                     env=env,
                     fence={"fence_watch": list(self._raylet)},
+                    nice=self._nice,
                 )
                 ticks = read_start_ticks(proc.pid, zombie_ok=True) or 0
                 self._children[proc.pid] = proc
@@ -315,8 +326,20 @@ class NodeLauncher:
     # ---- watching
     def poll_many(self, jobs: Sequence[tuple[str, int, int, str]]) -> dict[str, Any]:
         """For each (job id, pid, start ticks, exit record path): None while it runs,
-        else how it ended, from the shim's exit status and its exit record."""
-        return {job_id: self._poll(pid, ticks, record) for job_id, pid, ticks, record in jobs}
+        else how it ended, from the shim's exit status and its exit record, with the
+        sizes of its logs here (the scheduler fetches only what its copy lacks)."""
+        out: dict[str, Any] = {}
+        for key, pid, ticks, record in jobs:
+            ended = self._poll(pid, ticks, record)
+            if ended is not None and not ended.get("node_lost"):
+                log_dir = Path(record).parent
+                sizes = {}
+                for name in (STDOUT_LOG, STDERR_LOG):
+                    with contextlib.suppress(OSError):
+                        sizes[name] = (log_dir / name).stat().st_size
+                ended["log_sizes"] = sizes
+            out[key] = ended
+        return out
 
     def _poll(self, pid: int, ticks: int, record_path: str) -> dict[str, Any] | None:
         proc = self._children.get(pid)

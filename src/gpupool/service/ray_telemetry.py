@@ -19,7 +19,7 @@ import dataclasses
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from gpupool.energy.powercap import SetPowerCap
@@ -118,6 +118,8 @@ class _Node:
     created: bool = False
     source: str = "unknown"
     pending: Any = None
+    loads: dict[int, tuple[float, int]] = field(default_factory=dict)
+    """Loads set since the last sample, by local GPU index, not yet sent."""
     """The sample call still in flight: no second one is sent while it is."""
     problem: str = ""
     """Why the actor is unusable now ("" while it answers)."""
@@ -274,6 +276,7 @@ class RayTelemetry(Telemetry):
 
         if self._closed:
             raise ConflictError("telemetry is closed; start a new RayTelemetry to read GPUs")
+        self._flush_loads()
         for node in self._nodes:
             if node.actor is None or node.problem.startswith("telemetry actor died"):
                 self._recover(node)
@@ -354,21 +357,39 @@ class RayTelemetry(Telemetry):
         return ApplyResult(result.ok, f"node {node.name}: {result.message}")
 
     def set_load(self, index: int, util_pct: float, mem_used_mib: int) -> None:
-        """What runs on global GPU `index` (fake nodes only); an unreachable node is skipped,
-        its samples already say it is unhealthy."""
-        from ray.exceptions import GetTimeoutError, RayActorError
-
+        """What runs on global GPU `index` (fake nodes only). Kept here and sent to the
+        node before its next sample, all of a node's at once (the last per GPU wins): a
+        cycle that starts many jobs makes no Ray round trip per GPU. An unreachable node
+        is skipped, its samples already say it is unhealthy."""
         node, local = self._locate(index)
-        with contextlib.suppress(GetTimeoutError, RayActorError, ConflictError):
-            self._call(node, "set_load", local, util_pct, mem_used_mib)
+        if node.source == "nvml":
+            return  # real GPUs show their load by themselves
+        node.loads[local] = (util_pct, mem_used_mib)
+
+    def _flush_loads(self) -> None:
+        """Send every node's queued loads and wait for them (within the call timeout), so
+        that what is read next reflects them."""
+        refs = []
+        for node in self._nodes:
+            loads, node.loads = node.loads, {}
+            if node.actor is None:
+                continue
+            for local, (util, mem) in loads.items():
+                with contextlib.suppress(Exception):
+                    refs.append(node.actor.set_load.remote(local, util, mem))
+        if refs:
+            with contextlib.suppress(Exception):
+                self._ray.wait(refs, num_returns=len(refs), timeout=self._timeout)
 
     def fail_gpu(self, index: int, problem: str = "fell off the bus (injected fault)") -> None:
         """Inject a fault into global GPU `index` of a fake node (tests)."""
+        self._flush_loads()
         node, local = self._locate(index)
         self._call(node, "fail_gpu", local, problem)
 
     def actor(self, node: str) -> Any:
-        """The node's actor handle (tests and diagnostics)."""
+        """The node's actor handle (tests and diagnostics), the loads set so far sent."""
+        self._flush_loads()
         return next(n.actor for n in self._nodes if n.name == node)
 
     def close(self) -> None:
