@@ -572,7 +572,7 @@ def markdown(r: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|",
         row("**submit -> process start**", lat["submit_to_process_start"]),
     ]
-    if "last_submit_to_process_start" in lat:
+    if "last_submit_to_process_start" in lat and w["submit_span_s"] <= 15:  # a burst
         lines.append(row("last submit -> process start", lat["last_submit_to_process_start"]))
     lines += [row(k, v) for k, v in lat["parts"].items()]
     lines += [

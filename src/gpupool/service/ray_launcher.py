@@ -46,6 +46,8 @@ from gpupool.service.executor import (
     STDERR_LOG,
     STDOUT_LOG,
     LaunchSpec,
+    _read_json,
+    _write_json,
     exit_file,
     job_environment,
     read_start_ticks,
@@ -159,22 +161,6 @@ def prepare_run_dir(spec: LaunchSpec, log_dir: Path) -> Path:
 def _alive(pid: int, ticks: int) -> bool:
     """The very process (pid and start ticks) still runs (a zombie has ended)."""
     return pid > 0 and read_start_ticks(pid) == ticks
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def _write_json(path: Path, data: Mapping[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f)
-    os.replace(tmp, path)
 
 
 class NodeLauncher:

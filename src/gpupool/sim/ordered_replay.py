@@ -260,6 +260,17 @@ def run_ordered(
         new = rule_keys[r.job.job_id]
         return old < best_waiting and new < best_waiting
 
+    def merged(order: list[str], now: float) -> list[str]:
+        """The rule order, mixed with the predicted one while the model is in use."""
+        assert ordering is not None
+        if not ordering.uses_model:
+            return order
+        cands = [
+            Candidate(job_id, ranked_attained(table[job_id], now), table[job_id].job.submit_s)
+            for job_id in order
+        ]
+        return preferential_merge(ordering.predicted_order(cands), order, ordering.config.weight)
+
     def schedule_ranked(now: float) -> None:
         nonlocal best_waiting
         assert ordering is not None
@@ -269,15 +280,7 @@ def run_ordered(
         if not preemptive:
             start_in_order(now)
             return
-        order = rule_order(now)
-        if ordering.uses_model:
-            cands = [
-                Candidate(job_id, ranked_attained(table[job_id], now), table[job_id].job.submit_s)
-                for job_id in order
-            ]
-            order = preferential_merge(
-                ordering.predicted_order(cands), order, ordering.config.weight
-            )
+        order = merged(rule_order(now), now)
         left = total_gpus
         wanted: list[_Job] = []
         for job_id in order:
@@ -297,16 +300,7 @@ def run_ordered(
     def start_in_order(now: float) -> None:
         """Without preemption (the live core's ordered policies): the waiting jobs in the
         order, each started when it fits the free GPUs; running jobs keep running."""
-        assert ordering is not None
-        order = [job_id for job_id in rule_order(now) if job_id in waiting]
-        if ordering.uses_model:
-            cands = [
-                Candidate(job_id, ranked_attained(table[job_id], now), table[job_id].job.submit_s)
-                for job_id in order
-            ]
-            order = preferential_merge(
-                ordering.predicted_order(cands), order, ordering.config.weight
-            )
+        order = merged([job_id for job_id in rule_order(now) if job_id in waiting], now)
         for job_id in order:
             if free == 0:
                 break
