@@ -32,9 +32,9 @@ import subprocess
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # pathlib and typing's runtime parts stay unloaded: every job waits on it
+TYPE_CHECKING = False  # not typing's: every job waits for the shim to start
+if TYPE_CHECKING:
     from types import FrameType
     from typing import Any, ClassVar
 
