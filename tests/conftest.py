@@ -41,3 +41,12 @@ def open_store(url: str) -> Iterator[Callable[[], Store]]:
     yield make
     for s in stores:
         s.close()
+
+
+@pytest.fixture(autouse=True)
+def _no_job_outlives_its_test() -> Iterator[None]:
+    """What a test's `gpupool serve` processes left running ends with the test."""
+    yield
+    from service_proc import reap_left_jobs
+
+    reap_left_jobs()

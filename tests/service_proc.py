@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
 import socket
@@ -20,6 +22,32 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
+
+
+_STARTED: list[Server] = []
+"""Every server a test made, until its leftover jobs are reaped (`reap_left_jobs`)."""
+
+
+def reap_left_jobs() -> None:
+    """SIGKILL the jobs that stopped servers left running. A local server leaves its jobs
+    running when it stops, on purpose (a restart adopts them); at the end of a test
+    nobody will, and a job left behind would eat the CPU of every test after it. Only a
+    process that still is the recorded one (pid and start ticks) is killed."""
+    from gpupool.service.executor import read_start_ticks
+
+    for server in list(_STARTED):
+        if server.proc is not None and server.proc.poll() is None:
+            continue  # still serving (a module's server): reaped once it has stopped
+        _STARTED.remove(server)
+        for path in server.state_dir.glob("jobs/*/handle-*.json"):
+            try:
+                handle = json.loads(path.read_text(encoding="utf-8"))
+                pid, pgid, ticks = int(handle["pid"]), int(handle["pgid"]), handle["start_ticks"]
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            if read_start_ticks(pid) == ticks:
+                with contextlib.suppress(OSError):
+                    os.killpg(pgid, signal.SIGKILL)
 
 
 class Server:
@@ -43,6 +71,7 @@ class Server:
         self.env = env
         self.proc: subprocess.Popen[bytes] | None = None
         self.log = state_dir / "server.log"
+        _STARTED.append(self)
 
     def start(self, timeout_s: float = 60.0) -> Server:
         self.state_dir.mkdir(parents=True, exist_ok=True)
