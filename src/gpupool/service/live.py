@@ -1826,7 +1826,7 @@ class LiveService:
 
     def _started(self, p: _Prepared, result: Handle | BaseException, now: float) -> None:
         d, row = p.decision, p.row
-        if isinstance(result, Unavailable):  # e.g. Ray was slow to start its actor
+        if isinstance(result, Unavailable):  # e.g. a node's launcher did not answer
             self._requeue(row.id, now, f"could not start yet: {result}")
             return
         if isinstance(result, BaseException):
