@@ -851,6 +851,8 @@ class Scheduler:
             self.config.team_limits and self._limit_reason(r, self._running_counts())
         ):
             return None
+        if self._over_maximum(r, now):
+            return None  # its team filled up while its victims vacated: it waits its turn
         allowed = self.pool_nodes[r.gpu_type].copy()
         if self.team_nodes is not None:
             allowed &= self.team_nodes[r.spec.team]
@@ -865,14 +867,17 @@ class Scheduler:
             return None
         return self._start(r, placement, now)
 
-    def _start(self, r: JobRecord, placement: Placement, now: float) -> Launch:
+    def _over_maximum(self, r: JobRecord, now: float) -> bool:
+        """Whether starting the job now would take its team past its maximum."""
         job = r.spec
         limit = self.quotas.maximum(job.team, r.gpu_type, now)
-        if (
-            self._team_milli(job.team, r.gpu_type) + job.gpu_milli > limit * MILLI_PER_GPU
-            if job.shares_gpu
-            else self.held[(job.team, r.gpu_type)] + job.gpu_count > limit
-        ):
+        if job.shares_gpu:
+            return self._team_milli(job.team, r.gpu_type) + job.gpu_milli > limit * MILLI_PER_GPU
+        return self.held[(job.team, r.gpu_type)] + job.gpu_count > limit
+
+    def _start(self, r: JobRecord, placement: Placement, now: float) -> Launch:
+        job = r.spec
+        if self._over_maximum(r, now):
             raise PlanRejected(f"job {job.job_id}: team {job.team} would exceed its maximum")
         if not all(self.healthy[k] for k in placement.nodes):
             raise PlanRejected(f"job {job.job_id}: the plan uses a node that is down")
