@@ -8,6 +8,7 @@ rules and log caps hold. The test process plays the server.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat
@@ -73,6 +74,14 @@ def wait_exit(ex: LocalExecutor, timeout_s: float = 10.0) -> Exit:
         if time.monotonic() > deadline:
             raise AssertionError("the job did not end")
         time.sleep(0.01)
+
+
+def logged(log: Path, text: str, timeout_s: float = 10.0) -> str:
+    """The log once it holds `text` (or as it is at the timeout). A running job's output
+    reaches its log through the shim's copier thread, a moment after the job wrote it."""
+    with contextlib.suppress(AssertionError):
+        wait_until(lambda: text in log.read_text(), timeout_s=timeout_s, what=f"{text!r}")
+    return log.read_text()
 
 
 def gone(pid: int) -> bool:
@@ -215,7 +224,7 @@ def test_the_shim_gets_a_clean_environment_and_the_job_its_own(
     shim_env = Path(f"/proc/{handle.pid}/environ").read_bytes().split(b"\0")
     assert sorted(x.split(b"=")[0] for x in shim_env if x) == [b"GPUPOOL_LAUNCH_TOKEN", b"PATH"]
     assert b"-I" in Path(f"/proc/{handle.pid}/cmdline").read_bytes().split(b"\0")
-    assert (tmp_path / "e" / "stdout.log").read_text().splitlines()[-1].endswith(" yes")
+    assert logged(tmp_path / "e" / "stdout.log", " yes\n").splitlines()[-1].endswith(" yes")
     ex.cancel("e", 0, time.time())
     assert wait_exit(ex).outcome == "cancelled"
 
@@ -399,7 +408,7 @@ def test_limits_are_written_and_a_fork_bomb_stops_at_pids_max(
     limits = Limits(cpu_cores=0.5, mem_mib=256, pids=20)
     handle = ex.launch(launch_spec(tmp_path, "f", py(code), limits=limits), 0.0)
     wait_until((tmp_path / "f" / "checkpoint" / "ready").exists, timeout_s=20, what="forks")
-    out = (tmp_path / "f" / "stdout.log").read_text()
+    out = logged(tmp_path / "f" / "stdout.log", "fork refused after")
     assert "fork refused after" in out, out
     assert int(out.split("fork refused after")[1].split()[0]) < 20
     assert ex.cgroups is not None
