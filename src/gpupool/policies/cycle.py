@@ -18,6 +18,7 @@ lifecycle, preemption rules) before applying it.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
@@ -180,6 +181,18 @@ class RunningView(NamedTuple):
     est_end_s: float
 
 
+class ReserveHolders(NamedTuple):
+    """GPUs of each pool that the online reserve rules count."""
+
+    online_all: Mapping[str, int]
+    """Held by online inference, vacating jobs included."""
+    online: Mapping[str, int]
+    """Held by online inference that is not vacating."""
+    fast: Mapping[str, int]
+    """Held by work (not vacating) that an online arrival may preempt and that writes its
+    checkpoint within the reserve's bound (may_hold_reserve)."""
+
+
 class PendingView(NamedTuple):
     """A waiting job as a cycle sees it."""
 
@@ -215,7 +228,51 @@ class CycleView:
     rank: Mapping[str, int] | None = None
     """An order of the waiting jobs inside each priority class (position, first runs
     first), given by the core to its ordered policies (policies/ordered.py); None: age."""
+    held: Mapping[tuple[str, str], int] | None = None
+    """GPUs each (team, pool) holds in running jobs, vacating ones excluded, as the core
+    counts them; None: counted from `running`."""
+    holders: ReserveHolders | None = None
+    """The reserve rules' counts, as the core made them; None: counted from `running`."""
     _allowed: dict[tuple[str, str], BoolArray] = field(default_factory=dict)
+
+    def usage(self) -> dict[tuple[str, str], int]:
+        """GPUs each (team, GPU type) holds in running jobs, vacating ones excluded."""
+        if self.held is not None:
+            return {key: n for key, n in self.held.items() if n}
+        out: dict[tuple[str, str], int] = {}
+        for job_id, r in self.running.items():
+            if job_id in self.vacating:
+                continue
+            key = (r.spec.team, r.gpu_type)
+            out[key] = out.get(key, 0) + r.spec.gpu_count
+        return out
+
+    def ends(self, gpu_type: str) -> list[tuple[float, int]]:
+        """(expected end, GPUs) of each running job of the pool, in no order."""
+        made = getattr(self.running, "ends", None)  # the core's: without a view per job
+        if made is not None:
+            out: list[tuple[float, int]] = made(gpu_type)
+            return out
+        return [
+            (r.est_end_s, r.spec.gpu_count) for r in self.running.values() if r.gpu_type == gpu_type
+        ]
+
+    def reserve_holders(self) -> ReserveHolders:
+        """Online GPUs and quick-to-vacate GPUs of each pool (ReserveHolders)."""
+        if self.holders is not None:
+            return self.holders
+        online_all = {t: 0 for t in self.pool_nodes}
+        online, fast = dict(online_all), dict(online_all)
+        for job_id, r in self.running.items():
+            if r.spec.kind is JobKind.ONLINE:
+                online_all[r.gpu_type] += r.spec.gpu_count
+                if job_id not in self.vacating:
+                    online[r.gpu_type] += r.spec.gpu_count
+            elif job_id not in self.vacating and may_hold_reserve(
+                self.rules, self.cycle_s, r.spec, r.vacate_s, r.preemptions
+            ):
+                fast[r.gpu_type] += r.spec.gpu_count
+        return ReserveHolders(online_all, online, fast)
 
     def allowed(self, job: JobSpec, gpu_type: str, held: BoolArray | None = None) -> BoolArray:
         key = (gpu_type, job.team if self.team_nodes is not None else "")
@@ -268,17 +325,6 @@ def _over_maximum(
     return usage.get((job.team, gpu_type), 0) + job.gpu_count > limit
 
 
-def _usage(view: CycleView) -> dict[tuple[str, str], int]:
-    """GPUs each (team, GPU type) holds in running jobs, vacating ones excluded."""
-    out: dict[tuple[str, str], int] = {}
-    for job_id, r in view.running.items():
-        if job_id in view.vacating:
-            continue
-        key = (r.spec.team, r.gpu_type)
-        out[key] = out.get(key, 0) + r.spec.gpu_count
-    return out
-
-
 def _backfills(
     view: CycleView, job: JobSpec, shadow: tuple[float, int] | None
 ) -> tuple[bool, tuple[float, int] | None]:
@@ -298,13 +344,11 @@ def _shadow(
     """EASY reservation for a blocked job: (start time, GPUs spare at that time)."""
     pool = view.pool_nodes[gpu_type]
     free = int(np.where(scratch.gpu_left[pool] == 1000, 1, 0).sum())
-    ends = sorted(
-        (r.est_end_s, r.spec.gpu_count) for r in view.running.values() if r.gpu_type == gpu_type
-    )
+    ends = view.ends(gpu_type)
+    heapq.heapify(ends)  # usually a few ends suffice: no need to sort them all
     t = view.now_s
-    for end, gpus in ends:
-        if free >= job.gpu_count:
-            break
+    while ends and free < job.gpu_count:
+        end, gpus = heapq.heappop(ends)
         free += gpus
         t = end
     return t, max(0, free - job.gpu_count)
@@ -320,7 +364,7 @@ class FifoPolicy(CyclePolicy):
     def plan(self, view: CycleView) -> list[Command]:
         scratch = view.state.copy()
         commands: list[Command] = []
-        usage = _usage(view)
+        usage = view.usage()
         queue = sorted(view.pending, key=lambda p: (p.spec.submit_s, p.spec.job_id))
         # EASY reservations, one per pool: a job blocked in one pool holds back nothing in
         # another (their GPUs are disjoint).
@@ -365,7 +409,7 @@ class PriorityQuotaPolicy(CyclePolicy):
 
     def plan(self, view: CycleView) -> list[Command]:
         scratch = view.state.copy()
-        running_usage = _usage(view)
+        running_usage = view.usage()
         usage = dict(running_usage)
         for p in view.pending:  # a job waiting on its victims already counts for its team
             if p.spec.job_id in view.claimed:
@@ -454,14 +498,7 @@ class PriorityQuotaPolicy(CyclePolicy):
         # entitled job that claims them (no second preemption), not to a borrower.
         orphans.update(view.vacating - frozenset().union(*held_by.values()))
         waiting = [p for p in view.pending if p.spec.job_id not in view.claimed]
-        online_held = {
-            t: sum(
-                r.spec.gpu_count
-                for r in view.running.values()
-                if r.gpu_type == t and r.spec.kind is JobKind.ONLINE
-            )
-            for t in view.pool_nodes
-        }
+        online_held = dict(view.reserve_holders().online_all)
         # Within each team, online first, then by priority and age; what fits inside the
         # team's guarantee is entitled (and may reclaim), the rest borrows by fair share.
         tail = self.class_order(view)
@@ -610,15 +647,9 @@ class PriorityQuotaPolicy(CyclePolicy):
     def _fast_held(self, view: CycleView) -> dict[str, int]:
         """GPUs of each pool held by work that could vacate the reserve in time; only a
         pool with a reserve asks (`_reserve_ok`), so without one nothing is counted."""
-        out = {t: 0 for t in view.pool_nodes}
         if not any(view.reserve.values()):
-            return out
-        for job_id, r in view.running.items():
-            if job_id not in view.vacating and self._can_vacate(
-                view, r.spec, r.vacate_s, r.preemptions
-            ):
-                out[r.gpu_type] += r.spec.gpu_count
-        return out
+            return {t: 0 for t in view.pool_nodes}
+        return dict(view.reserve_holders().fast)
 
     def _reserve_ok(
         self,

@@ -41,7 +41,6 @@ from gpupool.policies.cycle import (
     CycleView,
     PendingView,
     Preempt,
-    RunningView,
     Start,
 )
 from gpupool.policies.fgd import LearnedFgdPolicy
@@ -55,7 +54,7 @@ from gpupool.policies.pool_choice import (
     pool_loads,
 )
 from gpupool.policies.thermal import CoolestFirstPolicy
-from gpupool.scheduler import stages, waiting
+from gpupool.scheduler import running_view, stages, waiting
 from gpupool.scheduler.commands import (
     Cancel,
     Command,
@@ -88,6 +87,7 @@ from gpupool.scheduler.events import (
 )
 from gpupool.scheduler.jobs import WAITING, JobRecord, ServiceTemplate, TeamQueues
 from gpupool.scheduler.learning import CoreLearning
+from gpupool.scheduler.running_view import RunningViews
 from gpupool.sizing.catalog import Catalog
 from gpupool.sizing.planner import PlanRequest, sized_options
 
@@ -252,6 +252,8 @@ class Scheduler:
         self.queues = TeamQueues(self.policy.queue_key)
         self.held: dict[tuple[str, str], int] = defaultdict(int)
         """GPUs each (team, pool) holds in running jobs; vacating ones excluded."""
+        self.vacating: set[str] = set()
+        """Running jobs writing their checkpoint before they leave (PREEMPTING)."""
         self.sized: dict[str, PlanRequest] = {}
         self.choosers: dict[str, JobRecord] = {}
         """Never-started jobs with more than one pool: each cycle points them at the best."""
@@ -533,6 +535,8 @@ class Scheduler:
             self.running[job.job_id] = r
             if state is JobState.RUNNING:
                 self.held[(job.team, r.gpu_type)] += job.gpu_count
+            else:
+                self.vacating.add(job.job_id)
         elif state in WAITING:
             r.state = state
             self.queues.add(r)
@@ -601,6 +605,7 @@ class Scheduler:
         self.dirty = True
         self.active.pop(job_id, None)
         self.running.pop(job_id, None)
+        self.vacating.discard(job_id)
         self.claims.pop(job_id, None)
         self.choosers.pop(job_id, None)
         self.on_hold.discard(job_id)
@@ -618,6 +623,7 @@ class Scheduler:
         r = self._record(job_id)
         self.engine.release(job_id, at, "suspend")
         self.running.pop(job_id, None)
+        self.vacating.discard(job_id)
         self.dirty = True
         r.state = check_transition(job_id, r.state, JobState.SUSPENDED)
         r.vacate_at = None
@@ -635,6 +641,7 @@ class Scheduler:
             self.room_since[(r.spec.team, r.gpu_type)] = at
         self.engine.release(job_id, at, f"lost ({reason})")
         self.running.pop(job_id, None)
+        self.vacating.discard(job_id)
         r.state = check_transition(job_id, r.state, JobState.SUSPENDED)
         r.vacate_at = None
         r.ready_s = at
@@ -707,9 +714,11 @@ class Scheduler:
             return out  # the stages run once per cycle_s (again at the same instant)
         self.cycle_due = False
         if last is not None and now > last:
-            usage: dict[str, float] = defaultdict(float)
-            for r in self.running.values():
-                usage[r.spec.team] += r.spec.gpu_count
+            usage: dict[str, float] = defaultdict(float)  # running and vacating GPUs
+            for (team, _), gpus in self.held.items():
+                usage[team] += gpus
+            for job_id in self.vacating:
+                usage[self.running[job_id].spec.team] += self.running[job_id].spec.gpu_count
             self.quotas.record_usage(usage, now - last)
         self.last_cycle_s = now
         if self.learning is not None:
@@ -954,6 +963,7 @@ class Scheduler:
             claimant=claimant,
         )
         r.state = check_transition(job.job_id, r.state, JobState.PREEMPTING)
+        self.vacating.add(job.job_id)
         self.held[(job.team, r.gpu_type)] -= job.gpu_count
         self.room_since[(job.team, r.gpu_type)] = now
         self.dirty = True
@@ -1047,6 +1057,7 @@ class Scheduler:
         if not self.measured:  # its work since the last cycle counts up to its checkpoint
             self._estimate_one(r, now)
         r.state = check_transition(job_id, r.state, JobState.PREEMPTING)
+        self.vacating.add(job_id)
         self.held[(job.team, r.gpu_type)] -= job.gpu_count
         self.room_since[(job.team, r.gpu_type)] = now
         self.dirty = True
@@ -1115,6 +1126,7 @@ class Scheduler:
                 continue
             job = r.spec
             r.state = check_transition(job_id, r.state, JobState.PREEMPTING)
+            self.vacating.add(job_id)
             self.held[(job.team, r.gpu_type)] -= job.gpu_count
             self.room_since[(job.team, r.gpu_type)] = now
             why = f"ran past its {duration_text(limit)} time limit"
@@ -1252,9 +1264,17 @@ class Scheduler:
     def _estimate(self, now: float) -> None:
         """No driver measures progress: work since the last start at speed 1, saved at the
         last whole checkpoint interval."""
-        for r in self.running.values():
-            if r.state is JobState.RUNNING:
-                self._estimate_one(r, now)
+        running = JobState.RUNNING
+        for r in self.running.values():  # _estimate_one written out: every running job
+            if r.state is not running:
+                continue
+            ran = now - r.run_started_s
+            before = r.start_overhead_s
+            r.overhead_s = before - ran if before - ran > 0.0 else 0.0
+            work = ran - before if ran - before > 0.0 else 0.0
+            interval = r.spec.checkpoint_interval_s
+            r.done_s = done = r.start_done_s + work
+            r.saved_s = r.start_done_s + (work // interval) * interval if interval > 0 else done
 
     @staticmethod
     def _estimate_one(r: JobRecord, now: float) -> None:
@@ -1327,34 +1347,11 @@ class Scheduler:
         return sorted(queue, key=lambda e: rank.get(e[1], last))
 
     def view(self, now: float, rank: Mapping[str, int] | None = None) -> CycleView:
+        """What the policy plans from. Running jobs are seen through RunningViews (each
+        made when the plan first reads it) and the totals the core keeps, so a cycle
+        costs what the plan looks at, not one view per running job."""
         ck = self.config.checkpoint
-        running: dict[str, RunningView] = {}
-        vacating: set[str] = set()
-        costs: dict[float, tuple[float, float]] = {}
-        """(checkpoint write, resume) per GiB of state: a handful of distinct sizes."""
-        for job_id, r in self.running.items():
-            if r.state is JobState.PREEMPTING:
-                vacating.add(job_id)
-            spec = r.spec
-            gib = spec.state_gib_per_gpu
-            cost = costs.get(gib)
-            if cost is None:
-                cost = costs[gib] = (ck.write_s(gib), ck.resume_s(gib))
-            rate = max(r.speed, 1e-9)
-            left = ((spec.duration_s or math.inf) - r.done_s) / rate + r.overhead_s
-            preemptions = r.preemptions
-            if job_id in self.elastic.pending:  # mid-resize: no policy may take it
-                preemptions = max(preemptions, self.config.preemption.max_per_job)
-            running[job_id] = RunningView(
-                spec,
-                r.gpu_type,
-                r.run_started_s,
-                preemptions,
-                cost[0],
-                r.done_s - r.saved_s,
-                cost[1],
-                now + left,
-            )
+        reserve = self.reserve_now()
         lent = self.elastic.hidden(self.claims) if self.elastic.claimants else set()
         pending = [
             PendingView(
@@ -1367,19 +1364,21 @@ class Scheduler:
             now_s=now,
             cycle_s=self.config.cycle_s,
             state=self.state,
-            running=running,
+            running=RunningViews(self, now),
             pending=pending,
             claimed=frozenset(self.claims),
-            vacating=frozenset(vacating),
+            vacating=frozenset(self.vacating),
             quotas=self.quotas,
             pool_nodes=self.pool_nodes,
             team_nodes=self.team_nodes,
-            reserve=self.reserve_now(),
+            reserve=reserve,
             rules=self.config.preemption,
             rng=self.rng,
             placement=self.placement,
             claims={c: frozenset(v) for c, v in self.claims.items()},
             rank=rank,
+            held=self.held,
+            holders=running_view.reserve_holders(self, reserve),
         )
 
     def working(self) -> Iterator[tuple[JobRecord, Placement]]:

@@ -29,16 +29,15 @@ gate), and Unplaceable for a job no pool can ever run.
 from __future__ import annotations
 
 import re
-from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from gpupool.core.lifecycle import JobState
 from gpupool.core.model import MILLI_PER_GPU, JobKind
 from gpupool.policies.cycle import may_hold_reserve
+from gpupool.scheduler import running_view
 from gpupool.scheduler.jobs import WAITING, JobRecord
 
 if TYPE_CHECKING:
@@ -123,18 +122,9 @@ class _Pools:
         self.core = core
         self.masks: dict[tuple[str, str], np.ndarray] = {}
         self.fitting: dict[tuple[object, ...], bool] = {}
-        self.online_held: dict[str, int] = defaultdict(int)
-        self.fast_held: dict[str, int] = defaultdict(int)
-        ck, rules, cycle_s = core.config.checkpoint, core.config.preemption, core.config.cycle_s
-        for r in core.running.values():
-            if r.state is not JobState.RUNNING:
-                continue
-            if r.spec.kind is JobKind.ONLINE:
-                self.online_held[r.gpu_type] += r.spec.gpu_count
-            elif may_hold_reserve(
-                rules, cycle_s, r.spec, ck.write_s(r.spec.state_gib_per_gpu), r.preemptions
-            ):
-                self.fast_held[r.gpu_type] += r.spec.gpu_count
+        holders = running_view.reserve_holders(core, core.reserve_now())
+        self.online_held: Mapping[str, int] = holders.online
+        self.fast_held: Mapping[str, int] = holders.fast
 
     def allowed(self, r: JobRecord) -> np.ndarray:
         core = self.core

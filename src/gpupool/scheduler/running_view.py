@@ -1,0 +1,118 @@
+"""The running jobs as a cycle sees them, built only for the jobs a policy looks at.
+
+A policy plans from a CycleView. Most cycles read only a few running jobs: the victims
+of a reclaim, or a reservation's end times. Building a RunningView for every running job
+on every cycle made the cycle's cost grow with the fleet (tens of thousands of jobs at
+100,000 GPUs). So `RunningViews` builds a job's view the first time the plan reads it.
+The totals the policies used to scan for (GPUs per team, online GPUs, reserve holders)
+come from the core's own counts (`held`) or from one pass, only when a pool keeps an
+online reserve (`reserve_holders`).
+
+A view is valid until the plan it serves is applied: it reads the core's records as
+they are when a job is first looked up.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING
+
+from gpupool.core.model import JobKind
+from gpupool.policies.cycle import ReserveHolders, RunningView, may_hold_reserve
+
+if TYPE_CHECKING:
+    from gpupool.scheduler.core import Scheduler
+    from gpupool.scheduler.jobs import JobRecord
+
+
+class RunningViews(Mapping[str, RunningView]):
+    """`core.running` as RunningViews at `now`, each made when first read."""
+
+    def __init__(self, core: Scheduler, now: float) -> None:
+        self._core = core
+        self._running: Mapping[str, JobRecord] = core.running
+        self._now = now
+        self._made: dict[str, RunningView] = {}
+        self._costs: dict[float, tuple[float, float]] = {}
+        """(checkpoint write, resume) per GiB of state: a handful of distinct sizes."""
+
+    def __getitem__(self, job_id: str) -> RunningView:
+        made = self._made.get(job_id)
+        if made is not None:
+            return made
+        r = self._running[job_id]
+        core = self._core
+        spec = r.spec
+        gib = spec.state_gib_per_gpu
+        cost = self._costs.get(gib)
+        if cost is None:
+            ck = core.config.checkpoint
+            cost = self._costs[gib] = (ck.write_s(gib), ck.resume_s(gib))
+        rate = max(r.speed, 1e-9)
+        left = ((spec.duration_s or math.inf) - r.done_s) / rate + r.overhead_s
+        preemptions = r.preemptions
+        if job_id in core.elastic.pending:  # mid-resize: no policy may take it
+            preemptions = max(preemptions, core.config.preemption.max_per_job)
+        made = self._made[job_id] = RunningView(
+            spec,
+            r.gpu_type,
+            r.run_started_s,
+            preemptions,
+            cost[0],
+            r.done_s - r.saved_s,
+            cost[1],
+            self._now + left,
+        )
+        return made
+
+    def ends(self, gpu_type: str) -> list[tuple[float, int]]:
+        """(expected end, GPUs) of each running job in the pool: what an EASY reservation
+        reads, straight from the records (no view made per job)."""
+        now = self._now
+        inf = math.inf
+        return [
+            (
+                now + (((r.spec.duration_s or inf) - r.done_s) / max(r.speed, 1e-9) + r.overhead_s),
+                r.spec.gpu_count,
+            )
+            for r in self._running.values()
+            if r.gpu_type == gpu_type
+        ]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._running)
+
+    def __len__(self) -> int:
+        return len(self._running)
+
+    def __contains__(self, job_id: object) -> bool:
+        return job_id in self._running
+
+
+def reserve_holders(core: Scheduler, reserve: Mapping[str, int]) -> ReserveHolders:
+    """Who holds each pool's GPUs, as the online reserve rules ask: online GPUs (vacating
+    ones counted too, and apart), and GPUs of work that could leave the reserve in time.
+    One pass over the running jobs, made only when some pool keeps a reserve: without
+    one, no rule reads these counts."""
+    pools = {t: 0 for t in core.pool_nodes}
+    if not any(reserve.values()):
+        return ReserveHolders(pools, dict(pools), dict(pools))
+    online_all, online, fast = dict(pools), dict(pools), dict(pools)
+    ck, rules, cycle_s = core.config.checkpoint, core.config.preemption, core.config.cycle_s
+    pending, vacating = core.elastic.pending, core.vacating
+    for job_id, r in core.running.items():
+        spec = r.spec
+        if spec.kind is JobKind.ONLINE:
+            online_all[r.gpu_type] += spec.gpu_count
+            if job_id not in vacating:
+                online[r.gpu_type] += spec.gpu_count
+            continue
+        if job_id in vacating:
+            continue
+        preemptions = r.preemptions
+        if job_id in pending:
+            preemptions = max(preemptions, rules.max_per_job)
+        if may_hold_reserve(rules, cycle_s, spec, ck.write_s(spec.state_gib_per_gpu), preemptions):
+            fast[r.gpu_type] += spec.gpu_count
+    return ReserveHolders(online_all, online, fast)
