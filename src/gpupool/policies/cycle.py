@@ -706,8 +706,13 @@ class PriorityQuotaPolicy(CyclePolicy):
         vacating = view.vacating
         placements = view.state.placements
         by_node: dict[int, list[tuple[tuple[float, float], str, int]]] = {}
+        # Reclaiming for a job that fits in a node, a victim of a team not above its
+        # guarantee is never admitted (admit below): not worth a look.
+        above_only = team is None and job.gpu_count <= view.state.max_gpus_per_node
         for job_id, r in view.running.items():
             spec = r.spec
+            if above_only and excess.get((spec.team, gpu_type), 0) <= 0 and job_id not in orphans:
+                continue
             if (
                 r.gpu_type != gpu_type
                 or spec.kind is online
@@ -748,7 +753,7 @@ class PriorityQuotaPolicy(CyclePolicy):
                 return False  # its own team's batch work, displaced by its online inference
             return None
 
-        width = view.state.cluster.max_gpus_per_node
+        width = view.state.max_gpus_per_node
         if job.gpu_count <= width:
             best: tuple[tuple[float, float], int, list[tuple[str, bool]]] | None = None
             for node, items in by_node.items():

@@ -15,7 +15,7 @@ they are when a job is first looked up.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import ItemsView, Iterator, Mapping, ValuesView
 from typing import TYPE_CHECKING
 
 from gpupool.core.model import JobKind
@@ -39,22 +39,23 @@ class RunningViews(Mapping[str, RunningView]):
 
     def __getitem__(self, job_id: str) -> RunningView:
         made = self._made.get(job_id)
-        if made is not None:
-            return made
-        r = self._running[job_id]
-        core = self._core
+        if made is None:
+            made = self._made[job_id] = self._make(job_id, self._running[job_id])
+        return made
+
+    def _make(self, job_id: str, r: JobRecord) -> RunningView:
         spec = r.spec
         gib = spec.state_gib_per_gpu
         cost = self._costs.get(gib)
         if cost is None:
-            ck = core.config.checkpoint
+            ck = self._core.config.checkpoint
             cost = self._costs[gib] = (ck.write_s(gib), ck.resume_s(gib))
         rate = max(r.speed, 1e-9)
         left = ((spec.duration_s or math.inf) - r.done_s) / rate + r.overhead_s
         preemptions = r.preemptions
-        if job_id in core.elastic.pending:  # mid-resize: no policy may take it
-            preemptions = max(preemptions, core.config.preemption.max_per_job)
-        made = self._made[job_id] = RunningView(
+        if job_id in self._core.elastic.pending:  # mid-resize: no policy may take it
+            preemptions = max(preemptions, self._core.config.preemption.max_per_job)
+        return RunningView(
             spec,
             r.gpu_type,
             r.run_started_s,
@@ -64,7 +65,23 @@ class RunningViews(Mapping[str, RunningView]):
             cost[1],
             self._now + left,
         )
-        return made
+
+    def _all(self) -> dict[str, RunningView]:
+        """Every running job's view, in the core's order (a plan that visits them all:
+        a victim search): made in one pass, once per view."""
+        if len(self._made) < len(self._running):
+            made, make = self._made, self._make
+            self._made = {
+                job_id: made[job_id] if job_id in made else make(job_id, r)
+                for job_id, r in self._running.items()
+            }
+        return self._made
+
+    def items(self) -> ItemsView[str, RunningView]:
+        return self._all().items()
+
+    def values(self) -> ValuesView[RunningView]:
+        return self._all().values()
 
     def ends(self, gpu_type: str) -> list[tuple[float, int]]:
         """(expected end, GPUs) of each running job in the pool: what an EASY reservation
