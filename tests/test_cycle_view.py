@@ -45,8 +45,14 @@ def test_the_core_view_equals_one_built_per_running_job(
         assert view.usage() == ref.usage()
         assert view.reserve_holders() == ref.reserve_holders() or not any(view.reserve.values())
         seen["both"] += bool(core.elastic.pending) and any(view.reserve.values())
+        teams = sorted({r.spec.team for r in core.running.values()})[:1]
         for pool in view.pool_nodes:
             assert sorted(view.ends(pool)) == sorted(ref.ends(pool))
+            for chosen in (None, set(teams)):
+                also = set(list(view.running)[-2:])
+                assert list(view.batch_in(pool, chosen, also)) == list(
+                    ref.batch_in(pool, chosen, also)
+                )
         assert list(view.running) == list(ref.running)
         assert len(view.running) == len(ref.running)
         seen["views"] += 1

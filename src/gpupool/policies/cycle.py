@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Mapping, Sequence, Set
+from collections.abc import Callable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -256,6 +256,23 @@ class CycleView:
         return [
             (r.est_end_s, r.spec.gpu_count) for r in self.running.values() if r.gpu_type == gpu_type
         ]
+
+    def batch_in(
+        self, gpu_type: str, teams: Set[str] | None, also: Set[str] = frozenset()
+    ) -> Iterator[tuple[str, RunningView]]:
+        """Running jobs of the pool that are not online inference, of `teams` (None: of
+        any team) or in `also`, in the running jobs' order: a victim search's candidates."""
+        made = getattr(self.running, "batch_in", None)  # the core's: views of these only
+        if made is not None:
+            found: Iterator[tuple[str, RunningView]] = made(gpu_type, teams, also)
+            return found
+        return (
+            (job_id, r)
+            for job_id, r in self.running.items()
+            if r.gpu_type == gpu_type
+            and r.spec.kind is not JobKind.ONLINE
+            and (teams is None or r.spec.team in teams or job_id in also)
+        )
 
     def reserve_holders(self) -> ReserveHolders:
         """Online GPUs and quick-to-vacate GPUs of each pool (ReserveHolders)."""
@@ -708,11 +725,13 @@ class PriorityQuotaPolicy(CyclePolicy):
         by_node: dict[int, list[tuple[tuple[float, float], str, int]]] = {}
         # Reclaiming for a job that fits in a node, a victim of a team not above its
         # guarantee is never admitted (admit below): not worth a look.
-        above_only = team is None and job.gpu_count <= view.state.max_gpus_per_node
-        for job_id, r in view.running.items():
+        teams: Set[str] | None = None
+        if team is not None:
+            teams = {team}
+        elif job.gpu_count <= view.state.max_gpus_per_node:
+            teams = {t for (t, pool), n in excess.items() if pool == gpu_type and n > 0}
+        for job_id, r in view.batch_in(gpu_type, teams, orphans):
             spec = r.spec
-            if above_only and excess.get((spec.team, gpu_type), 0) <= 0 and job_id not in orphans:
-                continue
             if (
                 r.gpu_type != gpu_type
                 or spec.kind is online

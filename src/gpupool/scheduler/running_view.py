@@ -15,7 +15,7 @@ they are when a job is first looked up.
 from __future__ import annotations
 
 import math
-from collections.abc import ItemsView, Iterator, Mapping, ValuesView
+from collections.abc import ItemsView, Iterator, Mapping, Set, ValuesView
 from typing import TYPE_CHECKING
 
 from gpupool.core.model import JobKind
@@ -76,6 +76,19 @@ class RunningViews(Mapping[str, RunningView]):
                 for job_id, r in self._running.items()
             }
         return self._made
+
+    def batch_in(
+        self, gpu_type: str, teams: Set[str] | None, also: Set[str]
+    ) -> Iterator[tuple[str, RunningView]]:
+        """CycleView.batch_in, choosing on the records before any view is made."""
+        online = JobKind.ONLINE
+        for job_id, r in self._running.items():
+            if (
+                r.gpu_type == gpu_type
+                and r.spec.kind is not online
+                and (teams is None or r.spec.team in teams or job_id in also)
+            ):
+                yield job_id, self[job_id]
 
     def items(self) -> ItemsView[str, RunningView]:
         return self._all().items()
