@@ -8,7 +8,9 @@ in the freed GPUs and considers reclaiming. The grid is 1,000 / 10,000 / 100,000
 point. Targets: <= 100 ms at 100,000 x 100,000 and <= 10 ms at 8,000 x 10,000 (median
 of 10 cycles). Writes bench/results/cycle.json and cycle.md.
 
-`--gpus N --pending M` runs one point only (and writes nothing).
+`--gpus N --pending M` runs one point only (and writes nothing). `--baseline REV` also
+times the target points and 100,000 x 1,000 from a checkout of REV, each point in a
+fresh process, in alternation with this tree (two rounds), and records both.
 """
 
 from __future__ import annotations
@@ -16,8 +18,11 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -35,6 +40,7 @@ GRID_GPUS = (1_000, 10_000, 100_000)
 GRID_PENDING = (1_000, 10_000, 100_000)
 TARGETS_MS = {(100_000, 100_000): 100.0, (8_000, 10_000): 10.0}
 CYCLES = 10
+COMPARED = ((8_000, 10_000), (100_000, 1_000), (100_000, 100_000))
 
 
 def build(node_count: int, pending: int) -> Scheduler:
@@ -112,10 +118,76 @@ def table(points: list[dict[str, object]]) -> str:
     return "\n".join(lines)
 
 
+def point_in_process(tree: Path, gpus: int, pending: int) -> float:
+    """The median cycle of one point, measured by `tree`'s bench in a fresh process."""
+    env = {**os.environ, "PYTHONPATH": f"{tree / 'src'}{os.pathsep}{tree / 'bench'}"}
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(tree / "bench" / "bench_cycle.py"),
+            "--gpus",
+            str(gpus),
+            "--pending",
+            str(pending),
+        ],
+        env=env,
+        cwd=tree / "bench",
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    return float(json.loads(out)["cycle_ms_median"])
+
+
+def compare(rev: str, rounds: int = 2) -> dict[str, object]:
+    """This tree against a checkout of `rev`, point by point in alternation."""
+    commit = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", rev], check=True, capture_output=True, text=True
+    ).stdout.strip()
+    with tempfile.TemporaryDirectory() as tmp:
+        base = Path(tmp) / "baseline"
+        subprocess.run(
+            ["git", "-C", str(ROOT), "worktree", "add", "-q", "--detach", str(base), commit],
+            check=True,
+        )
+        try:
+            rows = []
+            for gpus, pending in COMPARED:
+                old, new = [], []
+                for _ in range(rounds):
+                    old.append(point_in_process(base, gpus, pending))
+                    new.append(point_in_process(ROOT, gpus, pending))
+                row = {"gpus": gpus, "pending": pending, "baseline_ms": old, "this_ms": new}
+                print(json.dumps(row), flush=True)
+                rows.append(row)
+        finally:
+            subprocess.run(
+                ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)], check=False
+            )
+    return {"rev": rev, "commit": commit, "rounds": rounds, "points": rows}
+
+
+def baseline_table(compared: dict[str, object]) -> str:
+    rows = compared["points"]
+    assert isinstance(rows, list)
+    lines = [
+        f"\n## Against {compared['rev']} ({str(compared['commit'])[:10]}), same machine, "
+        "alternating, each a fresh process\n",
+        "| GPUs x pending | baseline ms | this tree ms |",
+        "|---|---|---|",
+    ]
+    for r in rows:
+        old = " / ".join(f"{v:g}" for v in r["baseline_ms"])
+        new = " / ".join(f"{v:g}" for v in r["this_ms"])
+        lines.append(f"| {r['gpus']:,} x {r['pending']:,} | {old} | {new} |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--gpus", type=int, help="one point: this many GPUs (8 per node)")
     ap.add_argument("--pending", type=int, help="one point: this many pending jobs")
+    ap.add_argument("--baseline", metavar="REV", help="also time the chief points from REV")
     args = ap.parse_args()
     if args.gpus or args.pending:
         print(json.dumps(measure(args.gpus or 8_000, args.pending or 10_000), indent=2))
@@ -130,7 +202,15 @@ def main() -> int:
         for p in points
         if p["target_ms"] is not None
     )
-    result = {"machine": describe(), "cycles": CYCLES, "meets_targets": met, "points": points}
+    result: dict[str, object] = {
+        "machine": describe(),
+        "cycles": CYCLES,
+        "meets_targets": met,
+        "points": points,
+    }
+    compared = compare(args.baseline) if args.baseline else None
+    if compared is not None:
+        result["baseline"] = compared
     out = ROOT / "bench" / "results" / "cycle.json"
     out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     md = out.with_suffix(".md")
@@ -140,7 +220,8 @@ def main() -> int:
         + f"\n\n8,000 GPUs x 10,000 pending: {points[-1]['cycle_ms_median']} ms. "
         + "Machine: "
         + ", ".join(f"{k} {v}" for k, v in describe().items())
-        + "\n",
+        + "\n"
+        + (baseline_table(compared) if compared is not None else ""),
         encoding="utf-8",
     )
     print(md.read_text(encoding="utf-8"))
