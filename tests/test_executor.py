@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import marshal
 import os
 import signal
 import subprocess
@@ -164,6 +165,28 @@ def test_missing_command_fails_on_next_poll(ex: LocalExecutor, tmp_path: Path) -
     assert e.reason == "command not found: gpupool-no-such-command"
 
 
+def test_the_job_starts_clean_from_the_shim(ex: LocalExecutor, tmp_path: Path) -> None:
+    """What the shim's fork and exec hand the job: stdin from /dev/null, only fds 0-2, no
+    signal ignored (Python ignores SIGPIPE and SIGXFSZ; a job must not inherit that)."""
+    probe = ("sh", "-c", "grep SigIgn /proc/self/status; readlink /proc/$$/fd/0; ls /proc/$$/fd")
+    ex.launch(spec(tmp_path, "c", probe), 0.0)
+    [e] = wait_exits(ex)
+    assert e.outcome == "succeeded"
+    lines = (tmp_path / "c" / "stdout.log").read_text().splitlines()[1:]
+    assert lines[0].split() == ["SigIgn:", "0" * 16]
+    assert lines[1] == "/dev/null"
+    assert sorted(lines[2:]) == ["0", "1", "2"]
+
+
+def test_a_job_that_cannot_start_says_why(ex: LocalExecutor, tmp_path: Path) -> None:
+    script = tmp_path / "not-executable.sh"
+    script.write_text("#!/bin/sh\necho hi\n")
+    ex.launch(spec(tmp_path, "x", (str(script),)), 0.0)
+    [e] = wait_exits(ex)
+    assert (e.outcome, e.exit_code) == ("failed", 126)
+    assert e.reason == f"command not executable: {script}"
+
+
 def test_preempted_job_checkpoints_within_grace(ex: LocalExecutor, tmp_path: Path) -> None:
     code = f"""
         import os, signal, sys, time
@@ -313,7 +336,7 @@ def test_a_sigterm_before_the_job_starts_means_it_never_starts(tmp_path: Path) -
     try:
         wait_until(lambda: _catches(shim.pid, signal.SIGTERM), timeout_s=10.0)
         os.killpg(shim.pid, signal.SIGTERM)  # what the executor sends to the attempt
-        os.write(w, json.dumps({"argv": [PY, "-c", f"open({str(marker)!r}, 'w')"]}).encode())
+        os.write(w, marshal.dumps({"argv": [PY, "-c", f"open({str(marker)!r}, 'w')"]}))
     finally:
         os.close(w)
     _, err = shim.communicate(timeout=10)

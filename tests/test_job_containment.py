@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import marshal
 import os
 import stat
 import sys
@@ -524,7 +525,8 @@ def test_a_shim_whose_launcher_died_starts_nothing(tmp_path: Path) -> None:
     import subprocess
 
     r, w = os.pipe()
-    os.write(w, b'{"argv": ["touch", "')  # the launcher died while handing it over
+    whole = marshal.dumps({"argv": ["touch", str(tmp_path / "ran")]})
+    os.write(w, whole[: len(whole) // 2])  # the launcher died while handing it over
     os.close(w)
     record = tmp_path / "exit.json"
     done = subprocess.run(

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import marshal
 import os
 import secrets
 import select
@@ -629,7 +630,7 @@ class LocalExecutor:
             if self.cgroups is not None:
                 self.cgroups.add(group, proc.pid)  # before it has started anything
             with open(write_end, "wb", closefd=False) as pipe:
-                pipe.write(json.dumps(job).encode())
+                pipe.write(marshal.dumps(job))  # the shim reads marshal, not json
         except OSError as e:
             # Not placed, or it died: it never gets the job, and the poll reports it.
             with contextlib.suppress(OSError):

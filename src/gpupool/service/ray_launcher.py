@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
+import marshal
 import os
 import signal
 import socket
@@ -139,7 +139,7 @@ def spawn_shim(
             with contextlib.suppress(OSError):  # not permitted: it runs at Ray's niceness
                 os.setpriority(os.PRIO_PROCESS, proc.pid, nice)
         with open(write_end, "wb", closefd=False) as pipe:
-            pipe.write(json.dumps(job).encode())
+            pipe.write(marshal.dumps(job))  # the shim reads marshal, not json
     finally:
         os.close(write_end)
     return proc
