@@ -20,6 +20,7 @@ import pytest
 
 from gpupool.errors import ConflictError, NotFoundError, SpecError
 from gpupool.examples.ckpt_counter import expected_result
+from gpupool.service import executor as executor_module
 from gpupool.service.executor import (
     Exit,
     FakeExecutor,
@@ -187,6 +188,45 @@ def test_a_job_that_cannot_start_says_why(ex: LocalExecutor, tmp_path: Path) -> 
     [e] = wait_exits(ex)
     assert (e.outcome, e.exit_code) == ("failed", 126)
     assert e.reason == f"command not executable: {script}"
+
+
+def test_the_command_is_found_on_the_jobs_path_as_execvpe_finds_it(
+    ex: LocalExecutor, tmp_path: Path
+) -> None:
+    """The shim searches the job's PATH itself (not os.execvpe, whose search imports
+    warnings in every job's child): entries in order, one that is not executable skipped
+    when a later one is, and reported as not executable when none is."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    for d in (first, second):
+        d.mkdir()
+    (first / "gpupool-probe").write_text("#!/bin/sh\necho first\n")  # not executable
+    (second / "gpupool-probe").write_text("#!/bin/sh\necho second\n")
+    (second / "gpupool-probe").chmod(0o755)
+    path = f"{tmp_path / 'none'}:{first}:{second}"
+    ex.launch(spec(tmp_path, "p", ("gpupool-probe",), env={"PATH": path}), 0.0)
+    [e] = wait_exits(ex)
+    assert e.outcome == "succeeded", e.reason
+    assert (tmp_path / "p" / "stdout.log").read_text().splitlines()[1:] == ["second"]
+    ex.launch(spec(tmp_path, "q", ("gpupool-probe",), env={"PATH": str(first)}), 0.0)
+    [e] = wait_exits(ex)
+    assert (e.outcome, e.exit_code) == ("failed", 126)
+    assert e.reason == "command not executable: gpupool-probe"
+
+
+def test_the_shim_is_this_installs_and_starts_without_site(
+    ex: LocalExecutor, tmp_path: Path
+) -> None:
+    """The shim runs from the directory of the executor that started it (not whichever
+    gpupool site-packages names), isolated (-I) and without site (-S), and a restarted
+    executor still recognises it by its command line."""
+    handle = ex.launch(spec(tmp_path, "s", sleeper()), 0.0)
+    ready(tmp_path, "s")
+    cmdline = Path(f"/proc/{handle.pid}/cmdline").read_bytes().decode().split("\0")
+    assert {"-I", "-S", "gpupool.service.shim"} <= set(cmdline)
+    assert str(Path(executor_module.__file__).parent) in cmdline
+    other = LocalExecutor()
+    assert other.adopt(handle, tmp_path / "s")
+    other.shutdown()
 
 
 def test_preempted_job_checkpoints_within_grace(ex: LocalExecutor, tmp_path: Path) -> None:

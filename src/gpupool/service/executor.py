@@ -476,6 +476,23 @@ def _cgroup_name(job_id: str, attempt: int, token: str) -> str:
     return f"{CGROUP_PARENT}/job-{safe}-a{attempt}-{token[:12]}"
 
 
+SHIM_MODULE = "gpupool.service.shim"
+_SHIM_BOOT = (
+    "import sys;sys.path.append(sys.argv[2]);del sys.argv[1:3];import shim;sys.exit(shim.main())"
+)
+
+
+def shim_command(python: str = sys.executable) -> list[str]:
+    """How a shim is started: `python -I -S -c BOOT gpupool.service.shim DIR`, BOOT
+    importing `shim` from DIR, this package's own directory (the shim imports nothing
+    from gpupool). -I: neither the job's nor the server's PYTHON* variables, user site or
+    working directory can change its code; -S: no site-packages, no .pth files, which
+    with -m's runpy were a third of its start-up (13 -> 8 ms on this host); it is the shim
+    of this install, not whichever gpupool site-packages names. The module's name stays
+    in the command line: adopt() and the tests find a shim by it."""
+    return [python, "-I", "-S", "-c", _SHIM_BOOT, SHIM_MODULE, str(Path(__file__).parent)]
+
+
 # Popen objects of jobs left running at shutdown(): kept referenced so that the
 # subprocess module neither warns about them nor reaps them behind an adopter's back.
 _DETACHED: list[subprocess.Popen[bytes]] = []
@@ -484,7 +501,7 @@ AUTO = "auto"
 
 
 class LocalExecutor:
-    """Runs each attempt as `python -I -m gpupool.service.shim --exit-file ... --spec-fd N`.
+    """Runs each attempt under the shim (`shim_command`, `--exit-file ... --spec-fd N`).
 
     `cgroups`: "auto" finds the hierarchy to use (cgroups.detect), None runs without
     (processes are then found by their launch token). `log_max_bytes`: each of a job's
@@ -587,10 +604,8 @@ class LocalExecutor:
             "log_max_bytes": self.log_max_bytes,
         }
         header = f"== attempt {spec.attempt} ==\n".encode()
-        # -I: neither the job's nor the server's PYTHON* variables, user site or working
-        # directory can change the shim's code; its environment holds only the token.
         read_end, write_end = os.pipe()
-        argv = [self._python, "-I", "-m", "gpupool.service.shim", "--exit-file", str(record)]
+        argv = [*shim_command(self._python), "--exit-file", str(record)]
         argv += ["--spec-fd", str(read_end)]
         try:
             with (
@@ -708,7 +723,7 @@ class LocalExecutor:
         # file also rules out a later boot that happened to reuse both. Compared resolved,
         # so a run_dir spelled another way (relative, through a symlink) still matches.
         cmdline = _cmdline(handle.pid)
-        if "gpupool.service.shim" not in cmdline or "--exit-file" not in cmdline:
+        if SHIM_MODULE not in cmdline or "--exit-file" not in cmdline:
             return False
         at = cmdline.index("--exit-file") + 1
         if at >= len(cmdline):
