@@ -2229,8 +2229,9 @@ class LiveService:
 
 
 def _read_intent(path: Path) -> tuple[str, str] | None:
-    """(launch token, cgroup) of a launch intent; None if there is none (or it is torn,
-    which it cannot be: it is written to a temporary file and renamed)."""
+    """(launch token, cgroup) of a launch intent; None if there is none, or it is torn
+    (it is written to a temporary file and renamed, but not fsynced: only a crash of the
+    machine can tear it, and then nothing of its attempt runs any more)."""
     try:
         d = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
