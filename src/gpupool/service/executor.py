@@ -32,6 +32,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -543,6 +544,7 @@ class LocalExecutor:
         self.log_max_bytes = log_max_bytes
         self._devices_dir = devices_dir
         self._base_devices = base_devices
+        self._priming: threading.Thread | None = None
 
     def cannot_guarantee(self) -> list[str]:
         """What this executor cannot enforce here, one sentence each (logged at start)."""
@@ -551,6 +553,17 @@ class LocalExecutor:
         return self.cgroups.cannot_guarantee()
 
     # ---- starting
+
+    def expect_launch(self) -> None:
+        """A launch may follow within a few ms (the loop was woken, e.g. by a submit):
+        prime the cgroups (Cgroups.prime) on a helper thread, so that the shim's move into
+        its cgroup does not wait out the kernel's grace period on the way to the job's
+        start. At most one at a time; nothing without cgroups."""
+        prime = getattr(self.cgroups, "prime", None)
+        if prime is None or (self._priming is not None and self._priming.is_alive()):
+            return
+        self._priming = threading.Thread(target=prime, name="gpupool-cgroup-prime", daemon=True)
+        self._priming.start()
 
     runs_gangs = False
     """One machine: a job placed over several nodes is refused (MULTI_NODE_REFUSED)."""
@@ -565,6 +578,7 @@ class LocalExecutor:
                 f"{self._jobs[spec.job_id].handle.attempt}); poll until it ends before "
                 "launching it again"
             )
+        self.expect_launch()  # unless the loop already did: the wait starts before the intent
         run_dir = spec.run_dir.absolute()
         self._prepare_dirs(run_dir, spec.user)
         record = exit_file(run_dir, spec.attempt)

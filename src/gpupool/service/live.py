@@ -810,7 +810,8 @@ class LiveService:
                 except Exception as err:  # the stages catch their own; this is the last net
                     self._fault("cycle", err)
                 self.health.completed()
-                self.wake.wait(self.config.cycle_s)
+                if self.wake.wait(self.config.cycle_s):
+                    self._expect_launch()
                 self.wake.clear()
                 rest = self.MIN_STEP_S - (time.monotonic() - started)
                 if rest > 0:
@@ -819,6 +820,17 @@ class LiveService:
             self.health.dead(f"{type(err).__name__}: {err}")
             log.critical("the scheduler loop died", exc_info=True)
             raise
+
+    def _expect_launch(self) -> None:
+        """Woken (a submit, a cancel): a launch may follow this step, so the executor may
+        get ready for it now (LocalExecutor primes its cgroups while the step reaps,
+        ingests and decides)."""
+        expect = getattr(self.executor, "expect_launch", None)
+        if expect is not None:
+            try:
+                expect()
+            except Exception as err:  # it only saves time
+                self._fault("launch", err)
 
     def _lease_lost(self) -> None:
         why = (
