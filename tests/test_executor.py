@@ -229,6 +229,37 @@ def test_the_shim_is_this_installs_and_starts_without_site(
     other.shutdown()
 
 
+def _shims_of(run_dir: Path) -> list[int]:
+    """Live processes whose command line names an exit file in `run_dir`."""
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit() and read_start_ticks(int(name)) is not None:
+            try:
+                cmdline = Path(f"/proc/{name}/cmdline").read_bytes().decode(errors="replace")
+            except OSError:
+                continue
+            if "gpupool.service.shim" in cmdline and str(run_dir) in cmdline:
+                found.append(int(name))
+    return found
+
+
+def test_a_launch_whose_intent_cannot_be_written_leaves_nothing_running(
+    ex: LocalExecutor, tmp_path: Path
+) -> None:
+    """The shim starts before the intent is written (its start overlaps the intent and
+    the cgroup); when the intent fails, the shim, never handed its job, is killed and
+    reaped, and the job never ran."""
+    marker = tmp_path / "ran"
+    (tmp_path / "i").mkdir()
+    launch_file(tmp_path / "i", 1).mkdir()  # a directory where the intent must go
+    with pytest.raises(OSError):
+        ex.launch(spec(tmp_path, "i", job(f"open({str(marker)!r}, 'w')")), 0.0)
+    assert ex.handles() == {}
+    assert _shims_of(tmp_path / "i") == []
+    time.sleep(0.2)
+    assert not marker.exists()
+
+
 def test_preempted_job_checkpoints_within_grace(ex: LocalExecutor, tmp_path: Path) -> None:
     code = f"""
         import os, signal, sys, time

@@ -471,6 +471,15 @@ def _pgid_of(pid: int) -> int | None:
     return int(fields[2]) if len(fields) > 2 else None
 
 
+def _abandon(proc: subprocess.Popen[bytes]) -> None:
+    """Kill and reap a shim that was never handed its job (a launch that failed after
+    it started); it has started nothing."""
+    with contextlib.suppress(OSError):
+        proc.kill()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(5)
+
+
 def _cgroup_name(job_id: str, attempt: int, token: str) -> str:
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in job_id)[:64]
     return f"{CGROUP_PARENT}/job-{safe}-a{attempt}-{token[:12]}"
@@ -586,21 +595,6 @@ class LocalExecutor:
             stale.unlink(missing_ok=True)
         token = secrets.token_hex(16)
         group = _cgroup_name(spec.job_id, spec.attempt, token) if self.cgroups else ""
-        # The intent comes first: whatever exists after it (its cgroup, its processes)
-        # can be found again by it, and cleaned up.
-        write_atomically(
-            launch_file(run_dir, spec.attempt),
-            {"job_id": spec.job_id, "attempt": spec.attempt, "token": token, "cgroup": group},
-        )
-        if self.cgroups is not None:
-            devices = gpu_device_rules(spec.gpu_indices, self._devices_dir, self._base_devices)
-            try:
-                self.cgroups.create(group, spec.limits, devices)
-            except OSError as e:
-                with contextlib.suppress(OSError):
-                    self.cgroups.remove(group)
-                why = f"job {spec.job_id}: cannot create its cgroup {group}: {e}"
-                raise Unavailable(why) from e
         env = job_environment(spec)
         env[TOKEN_ENV] = token
         cwd = spec.cwd
@@ -617,6 +611,10 @@ class LocalExecutor:
             "log_max_bytes": self.log_max_bytes,
         }
         header = f"== attempt {spec.attempt} ==\n".encode()
+        # The shim starts first, so that its interpreter's start overlaps the intent and
+        # the cgroup: until it is handed the job it runs nothing, and should we die before
+        # that, it reads EOF and exits without starting the job. The job's processes, the
+        # only ones the intent is for, come after the intent and inside the cgroup.
         read_end, write_end = os.pipe()
         argv = [*shim_command(self._python), "--exit-file", str(record)]
         argv += ["--spec-fd", str(read_end)]
@@ -644,12 +642,29 @@ class LocalExecutor:
                     ) from e
         except BaseException:
             os.close(write_end)
-            if self.cgroups is not None:
-                with contextlib.suppress(OSError):
-                    self.cgroups.remove(group)
             raise
         finally:
             os.close(read_end)
+        try:
+            # The intent before the job's cgroup and processes: whatever exists after it
+            # can be found again by it, and cleaned up.
+            write_atomically(
+                launch_file(run_dir, spec.attempt),
+                {"job_id": spec.job_id, "attempt": spec.attempt, "token": token, "cgroup": group},
+            )
+            if self.cgroups is not None:
+                devices = gpu_device_rules(spec.gpu_indices, self._devices_dir, self._base_devices)
+                try:
+                    self.cgroups.create(group, spec.limits, devices)
+                except OSError as e:
+                    with contextlib.suppress(OSError):
+                        self.cgroups.remove(group)
+                    why = f"job {spec.job_id}: cannot create its cgroup {group}: {e}"
+                    raise Unavailable(why) from e
+        except BaseException:
+            _abandon(proc)  # never handed a job: nothing of it ran
+            os.close(write_end)
+            raise
         # Our child's pid stays ours (a zombie at worst) until we reap it.
         ticks = read_start_ticks(proc.pid, zombie_ok=True) or 0
         handle = Handle(spec.job_id, spec.attempt, proc.pid, proc.pid, ticks, token, group)
