@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -464,6 +465,37 @@ def test_grace_deadline_survives_restart(tmp_path: Path) -> None:
     [e] = wait_exits(second)
     assert (e.outcome, e.signal) == ("killed", signal.SIGKILL)
     assert "0.4 s grace period" in e.reason
+
+
+def _watchers() -> int:
+    return sum(t.name == "gpupool-exit-watch" for t in threading.enumerate())
+
+
+def test_an_ended_shim_wakes_the_exit_watch_without_a_poll(tmp_path: Path) -> None:
+    """watch_exits: a job's end (its shim's, our child's or an adopted one's) calls the
+    wake at once, so the loop reaps it without waiting out its cycle; a running job does
+    not; shutdown() ends the watch's thread."""
+    woken = threading.Event()
+    ex = LocalExecutor()
+    ex.watch_exits(woken.set)
+    ex.launch(spec(tmp_path, "quick", job("pass")), 0.0)
+    assert woken.wait(10), "the end of the job did not wake the watch"
+    assert wait_exits(ex)[0].outcome == "succeeded"
+    woken.clear()
+    handle = ex.launch(spec(tmp_path, "long", sleeper()), 0.0)
+    ready(tmp_path, "long")
+    assert not woken.wait(0.3)
+    ex.shutdown()
+    wait_until(lambda: _watchers() == 0)
+    adopter = LocalExecutor()
+    adopter.watch_exits(woken.set)
+    assert adopter.adopt(handle, tmp_path / "long")
+    assert not woken.wait(0.2)
+    adopter.cancel("long", 0, time.time())
+    assert woken.wait(10), "the end of an adopted job did not wake the watch"
+    assert wait_exits(adopter)[0].outcome == "cancelled"
+    adopter.shutdown()
+    wait_until(lambda: _watchers() == 0)
 
 
 def test_adopt_refuses_dead_pid_and_recycled_pid(ex: LocalExecutor, tmp_path: Path) -> None:

@@ -779,6 +779,9 @@ class LiveService:
 
     # ---- the loop -----------------------------------------------------------------------------
     def start(self) -> None:
+        watch = getattr(self.executor, "watch_exits", None)
+        if watch is not None:  # an ended job is reaped at once, not at the next cycle
+            watch(self.wake.set)
         self.thread = threading.Thread(target=self._run, name="gpupool-scheduler", daemon=True)
         self.health.started(self.thread)
         self.thread.start()
