@@ -498,6 +498,26 @@ def test_an_ended_shim_wakes_the_exit_watch_without_a_poll(tmp_path: Path) -> No
     wait_until(lambda: _watchers() == 0)
 
 
+def test_the_exit_watch_keeps_within_its_share_of_descriptors(tmp_path: Path) -> None:
+    """Past exit_watch_limit pidfds (a quarter of RLIMIT_NOFILE) a job is not watched: it
+    ends at the next poll as before, and costs the server no descriptor."""
+    ex = LocalExecutor()
+    ex.watch_exits(lambda: None)
+    ex.exit_watch_limit = 1
+    try:
+        before = len(os.listdir("/proc/self/fd"))
+        for name in ("w1", "w2", "w3"):
+            ex.launch(spec(tmp_path, name, sleeper()), 0.0)
+            ready(tmp_path, name)
+        assert len(os.listdir("/proc/self/fd")) == before + 1
+        for name in ("w1", "w2", "w3"):
+            ex.cancel(name, 0, time.time())
+        assert {e.outcome for e in wait_exits(ex, 3)} == {"cancelled"}
+        assert len(os.listdir("/proc/self/fd")) == before
+    finally:
+        ex.shutdown()
+
+
 def test_adopt_refuses_dead_pid_and_recycled_pid(ex: LocalExecutor, tmp_path: Path) -> None:
     done = subprocess.Popen(["true"])
     done.wait()

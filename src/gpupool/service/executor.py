@@ -27,6 +27,7 @@ import dataclasses
 import json
 import marshal
 import os
+import resource
 import secrets
 import select
 import signal
@@ -556,6 +557,11 @@ class LocalExecutor:
         self._base_devices = base_devices
         self._priming: threading.Thread | None = None
         self._exit_watch: tuple[select.epoll, int] | None = None  # epoll, its stop pipe
+        self.exit_watch_limit = _descriptor_limit() // 4
+        """At most this many pidfds of our own children in the exit watch (an adopted
+        job's pidfd is shared with poll): jobs past it end at the next cycle, as before,
+        rather than take the descriptors the server needs (the soft limit is often 1024)."""
+        self._exit_fds = 0
 
     def cannot_guarantee(self) -> list[str]:
         """What this executor cannot enforce here, one sentence each (logged at start)."""
@@ -589,11 +595,14 @@ class LocalExecutor:
         """Put the job's shim in the exit watch (a pidfd of its own, reported once)."""
         if self._exit_watch is None or job.dead or job.exit_fd is not None:
             return
+        own = job.proc is not None
+        if own and self._exit_fds >= self.exit_watch_limit:
+            return  # the cycle's poll finds its end
         try:
             if job.proc is not None:  # our child: its pid is ours until we reap it
                 fd = os.pidfd_open(job.proc.pid)
             elif job.pidfd is not None:
-                fd = os.dup(job.pidfd)
+                fd = job.pidfd  # adopted: the pidfd poll() reads, in the watch too
             else:
                 return  # no pidfd here: the cycle's poll still finds its end
         except OSError:
@@ -601,9 +610,11 @@ class LocalExecutor:
         try:
             self._exit_watch[0].register(fd, select.EPOLLIN | select.EPOLLONESHOT)
         except OSError:
-            os.close(fd)
+            if own:
+                os.close(fd)
             return
         job.exit_fd = fd
+        self._exit_fds += own
 
     def _unwatch_exit(self, job: _Watched) -> None:
         if job.exit_fd is None:
@@ -611,7 +622,9 @@ class LocalExecutor:
         if self._exit_watch is not None:
             with contextlib.suppress(OSError, ValueError):
                 self._exit_watch[0].unregister(job.exit_fd)
-        os.close(job.exit_fd)
+        if job.exit_fd != job.pidfd:  # our own pidfd; an adopted job's is closed by _forget
+            os.close(job.exit_fd)
+            self._exit_fds -= 1
         job.exit_fd = None
 
     # ---- starting
@@ -1010,6 +1023,12 @@ class LocalExecutor:
             _, stop_w = self._exit_watch
             self._exit_watch = None
             os.close(stop_w)  # the watcher sees its stop pipe end, and closes the rest
+
+
+def _descriptor_limit() -> int:
+    """This process's soft limit on open descriptors (RLIMIT_NOFILE)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20
 
 
 def _wait_for_exits(epoll: select.epoll, stop_r: int, wake: Callable[[], None]) -> None:
