@@ -9,7 +9,7 @@ the best, which also picks the GPU inside the node.
 from __future__ import annotations
 
 import math
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections import Counter
 from collections.abc import Iterable
 
@@ -128,14 +128,13 @@ class FgdPolicy(CachedScoringPolicy):
         before = meter.at_rank(model, rank, gpus)
         milli = job.gpu_milli
         if job.shares_gpu:  # each distinct free share once: equal ones leave equal nodes
-            score = max(
-                (
-                    _score(before - meter.at_rank(model, rank_after, _take_sorted(gpus, g, milli)))
-                    for g, left in enumerate(gpus)
-                    if left >= milli and (g == 0 or gpus[g - 1] != left)
-                ),
-                default=-1,
-            )
+            score = -1
+            for g in range(bisect_left(gpus, milli), len(gpus)):
+                left = gpus[g]
+                if g and gpus[g - 1] == left:
+                    continue
+                after = meter.at_rank(model, rank_after, _take_sorted(gpus, g, milli))
+                score = max(score, _score(before - after))
         else:
             # Whole GPUs: which free ones are taken does not change the multiset left.
             taken = min(job.gpu_count, gpus.count(MILLI_PER_GPU))
