@@ -138,10 +138,10 @@ class FgdPolicy(CachedScoringPolicy):
         else:
             # Whole GPUs: which free ones are taken does not change the multiset left.
             taken = min(job.gpu_count, gpus.count(MILLI_PER_GPU))
-            after = (MILLI_PER_GPU - milli,) * taken + gpus[: len(gpus) - taken]
+            shares = (MILLI_PER_GPU - milli,) * taken + gpus[: len(gpus) - taken]
             if taken and milli != MILLI_PER_GPU:
-                after = tuple(sorted(after))
-            score = _score(before - meter.at_rank(model, rank_after, after))
+                shares = tuple(sorted(shares))
+            score = _score(before - meter.at_rank(model, rank_after, shares))
         by_rank[key] = score
         return score
 
