@@ -44,6 +44,7 @@ class FgdPolicy(CachedScoringPolicy):
         super().__init__()
         self.meter = meter
         self._tables: dict[Demand, tuple[IntArray, dict[RankedKey, int]]] = {}
+        self._by_rank: dict[tuple[int, int], dict[RankedKey, int]] = {}
         self._tables_for: tuple[FragmentationMeter, list[FreeKey]] | None = None
         self._ranks_checked: IntArray | None = None
 
@@ -87,19 +88,24 @@ class FgdPolicy(CachedScoringPolicy):
 
     def _table(self, state: ClusterState, job: JobSpec) -> tuple[IntArray, dict[RankedKey, int]]:
         """Scores by key id for the job's demand, -1 where not yet scored, as long as the
-        key list; and the same scores by `RankedKey`, which many key ids share. Tables hold
-        for one meter and one list of keys."""
+        key list; and the same scores by `RankedKey`, which many key ids share. A ranked key
+        holds the job's CPU in its rank after, so demands that differ in CPU alone share
+        those. Tables hold for one meter and one list of keys."""
         owner = self._tables_for
         if owner is None or owner[0] is not self.meter or owner[1] is not state.free_keys:
-            self._tables = {}
+            self._tables, self._by_rank = {}, {}
             self._tables_for = (self.meter, state.free_keys)
-        demand = (job.cpu_milli, job.gpu_milli if job.gpu_count else 0, job.gpu_count)
+        milli = job.gpu_milli if job.gpu_count else 0
+        demand = (job.cpu_milli, milli, job.gpu_count)
         entry = self._tables.get(demand)
         if entry is None or entry[0].size < len(state.free_keys):
             grown = np.full(2 * len(state.free_keys), -1, dtype=np.int64)
             if entry is not None:
                 grown[: entry[0].size] = entry[0]
-            entry = self._tables[demand] = (grown, entry[1] if entry is not None else {})
+                by_rank = entry[1]
+            else:
+                by_rank = self._by_rank.setdefault((milli, job.gpu_count), {})
+            entry = self._tables[demand] = (grown, by_rank)
         return entry
 
     def _free_score(
