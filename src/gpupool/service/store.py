@@ -49,7 +49,7 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy import update as sql_update
-from sqlalchemy.engine import Connection, CursorResult, make_url
+from sqlalchemy.engine import Connection, CursorResult, Row, make_url
 from sqlalchemy.exc import (
     ArgumentError,
     DBAPIError,
@@ -998,7 +998,10 @@ def _as_json(value: Any) -> Any:
     return value
 
 
-def _job_row(m: JobModel) -> JobRow:
+def _job_row(m: JobModel | Row[Any]) -> JobRow:
+    """A job from its ORM object or from a plain row of the jobs table (attributes are
+    named as the columns): where many jobs are read at once, plain rows skip the ORM's
+    per-object work."""
     return JobRow(
         id=m.id,
         name=m.name,
@@ -1565,23 +1568,23 @@ class Store:
         first, pass the last id seen as before_id."""
         if limit < 1:
             raise SpecError(f"limit is {limit}; ask for at least 1 job")
-        query = select(JobModel).where(JobModel.id > after_id)
+        query = select(_JOBS).where(_JOBS.c.id > after_id)
         if before_id is not None:
-            query = query.where(JobModel.id < before_id)
+            query = query.where(_JOBS.c.id < before_id)
         if state is not None:
             _check_state(state)
-            query = query.where(JobModel.state == state)
+            query = query.where(_JOBS.c.state == state)
         if team is not None:
-            query = query.where(JobModel.team == team)
-        order = JobModel.id.desc() if newest_first else JobModel.id
+            query = query.where(_JOBS.c.team == team)
+        order = _JOBS.c.id.desc() if newest_first else _JOBS.c.id
         with self._read() as s:
-            return [_job_row(m) for m in s.scalars(query.order_by(order).limit(limit))]
+            return [_job_row(r) for r in s.execute(query.order_by(order).limit(limit))]
 
     def active(self) -> builtins.list[JobRow]:
         """Every job the scheduler still has to look after, in id order."""
-        query = select(JobModel).where(JobModel.state.not_in(TERMINAL)).order_by(JobModel.id)
+        query = select(_JOBS).where(_JOBS.c.state.not_in(TERMINAL)).order_by(_JOBS.c.id)
         with self._read() as s:
-            return [_job_row(m) for m in s.scalars(query)]
+            return [_job_row(r) for r in s.execute(query)]
 
     def counts(self) -> dict[tuple[str, str, str], int]:
         """(team, kind, state) -> number of jobs, for the metrics endpoint."""
