@@ -123,7 +123,7 @@ def _fresh_db(pg: PgServer, name: str) -> str:
     return base.rsplit("/", 1)[0] + "/" + name
 
 
-def compare(rev: str, rounds: int) -> dict[str, Any]:
+def compare(rev: str, rounds: int, databases: tuple[str, ...]) -> dict[str, Any]:
     """Single-request rates of REV's server and this tree's, alternating, fresh databases."""
     commit = subprocess.run(
         ["git", "-C", str(ROOT), "rev-parse", "--verify", rev + "^{commit}"],
@@ -140,7 +140,7 @@ def compare(rev: str, rounds: int) -> dict[str, Any]:
         ).stdout
         subprocess.run(["tar", "-x", "-C", str(base)], input=archive, check=True)
         n = 0
-        for db in ("sqlite", "postgresql"):
+        for db in databases:
             runs: dict[str, list[int]] = {"baseline": [], "this": []}
             for k in range(rounds):
                 for who, src in (("baseline", base / "src"), ("this", ROOT / "src")):
@@ -267,13 +267,22 @@ def main() -> int:
         help="with --throughput-only: also time REV's server, alternating (prints, writes nothing)",
     )
     parser.add_argument("--rounds", type=int, default=3, help="alternations for --baseline")
+    parser.add_argument(
+        "--databases",
+        default="sqlite,postgresql",
+        help="for --baseline: which of sqlite,postgresql to compare (default both)",
+    )
     args = parser.parse_args()
     results: dict[str, Any] = {"machine": describe()}
     if args.submit_to_start:
         print(json.dumps(submit_to_start(), indent=2))
         return 0
     if args.baseline:
-        print(json.dumps(compare(args.baseline, args.rounds), indent=2))
+        print(
+            json.dumps(
+                compare(args.baseline, args.rounds, tuple(args.databases.split(","))), indent=2
+            )
+        )
         return 0
     out = ROOT / "bench" / "results" / "service.json"
     if args.throughput_only:
