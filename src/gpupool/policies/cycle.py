@@ -26,7 +26,7 @@ from typing import NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
-from gpupool.core.model import JobKind, JobSpec, Placement
+from gpupool.core.model import JobKind, JobSpec, NodeShare, Placement
 from gpupool.core.quota import QuotaBook
 from gpupool.core.state import BoolArray, ClusterState, IntArray
 from gpupool.errors import PlanRejected
@@ -193,6 +193,14 @@ class ReserveHolders(NamedTuple):
     checkpoint within the reserve's bound (may_hold_reserve)."""
 
 
+VictimRow = tuple[
+    tuple[int, float], str, str, float, float, bool, int, float, tuple[NodeShare, ...]
+]
+"""A possible victim: key (priority, (lost work + checkpoint write + resume) x GPUs: the
+cheapest first), id, team, lost work, last start, whether it is vacating, GPUs, cost per
+GPU, its shares (a plain tuple: a cycle makes one per running job of the pool)."""
+
+
 class VictimTable:
     """One pool's possible victims (batch work with preemptions left and a placement), made
     once per cycle, share by share in the running jobs' order, and each node's floor: a
@@ -201,15 +209,10 @@ class VictimTable:
     nodes instead of every running job; the floors are worked out in arrays."""
 
     def __init__(self, free: IntArray) -> None:
-        self.jobs: list[tuple[tuple[int, float], str, str, float, float, bool, int]] = []
-        """Per job: key (priority, (lost work + checkpoint write + resume) x GPUs: the
-        cheapest first), id, team, lost work, last start, whether it is vacating, GPUs."""
+        self.jobs: list[VictimRow] = []
         self._free = free
-        self._job: list[int] = []
-        self._node: list[int] = []
-        self._gpus: list[int] = []
-        self._per_gpu: list[float] = []
         self._arrays: tuple[np.ndarray, ...] | None = None
+        self._gpus: list[int] = []
         self._orders: dict[int, list[tuple[float, float, int, int]]] = {}
 
     def add(
@@ -225,7 +228,6 @@ class VictimTable:
     ) -> None:
         unit = lost_work_s + vacate_s + resume_s
         count = spec.gpu_count
-        k = len(self.jobs)
         self.jobs.append(
             (
                 (spec.priority, unit * count),
@@ -235,25 +237,28 @@ class VictimTable:
                 run_started_s,
                 vacating,
                 count,
+                unit,
+                placement.shares,
             )
         )
-        for share in placement.shares:
-            gpus = len(share.gpus)
-            self._job.append(k)
-            self._node.append(share.node)
-            self._gpus.append(gpus)
-            self._per_gpu.append(unit if gpus <= count else unit * count / gpus)
 
     def _index(self) -> tuple[np.ndarray, ...]:
         """Shares grouped by node (each node's in the running order) and per node: least
         priority, least cost at that priority, least cost per GPU freed, whether a
         vacating job is there (an orphan costs nothing), and its first share's place."""
         if self._arrays is None:
-            node = np.array(self._node, dtype=np.int64)
-            job = np.array(self._job, dtype=np.int64)
-            prio = np.array([self.jobs[k][0][0] for k in self._job], dtype=np.float64)
-            cost = np.array([self.jobs[k][0][1] for k in self._job], dtype=np.float64)
-            leaving = np.array([self.jobs[k][5] for k in self._job], dtype=np.bool_)
+            jobs = self.jobs
+            node = np.array([sh.node for row in jobs for sh in row[8]], dtype=np.int64)
+            job = np.array([k for k, row in enumerate(jobs) for _ in row[8]], dtype=np.int64)
+            self._gpus = [len(sh.gpus) for row in jobs for sh in row[8]]
+            gpus = np.array(self._gpus, dtype=np.float64)
+            prio = np.array([row[0][0] for row in jobs], dtype=np.float64)[job]
+            cost = np.array([row[0][1] for row in jobs], dtype=np.float64)[job]
+            leaving = np.array([row[5] for row in jobs], dtype=np.bool_)[job]
+            count = np.array([row[6] for row in jobs], dtype=np.float64)[job]
+            unit = np.array([row[7] for row in jobs], dtype=np.float64)[job]
+            # a share of a job over several nodes frees fewer GPUs than the job's cost counts
+            per_gpu = np.where(gpus <= count, unit, unit * count / np.maximum(gpus, 1.0))
             size = int(node.max()) + 1 if len(node) else 0
             by_node = np.argsort(node, kind="stable")
             nodes, starts = np.unique(node[by_node], return_index=True)
@@ -263,7 +268,7 @@ class VictimTable:
             c_min = np.full(size, np.inf)
             np.minimum.at(c_min, node[at_min], cost[at_min])
             u_min = np.full(size, np.inf)
-            np.minimum.at(u_min, node, np.array(self._per_gpu, dtype=np.float64))
+            np.minimum.at(u_min, node, per_gpu)
             vac = np.zeros(size, dtype=np.bool_)
             np.logical_or.at(vac, node, leaving)
             first = np.full(size, len(node), dtype=np.int64)
@@ -940,7 +945,7 @@ class PriorityQuotaPolicy(CyclePolicy):
                 cands: list[tuple[tuple[float, float], str, int, str, int]] = []
                 seq = -1
                 for e_seq, k, gpus in table.shares_of(row):
-                    e_key, job_id, e_team, lost, started, leaving, count = jobs[k]
+                    e_key, job_id, e_team, lost, started, leaving, count, _, _ = jobs[k]
                     orphan = job_id in orphans
                     if (
                         job_id in taken
