@@ -26,6 +26,12 @@ if TYPE_CHECKING:
     from gpupool.scheduler.jobs import JobRecord
 
 
+def expected_end_s(r: JobRecord, now: float) -> float:
+    """When a running job is expected to end: its work left at its speed, after what is
+    left of its start overhead (never, without a duration)."""
+    return now + (((r.spec.duration_s or math.inf) - r.done_s) / max(r.speed, 1e-9) + r.overhead_s)
+
+
 class RunningViews(Mapping[str, RunningView]):
     """`core.running` as RunningViews at `now`, each made when first read."""
 
@@ -50,8 +56,6 @@ class RunningViews(Mapping[str, RunningView]):
         if cost is None:
             ck = self._core.config.checkpoint
             cost = self._costs[gib] = (ck.write_s(gib), ck.resume_s(gib))
-        rate = max(r.speed, 1e-9)
-        left = ((spec.duration_s or math.inf) - r.done_s) / rate + r.overhead_s
         preemptions = r.preemptions
         if job_id in self._core.elastic.pending:  # mid-resize: no policy may take it
             preemptions = max(preemptions, self._core.config.preemption.max_per_job)
@@ -63,7 +67,7 @@ class RunningViews(Mapping[str, RunningView]):
             cost[0],
             r.done_s - r.saved_s,
             cost[1],
-            self._now + left,
+            expected_end_s(r, self._now),
         )
 
     def _all(self) -> dict[str, RunningView]:
@@ -100,12 +104,8 @@ class RunningViews(Mapping[str, RunningView]):
         """(expected end, GPUs) of each running job in the pool: what an EASY reservation
         reads, straight from the records (no view made per job)."""
         now = self._now
-        inf = math.inf
         return [
-            (
-                now + (((r.spec.duration_s or inf) - r.done_s) / max(r.speed, 1e-9) + r.overhead_s),
-                r.spec.gpu_count,
-            )
+            (expected_end_s(r, now), r.spec.gpu_count)
             for r in self._running.values()
             if r.gpu_type == gpu_type
         ]
