@@ -10,6 +10,7 @@ import math
 from collections.abc import Set
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -277,9 +278,11 @@ def test_the_table_lists_every_candidate_share_in_the_running_order() -> None:
     assert [list(table.shares_of(row)) for *_, row in floors][1] == [(0, 0, 4), (3, 3, 2)]
 
 
-def fleet(jobs: list[tuple[str, int, int, str]]) -> CycleView:
-    """Full nodes of 8 GPUs; each job (id, node, GPUs, team) at priority 0, 10 s of lost
-    work and 5 s to resume: every GPU costs the same."""
+def fleet(
+    jobs: list[tuple[str, int, int, str]], lost_work_s: float = 10.0, resume_s: float = 5.0
+) -> CycleView:
+    """Full nodes of 8 GPUs; each job (id, node, GPUs, team) at priority 0, the same lost
+    work and resume time: every GPU costs the same."""
     nodes = 1 + max(node for _, node, _, _ in jobs)
     cluster = Cluster(
         "c", tuple(Node(f"n{i}", "H100", WIDTH, 1 << 20, 1 << 30) for i in range(nodes))
@@ -290,7 +293,7 @@ def fleet(jobs: list[tuple[str, int, int, str]]) -> CycleView:
         spec = JobSpec(job_id, gpu_count=gpus, team=team)
         left = [g for g in range(WIDTH) if state.gpu_left[node, g] == 1000][:gpus]
         state.allocate(spec, Placement((NodeShare(node, tuple(left), 1000 * gpus),)))
-        running[job_id] = RunningView(spec, "H100", 0.0, 0, 0.0, 10.0, 5.0, 0.0)
+        running[job_id] = RunningView(spec, "H100", 0.0, 0, 0.0, lost_work_s, resume_s, 0.0)
     return CycleView(
         now_s=1_000.0,
         cycle_s=60.0,
@@ -347,3 +350,18 @@ def test_a_team_leaves_no_victims_once_back_at_its_guarantee() -> None:
     args = (view, view.state.copy(), job, "H100", set(), excess, None, set(), None)
     assert plain_search(*args) == ({1}, [("d", True)])
     assert PriorityQuotaPolicy()._victims(*args) == ({1}, [("d", True)])
+
+
+@pytest.mark.parametrize("per_gpu_s", [0.1, 1.0 + 2.0**-51])
+def test_a_sum_rounded_below_the_product_still_wins(per_gpu_s: float) -> None:
+    # Eight one-GPU victims of node 1 sum (in floats) to less than the eight-GPU victim of
+    # node 0 costs, though node 0 comes first and its floor is the same product: the floor
+    # keeps a margin (0.1 is not exact in binary; 1 + 2**-51 is, but not its multiples).
+    jobs = [("a", 0, 8, "t0")] + [(f"b{k}", 1, 1, "t0") for k in range(8)]
+    view = fleet(jobs, lost_work_s=per_gpu_s, resume_s=0.0)
+    assert sum([per_gpu_s] * 8) < per_gpu_s * 8
+    job = JobSpec("x", gpu_count=8, team="t1")
+    args = (view, view.state.copy(), job, "H100", set(), {("t0", "H100"): 16}, None, set(), None)
+    want = ({1}, [(f"b{k}", True) for k in range(8)])
+    assert plain_search(*args) == want
+    assert PriorityQuotaPolicy()._victims(*args) == want

@@ -253,6 +253,7 @@ class VictimTable:
             self._gpus = [len(sh.gpus) for row in jobs for sh in row[8]]
             gpus = np.array(self._gpus, dtype=np.float64)
             prio = np.array([row[0][0] for row in jobs], dtype=np.float64)[job]
+            prio[np.abs(prio) >= 2.0**53] = -np.inf  # not exact as a float: no bound
             cost = np.array([row[0][1] for row in jobs], dtype=np.float64)[job]
             leaving = np.array([row[5] for row in jobs], dtype=np.bool_)[job]
             count = np.array([row[6] for row in jobs], dtype=np.float64)[job]
@@ -271,6 +272,14 @@ class VictimTable:
             np.minimum.at(u_min, node, per_gpu)
             vac = np.zeros(size, dtype=np.bool_)
             np.logical_or.at(vac, node, leaving)
+            # the largest multiple of the least cost per GPU a sum may reach: a victim's
+            # GPUs, or all GPUs freed on the node (-1: a share wider than its job)
+            widest = np.zeros(size)
+            np.add.at(widest, node, gpus)
+            np.maximum.at(widest, node, count)
+            irregular = np.zeros(size, dtype=np.bool_)
+            np.logical_or.at(irregular, node, gpus > count)
+            widest[irregular] = -1.0
             first = np.full(size, len(node), dtype=np.int64)
             np.minimum.at(first, node, np.arange(len(node), dtype=np.int64))
             self._arrays = (
@@ -283,6 +292,7 @@ class VictimTable:
                 u_min[nodes],
                 vac[nodes],
                 first[nodes],
+                _exact_multiples(u_min[nodes], widest[nodes]),
             )
         return self._arrays
 
@@ -291,15 +301,15 @@ class VictimTable:
         every node for a job of `need` GPUs, least first. A node's score is (worst
         priority, total cost) of the victims that make room: at least its least priority
         and, at that priority, its least cost and the GPUs still missing times its least
-        cost per GPU (less a margin for the sum's rounding; free GPUs only shrink while a
-        plan is made, so those at the cycle's start bound it)."""
+        cost per GPU (less a margin for the sum's rounding, unless the sums are exact:
+        _exact_multiples; free GPUs only shrink while a plan is made, so those at the
+        cycle's start bound it)."""
         order = self._orders.get(need)
         if order is None:
-            nodes, _, _, _, p_min, c_min, u_min, vac, first = self._index()
+            nodes, _, _, _, p_min, c_min, u_min, vac, first, exact = self._index()
             missing = need - self._free[nodes]
-            floor_c = np.where(
-                missing > 0, np.maximum(c_min, missing * u_min * (1.0 - 1e-9)), c_min
-            )
+            margin = np.where(exact, 1.0, 1.0 - 1e-9)
+            floor_c = np.where(missing > 0, np.maximum(c_min, missing * u_min * margin), c_min)
             floor_c[u_min < 0.0] = -np.inf  # a negative cost (saved ahead of done): no bound
             floor_p = np.where(vac, -np.inf, p_min)
             floor_c[vac] = 0.0
@@ -326,6 +336,22 @@ class VictimTable:
         gpus = self._gpus
         for i in by_node[starts[row] : starts[row + 1]].tolist():
             yield i, int(job[i]), gpus[i]
+
+
+def _exact_multiples(per_gpu: np.ndarray, widest: np.ndarray) -> np.ndarray:
+    """Whether every multiple of `per_gpu` up to `widest` times is a float exactly (few
+    enough significant bits). Then a node's victims cost at least those multiples and
+    their float sum is at least the GPUs freed times `per_gpu`, rounding and all, so the
+    floor needs no margin and nodes that tie on it are told apart by the running order
+    alone (jobs started together cost the same: many nodes tie)."""
+    finite = np.isfinite(per_gpu) & (per_gpu >= 0.0)
+    mantissa, _ = np.frexp(np.where(finite, per_gpu, 0.0))
+    bits = (mantissa * 2.0**53).astype(np.int64)
+    low = bits & -bits  # the lowest bit set: trailing zeros are its log2
+    trailing = np.where(bits == 0, 53, np.log2(np.maximum(low, 1)).astype(np.int64))
+    needed = np.ceil(np.log2(np.maximum(widest, 1.0) + 1.0)).astype(np.int64)
+    exact: np.ndarray = finite & (widest >= 0.0) & ((53 - trailing) + needed <= 53)
+    return exact
 
 
 def victim_table(
