@@ -6,13 +6,16 @@
    Targets: >= 2,000 jobs/s (SQLite), >= 1,000 jobs/s (PostgreSQL). The batch endpoint
    is measured too, for reference. Before them, submit -> process start on an idle fleet
    (target p50 <= 50 ms; `--submit-to-start` measures only that, and with
-   `--baseline REV` also a checkout of REV, a fresh server of each in alternation for
+   `--baseline REV` also REV's server, a fresh server of each in alternation for
    `--rounds` rounds, and writes both to the submit_to_start block).
 2. 1,000 running jobs: the server on a fake fleet of 1,000 GPUs holds 1,000 real
    processes (`sleep`); the CPU the server process spends over 30 s (telemetry every
    second, executor polls, scheduler cycles) must stay under 10% of one core.
 
 Writes bench/results/service.json. Run: `.venv/bin/python bench/bench_service.py`.
+`--throughput-only` measures only the submission rates (and updates only those in
+service.json); `--baseline REV` with it also runs the server of REV (a `git archive`
+of its src/) in alternation with this tree's, `--rounds` times each, and prints both.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from machine import describe
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 from pgserver import PgServer  # noqa: E402
-from service_proc import Server  # noqa: E402
+from service_proc import Server, reap_left_jobs  # noqa: E402
 
 # Jobs wait behind one that holds the only GPU: what is measured is accepting them.
 BODY = json.dumps({"command": ["sleep", "600"], "team": "bench", "gpus": 1}).encode()
@@ -90,21 +93,68 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def throughput(db: str | None, label: str) -> dict[str, Any]:
+def throughput(
+    db: str | None, label: str, src: Path | None = None, quiet: bool = False
+) -> dict[str, Any]:
+    """Single and batch submission rates of one server (of this tree, or of `src`)."""
+    env = None if src is None else {**os.environ, "PYTHONPATH": str(src)}
     with tempfile.TemporaryDirectory() as tmp:
         args = ["--fake-gpus", "1xA100-80GB", "--auth", "none"]
         if db:
             args += ["--db", db]
-        server = Server(Path(tmp) / "state", *args).start()
+        server = Server(Path(tmp) / "state", *args, env=env).start()
         try:
             submit_rate(server.port, 320)  # warm up
             single = submit_rate(server.port, 4000)
             batch = batch_rate(server.url)
         finally:
             server.stop()
-            subprocess.run(["pkill", "-f", "sleep 600"], check=False)
-    print(f"{label}: {single:,.0f} jobs/s single requests, {batch:,.0f} jobs/s in batches")
+            reap_left_jobs()  # this server's own jobs only: others may be benchmarking
+    if not quiet:
+        print(f"{label}: {single:,.0f} jobs/s single requests, {batch:,.0f} jobs/s in batches")
     return {"single_jobs_per_s": round(single), "batch_jobs_per_s": round(batch)}
+
+
+def _fresh_db(pg: PgServer, name: str) -> str:
+    """A new empty database on the throwaway server, so each run starts from no jobs."""
+    import psycopg
+
+    base = pg.url.replace("+psycopg", "")
+    with psycopg.connect(base, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return base.rsplit("/", 1)[0] + "/" + name
+
+
+def compare(rev: str, rounds: int, databases: tuple[str, ...]) -> dict[str, Any]:
+    """Single-request rates of REV's server and this tree's, alternating, fresh databases."""
+    commit = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--verify", rev + "^{commit}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    out: dict[str, Any] = {"baseline": commit[:12]}
+    with tempfile.TemporaryDirectory() as tmp, PgServer() as pg:
+        base = Path(tmp) / "baseline"
+        base.mkdir()
+        archive = subprocess.run(
+            ["git", "-C", str(ROOT), "archive", commit, "src"], capture_output=True, check=True
+        ).stdout
+        subprocess.run(["tar", "-x", "-C", str(base)], input=archive, check=True)
+        n = 0
+        for db in databases:
+            runs: dict[str, list[int]] = {"baseline": [], "this": []}
+            for k in range(rounds):
+                for who, src in (("baseline", base / "src"), ("this", ROOT / "src")):
+                    n += 1
+                    url = None if db == "sqlite" else _fresh_db(pg, f"bench_{n}")
+                    rate = throughput(url, who, src, quiet=True)["single_jobs_per_s"]
+                    runs[who].append(rate)
+                    print(f"{db} round {k + 1} {who}: {rate:,} jobs/s single", flush=True)
+            out[db] = {
+                who: {"runs": r, "median": sorted(r)[len(r) // 2]} for who, r in runs.items()
+            }
+    return out
 
 
 def running_jobs(n: int = 1000, window_s: float = 30.0) -> dict[str, Any]:
@@ -141,7 +191,7 @@ def running_jobs(n: int = 1000, window_s: float = 30.0) -> dict[str, Any]:
             assert server.proc is not None
             server.proc.send_signal(signal.SIGINT)
             server.proc.wait(60)
-            subprocess.run(["pkill", "-f", "sleep 600"], check=False)
+            reap_left_jobs()
     share = (c1 - c0) / (t1 - t0)
     print(f"{n} running jobs: server CPU {100 * share:.2f}% of one core over {t1 - t0:.0f} s")
     return {
@@ -189,6 +239,7 @@ def submit_to_start(jobs: int = 30, gap_s: float = 0.3, tree: Path = ROOT) -> di
                     time.sleep(gap_s)
         finally:
             server.stop()
+        reap_left_jobs()
     lags_ms.sort()
     p50 = lags_ms[len(lags_ms) // 2]
     p90 = lags_ms[int(len(lags_ms) * 0.9)]
@@ -210,19 +261,15 @@ def compare_submit_to_start(rev: str, rounds: int) -> dict[str, Any]:
     ).stdout.strip()
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp) / "baseline"
-        subprocess.run(
-            ["git", "-C", str(ROOT), "worktree", "add", "-q", "--detach", str(base), commit],
-            check=True,
-        )
+        base.mkdir()
+        archive = subprocess.run(
+            ["git", "-C", str(ROOT), "archive", commit, "src"], capture_output=True, check=True
+        ).stdout
+        subprocess.run(["tar", "-x", "-C", str(base)], input=archive, check=True)
         runs: dict[str, list[dict[str, Any]]] = {"baseline": [], "this": []}
-        try:
-            for _ in range(rounds):
-                runs["baseline"].append(submit_to_start(tree=base))
-                runs["this"].append(submit_to_start())
-        finally:
-            subprocess.run(
-                ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)], check=False
-            )
+        for _ in range(rounds):
+            runs["baseline"].append(submit_to_start(tree=base))
+            runs["this"].append(submit_to_start())
 
     def median_of(side: str, key: str) -> float:
         values = sorted(r[key] for r in runs[side])
@@ -245,12 +292,23 @@ def main() -> int:
         help="measure only submit -> process start on an idle fleet (prints it, writes nothing)",
     )
     parser.add_argument(
+        "--throughput-only",
+        action="store_true",
+        help="measure only the submission rates (writes only those into service.json)",
+    )
+    parser.add_argument(
         "--baseline",
         metavar="REV",
-        help="with --submit-to-start: also measure a checkout of REV, in alternation with "
-        "this tree, and write both to the submit_to_start block of bench/results/service.json",
+        help="with --throughput-only: also time REV's server, alternating (prints, writes "
+        "nothing); with --submit-to-start: also measure a checkout of REV, in alternation "
+        "with this tree, and write both to the submit_to_start block of service.json",
     )
-    parser.add_argument("--rounds", type=int, default=5, help="with --baseline (default 5)")
+    parser.add_argument("--rounds", type=int, default=3, help="alternations for --baseline")
+    parser.add_argument(
+        "--databases",
+        default="sqlite,postgresql",
+        help="for --baseline: which of sqlite,postgresql to compare (default both)",
+    )
     args = parser.parse_args()
     results: dict[str, Any] = {"machine": describe()}
     if args.submit_to_start and args.baseline:
@@ -270,18 +328,29 @@ def main() -> int:
     if args.submit_to_start:
         print(json.dumps(submit_to_start(), indent=2))
         return 0
-    results["submit_to_start"] = submit_to_start()
+    if args.baseline:
+        print(
+            json.dumps(
+                compare(args.baseline, args.rounds, tuple(args.databases.split(","))), indent=2
+            )
+        )
+        return 0
+    out = ROOT / "bench" / "results" / "service.json"
+    if args.throughput_only:
+        results = {**json.loads(out.read_text(encoding="utf-8")), "machine": describe()}
+    else:
+        results["submit_to_start"] = submit_to_start()
     results["sqlite"] = throughput(None, "SQLite")
     with PgServer() as pg:
         results["postgresql"] = throughput(pg.url.replace("+psycopg", ""), "PostgreSQL")
-    results["running_1000"] = running_jobs()
+    if not args.throughput_only:
+        results["running_1000"] = running_jobs()
     results["targets"] = {
         "sqlite_jobs_per_s": 2000,
         "postgresql_jobs_per_s": 1000,
         "submit_to_start_p50_ms": 50,
         "cpu_pct_of_one_core": 10,
     }
-    out = ROOT / "bench" / "results" / "service.json"
     out.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
     print(json.dumps(results, indent=2))
     ok = (

@@ -4,7 +4,8 @@
 Bytecode is compiled first (as `pip install` does) and each command runs once before it
 is timed, so the figures are a warm start of an installed gpupool, not of a first import.
 With --baseline REV the same commands also run from a checkout of REV (same interpreter and
-libraries, its own source on PYTHONPATH), so before and after are measured in one run.
+libraries, its own source on PYTHONPATH), alternating with this tree run by run, so before
+and after are measured in one run under the same load.
 
 Writes bench/results/startup.json.
 """
@@ -46,7 +47,8 @@ def commands() -> dict[str, list[str]]:
     }
 
 
-def timed(argv: list[str], src: Path) -> list[float]:
+def environment(src: Path) -> dict[str, str]:
+    """This interpreter with `src`'s gpupool, its bytecode compiled (as `pip install` does)."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     env["PYTHONPATH"] = str(src)
     subprocess.run(
@@ -55,23 +57,34 @@ def timed(argv: list[str], src: Path) -> list[float]:
         env=env,
         stdout=subprocess.DEVNULL,
     )
-    subprocess.run(argv, check=True, env=env, stdout=subprocess.DEVNULL)  # warm the caches
-    walls = []
-    for _ in range(RUNS):
-        t0 = time.perf_counter()
-        subprocess.run(argv, check=True, env=env, stdout=subprocess.DEVNULL)
-        walls.append(time.perf_counter() - t0)
-    return walls
+    return env
 
 
-def measure(src: Path) -> dict[str, dict[str, object]]:
-    out: dict[str, dict[str, object]] = {}
+def wall(argv: list[str], env: dict[str, str]) -> float:
+    t0 = time.perf_counter()
+    subprocess.run(argv, check=True, env=env, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - t0
+
+
+def measure(sides: dict[str, Path]) -> dict[str, dict[str, dict[str, object]]]:
+    """Each command on each side RUNS times; the sides alternate run by run (the first to go
+    alternates too), so a busy machine slows both alike."""
+    envs = {side: environment(src) for side, src in sides.items()}
+    out: dict[str, dict[str, dict[str, object]]] = {side: {} for side in sides}
     for name, argv in commands().items():
-        walls = timed(argv, src)
-        out[name] = {
-            "median_s": round(statistics.median(walls), 3),
-            "runs_s": [round(w, 3) for w in walls],
-        }
+        walls: dict[str, list[float]] = {side: [] for side in sides}
+        for env in envs.values():
+            wall(argv, env)  # warm the caches
+        order = list(sides)
+        for _ in range(RUNS):
+            for side in order:
+                walls[side].append(wall(argv, envs[side]))
+            order.reverse()
+        for side, times in walls.items():
+            out[side][name] = {
+                "median_s": round(statistics.median(times), 3),
+                "runs_s": [round(w, 3) for w in times],
+            }
     return out
 
 
@@ -92,18 +105,30 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "startup.json")
     args = ap.parse_args()
     result: dict[str, object] = {"targets_s": TARGETS_S, "runs": RUNS, "machine": describe()}
-    now = measure(ROOT / "src")
-    result["now"] = now
-    if args.baseline:
-        with tempfile.TemporaryDirectory() as tmp:
-            tree = checkout(args.baseline, Path(tmp) / "baseline")
-            try:
-                result["baseline"] = {"rev": args.baseline, **measure(tree / "src")}
-            finally:
+    with tempfile.TemporaryDirectory() as tmp:
+        sides = {"now": ROOT / "src"}
+        if args.baseline:
+            sides["baseline"] = checkout(args.baseline, Path(tmp) / "baseline") / "src"
+        try:
+            measured = measure(sides)
+        finally:
+            if args.baseline:
                 subprocess.run(
-                    ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
+                    [
+                        "git",
+                        "-C",
+                        str(ROOT),
+                        "worktree",
+                        "remove",
+                        "--force",
+                        str(sides["baseline"].parent),
+                    ],
                     check=False,
                 )
+    now = measured["now"]
+    result["now"] = now
+    if args.baseline:
+        result["baseline"] = {"rev": args.baseline, **measured["baseline"]}
     ok = all(float(str(now[k]["median_s"])) <= t for k, t in TARGETS_S.items())
     result["meets_targets"] = ok
     args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from gpupool.core.lifecycle import JobState
-from gpupool.policies.cycle import CycleView
+from gpupool.policies.cycle import CycleView, victim_table
 from gpupool.scheduler import Scheduler
 from gpupool.sim.scenario import run_scenario
 from gpupool.sim.scenario_config import load_scenario
@@ -53,6 +53,18 @@ def test_the_core_view_equals_one_built_per_running_job(
                 assert list(view.batch_in(pool, chosen, also)) == list(
                     ref.batch_in(pool, chosen, also)
                 )
+            # the victim table from the records holds what one made from every view holds
+            table = view.victim_table(pool)
+            plain_table = victim_table(
+                ref.running, pool, ref.state, ref.vacating, ref.rules.max_per_job
+            )
+            seen["victims"] += len(table.jobs)
+            assert table.jobs == plain_table.jobs
+            for need in (1, 3, 8):
+                floors = table.by_floor(need)
+                assert floors == plain_table.by_floor(need)
+                for *_, row in floors:
+                    assert list(table.shares_of(row)) == list(plain_table.shares_of(row))
         assert list(view.running) == list(ref.running)
         assert len(view.running) == len(ref.running)
         seen["views"] += 1
@@ -68,6 +80,7 @@ def test_the_core_view_equals_one_built_per_running_job(
     run_scenario(dataclasses.replace(scenario, online_reserve=0.2))
     assert seen["views"] > 50, seen
     assert seen["online"], seen
+    assert seen["victims"], seen
     assert seen["both" if name == "serving-borrow" else "reserve"], seen
 
 

@@ -15,6 +15,7 @@ import pytest
 from gpupool.core.fragmentation import FragmentationMeter, TypicalTask, typical_tasks
 from gpupool.core.model import MILLI_PER_GPU, Cluster, JobSpec
 from gpupool.core.state import ClusterState
+from gpupool.policies.base import ScoringPolicy
 from gpupool.policies.fgd import FgdPolicy
 from gpupool.sim.experiments import DEFAULT_NODES, DEFAULT_PODS, embedded
 from gpupool.sim.fill import tuned_workload
@@ -131,3 +132,23 @@ def test_fgd_scores_match_the_plain_per_node_score(filled: tuple) -> None:
                 continue
             got = policy.scores(state, job, candidates).tolist()
             assert got == [plain_score(tasks, state, job, int(i)) for i in candidates]
+
+
+def test_fgd_pick_takes_the_node_the_base_rule_takes(filled: tuple) -> None:
+    """FGD's one-argmax pick against the base rule (best score, then lowest tie rank, then
+    lowest index), with shuffled ranks, and with ranks that repeat (where FGD must fall
+    back to the base rule)."""
+    snaps, pods, tasks = filled
+    policy = FgdPolicy(FragmentationMeter(tasks, snaps[0].models))
+    rng = np.random.default_rng(7)
+    picked = 0
+    for state in snaps:
+        n = state.node_count
+        for ranks in (rng.permutation(n), rng.integers(0, 4, n)):
+            state.tie_rank = ranks.astype(np.int64)
+            for job in pods[:120]:
+                candidates = np.flatnonzero(state.fits_mask(job))
+                want = ScoringPolicy.pick(policy, state, job, candidates, rng)
+                assert policy.pick(state, job, candidates, rng) == want
+                picked += want is not None
+    assert picked > 500

@@ -437,6 +437,43 @@ def test_update_and_set_process_keep_the_state(store: Store) -> None:
         store.update(999_999, T0)
 
 
+def test_set_reasons_writes_only_waiting_jobs_and_their_events(store: Store) -> None:
+    """Pending and suspended jobs take their reason (an event where one is asked for);
+    a job in any other state, or none at all, is left and reported with its state. More
+    jobs than one IN (...) list holds, so the chunked read is exercised."""
+    waiting = store.submit_many([job(f"w{i}") for i in range(620)], T0)
+    suspended = at_state(store, "suspended", "s")
+    running = at_state(store, "running", "r")
+    events = n_events(store)
+    told = [
+        (r.id, f"Queued: behind {i}", "wait-reason" if i % 2 else None)
+        for i, r in enumerate(waiting)
+    ]
+    told += [
+        (suspended.id, "Preempted: waiting for GPUs", "wait-reason"),
+        (running.id, "Queued: never", "wait-reason"),
+        (999_999, "Queued: gone", None),
+    ]
+    left = store.set_reasons(told, T0 + 20)
+    assert left == {running.id: "running", 999_999: None}
+    for i, r in enumerate(waiting):
+        row = store.get(r.id)
+        assert (row.state, row.reason, row.updated_at) == (
+            "pending",
+            f"Queued: behind {i}",
+            T0 + 20,
+        )
+    assert store.get(suspended.id).reason == "Preempted: waiting for GPUs"
+    assert store.get(running.id).reason != "Queued: never"
+    new = store.events_after(0, limit=100_000)[events:]
+    assert [(e.kind, e.job_id, e.message, e.at_s) for e in new] == [
+        ("wait-reason", r.id, f"Queued: behind {i}", T0 + 20)
+        for i, r in enumerate(waiting)
+        if i % 2
+    ] + [("wait-reason", suspended.id, "Preempted: waiting for GPUs", T0 + 20)]
+    assert store.set_reasons([], T0 + 21) == {}
+
+
 def test_request_cancel(store: Store) -> None:
     pending, _ = store.submit(job("p"), T0)
     cancelled = store.request_cancel(pending.id, T0 + 1)

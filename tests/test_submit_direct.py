@@ -142,3 +142,35 @@ def test_a_repeated_key_gives_the_first_job_back_on_both(
         again = _ask(client, token, body, {"idempotency-key": "same"})
         assert first[0] == 201 and again[0] == 200
         assert first[1]["id"] == again[1]["id"]
+
+
+def test_repeated_headers_are_read_as_the_documented_route_reads_them(
+    pair: tuple[tuple[TestClient, str], tuple[TestClient, str]],
+) -> None:
+    """The direct route reads its headers in one pass: of a repeated one, the first
+    counts, as Starlette's Headers.get gives it to the documented route."""
+    body = json.dumps(GOOD).encode()
+    answers = []
+    for client, token in pair:
+        sent = []
+        for first, second in [
+            ({"idempotency-key": "k-first"}, {"idempotency-key": "a b"}),  # 2nd is invalid
+            ({"content-type": "application/json"}, {"content-type": "text/plain"}),
+            ({"authorization": f"Bearer {token}"}, {"authorization": "Bearer gp_unknown"}),
+        ]:
+            headers = [
+                ("content-type", "application/json"),
+                ("authorization", f"Bearer {token}"),
+            ]
+            headers = [h for h in headers if h[0] not in first] + [
+                *first.items(),
+                *second.items(),
+            ]
+            r = client.post("/v1/jobs", content=body, headers=headers)
+            payload = r.json()
+            payload.pop("submitted_at", None)
+            sent.append((r.status_code, payload))
+        answers.append(sent)
+    assert answers[0] == answers[1]
+    assert [status for status, _ in answers[0]] == [201, 201, 201]
+    assert answers[0][0][1]["id"] != answers[0][1][1]["id"]

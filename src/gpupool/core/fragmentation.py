@@ -107,11 +107,23 @@ class FragmentationMeter:
         self._memo: dict[tuple[str, int, tuple[int, ...]], float] = {}
 
     def node(self, model: str, cpu_left: int, gpus: tuple[int, ...]) -> float:
-        mix = self._per_model[model]
-        key = (model, bisect_right(mix.cpus, cpu_left), tuple(sorted(gpus)))
+        return self.at_rank(model, self.cpu_rank(model, cpu_left), tuple(sorted(gpus)))
+
+    def cpu_rank(self, model: str, cpu_left: int) -> int:
+        """How many of the mix's CPU requests (as `model` sees it) fit in `cpu_left`: two
+        CPU amounts of one rank are alike to the measure."""
+        return bisect_right(self._per_model[model].cpus, cpu_left)
+
+    def cpu_requests(self, model: str) -> tuple[int, ...]:
+        """The distinct CPU requests `cpu_rank` counts, ascending."""
+        return self._per_model[model].cpus
+
+    def at_rank(self, model: str, cpu_rank: int, gpus: tuple[int, ...]) -> float:
+        """`node` for a CPU given by its `cpu_rank` and free shares already ascending."""
+        key = (model, cpu_rank, gpus)
         value = self._memo.get(key)
         if value is None:
-            value = self._memo[key] = _fragment(mix, key[1], key[2])
+            value = self._memo[key] = _fragment(self._per_model[model], cpu_rank, gpus)
         return value
 
 

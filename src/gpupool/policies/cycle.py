@@ -22,13 +22,13 @@ import heapq
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
-from gpupool.core.model import JobKind, JobSpec, Placement
+from gpupool.core.model import JobKind, JobSpec, NodeShare, Placement
 from gpupool.core.quota import QuotaBook
-from gpupool.core.state import BoolArray, ClusterState
+from gpupool.core.state import BoolArray, ClusterState, IntArray
 from gpupool.errors import PlanRejected
 from gpupool.policies.base import ScoringPolicy
 from gpupool.policies.consolidate import ConsolidatePolicy
@@ -193,6 +193,210 @@ class ReserveHolders(NamedTuple):
     checkpoint within the reserve's bound (may_hold_reserve)."""
 
 
+VictimRow = tuple[
+    tuple[int, float], str, str, float, float, bool, int, float, tuple[NodeShare, ...]
+]
+"""A possible victim: key (priority, (lost work + checkpoint write + resume) x GPUs: the
+cheapest first), id, team, lost work, last start, whether it is vacating, GPUs, cost per
+GPU, its shares (a plain tuple: a cycle makes one per running job of the pool)."""
+
+
+class VictimTable:
+    """One pool's possible victims (batch work with preemptions left and a placement), made
+    once per cycle, share by share in the running jobs' order, and each node's floor: a
+    bound below any score a victim search can give the node. A search visits nodes by
+    floor and stops at the first that cannot beat the best found, so it scores a few
+    nodes instead of every running job; the floors are worked out in arrays."""
+
+    def __init__(self, free: IntArray) -> None:
+        self.jobs: list[VictimRow] = []
+        self._free = free
+        self._arrays: tuple[np.ndarray, ...] | None = None
+        self._gpus: list[int] = []
+        self._orders: dict[int, list[tuple[float, float, int, int]]] = {}
+
+    def add(
+        self,
+        job_id: str,
+        spec: JobSpec,
+        lost_work_s: float,
+        vacate_s: float,
+        resume_s: float,
+        run_started_s: float,
+        placement: Placement,
+        vacating: bool,
+    ) -> None:
+        unit = lost_work_s + vacate_s + resume_s
+        count = spec.gpu_count
+        self.jobs.append(
+            (
+                (spec.priority, unit * count),
+                job_id,
+                spec.team,
+                lost_work_s,
+                run_started_s,
+                vacating,
+                count,
+                unit,
+                placement.shares,
+            )
+        )
+
+    def _index(self) -> tuple[np.ndarray, ...]:
+        """Shares grouped by node (each node's in the running order) and per node: least
+        priority, least cost at that priority, least cost per GPU freed, whether a
+        vacating job is there (an orphan costs nothing), and its first share's place."""
+        if self._arrays is None:
+            jobs = self.jobs
+            node = np.array([sh.node for row in jobs for sh in row[8]], dtype=np.int64)
+            job = np.array([k for k, row in enumerate(jobs) for _ in row[8]], dtype=np.int64)
+            self._gpus = [len(sh.gpus) for row in jobs for sh in row[8]]
+            gpus = np.array(self._gpus, dtype=np.float64)
+            prio = np.array([row[0][0] for row in jobs], dtype=np.float64)[job]
+            prio[np.abs(prio) >= 2.0**53] = -np.inf  # not exact as a float: no bound
+            cost = np.array([row[0][1] for row in jobs], dtype=np.float64)[job]
+            leaving = np.array([row[5] for row in jobs], dtype=np.bool_)[job]
+            count = np.array([row[6] for row in jobs], dtype=np.float64)[job]
+            unit = np.array([row[7] for row in jobs], dtype=np.float64)[job]
+            # a share of a job over several nodes frees fewer GPUs than the job's cost counts
+            per_gpu = np.where(gpus <= count, unit, unit * count / np.maximum(gpus, 1.0))
+            size = int(node.max()) + 1 if len(node) else 0
+            by_node = np.argsort(node, kind="stable")
+            nodes, starts = np.unique(node[by_node], return_index=True)
+            p_min = np.full(size, np.inf)
+            np.minimum.at(p_min, node, prio)
+            at_min = prio == p_min[node]
+            c_min = np.full(size, np.inf)
+            np.minimum.at(c_min, node[at_min], cost[at_min])
+            u_min = np.full(size, np.inf)
+            np.minimum.at(u_min, node, per_gpu)
+            vac = np.zeros(size, dtype=np.bool_)
+            np.logical_or.at(vac, node, leaving)
+            # the largest multiple of the least cost per GPU a sum may reach: a victim's
+            # GPUs, or all GPUs freed on the node (-1: a share wider than its job)
+            widest = np.zeros(size)
+            np.add.at(widest, node, gpus)
+            np.maximum.at(widest, node, count)
+            irregular = np.zeros(size, dtype=np.bool_)
+            np.logical_or.at(irregular, node, gpus > count)
+            widest[irregular] = -1.0
+            first = np.full(size, len(node), dtype=np.int64)
+            np.minimum.at(first, node, np.arange(len(node), dtype=np.int64))
+            self._arrays = (
+                nodes,
+                np.append(starts, len(node)),
+                by_node,
+                job,
+                p_min[nodes],
+                c_min[nodes],
+                u_min[nodes],
+                vac[nodes],
+                first[nodes],
+                _exact_multiples(u_min[nodes], widest[nodes]),
+            )
+        return self._arrays
+
+    def by_floor(self, need: int) -> list[tuple[float, float, int, int]]:
+        """(floor priority, floor cost, first place in the running order, node's row) of
+        every node for a job of `need` GPUs, least first. A node's score is (worst
+        priority, total cost) of the victims that make room: at least its least priority
+        and, at that priority, its least cost and the GPUs still missing times its least
+        cost per GPU (less a margin for the sum's rounding, unless the sums are exact:
+        _exact_multiples; free GPUs only shrink while a plan is made, so those at the
+        cycle's start bound it)."""
+        order = self._orders.get(need)
+        if order is None:
+            nodes, _, _, _, p_min, c_min, u_min, vac, first, exact = self._index()
+            missing = need - self._free[nodes]
+            margin = np.where(exact, 1.0, 1.0 - 1e-9)
+            floor_c = np.where(missing > 0, np.maximum(c_min, missing * u_min * margin), c_min)
+            floor_c[u_min < 0.0] = -np.inf  # a negative cost (saved ahead of done): no bound
+            floor_p = np.where(vac, -np.inf, p_min)
+            floor_c[vac] = 0.0
+            rows = np.lexsort((first, floor_c, floor_p))
+            order = list(
+                zip(
+                    floor_p[rows].tolist(),
+                    floor_c[rows].tolist(),
+                    first[rows].tolist(),
+                    rows.tolist(),
+                    strict=True,
+                )
+            )
+            self._orders[need] = order
+        return order
+
+    def node_of(self, row: int) -> int:
+        return int(self._index()[0][row])
+
+    def shares_of(self, row: int) -> Iterator[tuple[int, int, int]]:
+        """(place in the running order, job index, GPUs freed) of each share on the node
+        of `row`, in the running order."""
+        _, starts, by_node, job, *_ = self._index()
+        gpus = self._gpus
+        for i in by_node[starts[row] : starts[row + 1]].tolist():
+            yield i, int(job[i]), gpus[i]
+
+
+def _exact_multiples(per_gpu: np.ndarray, widest: np.ndarray) -> np.ndarray:
+    """Whether every multiple of `per_gpu` up to `widest` times is a float exactly (few
+    enough significant bits). Then a node's victims cost at least those multiples and
+    their float sum is at least the GPUs freed times `per_gpu`, rounding and all, so the
+    floor needs no margin and nodes that tie on it are told apart by the running order
+    alone (jobs started together cost the same: many nodes tie)."""
+    finite = np.isfinite(per_gpu) & (per_gpu >= 0.0)
+    mantissa, _ = np.frexp(np.where(finite, per_gpu, 0.0))
+    bits = (mantissa * 2.0**53).astype(np.int64)
+    low = bits & -bits  # the lowest bit set: trailing zeros are its log2
+    trailing = np.where(bits == 0, 53, np.log2(np.maximum(low, 1)).astype(np.int64))
+    needed = np.ceil(np.log2(np.maximum(widest, 1.0) + 1.0)).astype(np.int64)
+    exact: np.ndarray = finite & (widest >= 0.0) & ((53 - trailing) + needed <= 53)
+    return exact
+
+
+def victim_table(
+    running: Mapping[str, RunningView],
+    gpu_type: str,
+    state: ClusterState,
+    vacating: Set[str],
+    max_per_job: int,
+) -> VictimTable:
+    """A VictimTable made from running views (any mapping of them)."""
+    table = VictimTable(state.whole_free)
+    placements = state.placements
+    for job_id, r in running.items():
+        spec = r.spec
+        if r.gpu_type != gpu_type or spec.kind is JobKind.ONLINE or r.preemptions >= max_per_job:
+            continue
+        placement = placements.get(job_id)
+        if placement is not None:
+            table.add(
+                job_id,
+                spec,
+                r.lost_work_s,
+                r.vacate_s,
+                r.resume_s,
+                r.run_started_s,
+                placement,
+                job_id in vacating,
+            )
+    return table
+
+
+@runtime_checkable
+class IndexedRunning(Protocol):
+    """What the core's running jobs offer a CycleView beyond a mapping: the reads a plan
+    makes over many running jobs, answered from its records without a view per job."""
+
+    def ends(self, gpu_type: str) -> list[tuple[float, int]]: ...
+
+    def batch_in(
+        self, gpu_type: str, teams: Set[str] | None, also: Set[str]
+    ) -> Iterator[tuple[str, RunningView]]: ...
+
+    def victim_table(self, gpu_type: str, vacating: Set[str], max_per_job: int) -> VictimTable: ...
+
+
 class PendingView(NamedTuple):
     """A waiting job as a cycle sees it."""
 
@@ -234,6 +438,7 @@ class CycleView:
     holders: ReserveHolders | None = None
     """The reserve rules' counts, as the core made them; None: counted from `running`."""
     _allowed: dict[tuple[str, str], BoolArray] = field(default_factory=dict)
+    _tables: dict[str, VictimTable] = field(default_factory=dict, init=False, repr=False)
 
     def usage(self) -> dict[tuple[str, str], int]:
         """GPUs each (team, GPU type) holds in running jobs, vacating ones excluded."""
@@ -249,10 +454,8 @@ class CycleView:
 
     def ends(self, gpu_type: str) -> list[tuple[float, int]]:
         """(expected end, GPUs) of each running job of the pool, in no order."""
-        made = getattr(self.running, "ends", None)  # the core's: without a view per job
-        if made is not None:
-            out: list[tuple[float, int]] = made(gpu_type)
-            return out
+        if isinstance(self.running, IndexedRunning):  # the core's: without a view per job
+            return self.running.ends(gpu_type)
         return [
             (r.est_end_s, r.spec.gpu_count) for r in self.running.values() if r.gpu_type == gpu_type
         ]
@@ -262,10 +465,8 @@ class CycleView:
     ) -> Iterator[tuple[str, RunningView]]:
         """Running jobs of the pool that are not online inference, of `teams` (None: of
         any team) or in `also`, in the running jobs' order: a victim search's candidates."""
-        made = getattr(self.running, "batch_in", None)  # the core's: views of these only
-        if made is not None:
-            found: Iterator[tuple[str, RunningView]] = made(gpu_type, teams, also)
-            return found
+        if isinstance(self.running, IndexedRunning):  # the core's: views of these only
+            return self.running.batch_in(gpu_type, teams, also)
         return (
             (job_id, r)
             for job_id, r in self.running.items()
@@ -273,6 +474,18 @@ class CycleView:
             and r.spec.kind is not JobKind.ONLINE
             and (teams is None or r.spec.team in teams or job_id in also)
         )
+
+    def victim_table(self, gpu_type: str) -> VictimTable:
+        """The pool's possible victims by node, made once per view (VictimTable)."""
+        table = self._tables.get(gpu_type)
+        if table is None:
+            max_per_job = self.rules.max_per_job
+            if isinstance(self.running, IndexedRunning):
+                table = self.running.victim_table(gpu_type, self.vacating, max_per_job)
+            else:
+                table = victim_table(self.running, gpu_type, self.state, self.vacating, max_per_job)
+            self._tables[gpu_type] = table
+        return table
 
     def reserve_holders(self) -> ReserveHolders:
         """Online GPUs and quick-to-vacate GPUs of each pool (ReserveHolders)."""
@@ -713,16 +926,10 @@ class PriorityQuotaPolicy(CyclePolicy):
         rules = view.rules
         bound = math.inf if rules.max_lost_work_s is None else rules.max_lost_work_s + 1e-9
         patient = claimant is not None and claimant.kind is not JobKind.ONLINE
-        # the loop below visits every running job: its tests are written out flat (no
-        # property, no call) since at 100,000 GPUs it runs over tens of thousands of jobs
         online = JobKind.ONLINE
         by_online = claimant is not None and claimant.kind is online
         above = math.inf if claimant is None or by_online else claimant.priority
         now_s, min_runtime_s = view.now_s, rules.min_runtime_s
-        max_per_job = rules.max_per_job
-        vacating = view.vacating
-        placements = view.state.placements
-        by_node: dict[int, list[tuple[tuple[float, float], str, int]]] = {}
         # Reclaiming for a job that fits in a node, a victim of a team not above its
         # guarantee is never admitted (admit below): not worth a look.
         teams: Set[str] | None = None
@@ -730,6 +937,95 @@ class PriorityQuotaPolicy(CyclePolicy):
             teams = {team}
         elif job.gpu_count <= view.state.max_gpus_per_node:
             teams = {t for (t, pool), n in excess.items() if pool == gpu_type and n > 0}
+
+        def admit(job_id: str, left: dict[tuple[str, str], int]) -> bool | None:
+            """True if its team still holds GPUs above its guarantee (a job straddling the
+            line goes whole: its team then waits with less room than the job needs)."""
+            if job_id in orphans:
+                return True
+            r = view.running[job_id]
+            key = (r.spec.team, r.gpu_type)
+            if left.get(key, 0) > 0:
+                left[key] = left.get(key, 0) - r.spec.gpu_count
+                return True
+            if team is not None:
+                return False  # its own team's batch work, displaced by its online inference
+            return None
+
+        width = view.state.max_gpus_per_node
+        if job.gpu_count <= width:
+            # One node: the node whose cheapest sufficient victims score least (worst
+            # priority, then total cost), the earliest in the running order on a tie.
+            # Nodes are visited by floor (VictimTable.by_floor), so the search stops at
+            # the first node that cannot beat the best, having scored only those before.
+            table = view.victim_table(gpu_type)
+            whole_free = scratch.whole_free
+            jobs = table.jobs
+            best: tuple[tuple[float, float], int, int, list[tuple[str, bool]]] | None = None
+            for floor_p, floor_c, first, row in table.by_floor(job.gpu_count):
+                if best is not None and ((floor_p, floor_c), first) > best[:2]:
+                    break
+                node = table.node_of(row)
+                if not allowed[node]:
+                    continue
+                cands: list[tuple[tuple[float, float], str, int, str, int]] = []
+                seq = -1
+                for e_seq, k, gpus in table.shares_of(row):
+                    e_key, job_id, e_team, lost, started, leaving, count, _, _ = jobs[k]
+                    orphan = job_id in orphans
+                    if (
+                        job_id in taken
+                        or (teams is not None and e_team not in teams and not orphan)
+                        or (team is not None and e_team != team)
+                        or (leaving and not orphan)
+                    ):
+                        continue
+                    if not orphan and (
+                        lost > bound
+                        or e_key[0] >= above
+                        or (patient and now_s - started < min_runtime_s)
+                    ):
+                        continue
+                    if seq < 0:
+                        seq = e_seq
+                    cands.append(
+                        ((-math.inf, 0.0) if orphan else e_key, job_id, gpus, e_team, count)
+                    )
+                if not cands:
+                    continue
+                free = int(whole_free[node])
+                left = dict(excess)
+                chosen: list[tuple[str, bool]] = []
+                worst: tuple[float, float] = (0.0, 0.0)
+                total = 0.0
+                for c_key, job_id, gpus, e_team, count in sorted(cands):
+                    if free >= job.gpu_count:
+                        break
+                    # admit, read from the table (no view made)
+                    if job_id in orphans:
+                        via = True
+                    elif left.get((e_team, gpu_type), 0) > 0:
+                        left[(e_team, gpu_type)] -= count
+                        via = True
+                    elif team is not None:
+                        via = False
+                    else:
+                        continue
+                    chosen.append((job_id, via))
+                    free += gpus
+                    worst = max(worst, c_key)
+                    total += c_key[1]
+                if free >= job.gpu_count and chosen:
+                    score = (worst[0], total)
+                    if best is None or (score, seq) < best[:2]:
+                        best = (score, seq, node, chosen)
+            return None if best is None else ({best[2]}, best[3])
+        # the loop below visits every running job of the pool: its tests are written out
+        # flat (no property, no call)
+        max_per_job = rules.max_per_job
+        vacating = view.vacating
+        placements = view.state.placements
+        by_node: dict[int, list[tuple[tuple[float, float], str, int]]] = {}
         for job_id, r in view.batch_in(gpu_type, teams, orphans):
             spec = r.spec
             if (
@@ -758,50 +1054,6 @@ class PriorityQuotaPolicy(CyclePolicy):
             for share in placement.shares:
                 by_node.setdefault(share.node, []).append((key, job_id, len(share.gpus)))
 
-        def admit(job_id: str, left: dict[tuple[str, str], int]) -> bool | None:
-            """True if its team still holds GPUs above its guarantee (a job straddling the
-            line goes whole: its team then waits with less room than the job needs)."""
-            if job_id in orphans:
-                return True
-            r = view.running[job_id]
-            key = (r.spec.team, r.gpu_type)
-            if left.get(key, 0) > 0:
-                left[key] = left.get(key, 0) - r.spec.gpu_count
-                return True
-            if team is not None:
-                return False  # its own team's batch work, displaced by its online inference
-            return None
-
-        width = view.state.max_gpus_per_node
-        if job.gpu_count <= width:
-            best: tuple[tuple[float, float], int, list[tuple[str, bool]]] | None = None
-            for node, items in by_node.items():
-                if not allowed[node]:
-                    continue
-                # A node's score is at least its cheapest victim's (priority, cost): one
-                # that cannot beat the best so far is not worked out (the same choice).
-                if best is not None and min(items)[0] >= best[0]:
-                    continue
-                free = int(scratch.whole_free[node])
-                left = dict(excess)
-                chosen: list[tuple[str, bool]] = []
-                worst = (0.0, 0.0)
-                total = 0.0
-                for key, job_id, gpus in sorted(items):
-                    if free >= job.gpu_count:
-                        break
-                    how = admit(job_id, left)
-                    if how is None:
-                        continue
-                    chosen.append((job_id, how))
-                    free += gpus
-                    worst = max(worst, key)
-                    total += key[1]
-                if free >= job.gpu_count and chosen:
-                    score = (worst[0], total)
-                    if best is None or score < best[0]:
-                        best = (score, node, chosen)
-            return None if best is None else ({best[1]}, best[2])
         # Wider than a node: whole nodes, every job on them a victim.
         need_nodes = -(-job.gpu_count // width)
         options: list[tuple[tuple[float, float], int, list[str]]] = []

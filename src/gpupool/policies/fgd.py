@@ -9,6 +9,7 @@ the best, which also picks the GPU inside the node.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left, bisect_right
 from collections import Counter
 from collections.abc import Iterable
 
@@ -26,6 +27,11 @@ from gpupool.errors import SpecError
 from gpupool.policies.base import CachedScoringPolicy
 from gpupool.policies.registry import PolicyContext, register_placement
 
+Demand = tuple[int, int, int]
+"""(CPU milli, per-GPU milli or 0, GPU count) of a job: all its FGD score reads."""
+RankedKey = tuple[int, int, int, tuple[int, ...]]
+"""(model id, CPU rank before, CPU rank after the job, free shares ascending) of a node."""
+
 
 def _score(delta_milli: float) -> int:
     return int(100.0 / (1.0 + math.exp(-delta_milli / 1000.0)))
@@ -37,9 +43,32 @@ class FgdPolicy(CachedScoringPolicy):
     def __init__(self, meter: FragmentationMeter) -> None:
         super().__init__()
         self.meter = meter
-        self._tables: dict[tuple[int, int, int], IntArray] = {}
-        self._frags: dict[int, float] = {}
+        self._tables: dict[Demand, tuple[IntArray, dict[RankedKey, int]]] = {}
+        self._by_rank: dict[tuple[int, int], dict[RankedKey, int]] = {}
         self._tables_for: tuple[FragmentationMeter, list[FreeKey]] | None = None
+        self._ranks_checked: IntArray | None = None
+
+    def pick(
+        self, state: ClusterState, job: JobSpec, candidates: IntArray, rng: np.random.Generator
+    ) -> int | None:
+        """The base rule (best score, ties to the lowest `tie_rank`) in one pass: while the
+        tie ranks are a permutation of the nodes, score x node count - tie rank orders the
+        candidates exactly as that rule does, so one argmax finds the winner."""
+        if candidates.size < 2 or not self._ranks_are_a_permutation(state):
+            return super().pick(state, job, candidates, rng)
+        scores = self.scores(state, job, candidates)
+        order = scores * state.node_count - state.tie_rank[candidates]
+        return int(candidates[int(order.argmax())])
+
+    def _ranks_are_a_permutation(self, state: ClusterState) -> bool:
+        ranks = state.tie_rank
+        if ranks is self._ranks_checked:
+            return True
+        n = state.node_count
+        if ranks.shape != (n,) or not np.array_equal(np.sort(ranks), np.arange(n)):
+            return False
+        self._ranks_checked = ranks  # a state's ranks are replaced, never written in place
+        return True
 
     def scores(self, state: ClusterState, job: JobSpec, candidates: IntArray) -> IntArray:
         """A node's score reads only its `FreeKey` (model, CPU left, free shares in any
@@ -48,52 +77,79 @@ class FgdPolicy(CachedScoringPolicy):
         use, scores are kept per node instead."""
         if job.shares_gpu and state.share_rules:
             return super().scores(state, job, candidates)
-        table = self._table(state, job)
+        table, by_rank = self._table(state, job)
         ids = state.free_id[candidates]
         values = table[ids]
         if values.min() < 0:
             for free_id in dict.fromkeys(ids[values < 0].tolist()):
-                table[free_id] = self._free_score(state, job, free_id)
+                table[free_id] = self._free_score(state, job, free_id, by_rank)
             values = table[ids]
         return values
 
-    def _table(self, state: ClusterState, job: JobSpec) -> IntArray:
-        """Scores by key id for the job's demand, -1 where not yet scored; as long as the
-        key list. Tables hold for one meter and one list of keys."""
+    def _table(self, state: ClusterState, job: JobSpec) -> tuple[IntArray, dict[RankedKey, int]]:
+        """Scores by key id for the job's demand, -1 where not yet scored, as long as the
+        key list; and the same scores by `RankedKey`, which many key ids share. A ranked key
+        holds the job's CPU in its rank after, so demands that differ in CPU alone share
+        those. Tables hold for one meter and one list of keys."""
         owner = self._tables_for
         if owner is None or owner[0] is not self.meter or owner[1] is not state.free_keys:
-            self._tables, self._frags = {}, {}
+            self._tables, self._by_rank = {}, {}
             self._tables_for = (self.meter, state.free_keys)
-        demand = (job.cpu_milli, job.gpu_milli if job.gpu_count else 0, job.gpu_count)
-        table = self._tables.get(demand)
-        if table is None or table.size < len(state.free_keys):
+        milli = job.gpu_milli if job.gpu_count else 0
+        demand = (job.cpu_milli, milli, job.gpu_count)
+        entry = self._tables.get(demand)
+        if entry is None or entry[0].size < len(state.free_keys):
             grown = np.full(2 * len(state.free_keys), -1, dtype=np.int64)
-            if table is not None:
-                grown[: table.size] = table
-            table = self._tables[demand] = grown
-        return table
+            if entry is not None:
+                grown[: entry[0].size] = entry[0]
+                by_rank = entry[1]
+            else:
+                by_rank = self._by_rank.setdefault((milli, job.gpu_count), {})
+            entry = self._tables[demand] = (grown, by_rank)
+        return entry
 
-    def _free_score(self, state: ClusterState, job: JobSpec, free_id: int) -> int:
-        """The node score of a node with this key; a sharing task gets its best GPU's."""
+    def _free_score(
+        self,
+        state: ClusterState,
+        job: JobSpec,
+        free_id: int,
+        by_rank: dict[RankedKey, int] | None = None,
+    ) -> int:
+        """The node score of a node with this key; a sharing task gets its best GPU's.
+
+        The score reads the CPU left only through its rank before and after the job, so
+        keys that differ in CPU alone mostly share one computation (`by_rank`)."""
+        if by_rank is None:
+            by_rank = self._table(state, job)[1]
         model_id, cpu_left, gpus = state.free_keys[free_id]
         model = state.models[model_id]
-        before = self._frags.get(free_id)
-        if before is None:
-            before = self._frags[free_id] = self.meter.node(model, cpu_left, gpus)
-        cpu_after = cpu_left - job.cpu_milli
+        meter = self.meter
+        cpus = meter.cpu_requests(model)
+        rank = bisect_right(cpus, cpu_left)
+        rank_after = bisect_right(cpus, cpu_left - job.cpu_milli)
+        key = (model_id, rank, rank_after, gpus)
+        score = by_rank.get(key)
+        if score is not None:
+            return score
+        before = meter.at_rank(model, rank, gpus)
+        milli = job.gpu_milli
         if job.shares_gpu:  # each distinct free share once: equal ones leave equal nodes
-            return max(
-                (
-                    _score(before - self.meter.node(model, cpu_after, _take(gpus, g, job)))
-                    for g, left in enumerate(gpus)
-                    if left >= job.gpu_milli and (g == 0 or gpus[g - 1] != left)
-                ),
-                default=-1,
-            )
-        # Whole GPUs: which free ones are taken does not change the multiset left.
-        taken = min(job.gpu_count, gpus.count(MILLI_PER_GPU))
-        after = gpus[: len(gpus) - taken] + (MILLI_PER_GPU - job.gpu_milli,) * taken
-        return _score(before - self.meter.node(model, cpu_after, after))
+            score = -1
+            for g in range(bisect_left(gpus, milli), len(gpus)):
+                left = gpus[g]
+                if g and gpus[g - 1] == left:
+                    continue
+                after = meter.at_rank(model, rank_after, _take_sorted(gpus, g, milli))
+                score = max(score, _score(before - after))
+        else:
+            # Whole GPUs: which free ones are taken does not change the multiset left.
+            taken = min(job.gpu_count, gpus.count(MILLI_PER_GPU))
+            shares = (MILLI_PER_GPU - milli,) * taken + gpus[: len(gpus) - taken]
+            if taken and milli != MILLI_PER_GPU:
+                shares = tuple(sorted(shares))
+            score = _score(before - meter.at_rank(model, rank_after, shares))
+        by_rank[key] = score
+        return score
 
     def _best_share(self, state: ClusterState, job: JobSpec, node: int) -> tuple[int, int]:
         """(score, gpu index) of the best GPU for a sharing task on this node: the first
@@ -132,6 +188,13 @@ class FgdPolicy(CachedScoringPolicy):
 def _take(gpus: tuple[int, ...], g: int, job: JobSpec) -> tuple[int, ...]:
     """The free shares after one share of the job goes on GPU `g`."""
     return (*gpus[:g], gpus[g] - job.gpu_milli, *gpus[g + 1 :])
+
+
+def _take_sorted(gpus: tuple[int, ...], g: int, milli: int) -> tuple[int, ...]:
+    """`gpus` ascending after `milli` goes on GPU `g`, still ascending."""
+    left = gpus[g] - milli
+    k = bisect_right(gpus, left, 0, g)
+    return (*gpus[:k], left, *gpus[k:g], *gpus[g + 1 :])
 
 
 class LearnedFgdPolicy(FgdPolicy):

@@ -1055,7 +1055,7 @@ class Scheduler:
             )
         job = r.spec
         if not self.measured:  # its work since the last cycle counts up to its checkpoint
-            self._estimate_one(r, now)
+            r.estimate(now)
         r.state = check_transition(job_id, r.state, JobState.PREEMPTING)
         self.vacating.add(job_id)
         self.held[(job.team, r.gpu_type)] -= job.gpu_count
@@ -1262,28 +1262,11 @@ class Scheduler:
         return speed
 
     def _estimate(self, now: float) -> None:
-        """No driver measures progress: work since the last start at speed 1, saved at the
-        last whole checkpoint interval."""
+        """No driver measures progress: every running job's estimate (JobRecord.estimate)."""
         running = JobState.RUNNING
-        for r in self.running.values():  # _estimate_one written out: every running job
-            if r.state is not running:
-                continue
-            ran = now - r.run_started_s
-            before = r.start_overhead_s
-            r.overhead_s = before - ran if before - ran > 0.0 else 0.0
-            work = ran - before if ran - before > 0.0 else 0.0
-            interval = r.spec.checkpoint_interval_s
-            r.done_s = done = r.start_done_s + work
-            r.saved_s = r.start_done_s + (work // interval) * interval if interval > 0 else done
-
-    @staticmethod
-    def _estimate_one(r: JobRecord, now: float) -> None:
-        ran = now - r.run_started_s
-        r.overhead_s = max(0.0, r.start_overhead_s - ran)
-        work = max(0.0, ran - r.start_overhead_s)
-        interval = r.spec.checkpoint_interval_s
-        r.done_s = r.start_done_s + work
-        r.saved_s = r.start_done_s + (work // interval) * interval if interval > 0 else r.done_s
+        for r in self.running.values():
+            if r.state is running:
+                r.estimate(now)
 
     # ---- views --------------------------------------------------------------------------------
     def usage(self, team: str, pool: str) -> int:

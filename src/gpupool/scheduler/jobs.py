@@ -71,6 +71,17 @@ class JobRecord:
     def job_id(self) -> str:
         return self.spec.job_id
 
+    def estimate(self, now: float) -> None:
+        """Progress where no driver measures it: work since the last start at speed 1,
+        after the start overhead, saved at the last whole checkpoint interval."""
+        ran = now - self.run_started_s
+        before = self.start_overhead_s
+        self.overhead_s = before - ran if before - ran > 0.0 else 0.0
+        work = ran - before if ran - before > 0.0 else 0.0
+        interval = self.spec.checkpoint_interval_s
+        self.done_s = done = self.start_done_s + work
+        self.saved_s = self.start_done_s + (work // interval) * interval if interval > 0 else done
+
 
 class TeamQueues:
     """Each team's waiting jobs in the policy's order, kept sorted as jobs come and go."""

@@ -19,11 +19,17 @@ from collections.abc import ItemsView, Iterator, Mapping, Set, ValuesView
 from typing import TYPE_CHECKING
 
 from gpupool.core.model import JobKind
-from gpupool.policies.cycle import ReserveHolders, RunningView, may_hold_reserve
+from gpupool.policies.cycle import ReserveHolders, RunningView, VictimTable, may_hold_reserve
 
 if TYPE_CHECKING:
     from gpupool.scheduler.core import Scheduler
     from gpupool.scheduler.jobs import JobRecord
+
+
+def expected_end_s(r: JobRecord, now: float) -> float:
+    """When a running job is expected to end: its work left at its speed, after what is
+    left of its start overhead (never, without a duration)."""
+    return now + (((r.spec.duration_s or math.inf) - r.done_s) / max(r.speed, 1e-9) + r.overhead_s)
 
 
 class RunningViews(Mapping[str, RunningView]):
@@ -50,8 +56,6 @@ class RunningViews(Mapping[str, RunningView]):
         if cost is None:
             ck = self._core.config.checkpoint
             cost = self._costs[gib] = (ck.write_s(gib), ck.resume_s(gib))
-        rate = max(r.speed, 1e-9)
-        left = ((spec.duration_s or math.inf) - r.done_s) / rate + r.overhead_s
         preemptions = r.preemptions
         if job_id in self._core.elastic.pending:  # mid-resize: no policy may take it
             preemptions = max(preemptions, self._core.config.preemption.max_per_job)
@@ -63,7 +67,7 @@ class RunningViews(Mapping[str, RunningView]):
             cost[0],
             r.done_s - r.saved_s,
             cost[1],
-            self._now + left,
+            expected_end_s(r, self._now),
         )
 
     def _all(self) -> dict[str, RunningView]:
@@ -100,15 +104,49 @@ class RunningViews(Mapping[str, RunningView]):
         """(expected end, GPUs) of each running job in the pool: what an EASY reservation
         reads, straight from the records (no view made per job)."""
         now = self._now
-        inf = math.inf
         return [
-            (
-                now + (((r.spec.duration_s or inf) - r.done_s) / max(r.speed, 1e-9) + r.overhead_s),
-                r.spec.gpu_count,
-            )
+            (expected_end_s(r, now), r.spec.gpu_count)
             for r in self._running.values()
             if r.gpu_type == gpu_type
         ]
+
+    def victim_table(self, gpu_type: str, vacating: Set[str], max_per_job: int) -> VictimTable:
+        """CycleView.victim_table straight from the records: the same entries as one made
+        from every view (cycle.victim_table), without a view per job."""
+        core = self._core
+        table = VictimTable(core.state.whole_free)
+        placements = core.state.placements
+        pending = core.elastic.pending
+        costs = self._costs
+        online = JobKind.ONLINE
+        for job_id, r in self._running.items():
+            spec = r.spec
+            if r.gpu_type != gpu_type or spec.kind is online:
+                continue
+            preemptions = r.preemptions
+            if job_id in pending:  # mid-resize: no policy may take it (as _make)
+                preemptions = max(preemptions, core.config.preemption.max_per_job)
+            if preemptions >= max_per_job:
+                continue
+            placement = placements.get(job_id)
+            if placement is None:
+                continue
+            gib = spec.state_gib_per_gpu
+            cost = costs.get(gib)
+            if cost is None:
+                ck = core.config.checkpoint
+                cost = costs[gib] = (ck.write_s(gib), ck.resume_s(gib))
+            table.add(
+                job_id,
+                spec,
+                r.done_s - r.saved_s,
+                cost[0],
+                cost[1],
+                r.run_started_s,
+                placement,
+                job_id in vacating,
+            )
+        return table
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._running)

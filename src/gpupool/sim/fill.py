@@ -114,10 +114,7 @@ def run_fill(
     state.tie_rank = rng.permutation(state.node_count).astype(np.int64)
 
     n = len(workload)
-    node_frag = [
-        meter.node(state.node_model(i), int(state.cpu_left[i]), state.gpu_rows[i])
-        for i in range(state.node_count)
-    ]
+    node_frag = [_key_frag(meter, state, i) for i in range(state.node_count)]
     frag_total = float(sum(node_frag))
     # Samples go to lists, one per arrival, and become arrays once at the end.
     arrived, used, frag = [0], [0], [frag_total]
@@ -132,7 +129,7 @@ def run_fill(
         else:
             for share in plan.shares:
                 i = share.node
-                new = meter.node(state.node_model(i), int(state.cpu_left[i]), state.gpu_rows[i])
+                new = _key_frag(meter, state, i)
                 frag_total += new - node_frag[i]
                 node_frag[i] = new
         arrived.append(arrived_total)
@@ -155,6 +152,13 @@ def run_fill(
         wall_s=time.perf_counter() - started,
         node_names=tuple(nd.name for nd in cluster.nodes),
     )
+
+
+def _key_frag(meter: FragmentationMeter, state: ClusterState, node: int) -> float:
+    """The node's fragmentation, read through its free key (shares already ascending)."""
+    model_id, cpu_left, gpus = state.free_keys[int(state.free_id[node])]
+    model = state.models[model_id]
+    return meter.at_rank(model, meter.cpu_rank(model, cpu_left), gpus)
 
 
 def discrete_curves(result: FillResult) -> dict[str, list[float]]:
