@@ -5,7 +5,9 @@
    2 cores), on SQLite and on PostgreSQL (a throwaway server, as the tests start it).
    Targets: >= 2,000 jobs/s (SQLite), >= 1,000 jobs/s (PostgreSQL). The batch endpoint
    is measured too, for reference. Before them, submit -> process start on an idle fleet
-   (target p50 <= 50 ms; `--submit-to-start` measures only that).
+   (target p50 <= 50 ms; `--submit-to-start` measures only that, and with
+   `--baseline REV` also REV's server, a fresh server of each in alternation for
+   `--rounds` rounds, and writes both to the submit_to_start block).
 2. 1,000 running jobs: the server on a fake fleet of 1,000 GPUs holds 1,000 real
    processes (`sleep`); the CPU the server process spends over 30 s (telemetry every
    second, executor polls, scheduler cycles) must stay under 10% of one core.
@@ -201,12 +203,16 @@ def running_jobs(n: int = 1000, window_s: float = 30.0) -> dict[str, Any]:
     }
 
 
-def submit_to_start(jobs: int = 30, gap_s: float = 0.3) -> dict[str, Any]:
+def submit_to_start(jobs: int = 30, gap_s: float = 0.3, tree: Path = ROOT) -> dict[str, Any]:
     """On an idle fleet, the time from sending POST /v1/jobs to the job's own process
     running: the job writes the clock (`date +%s.%N`, as the server's host sees it) as its
-    first act. One job at a time, each on an idle GPU, `gap_s` apart."""
+    first act. One job at a time, each on an idle GPU, `gap_s` apart. `tree`: the source
+    tree whose `gpupool serve` is measured (its src/ first on the path)."""
     with tempfile.TemporaryDirectory() as tmp:
-        server = Server(Path(tmp) / "state", "--fake-gpus", "8xA100-80GB", "--auth", "none")
+        env = dict(os.environ, PYTHONPATH=str(tree / "src"))
+        server = Server(
+            Path(tmp) / "state", "--fake-gpus", "8xA100-80GB", "--auth", "none", env=env
+        )
         server.start()
         lags_ms: list[float] = []
         try:
@@ -247,6 +253,35 @@ def submit_to_start(jobs: int = 30, gap_s: float = 0.3) -> dict[str, Any]:
     }
 
 
+def compare_submit_to_start(rev: str, rounds: int) -> dict[str, Any]:
+    """This tree against a checkout of `rev`, a fresh server of each in alternation
+    (baseline first), so that the load of a shared machine falls on both alike."""
+    commit = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", rev], check=True, capture_output=True, text=True
+    ).stdout.strip()
+    with tempfile.TemporaryDirectory() as tmp:
+        base = Path(tmp) / "baseline"
+        base.mkdir()
+        archive = subprocess.run(
+            ["git", "-C", str(ROOT), "archive", commit, "src"], capture_output=True, check=True
+        ).stdout
+        subprocess.run(["tar", "-x", "-C", str(base)], input=archive, check=True)
+        runs: dict[str, list[dict[str, Any]]] = {"baseline": [], "this": []}
+        for _ in range(rounds):
+            runs["baseline"].append(submit_to_start(tree=base))
+            runs["this"].append(submit_to_start())
+
+    def median_of(side: str, key: str) -> float:
+        values = sorted(r[key] for r in runs[side])
+        return values[len(values) // 2]
+
+    summary = {
+        side: {k: median_of(side, k) for k in ("p50_ms", "p90_ms", "max_ms")} for side in runs
+    }
+    print(f"baseline {rev} ({commit[:10]}): {summary['baseline']}; this tree: {summary['this']}")
+    return {"rev": rev, "commit": commit, "rounds": rounds, "median_of_rounds": summary, **runs}
+
+
 def main() -> int:
     import argparse
 
@@ -264,7 +299,9 @@ def main() -> int:
     parser.add_argument(
         "--baseline",
         metavar="REV",
-        help="with --throughput-only: also time REV's server, alternating (prints, writes nothing)",
+        help="with --throughput-only: also time REV's server, alternating (prints, writes "
+        "nothing); with --submit-to-start: also measure a checkout of REV, in alternation "
+        "with this tree, and write both to the submit_to_start block of service.json",
     )
     parser.add_argument("--rounds", type=int, default=3, help="alternations for --baseline")
     parser.add_argument(
@@ -274,6 +311,20 @@ def main() -> int:
     )
     args = parser.parse_args()
     results: dict[str, Any] = {"machine": describe()}
+    if args.submit_to_start and args.baseline:
+        compared = compare_submit_to_start(args.baseline, args.rounds)
+        out = ROOT / "bench" / "results" / "service.json"
+        recorded = json.loads(out.read_text(encoding="utf-8"))
+        recorded["submit_to_start"] = {
+            "jobs": compared["this"][0]["jobs"],
+            **compared["median_of_rounds"]["this"],
+            "target_p50_ms": 50,
+            "machine": describe(),
+            "baseline": compared,
+        }
+        out.write_text(json.dumps(recorded, indent=2) + "\n", encoding="utf-8")
+        print(json.dumps(recorded["submit_to_start"]["baseline"]["median_of_rounds"], indent=2))
+        return 0
     if args.submit_to_start:
         print(json.dumps(submit_to_start(), indent=2))
         return 0

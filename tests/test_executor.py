@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,6 +21,7 @@ import pytest
 
 from gpupool.errors import ConflictError, NotFoundError, SpecError
 from gpupool.examples.ckpt_counter import expected_result
+from gpupool.service import executor as executor_module
 from gpupool.service.executor import (
     Exit,
     FakeExecutor,
@@ -187,6 +189,76 @@ def test_a_job_that_cannot_start_says_why(ex: LocalExecutor, tmp_path: Path) -> 
     [e] = wait_exits(ex)
     assert (e.outcome, e.exit_code) == ("failed", 126)
     assert e.reason == f"command not executable: {script}"
+
+
+def test_the_command_is_found_on_the_jobs_path_as_execvpe_finds_it(
+    ex: LocalExecutor, tmp_path: Path
+) -> None:
+    """The shim searches the job's PATH itself (not os.execvpe, whose search imports
+    warnings in every job's child): entries in order, one that is not executable skipped
+    when a later one is, and reported as not executable when none is."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    for d in (first, second):
+        d.mkdir()
+    (first / "gpupool-probe").write_text("#!/bin/sh\necho first\n")  # not executable
+    (second / "gpupool-probe").write_text("#!/bin/sh\necho second\n")
+    (second / "gpupool-probe").chmod(0o755)
+    path = f"{tmp_path / 'none'}:{first}:{second}"
+    ex.launch(spec(tmp_path, "p", ("gpupool-probe",), env={"PATH": path}), 0.0)
+    [e] = wait_exits(ex)
+    assert e.outcome == "succeeded", e.reason
+    assert (tmp_path / "p" / "stdout.log").read_text().splitlines()[1:] == ["second"]
+    ex.launch(spec(tmp_path, "q", ("gpupool-probe",), env={"PATH": str(first)}), 0.0)
+    [e] = wait_exits(ex)
+    assert (e.outcome, e.exit_code) == ("failed", 126)
+    assert e.reason == "command not executable: gpupool-probe"
+
+
+def test_the_shim_is_this_installs_and_starts_without_site(
+    ex: LocalExecutor, tmp_path: Path
+) -> None:
+    """The shim runs from the directory of the executor that started it (not whichever
+    gpupool site-packages names), isolated (-I) and without site (-S), and a restarted
+    executor still recognises it by its command line."""
+    handle = ex.launch(spec(tmp_path, "s", sleeper()), 0.0)
+    ready(tmp_path, "s")
+    cmdline = Path(f"/proc/{handle.pid}/cmdline").read_bytes().decode().split("\0")
+    assert {"-I", "-S", "gpupool.service.shim"} <= set(cmdline)
+    assert str(Path(executor_module.__file__).parent) in cmdline
+    other = LocalExecutor()
+    assert other.adopt(handle, tmp_path / "s")
+    other.shutdown()
+
+
+def _shims_of(run_dir: Path) -> list[int]:
+    """Live processes whose command line names an exit file in `run_dir`."""
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit() and read_start_ticks(int(name)) is not None:
+            try:
+                cmdline = Path(f"/proc/{name}/cmdline").read_bytes().decode(errors="replace")
+            except OSError:
+                continue
+            if "gpupool.service.shim" in cmdline and str(run_dir) in cmdline:
+                found.append(int(name))
+    return found
+
+
+def test_a_launch_whose_intent_cannot_be_written_leaves_nothing_running(
+    ex: LocalExecutor, tmp_path: Path
+) -> None:
+    """The shim starts before the intent is written (its start overlaps the intent and
+    the cgroup); when the intent fails, the shim, never handed its job, is killed and
+    reaped, and the job never ran."""
+    marker = tmp_path / "ran"
+    (tmp_path / "i").mkdir()
+    launch_file(tmp_path / "i", 1).mkdir()  # a directory where the intent must go
+    with pytest.raises(OSError):
+        ex.launch(spec(tmp_path, "i", job(f"open({str(marker)!r}, 'w')")), 0.0)
+    assert ex.handles() == {}
+    assert _shims_of(tmp_path / "i") == []
+    time.sleep(0.2)
+    assert not marker.exists()
 
 
 def test_preempted_job_checkpoints_within_grace(ex: LocalExecutor, tmp_path: Path) -> None:
@@ -393,6 +465,57 @@ def test_grace_deadline_survives_restart(tmp_path: Path) -> None:
     [e] = wait_exits(second)
     assert (e.outcome, e.signal) == ("killed", signal.SIGKILL)
     assert "0.4 s grace period" in e.reason
+
+
+def _watchers() -> int:
+    return sum(t.name == "gpupool-exit-watch" for t in threading.enumerate())
+
+
+def test_an_ended_shim_wakes_the_exit_watch_without_a_poll(tmp_path: Path) -> None:
+    """watch_exits: a job's end (its shim's, our child's or an adopted one's) calls the
+    wake at once, so the loop reaps it without waiting out its cycle; a running job does
+    not; shutdown() ends the watch's thread."""
+    woken = threading.Event()
+    ex = LocalExecutor()
+    ex.watch_exits(woken.set)
+    ex.launch(spec(tmp_path, "quick", job("pass")), 0.0)
+    assert woken.wait(10), "the end of the job did not wake the watch"
+    assert wait_exits(ex)[0].outcome == "succeeded"
+    woken.clear()
+    handle = ex.launch(spec(tmp_path, "long", sleeper()), 0.0)
+    ready(tmp_path, "long")
+    assert not woken.wait(0.3)
+    ex.shutdown()
+    wait_until(lambda: _watchers() == 0)
+    adopter = LocalExecutor()
+    adopter.watch_exits(woken.set)
+    assert adopter.adopt(handle, tmp_path / "long")
+    assert not woken.wait(0.2)
+    adopter.cancel("long", 0, time.time())
+    assert woken.wait(10), "the end of an adopted job did not wake the watch"
+    assert wait_exits(adopter)[0].outcome == "cancelled"
+    adopter.shutdown()
+    wait_until(lambda: _watchers() == 0)
+
+
+def test_the_exit_watch_keeps_within_its_share_of_descriptors(tmp_path: Path) -> None:
+    """Past exit_watch_limit pidfds (a quarter of RLIMIT_NOFILE) a job is not watched: it
+    ends at the next poll as before, and costs the server no descriptor."""
+    ex = LocalExecutor()
+    ex.watch_exits(lambda: None)
+    ex.exit_watch_limit = 1
+    try:
+        before = len(os.listdir("/proc/self/fd"))
+        for name in ("w1", "w2", "w3"):
+            ex.launch(spec(tmp_path, name, sleeper()), 0.0)
+            ready(tmp_path, name)
+        assert len(os.listdir("/proc/self/fd")) == before + 1
+        for name in ("w1", "w2", "w3"):
+            ex.cancel(name, 0, time.time())
+        assert {e.outcome for e in wait_exits(ex, 3)} == {"cancelled"}
+        assert len(os.listdir("/proc/self/fd")) == before
+    finally:
+        ex.shutdown()
 
 
 def test_adopt_refuses_dead_pid_and_recycled_pid(ex: LocalExecutor, tmp_path: Path) -> None:

@@ -491,6 +491,25 @@ def test_cgroup_v2_tracks_and_kills_where_mounted(tmp_path: Path) -> None:
     assert not (unified / handle.cgroup).exists()
 
 
+def test_priming_moves_nothing_and_a_launch_primes(tmp_path: Path) -> None:
+    """prime() writes this process into the cgroups it is already in (the kernel takes
+    the lock a move takes, so a shim moved next does not wait for it): afterwards this
+    process is where it was, in every hierarchy; a launch primes on a helper thread."""
+    containment.require()
+    found, _ = detect()
+    assert found is not None
+    before = Path("/proc/self/cgroup").read_text()
+    found.prime()
+    assert Path("/proc/self/cgroup").read_text() == before
+    fake = FakeCgroups()
+    ex = LocalExecutor(cgroups=fake)
+    ex.expect_launch()
+    wait_until(lambda: fake.primed == 1, what="the prime")
+    ex.launch(launch_spec(tmp_path, "p", ("true",)), 0.0)
+    wait_until(lambda: fake.primed == 2, what="the launch's prime")
+    assert wait_exit(ex).outcome == "succeeded"
+
+
 def test_fake_cgroups_follow_what_was_added() -> None:
     fake = FakeCgroups()
     fake.create("gpupool/x", Limits(pids=5), None)

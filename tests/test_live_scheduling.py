@@ -5,6 +5,7 @@ fake executor, manual clock, a real SQLite store)."""
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -159,3 +160,33 @@ def test_gpus_reported_hot_are_avoided(live: Live) -> None:
     live.step()
     gpus = sorted(g for j in jobs for _, g in live.store.get(j).gpus)
     assert gpus == [2, 3]
+
+
+class ExpectingExecutor(FakeExecutor):
+    """Counts the loop's calls of expect_launch (LocalExecutor primes its cgroups)."""
+
+    expected = 0
+
+    def expect_launch(self) -> None:
+        self.expected += 1
+
+
+def test_a_woken_loop_tells_the_executor_a_launch_may_follow(tmp_path: Path) -> None:
+    """Woken (a submit), the loop has the executor get ready before the step that may
+    launch; a cycle that merely timed out does not."""
+    store = Store(f"sqlite:///{tmp_path}/db.sqlite")
+    store.migrate()
+    executor = ExpectingExecutor()
+    config = LiveConfig(tmp_path / "state", cfg(cycle_s=30.0), sample_s=0.0, host="h")
+    service = LiveService(config, store, executor, FakeTelemetry("1xA100-80GB"), ManualClock(0.0))
+    service.start()
+    try:
+        time.sleep(0.2)
+        assert executor.expected == 0
+        service.wake.set()
+        deadline = time.monotonic() + 10
+        while executor.expected == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert executor.expected == 1
+    finally:
+        service.stop()

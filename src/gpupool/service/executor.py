@@ -12,7 +12,8 @@ Containment: where cgroups are writable each attempt gets its own cgroup (limits
 devices), and the shim is put in it before it is handed the job, so every process of the
 job is in it, setsid() children included; an attempt is reported ended only once its
 cgroup is empty. Before the shim starts, ``launch-<attempt>.json`` records the attempt's
-launch token and cgroup durably, so a restarted scheduler finds the attempt's processes
+launch token and cgroup (atomically; it need not outlive the machine, as the processes it
+finds cannot), so a restarted scheduler finds the attempt's processes
 (by cgroup, or by the token in their environment without cgroups) instead of starting a
 second copy. With a `JobUser`, the job runs as that user and its run directory is laid
 out so it reads and writes only its own checkpoint and home directories and reads its
@@ -26,13 +27,15 @@ import dataclasses
 import json
 import marshal
 import os
+import resource
 import secrets
 import select
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -71,8 +74,8 @@ def exit_file(run_dir: Path, attempt: int) -> Path:
 
 
 def launch_file(run_dir: Path, attempt: int) -> Path:
-    """The launch intent of attempt `attempt`: its token and cgroup, written durably
-    before its shim starts, so that a restart finds its processes again."""
+    """The launch intent of attempt `attempt`: its token and cgroup, written before its
+    shim starts, so that a restarted server finds its processes again."""
     return run_dir / f"launch-{attempt}.json"
 
 
@@ -325,22 +328,20 @@ def _write_json(path: Path, data: Mapping[str, object]) -> None:
     os.replace(tmp, path)
 
 
-def write_durably(path: Path, data: Mapping[str, object]) -> None:
-    """Replace `path` with `data` so that after a crash (even of the machine) it holds
-    either the old content or all of the new."""
+def write_atomically(path: Path, data: Mapping[str, object]) -> None:
+    """Replace `path` with `data` so that every reader sees the old content or all of the
+    new. No fsync: what a launch intent finds again (the attempt's processes, its cgroup)
+    lives only as long as the machine does, and every process on it sees the page cache;
+    after a crash of the machine there is nothing left to find, and an intent lost with
+    it reads as none (recover() then requeues the job, as it does for a torn one). The
+    two fsyncs cost 1 to 15 ms on every job's way to its start."""
     tmp = path.with_name(f".{path.name}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     try:
         os.write(fd, json.dumps(dict(data)).encode())
-        os.fsync(fd)
     finally:
         os.close(fd)
     os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 def job_environment(spec: LaunchSpec, base: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -401,6 +402,7 @@ class _Watched:
     sigterm_at_wall_s: float | None = None  # time.time() of our first SIGTERM
     dead: bool = False  # adopted but found gone: report on next poll
     pidfd: int | None = None  # adopted: readable once the process has exited
+    exit_fd: int | None = None  # a pidfd of the shim in the exit watch (watch_exits)
     status: tuple[int | None, int | None, bool] | None = None
     """Once the shim has ended: (exit code, signal, whether its wait status was seen);
     the attempt is reported once the rest of it (its cgroup) is gone too."""
@@ -471,9 +473,35 @@ def _pgid_of(pid: int) -> int | None:
     return int(fields[2]) if len(fields) > 2 else None
 
 
+def _abandon(proc: subprocess.Popen[bytes]) -> None:
+    """Kill and reap a shim that was never handed its job (a launch that failed after
+    it started); it has started nothing."""
+    with contextlib.suppress(OSError):
+        proc.kill()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(5)
+
+
 def _cgroup_name(job_id: str, attempt: int, token: str) -> str:
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in job_id)[:64]
     return f"{CGROUP_PARENT}/job-{safe}-a{attempt}-{token[:12]}"
+
+
+SHIM_MODULE = "gpupool.service.shim"
+_SHIM_BOOT = (
+    "import sys;sys.path.append(sys.argv[2]);del sys.argv[1:3];import shim;sys.exit(shim.main())"
+)
+
+
+def shim_command(python: str = sys.executable) -> list[str]:
+    """How a shim is started: `python -I -S -c BOOT gpupool.service.shim DIR`, BOOT
+    importing `shim` from DIR, this package's own directory (the shim imports nothing
+    from gpupool). -I: neither the job's nor the server's PYTHON* variables, user site or
+    working directory can change its code; -S: no site-packages, no .pth files, which
+    with -m's runpy were a third of its start-up (13 -> 8 ms on this host); it is the shim
+    of this install, not whichever gpupool site-packages names. The module's name stays
+    in the command line: adopt() and the tests find a shim by it."""
+    return [python, "-I", "-S", "-c", _SHIM_BOOT, SHIM_MODULE, str(Path(__file__).parent)]
 
 
 # Popen objects of jobs left running at shutdown(): kept referenced so that the
@@ -484,7 +512,7 @@ AUTO = "auto"
 
 
 class LocalExecutor:
-    """Runs each attempt as `python -I -m gpupool.service.shim --exit-file ... --spec-fd N`.
+    """Runs each attempt under the shim (`shim_command`, `--exit-file ... --spec-fd N`).
 
     `cgroups`: "auto" finds the hierarchy to use (cgroups.detect), None runs without
     (processes are then found by their launch token). `log_max_bytes`: each of a job's
@@ -527,6 +555,13 @@ class LocalExecutor:
         self.log_max_bytes = log_max_bytes
         self._devices_dir = devices_dir
         self._base_devices = base_devices
+        self._priming: threading.Thread | None = None
+        self._exit_watch: tuple[select.epoll, int] | None = None  # epoll, its stop pipe
+        self.exit_watch_limit = _descriptor_limit() // 4
+        """At most this many pidfds of our own children in the exit watch (an adopted
+        job's pidfd is shared with poll): jobs past it end at the next cycle, as before,
+        rather than take the descriptors the server needs (the soft limit is often 1024)."""
+        self._exit_fds = 0
 
     def cannot_guarantee(self) -> list[str]:
         """What this executor cannot enforce here, one sentence each (logged at start)."""
@@ -534,7 +569,76 @@ class LocalExecutor:
             return [f"{self.cgroups_note}; {cg.WITHOUT_CGROUPS}"]
         return self.cgroups.cannot_guarantee()
 
+    # ---- watching ends as they happen
+
+    def watch_exits(self, wake: Callable[[], None]) -> None:
+        """From now on, call `wake` (from a helper thread) as soon as a watched attempt's
+        shim ends, so that the loop reaps it at once rather than at its next cycle: its
+        GPUs are free for the next job up to a cycle sooner, and the next submit's step
+        does not reap it first. Once per executor; shutdown() stops it."""
+        if self._exit_watch is not None:
+            return
+        epoll = select.epoll()
+        stop_r, stop_w = os.pipe()
+        epoll.register(stop_r, select.EPOLLIN)
+        self._exit_watch = (epoll, stop_w)
+        for job in self._jobs.values():
+            self._watch_exit(job)
+        threading.Thread(
+            target=_wait_for_exits,
+            args=(epoll, stop_r, wake),
+            name="gpupool-exit-watch",
+            daemon=True,
+        ).start()
+
+    def _watch_exit(self, job: _Watched) -> None:
+        """Put the job's shim in the exit watch (a pidfd of its own, reported once)."""
+        if self._exit_watch is None or job.dead or job.exit_fd is not None:
+            return
+        own = job.proc is not None
+        if own and self._exit_fds >= self.exit_watch_limit:
+            return  # the cycle's poll finds its end
+        try:
+            if job.proc is not None:  # our child: its pid is ours until we reap it
+                fd = os.pidfd_open(job.proc.pid)
+            elif job.pidfd is not None:
+                fd = job.pidfd  # adopted: the pidfd poll() reads, in the watch too
+            else:
+                return  # no pidfd here: the cycle's poll still finds its end
+        except OSError:
+            return
+        try:
+            self._exit_watch[0].register(fd, select.EPOLLIN | select.EPOLLONESHOT)
+        except OSError:
+            if own:
+                os.close(fd)
+            return
+        job.exit_fd = fd
+        self._exit_fds += own
+
+    def _unwatch_exit(self, job: _Watched) -> None:
+        if job.exit_fd is None:
+            return
+        if self._exit_watch is not None:
+            with contextlib.suppress(OSError, ValueError):
+                self._exit_watch[0].unregister(job.exit_fd)
+        if job.exit_fd != job.pidfd:  # our own pidfd; an adopted job's is closed by _forget
+            os.close(job.exit_fd)
+            self._exit_fds -= 1
+        job.exit_fd = None
+
     # ---- starting
+
+    def expect_launch(self) -> None:
+        """A launch may follow within a few ms (the loop was woken, e.g. by a submit):
+        prime the cgroups (Cgroups.prime) on a helper thread, so that the shim's move into
+        its cgroup does not wait out the kernel's grace period on the way to the job's
+        start. At most one at a time; nothing without cgroups."""
+        prime = getattr(self.cgroups, "prime", None)
+        if prime is None or (self._priming is not None and self._priming.is_alive()):
+            return
+        self._priming = threading.Thread(target=prime, name="gpupool-cgroup-prime", daemon=True)
+        self._priming.start()
 
     runs_gangs = False
     """One machine: a job placed over several nodes is refused (MULTI_NODE_REFUSED)."""
@@ -549,6 +653,7 @@ class LocalExecutor:
                 f"{self._jobs[spec.job_id].handle.attempt}); poll until it ends before "
                 "launching it again"
             )
+        self.expect_launch()  # unless the loop already did: the wait starts before the intent
         run_dir = spec.run_dir.absolute()
         self._prepare_dirs(run_dir, spec.user)
         record = exit_file(run_dir, spec.attempt)
@@ -556,21 +661,6 @@ class LocalExecutor:
             stale.unlink(missing_ok=True)
         token = secrets.token_hex(16)
         group = _cgroup_name(spec.job_id, spec.attempt, token) if self.cgroups else ""
-        # The intent comes first: whatever exists after it (its cgroup, its processes)
-        # can be found again by it, and cleaned up.
-        write_durably(
-            launch_file(run_dir, spec.attempt),
-            {"job_id": spec.job_id, "attempt": spec.attempt, "token": token, "cgroup": group},
-        )
-        if self.cgroups is not None:
-            devices = gpu_device_rules(spec.gpu_indices, self._devices_dir, self._base_devices)
-            try:
-                self.cgroups.create(group, spec.limits, devices)
-            except OSError as e:
-                with contextlib.suppress(OSError):
-                    self.cgroups.remove(group)
-                why = f"job {spec.job_id}: cannot create its cgroup {group}: {e}"
-                raise Unavailable(why) from e
         env = job_environment(spec)
         env[TOKEN_ENV] = token
         cwd = spec.cwd
@@ -587,10 +677,12 @@ class LocalExecutor:
             "log_max_bytes": self.log_max_bytes,
         }
         header = f"== attempt {spec.attempt} ==\n".encode()
-        # -I: neither the job's nor the server's PYTHON* variables, user site or working
-        # directory can change the shim's code; its environment holds only the token.
+        # The shim starts first, so that its interpreter's start overlaps the intent and
+        # the cgroup: until it is handed the job it runs nothing, and should we die before
+        # that, it reads EOF and exits without starting the job. The job's processes, the
+        # only ones the intent is for, come after the intent and inside the cgroup.
         read_end, write_end = os.pipe()
-        argv = [self._python, "-I", "-m", "gpupool.service.shim", "--exit-file", str(record)]
+        argv = [*shim_command(self._python), "--exit-file", str(record)]
         argv += ["--spec-fd", str(read_end)]
         try:
             with (
@@ -616,16 +708,34 @@ class LocalExecutor:
                     ) from e
         except BaseException:
             os.close(write_end)
-            if self.cgroups is not None:
-                with contextlib.suppress(OSError):
-                    self.cgroups.remove(group)
             raise
         finally:
             os.close(read_end)
+        try:
+            # The intent before the job's cgroup and processes: whatever exists after it
+            # can be found again by it, and cleaned up.
+            write_atomically(
+                launch_file(run_dir, spec.attempt),
+                {"job_id": spec.job_id, "attempt": spec.attempt, "token": token, "cgroup": group},
+            )
+            if self.cgroups is not None:
+                devices = gpu_device_rules(spec.gpu_indices, self._devices_dir, self._base_devices)
+                try:
+                    self.cgroups.create(group, spec.limits, devices)
+                except OSError as e:
+                    with contextlib.suppress(OSError):
+                        self.cgroups.remove(group)
+                    why = f"job {spec.job_id}: cannot create its cgroup {group}: {e}"
+                    raise Unavailable(why) from e
+        except BaseException:
+            _abandon(proc)  # never handed a job: nothing of it ran
+            os.close(write_end)
+            raise
         # Our child's pid stays ours (a zombie at worst) until we reap it.
         ticks = read_start_ticks(proc.pid, zombie_ok=True) or 0
         handle = Handle(spec.job_id, spec.attempt, proc.pid, proc.pid, ticks, token, group)
-        self._jobs[spec.job_id] = _Watched(handle, run_dir, proc)
+        self._jobs[spec.job_id] = watched = _Watched(handle, run_dir, proc)
+        self._watch_exit(watched)
         try:
             if self.cgroups is not None:
                 self.cgroups.add(group, proc.pid)  # before it has started anything
@@ -698,6 +808,7 @@ class LocalExecutor:
             if job.pidfd is not None:
                 self._pidfds.register(job.pidfd, select.POLLIN)
         self._jobs[handle.job_id] = job
+        self._watch_exit(job)
         return not job.dead
 
     @staticmethod
@@ -708,7 +819,7 @@ class LocalExecutor:
         # file also rules out a later boot that happened to reuse both. Compared resolved,
         # so a run_dir spelled another way (relative, through a symlink) still matches.
         cmdline = _cmdline(handle.pid)
-        if "gpupool.service.shim" not in cmdline or "--exit-file" not in cmdline:
+        if SHIM_MODULE not in cmdline or "--exit-file" not in cmdline:
             return False
         at = cmdline.index("--exit-file") + 1
         if at >= len(cmdline):
@@ -829,6 +940,7 @@ class LocalExecutor:
 
     def _forget(self, job_id: str) -> None:
         job = self._jobs.pop(job_id)
+        self._unwatch_exit(job)
         if job.pidfd is not None:
             self._pidfds.unregister(job.pidfd)
             os.close(job.pidfd)
@@ -907,6 +1019,31 @@ class LocalExecutor:
             if job.proc is not None and job.proc.returncode is None:
                 _DETACHED.append(job.proc)
             self._forget(job_id)
+        if self._exit_watch is not None:
+            _, stop_w = self._exit_watch
+            self._exit_watch = None
+            os.close(stop_w)  # the watcher sees its stop pipe end, and closes the rest
+
+
+def _descriptor_limit() -> int:
+    """This process's soft limit on open descriptors (RLIMIT_NOFILE)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20
+
+
+def _wait_for_exits(epoll: select.epoll, stop_r: int, wake: Callable[[], None]) -> None:
+    """The exit watch's thread: `wake` whenever a watched shim's pidfd says it ended,
+    until the stop pipe's write end is closed."""
+    try:
+        while True:
+            events = epoll.poll()
+            if any(fd == stop_r for fd, _ in events):
+                return
+            if events:
+                wake()
+    finally:
+        os.close(stop_r)
+        epoll.close()
 
 
 _PEEK = os.WEXITED | os.WNOHANG | os.WNOWAIT

@@ -779,6 +779,9 @@ class LiveService:
 
     # ---- the loop -----------------------------------------------------------------------------
     def start(self) -> None:
+        watch = getattr(self.executor, "watch_exits", None)
+        if watch is not None:  # an ended job is reaped at once, not at the next cycle
+            watch(self.wake.set)
         self.thread = threading.Thread(target=self._run, name="gpupool-scheduler", daemon=True)
         self.health.started(self.thread)
         self.thread.start()
@@ -810,7 +813,8 @@ class LiveService:
                 except Exception as err:  # the stages catch their own; this is the last net
                     self._fault("cycle", err)
                 self.health.completed()
-                self.wake.wait(self.config.cycle_s)
+                if self.wake.wait(self.config.cycle_s):
+                    self._expect_launch()
                 self.wake.clear()
                 rest = self.MIN_STEP_S - (time.monotonic() - started)
                 if rest > 0:
@@ -819,6 +823,17 @@ class LiveService:
             self.health.dead(f"{type(err).__name__}: {err}")
             log.critical("the scheduler loop died", exc_info=True)
             raise
+
+    def _expect_launch(self) -> None:
+        """Woken (a submit, a cancel): a launch may follow this step, so the executor may
+        get ready for it now (LocalExecutor primes its cgroups while the step reaps,
+        ingests and decides)."""
+        expect = getattr(self.executor, "expect_launch", None)
+        if expect is not None:
+            try:
+                expect()
+            except Exception as err:  # it only saves time
+                self._fault("launch", err)
 
     def _lease_lost(self) -> None:
         why = (
@@ -2229,8 +2244,9 @@ class LiveService:
 
 
 def _read_intent(path: Path) -> tuple[str, str] | None:
-    """(launch token, cgroup) of a launch intent; None if there is none (or it is torn,
-    which it cannot be: it is written to a temporary file and renamed)."""
+    """(launch token, cgroup) of a launch intent; None if there is none, or it is torn
+    (it is written to a temporary file and renamed, but not fsynced: only a crash of the
+    machine can tear it, and then nothing of its attempt runs any more)."""
     try:
         d = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):

@@ -391,6 +391,39 @@ def _start(command: list[str], spec: dict[str, Any], copiers: list[_Copier]) -> 
     return child
 
 
+def _exec_candidates(program: str, env: dict[str, str] | None) -> list[str]:
+    """The paths execvpe would try for `program`, in its order: `program` itself when it
+    names a directory, else each PATH entry of the job's environment (os.defpath without
+    one). Made here, in the shim, because os.execvpe's own search imports warnings in the
+    forked child on every job's way to its exec (about 3 ms)."""
+    if os.sep in program:
+        return [program]
+    path = (os.environ if env is None else env).get("PATH") or os.defpath
+    return [os.path.join(d, program) for d in path.split(os.pathsep)]
+
+
+def _exec(candidates: list[str], argv: list[str], env: dict[str, str] | None) -> None:
+    """execve each candidate until one starts; raise as execvpe does when none does (the
+    first error other than not-found, else the last not-found)."""
+    saved: OSError | None = None
+    last: OSError | None = None
+    for path in candidates:
+        try:
+            if env is None:
+                os.execv(path, argv)
+            else:
+                os.execve(path, argv, env)
+        except (FileNotFoundError, NotADirectoryError) as e:
+            last = e
+        except OSError as e:
+            last = e
+            if saved is None:
+                saved = e
+    if saved is not None:
+        raise saved
+    raise last if last is not None else FileNotFoundError(2, os.strerror(2), argv[0])
+
+
 def _spawn(
     command: list[str],
     env: dict[str, str] | None,
@@ -403,6 +436,7 @@ def _spawn(
     """fork and exec, as subprocess.Popen would with stdin=DEVNULL, close_fds and
     restore_signals: an error before the exec (directory, user, command) comes back
     through a close-on-exec pipe and is raised here as the OSError it was."""
+    candidates = _exec_candidates(command[0], env)
     err_r, err_w = os.pipe()  # close-on-exec: the exec closes it, a failure writes to it
     pid = os.fork()
     if pid == 0:  # the child: nothing here may return into the shim's code
@@ -429,9 +463,7 @@ def _spawn(
             if uid is not None:
                 os.setreuid(uid, uid)
             where = "exec"
-            if env is None:
-                os.execvp(command[0], command)
-            os.execvpe(command[0], command, env)
+            _exec(candidates, command, env)
         except BaseException as e:  # reported to the shim, whatever it was
             errno = getattr(e, "errno", None) or 0
             try:
