@@ -5,6 +5,7 @@ is at 0003. Every test runs on SQLite and on PostgreSQL (tests/pgserver.py)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager as contextlib_contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -397,3 +398,81 @@ def test_the_serve_bootstrap_admin_survives_a_team_token_named_admin(
         token = bootstrap_admin(store)
         who = store.principal(token)
         assert who is not None and who.is_admin and who.name.startswith("admin-")
+
+
+# ---- the audit trail yields to the scheduler's writes -----------------------------------------
+def _sqlite_holder(path: Path) -> Iterator[Any]:
+    """Another process's write lock on a SQLite database, as a second connection holds it."""
+    import sqlite3
+
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+    finally:
+        conn.execute("ROLLBACK")
+        conn.close()
+
+
+def test_an_audit_write_gives_up_soon_on_a_locked_database(tmp_path: Path) -> None:
+    import threading
+
+    from sqlalchemy.exc import OperationalError
+
+    db_path = tmp_path / "audit.db"
+    with Store(f"sqlite:///{db_path}") as store:
+        store.migrate()
+        failed: list[BaseException] = []
+
+        def write() -> None:
+            try:
+                store.add_audit([AuditEntry(1.0, "request", "x")])
+            except BaseException as err:
+                failed.append(err)
+
+        holder = contextlib_contextmanager(_sqlite_holder)(db_path)
+        with holder:
+            writer = threading.Thread(target=write, daemon=True)
+            writer.start()
+            # A scheduler write would wait SQLITE_BUSY_TIMEOUT_S (30 s) here.
+            writer.join(15)
+            assert not writer.is_alive(), "the audit write waited on the lock as long as any"
+        assert len(failed) == 1 and isinstance(failed[0], OperationalError), failed
+        # The connection it used waits the full timeout again for the next ordinary write.
+        store.add_audit([AuditEntry(2.0, "request", "y")])
+        with store._write() as s:
+            busy = s.execute(text("PRAGMA busy_timeout")).scalar()
+        assert busy == 30_000
+
+
+def test_the_audit_trail_keeps_entries_while_the_database_is_locked(tmp_path: Path) -> None:
+    db_path = tmp_path / "audit.db"
+    with Store(f"sqlite:///{db_path}") as store:
+        store.migrate()
+        trail = AuditTrail(store, wall=lambda: 1e9, retry_first_s=0.2, retry_max_s=0.5)
+        holder = contextlib_contextmanager(_sqlite_holder)(db_path)
+        with holder:
+            for t in range(5):
+                trail.record(AuditEntry(1e9 + t, "request", f"t{t}"))
+            assert not trail.flush(3), "nothing can be written while the lock is held"
+        assert trail.flush(30)
+        assert trail.dropped == 0
+        rows = store.audit(limit=100)
+        assert [r.entry.token for r in rows] == [f"t{t}" for t in range(4, -1, -1)]
+
+
+def test_the_audit_trail_drops_the_oldest_beyond_its_queue_bound(tmp_path: Path) -> None:
+    db_path = tmp_path / "audit.db"
+    with Store(f"sqlite:///{db_path}") as store:
+        store.migrate()
+        trail = AuditTrail(
+            store, wall=lambda: 1e9, max_queued=3, retry_first_s=0.2, retry_max_s=0.5
+        )
+        holder = contextlib_contextmanager(_sqlite_holder)(db_path)
+        with holder:
+            for t in range(6):
+                trail.record(AuditEntry(1e9 + t, "request", f"t{t}"))
+            assert not trail.flush(3)
+        assert trail.flush(30)
+        assert trail.dropped == 3
+        assert [r.entry.token for r in store.audit(limit=100)] == ["t5", "t4", "t3"]

@@ -313,6 +313,13 @@ def _submit(url: str, command: list[str], timeout_s: float = 10, **extra: Any) -
     return int(r.json()["id"])
 
 
+def _recorded_pid(state: Path, job_id: int) -> bool:
+    """Whether the launch has written the job's process to the database."""
+    with contextlib.closing(sqlite3.connect(state / "gpupool.db", timeout=5)) as c:
+        row = c.execute("SELECT pid FROM jobs WHERE id = ?", (job_id,)).fetchone()
+    return row is not None and row[0] is not None
+
+
 def _job(url: str, job_id: int) -> dict[str, Any]:
     r = httpx.get(f"{url}/v1/jobs/{job_id}", timeout=10)
     assert r.status_code == 200, r.text
@@ -337,6 +344,9 @@ def test_a_database_lock_held_45s_leaves_the_loop_alive_and_healthz_truthful(
     try:
         before = _submit(server.url, ["sleep", "2"])
         wait_for(lambda: _job(server.url, before)["state"] == "running", 15, "the first job")
+        # The job is `running` before its process is recorded: lock only once the launch has
+        # written the process, so the loop's first blocked write is the job's end (reap).
+        wait_for(lambda: _recorded_pid(state, before), 15, "the first job's process record")
         holder = subprocess.Popen(
             [
                 sys.executable,

@@ -16,7 +16,7 @@ import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from gpupool.service.store import AuditEntry, Principal, Store
+from gpupool.service.store import AuditEntry, Principal, Store, transient
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +83,10 @@ class AuditTrail:
     Token changes are not queued: the store writes their rows with the change itself.
     Bounded: each write purges rows older than keep_days (at most every purge_every_s)
     and beyond the newest keep_rows. A crash loses at most the entries still queued.
+    A database that is briefly locked or unreachable costs nothing: the batch waits in the
+    queue (at most max_queued entries, the oldest dropped beyond) and is tried again with
+    backoff; the store gives audit writes a short lock wait, so they never hold the
+    scheduler's writes up for long.
     """
 
     def __init__(
@@ -93,6 +97,9 @@ class AuditTrail:
         purge_every_s: float = 3600.0,
         wall: Callable[[], float] = time.time,
         linger_s: float = 0.05,
+        max_queued: int = 100_000,
+        retry_first_s: float = 0.5,
+        retry_max_s: float = 5.0,
     ) -> None:
         self.store = store
         self.linger_s = linger_s
@@ -102,8 +109,11 @@ class AuditTrail:
         self.keep_rows = keep_rows
         self.purge_every_s = purge_every_s
         self.wall = wall
+        self.max_queued = max_queued
+        self.retry_first_s = retry_first_s
+        self.retry_max_s = retry_max_s
         self.dropped = 0
-        """Entries lost to a failing database (logged)."""
+        """Entries lost to a failing database or a full queue (logged)."""
         self._cond = threading.Condition()
         self._queue: list[AuditEntry] = []
         self._writing = False
@@ -139,6 +149,7 @@ class AuditTrail:
         return self.store.purge_audit(self.wall() - self.keep_days * 86400.0, self.keep_rows)
 
     def _drain(self) -> None:
+        delay_s = self.retry_first_s
         while True:
             with self._cond:
                 if not self._waiting:
@@ -150,11 +161,40 @@ class AuditTrail:
                     return
             try:
                 self.store.add_audit(batch)
-                if time.monotonic() - self._last_purge >= self.purge_every_s:
+            except Exception as err:
+                if not transient(err):
+                    self.dropped += len(batch)
+                    log.exception("audit: could not write %d entries; they are lost", len(batch))
+                    continue
+                self._requeue(batch, err, delay_s)
+                time.sleep(delay_s)
+                delay_s = min(2 * delay_s, self.retry_max_s)
+                continue
+            delay_s = self.retry_first_s
+            if time.monotonic() - self._last_purge >= self.purge_every_s:
+                try:
                     self.purge()
-            except Exception:
-                self.dropped += len(batch)
-                log.exception("audit: could not write %d entries; they are lost", len(batch))
+                except Exception as err:
+                    self._last_purge = -float("inf")  # tried again at the next write
+                    log.warning("audit: purge put off: %s", err)
+
+    def _requeue(self, batch: list[AuditEntry], err: BaseException, delay_s: float) -> None:
+        """Put a batch the database refused for now back in front of the queue, in order,
+        keeping at most max_queued entries (the oldest go first)."""
+        with self._cond:
+            queue = batch + self._queue
+            over = len(queue) - self.max_queued
+            if over > 0:
+                self.dropped += over
+                queue = queue[over:]
+            self._queue = queue
+        log.warning(
+            "audit: database unavailable (%s); %d entries kept, next try in %g s%s",
+            type(err).__name__,
+            len(queue),
+            delay_s,
+            f", {over} oldest dropped" if over > 0 else "",
+        )
 
 
 Scope = MutableMapping[str, Any]

@@ -51,6 +51,7 @@ from gpupool.service.executor import (
     exit_file,
     job_environment,
     read_start_ticks,
+    shim_command,
     stop_file,
 )
 
@@ -100,8 +101,9 @@ def spawn_shim(
     fence: Mapping[str, Any],
     nice: int | None = None,
 ) -> subprocess.Popen[bytes]:
-    """Start the job's shim in its own session; the job reaches it over a pipe, so the
-    shim's interpreter runs isolated (-I) in a clean environment and the job's
+    """Start the job's shim (`shim_command`, as LocalExecutor starts it) in its own session;
+    the job reaches it over a pipe, so the shim's interpreter runs isolated in a clean
+    environment and the job's
     environment applies to the job only (as under LocalExecutor). `nice`: the priority
     the shim (and so the job) runs at, set before it gets the job; Ray runs its workers,
     and so whatever they start, at a niceness of 15."""
@@ -116,8 +118,7 @@ def spawn_shim(
         **fence,
     }
     read_end, write_end = os.pipe()
-    argv = [python, "-I", "-m", "gpupool.service.shim", "--exit-file"]
-    argv += [str(record), "--spec-fd", str(read_end)]
+    argv = [*shim_command(python), "--exit-file", str(record), "--spec-fd", str(read_end)]
     header = f"== attempt {spec.attempt} ==\n".encode()
     try:
         try:

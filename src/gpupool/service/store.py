@@ -128,8 +128,16 @@ MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 SQLITE_BUSY_TIMEOUT_S = 30.0
 """How long a SQLite writer waits for another writer before giving up with 'database is locked'."""
 
+SQLITE_BACKGROUND_BUSY_S = 1.0
+"""How long a background writer (the audit trail) waits for another writer: it holds this
+process's write turn meanwhile, so a long wait would stall the scheduler's writes behind
+it; it gives up soon and tries again later instead."""
+
 _WRITE = "gpupool_write"
 """Execution option marking a write transaction (SQLite: BEGIN IMMEDIATE)."""
+_BUSY_MS = "gpupool_busy_ms"
+"""Execution option: the SQLite busy timeout of a write transaction, ms (default: the
+SQLITE_BUSY_TIMEOUT_S every connection starts with)."""
 _EVENT_LOCK = 0x67707570_0001
 """PostgreSQL advisory lock taken before inserting events, so their seqs commit in order."""
 _MIGRATE_LOCK = 0x67707570_0002
@@ -1201,6 +1209,12 @@ class Store:
         )
         self._reads = sessionmaker(self._engine, expire_on_commit=False)
         self._writes = sessionmaker(self._write_engine, expire_on_commit=False)
+        self._background_writes = sessionmaker(
+            self._write_engine.execution_options(
+                **{_BUSY_MS: int(SQLITE_BACKGROUND_BUSY_S * 1000)}
+            ),
+            expire_on_commit=False,
+        )
 
     def close(self) -> None:
         """Close every pooled connection (at shutdown; the Store must not be used after)."""
@@ -1226,6 +1240,14 @@ class Store:
         instead of colliding in BEGIN IMMEDIATE, where SQLite's busy handler sleeps
         (1, 2, 5, 10... ms) and concurrent submissions would crawl."""
         with self._write_lock, self._writes.begin() as session:
+            yield session
+
+    @contextmanager
+    def _background_write(self) -> Iterator[Session]:
+        """A write that can wait: on SQLite it gives up after SQLITE_BACKGROUND_BUSY_S
+        when another process holds the database, rather than keep this process's other
+        writers (the scheduler loop, submits) queued behind it for the full timeout."""
+        with self._write_lock, self._background_writes.begin() as session:
             yield session
 
     def _insert_submitted(
@@ -2070,10 +2092,11 @@ class Store:
 
     # -- audit --
     def add_audit(self, entries: Sequence[AuditEntry]) -> None:
-        """Append audit entries, all in one transaction."""
+        """Append audit entries, all in one transaction (a background write: on a locked
+        SQLite database it fails soon, and the trail keeps the entries for its next try)."""
         if not entries:
             return
-        with self._write() as s:
+        with self._background_write() as s:
             s.execute(insert(AuditModel), [audit_values(e) for e in entries])
 
     def audit(
@@ -2100,7 +2123,7 @@ class Store:
     def purge_audit(self, older_than_s: float, keep_rows: int | None = None) -> int:
         """Delete audit rows from before older_than_s (Unix s), and beyond the newest
         keep_rows; returns how many went."""
-        with self._write() as s:
+        with self._background_write() as s:
             old = delete(AuditModel).where(AuditModel.at_s < older_than_s)
             gone = cast(CursorResult[Any], s.execute(old)).rowcount
             if keep_rows is not None:
@@ -2380,13 +2403,24 @@ def _sqlite_connect(dbapi_conn: Any, _record: Any) -> None:
     cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.execute("PRAGMA foreign_keys=ON")
-    cursor.execute(f"PRAGMA busy_timeout={int(SQLITE_BUSY_TIMEOUT_S * 1000)}")
+    cursor.execute(f"PRAGMA busy_timeout={_DEFAULT_BUSY_MS}")
     cursor.close()
 
 
+_DEFAULT_BUSY_MS = int(SQLITE_BUSY_TIMEOUT_S * 1000)
+
+
 def _sqlite_begin(conn: Connection) -> None:
-    """Writers take the write lock up front, so they wait their turn instead of deadlocking."""
-    mode = "IMMEDIATE" if conn.get_execution_options().get(_WRITE) else "DEFERRED"
+    """Writers take the write lock up front, so they wait their turn instead of deadlocking;
+    a transaction that asks for another busy timeout sets it on its connection first (kept
+    in the pooled connection's info, so the usual case costs no statement)."""
+    options = conn.get_execution_options()
+    busy_ms = options.get(_BUSY_MS, _DEFAULT_BUSY_MS)
+    info = conn.connection.info
+    if info.get(_BUSY_MS, _DEFAULT_BUSY_MS) != busy_ms:
+        conn.exec_driver_sql(f"PRAGMA busy_timeout={int(busy_ms)}")
+        info[_BUSY_MS] = busy_ms
+    mode = "IMMEDIATE" if options.get(_WRITE) else "DEFERRED"
     conn.exec_driver_sql(f"BEGIN {mode}")
 
 
