@@ -299,9 +299,10 @@ def main() -> int:
     parser.add_argument(
         "--baseline",
         metavar="REV",
-        help="with --throughput-only: also time REV's server, alternating (prints, writes "
-        "nothing); with --submit-to-start: also measure a checkout of REV, in alternation "
-        "with this tree, and write both to the submit_to_start block of service.json",
+        help="with --throughput-only: also time REV's server, alternating, and write both "
+        "to service.json's submit_rate_against_baseline block; with --submit-to-start: "
+        "also measure a checkout of REV, in alternation with this tree, and write both to "
+        "the submit_to_start block of service.json",
     )
     parser.add_argument("--rounds", type=int, default=3, help="alternations for --baseline")
     parser.add_argument(
@@ -329,11 +330,12 @@ def main() -> int:
         print(json.dumps(submit_to_start(), indent=2))
         return 0
     if args.baseline:
-        print(
-            json.dumps(
-                compare(args.baseline, args.rounds, tuple(args.databases.split(","))), indent=2
-            )
-        )
+        compared = compare(args.baseline, args.rounds, tuple(args.databases.split(",")))
+        out = ROOT / "bench" / "results" / "service.json"
+        recorded = json.loads(out.read_text(encoding="utf-8"))
+        recorded["submit_rate_against_baseline"] = {"machine": describe(), **compared}
+        out.write_text(json.dumps(recorded, indent=2) + "\n", encoding="utf-8")
+        print(json.dumps(compared, indent=2))
         return 0
     out = ROOT / "bench" / "results" / "service.json"
     if args.throughput_only:
