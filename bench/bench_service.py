@@ -125,22 +125,28 @@ def _fresh_db(pg: PgServer, name: str) -> str:
     return base.rsplit("/", 1)[0] + "/" + name
 
 
-def compare(rev: str, rounds: int, databases: tuple[str, ...]) -> dict[str, Any]:
-    """Single-request rates of REV's server and this tree's, alternating, fresh databases."""
+def baseline_source(rev: str, into: Path) -> str:
+    """REV's src/ unpacked under `into` (git archive: no worktree left behind); returns
+    REV's full commit id."""
     commit = subprocess.run(
         ["git", "-C", str(ROOT), "rev-parse", "--verify", rev + "^{commit}"],
         capture_output=True,
         text=True,
         check=True,
     ).stdout.strip()
-    out: dict[str, Any] = {"baseline": commit[:12]}
+    into.mkdir(parents=True, exist_ok=True)
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", commit, "src"], capture_output=True, check=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return commit
+
+
+def compare(rev: str, rounds: int, databases: tuple[str, ...]) -> dict[str, Any]:
+    """Single-request rates of REV's server and this tree's, alternating, fresh databases."""
     with tempfile.TemporaryDirectory() as tmp, PgServer() as pg:
         base = Path(tmp) / "baseline"
-        base.mkdir()
-        archive = subprocess.run(
-            ["git", "-C", str(ROOT), "archive", commit, "src"], capture_output=True, check=True
-        ).stdout
-        subprocess.run(["tar", "-x", "-C", str(base)], input=archive, check=True)
+        out: dict[str, Any] = {"baseline": baseline_source(rev, base)[:12]}
         n = 0
         for db in databases:
             runs: dict[str, list[int]] = {"baseline": [], "this": []}
@@ -256,16 +262,9 @@ def submit_to_start(jobs: int = 30, gap_s: float = 0.3, tree: Path = ROOT) -> di
 def compare_submit_to_start(rev: str, rounds: int) -> dict[str, Any]:
     """This tree against a checkout of `rev`, a fresh server of each in alternation
     (baseline first), so that the load of a shared machine falls on both alike."""
-    commit = subprocess.run(
-        ["git", "-C", str(ROOT), "rev-parse", rev], check=True, capture_output=True, text=True
-    ).stdout.strip()
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp) / "baseline"
-        base.mkdir()
-        archive = subprocess.run(
-            ["git", "-C", str(ROOT), "archive", commit, "src"], capture_output=True, check=True
-        ).stdout
-        subprocess.run(["tar", "-x", "-C", str(base)], input=archive, check=True)
+        commit = baseline_source(rev, base)
         runs: dict[str, list[dict[str, Any]]] = {"baseline": [], "this": []}
         for _ in range(rounds):
             runs["baseline"].append(submit_to_start(tree=base))
