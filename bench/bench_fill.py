@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import IO
 
 sys.path.insert(0, str(Path(__file__).parent))
+from baseline import baseline_source
 from machine import describe
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -109,17 +110,11 @@ def summary(ready: dict[str, object], runs: list[dict[str, object]]) -> dict[str
     }
 
 
-def checkout(rev: str, into: Path) -> Path:
-    subprocess.run(
-        ["git", "-C", str(ROOT), "worktree", "add", "-q", "--detach", str(into), rev], check=True
-    )
-    return into
-
-
 def measure(baseline: str | None, tmp: Path, rounds: int) -> dict[str, object]:
     sides = {"now": ROOT / "src"}
     if baseline is not None:
-        sides["baseline"] = checkout(baseline, tmp / "baseline") / "src"
+        baseline_source(baseline, tmp / "baseline")
+        sides["baseline"] = tmp / "baseline" / "src"
     workers: dict[str, Worker] = {}
     try:
         for name, src in sides.items():
@@ -133,19 +128,6 @@ def measure(baseline: str | None, tmp: Path, rounds: int) -> dict[str, object]:
     finally:
         for w in workers.values():
             w.close()
-        if baseline is not None:
-            subprocess.run(
-                [
-                    "git",
-                    "-C",
-                    str(ROOT),
-                    "worktree",
-                    "remove",
-                    "--force",
-                    str(sides["baseline"].parent),
-                ],
-                check=False,
-            )
     now = summary(workers["now"].ready, runs["now"])
     out: dict[str, object] = {
         "benchmark": "fill, fgd, seed 42, tune 1.3, openb default list on 1,213 GPU nodes",

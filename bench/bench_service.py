@@ -24,7 +24,6 @@ import asyncio
 import json
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,6 +32,7 @@ from typing import Any
 
 import httpx
 
+from baseline import baseline_source
 from machine import describe
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -123,23 +123,6 @@ def _fresh_db(pg: PgServer, name: str) -> str:
     with psycopg.connect(base, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
     return base.rsplit("/", 1)[0] + "/" + name
-
-
-def baseline_source(rev: str, into: Path) -> str:
-    """REV's src/ unpacked under `into` (git archive: no worktree left behind); returns
-    REV's full commit id."""
-    commit = subprocess.run(
-        ["git", "-C", str(ROOT), "rev-parse", "--verify", rev + "^{commit}"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    into.mkdir(parents=True, exist_ok=True)
-    archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", commit, "src"], capture_output=True, check=True
-    ).stdout
-    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
-    return commit
 
 
 def compare(rev: str, rounds: int, databases: tuple[str, ...]) -> dict[str, Any]:

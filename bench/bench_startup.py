@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
+from baseline import baseline_source
 from machine import describe
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -88,13 +89,6 @@ def measure(sides: dict[str, Path]) -> dict[str, dict[str, dict[str, object]]]:
     return out
 
 
-def checkout(rev: str, into: Path) -> Path:
-    subprocess.run(
-        ["git", "-C", str(ROOT), "worktree", "add", "-q", "--detach", str(into), rev], check=True
-    )
-    return into
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -108,23 +102,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         sides = {"now": ROOT / "src"}
         if args.baseline:
-            sides["baseline"] = checkout(args.baseline, Path(tmp) / "baseline") / "src"
-        try:
-            measured = measure(sides)
-        finally:
-            if args.baseline:
-                subprocess.run(
-                    [
-                        "git",
-                        "-C",
-                        str(ROOT),
-                        "worktree",
-                        "remove",
-                        "--force",
-                        str(sides["baseline"].parent),
-                    ],
-                    check=False,
-                )
+            baseline_source(args.baseline, Path(tmp) / "baseline")
+            sides["baseline"] = Path(tmp) / "baseline" / "src"
+        measured = measure(sides)
     now = measured["now"]
     result["now"] = now
     if args.baseline:
