@@ -103,6 +103,34 @@ def test_the_core_refuses_a_plan_that_breaks_the_co_location_rule() -> None:
         state.validate(t, Placement((NodeShare(0, (0,), 250),)))
 
 
+def test_one_team_per_card_refuses_another_teams_share_until_the_card_empties() -> None:
+    state = ClusterState(fleet(("A100-80GB", 1)))
+    state.colocate = True
+    state.one_team_per_card = True
+    card = Placement((NodeShare(0, (0,), 250),))
+    state.allocate(online("ml-1", gpu_milli=250, team="ml"), card)
+    state.validate(online("ml-2", gpu_milli=250, team="ml"), card)  # its own team: fine
+    cv = online("cv-1", gpu_milli=250, team="cv")
+    assert not state.usable_gpus(cv)[0, 0]
+    with pytest.raises(PlanRejected, match="another team's job shares it"):
+        state.validate(cv, card)
+    state.release("ml-1")
+    assert state.usable_gpus(cv)[0, 0]
+    state.validate(cv, card)
+
+
+def test_one_team_per_card_holds_in_a_replay_that_sets_it() -> None:
+    """The same rule in the simulator's core: a scenario may set it like the service."""
+    cfg = parse_scheduling({"sharing": {"one_team_per_card": True}}, "test", LIVE_DEFAULTS)
+    s = core(fleet(("A100-80GB", 2)), cfg)
+    for job_id, team in (("a", "ml"), ("b", "cv"), ("c", "ml"), ("d", "cv")):
+        s.observe(Submitted(0.0, online(job_id, gpu_milli=250, team=team)))
+    cards = {c.job_id: c.placement.shares[0].gpus for c in launches(s, 0.0)}
+    assert cards["a"] == cards["c"] and cards["b"] == cards["d"] and cards["a"] != cards["b"]
+    with pytest.raises(SpecError, match="one_team_per_card"):
+        parse_scheduling({"sharing": {"one_team_per_card": "yes"}}, "test", LIVE_DEFAULTS)
+
+
 # ---- measured state ------------------------------------------------------------------------------
 def usage(t: float, util: float, used_mib: int) -> GpuUsage:
     return GpuUsage(

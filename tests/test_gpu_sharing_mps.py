@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import stat
 from pathlib import Path
 
 from gpupool.core.model import JobKind
 from gpupool.service.clock import ManualClock
 from gpupool.service.executor import FakeExecutor, Handle, LaunchSpec, job_environment
-from gpupool.service.live import LIVE_DEFAULTS, LiveConfig, LiveService
+from gpupool.service.isolation import FakeUsers, Isolation, IsolationConfig
+from gpupool.service.live import LIVE_DEFAULTS, LiveConfig, LiveService, one_team_per_card
 from gpupool.service.mps import (
     FakeMps,
+    Mps,
     NoMps,
     ShareRequest,
     SystemMps,
@@ -123,3 +127,74 @@ def test_the_live_service_gives_a_sharing_job_its_mps_limits(tmp_path: Path) -> 
     finally:
         service.stop()
     assert len(mps.stops) == 1  # the daemon is quit with the service
+
+
+def test_the_daemon_directories_are_reachable_by_the_job_users(tmp_path: Path) -> None:
+    """Jobs run as their teams' users; a client that cannot reach the pipe runs without
+    MPS (on an H200 it then took twice its memory limit), so the directories are 0711
+    even under the server's 0077 umask."""
+    old = os.umask(0o077)
+    try:
+        share_env(SHARE, FakeMps(tmp_path / "mps"))
+    finally:
+        os.umask(old)
+    for d in ("mps", "mps/gpu3", "mps/gpu3/pipe", "mps/gpu3/log"):
+        assert stat.S_IMODE((tmp_path / d).stat().st_mode) == 0o711, d
+
+
+class IsolatedExecutor(RecordingExecutor):
+    """Runs each team's jobs as the team's own user (the server as root)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.isolation = Isolation(IsolationConfig(enabled=True), is_root=True, users=FakeUsers())
+
+
+def serve_shares(tmp_path: Path, executor: RecordingExecutor, mps: Mps) -> list[str]:
+    """Three 10 GiB online shares on one A100-80GB, of teams ml, cv and ml: which start."""
+    store = Store(f"sqlite:///{tmp_path}/db.sqlite")
+    store.migrate()
+    service = LiveService(
+        LiveConfig(tmp_path / "state", LIVE_DEFAULTS, sample_s=0.0, host="h"),
+        store,
+        executor,
+        FakeTelemetry("1xA100-80GB"),
+        ManualClock(1000.0),
+        mps=mps,
+    )
+    try:
+        names = {}
+        for name, team in (("a", "ml"), ("b", "cv"), ("c", "ml")):
+            job = NewJob(name, team, JobKind.ONLINE.value, 0, 1, ("true",), gpu_mem_mib=10240)
+            names[str(store.submit(job, 1000.0)[0].id)] = name
+        service.step()
+        service.step()
+        return sorted(names[j] for j in executor.specs)
+    finally:
+        service.stop()
+
+
+def test_with_mps_and_team_users_a_card_is_shared_by_one_team_only(tmp_path: Path) -> None:
+    """MPS serves one user per card at a time: a cv job next to ml's would sit in CUDA's
+    start-up until ml's had ended, so the core keeps it off that card."""
+    assert serve_shares(tmp_path, IsolatedExecutor(), FakeMps(tmp_path / "mps")) == ["a", "c"]
+
+
+def test_one_user_or_no_mps_lets_teams_share_a_card(tmp_path: Path) -> None:
+    assert serve_shares(tmp_path / "one-user", RecordingExecutor(), FakeMps(tmp_path / "m")) == [
+        "a",
+        "b",
+        "c",
+    ]
+    assert serve_shares(tmp_path / "advisory", IsolatedExecutor(), NoMps()) == ["a", "b", "c"]
+
+
+def test_the_file_decides_one_team_per_card_when_it_says() -> None:
+    forced = dataclasses.replace(
+        LIVE_DEFAULTS, sharing=dataclasses.replace(LIVE_DEFAULTS.sharing, one_team_per_card=False)
+    )
+    isolation = Isolation(IsolationConfig(enabled=True), is_root=True, users=FakeUsers())
+    mps = FakeMps(Path("/nonexistent"))
+    assert one_team_per_card(forced, mps, isolation).sharing.one_team_per_card is False
+    assert one_team_per_card(LIVE_DEFAULTS, mps, isolation).sharing.one_team_per_card is True
+    assert one_team_per_card(LIVE_DEFAULTS, mps, None).sharing.one_team_per_card is False

@@ -89,6 +89,13 @@ class ClusterState:
         """[node, gpu]: GPU memory free as last measured (-1 where unknown)."""
         self.card_mem_mib: IntArray | None = None
         """[node, gpu]: each card's memory as last measured (0 where unknown)."""
+        self.one_team_per_card = False
+        """When set (before anything is placed), the jobs sharing a card are of one team:
+        MPS serves one user per card at a time, and teams run as their own users."""
+        self.team_on_gpu: IntArray = np.full_like(self.gpu_left, -1)
+        """[node, gpu]: the team id (`team_ids`) of the jobs on the card; -1 when empty.
+        Kept only while `one_team_per_card` is set."""
+        self.team_ids: dict[str, int] = {}
 
     def copy(self) -> ClusterState:
         """A scratch copy a policy may allocate on while it plans; the real state is untouched."""
@@ -104,6 +111,7 @@ class ClusterState:
             "version",
             "online_on_gpu",
             "other_on_gpu",
+            "team_on_gpu",
         ):
             setattr(other, name, getattr(self, name).copy())
         other.gpu_rows = list(self.gpu_rows)
@@ -147,6 +155,8 @@ class ClusterState:
                     usable &= self.online_on_gpu < self.share_cap
             else:
                 usable &= self.online_on_gpu == 0
+        if self.one_team_per_card:
+            usable &= (self.team_on_gpu < 0) | (self.team_on_gpu == self.team_id(job.team))
         if self.no_new_sharer is not None:
             usable &= ~self.no_new_sharer
         if self.measured_free_mib is not None and self.card_mem_mib is not None:
@@ -164,9 +174,17 @@ class ClusterState:
         """Something beyond free share decides which GPU a sharing job may use."""
         return (
             self.colocating
+            or self.one_team_per_card
             or self.no_new_sharer is not None
             or (self.measured_free_mib is not None)
         )
+
+    def team_id(self, team: str) -> int:
+        """A small integer per team, for `team_on_gpu` (ids are never reused)."""
+        found = self.team_ids.get(team)
+        if found is None:
+            found = self.team_ids[team] = len(self.team_ids)
+        return found
 
     @staticmethod
     def share_mib(job: JobSpec, card_mib: IntArray) -> IntArray:
@@ -189,6 +207,10 @@ class ClusterState:
                 return f"{job.kind.value} may not share a GPU with online inference"
         if job.gpu_milli >= MILLI_PER_GPU:
             return None
+        if self.one_team_per_card:
+            there = int(self.team_on_gpu[node, gpu])
+            if there >= 0 and there != self.team_id(job.team):
+                return "another team's job shares it (MPS serves one user per card at a time)"
         if self.no_new_sharer is not None and self.no_new_sharer[node, gpu]:
             return "its measured SM utilisation is above the sharing bound"
         if self.measured_free_mib is not None and self.card_mem_mib is not None:
@@ -299,8 +321,12 @@ class ClusterState:
         if not self.colocating:
             return  # no co-location rule: nobody reads the counts
         counts = self.online_on_gpu if job.kind is JobKind.ONLINE else self.other_on_gpu
+        i = share.node
         for g in share.gpus:
-            counts[share.node, g] += sign
+            counts[i, g] += sign
+            if self.one_team_per_card:
+                occupied = self.online_on_gpu[i, g] + self.other_on_gpu[i, g] > 0
+                self.team_on_gpu[i, g] = self.team_id(job.team) if occupied else -1
 
     def _apply(self, share: NodeShare, sign: int) -> None:
         i = share.node

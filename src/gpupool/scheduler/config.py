@@ -82,6 +82,11 @@ class SharingConfig:
 
     max_sm_util_pct: float | None = 90.0
     util_window_s: float = 60.0
+    one_team_per_card: bool | None = None
+    """Shares on one card come from one team. None: the live service decides (on where MPS
+    enforces shares and teams run as their own users: MPS serves one user per card at a
+    time, so another team's job would wait inside CUDA's start-up until the card's first
+    user is gone); a replay takes None as off."""
 
 
 @dataclass(frozen=True)

@@ -158,6 +158,7 @@ class Scheduler:
         self.state = ClusterState(cluster)
         self.state.colocate = True
         self.state.share_cap = cfg.share_cap
+        self.state.one_team_per_card = bool(cfg.sharing.one_team_per_card)
         self.rng = np.random.default_rng(seed)
         self.thermal_aware = cfg.energy.thermal.aware
         self.placement: ScoringPolicy = placement_policy(cfg, self.state.models)

@@ -536,7 +536,7 @@ def _prefer(
 
 
 def _sharing(r: ConfigReader, raw: Any, d: SharingConfig) -> SharingConfig:
-    m = r.section(raw, "sharing", {"max_sm_util_pct", "util_window_s"})
+    m = r.section(raw, "sharing", {"max_sm_util_pct", "util_window_s", "one_team_per_card"})
     bound = m.get("max_sm_util_pct", d.max_sm_util_pct)
     if bound is not None:
         bound = r.number(bound, "sharing.max_sm_util_pct")
@@ -545,7 +545,10 @@ def _sharing(r: ConfigReader, raw: Any, d: SharingConfig) -> SharingConfig:
     window = r.number(
         m.get("util_window_s", d.util_window_s), "sharing.util_window_s", positive=True
     )
-    return SharingConfig(bound, window)
+    one_team = m.get("one_team_per_card", d.one_team_per_card)
+    if one_team is not None:
+        one_team = r.flag(one_team, "sharing.one_team_per_card")
+    return SharingConfig(bound, window, one_team)
 
 
 def _share_cap(r: ConfigReader, raw: Mapping[str, Any], d: int | None) -> int | None:

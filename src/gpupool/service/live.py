@@ -90,7 +90,7 @@ from gpupool.service.health import LoopHealth
 from gpupool.service.learning import Evidence, ShadowTally, check_evidence, outcomes_of
 from gpupool.service.lease import Lease
 from gpupool.service.metrics import StartLatency
-from gpupool.service.mps import Mps, MpsError, ShareRequest, detect_mps, share_env
+from gpupool.service.mps import Mps, MpsError, NoMps, ShareRequest, detect_mps, share_env
 from gpupool.service.replica_load import LoadWindow, Measured, Scraper
 from gpupool.service.sites import (
     DOWN,
@@ -164,6 +164,20 @@ never serves keeps every GPU), and training borrows it only if it checkpoints wi
 online replicas per GPU (as many as their shares fit; a scenario keeps its cap of 2 so
 that its figures stay those of the calibrated co-location model); a service's p99 and
 rate measured over the last minute, and scaled down only after 5 minutes of low demand."""
+
+
+def one_team_per_card(sched: SchedulerConfig, mps: Mps, isolation: object) -> SchedulerConfig:
+    """`sharing.one_team_per_card` where the file leaves it open: on where MPS enforces
+    shares and each team's jobs run as the team's own user. MPS serves one user per card
+    at a time: measured on an H200, a second user's job sat in CUDA's start-up until the
+    first user's had ended (bench/device_mps_access.py)."""
+    if sched.sharing.one_team_per_card is not None:
+        return sched
+    separate_users = bool(getattr(isolation, "enabled", False))
+    on = separate_users and not isinstance(mps, NoMps)
+    return dataclasses.replace(
+        sched, sharing=dataclasses.replace(sched.sharing, one_team_per_card=on)
+    )
 
 
 @dataclass(frozen=True)
@@ -380,6 +394,16 @@ class LiveService:
                 ),
                 burst=sites.burst,
             )
+        self.mps: Mps = (
+            mps
+            if mps is not None
+            else detect_mps(
+                config.state_dir / "mps",
+                real_gpus=not isinstance(telemetry, FakeTelemetry) and not self.fleet,
+            )
+        )
+        """Enforces GPU shares where the driver has MPS (service/mps.py); else advisory."""
+        sched = one_team_per_card(sched, self.mps, getattr(executor, "isolation", None))
         self.scheduler = Scheduler(
             self.cluster,
             sched,
@@ -445,15 +469,6 @@ class LiveService:
         self.launch_backoff_s = 0.0
         self.launch_retry_at = -1e18
         self.launch_error: str | None = None
-        self.mps: Mps = (
-            mps
-            if mps is not None
-            else detect_mps(
-                config.state_dir / "mps",
-                real_gpus=not isinstance(telemetry, FakeTelemetry) and not self.fleet,
-            )
-        )
-        """Enforces GPU shares where the driver has MPS (service/mps.py); else advisory."""
         self.service_rows: dict[str, ServiceRow] = {}
         """The live services, as stored (their replicas' command, env, port variable)."""
         self.ports: dict[str, int] = {}

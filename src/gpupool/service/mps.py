@@ -82,6 +82,16 @@ def mps_limits(share: ShareRequest) -> dict[str, str]:
     }
 
 
+def reachable_dir(path: Path) -> None:
+    """Make a directory of the daemons' that jobs running as other users can reach (0711:
+    they open the control pipe by name, and list nothing). Under the server's umask it
+    would be 0700, and a job that cannot reach the pipe runs without MPS, silently: on an
+    H200 such a job took twice its CUDA_MPS_PINNED_DEVICE_MEM_LIMIT
+    (bench/device_mps_access.py)."""
+    path.mkdir(parents=True, exist_ok=True)
+    os.chmod(path, 0o711)
+
+
 class NoMps:
     """No MPS here (no driver tool, a fake fleet, a remote executor): shares are advisory."""
 
@@ -117,8 +127,8 @@ class _Daemons:
             found = self.started.get(share.device_index)
             if found is None:
                 pipe, log = self.dirs(share)
-                pipe.mkdir(parents=True, exist_ok=True)
-                log.mkdir(parents=True, exist_ok=True)
+                for d in (self.root, pipe.parent, pipe, log):
+                    reachable_dir(d)
                 self.start(self.daemon_env(share.device_uuid, pipe, log))
                 found = self.started[share.device_index] = (share.device_uuid, pipe, log)
         uuid, pipe, log = found
