@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from device_sharing import CLIENT  # type: ignore[import-not-found]
+from device_sharing import CLIENT, first_gpu_uuid  # type: ignore[import-not-found]
 
 USERS = ("gpupool-mpsa", "gpupool-mpsb")
 
@@ -143,13 +143,7 @@ def main() -> int:
     if control is None or os.geteuid() != 0:
         print("needs root and nvidia-cuda-mps-control")
         return 2
-    uuid = subprocess.run(
-        ["nvidia-smi", "-i", "0", "--query-gpu=uuid", "--format=csv,noheader"],
-        capture_output=True,
-        text=True,
-        timeout=20,
-        check=True,
-    ).stdout.strip()
+    uuid = first_gpu_uuid()
     a, b = USERS
     for user in USERS:
         ensure_user(user)

@@ -87,6 +87,17 @@ def nvml_processes() -> list[dict[str, object]]:
         return [{"nvidia-smi": line} for line in out.stdout.splitlines()]
 
 
+def first_gpu_uuid() -> str:
+    """GPU 0's UUID: the name the MPS daemon and its clients are given the card by."""
+    return subprocess.run(
+        ["nvidia-smi", "-i", "0", "--query-gpu=uuid", "--format=csv,noheader"],
+        capture_output=True,
+        text=True,
+        timeout=20,
+        check=True,
+    ).stdout.strip()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--limit-mib", type=int, default=2048)
@@ -101,13 +112,7 @@ def main() -> int:
     except OSError:
         print("no libcuda.so.1: no NVIDIA driver here")
         return 2
-    uuid = subprocess.run(
-        ["nvidia-smi", "-i", "0", "--query-gpu=uuid", "--format=csv,noheader"],
-        capture_output=True,
-        text=True,
-        timeout=20,
-        check=True,
-    ).stdout.strip()
+    uuid = first_gpu_uuid()
     deadline = time.monotonic() + 150
     root = Path(tempfile.mkdtemp(prefix="gpupool-mps-"))
     pipe, log = root / "pipe", root / "log"

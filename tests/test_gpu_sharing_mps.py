@@ -99,11 +99,12 @@ class RecordingExecutor(FakeExecutor):
         return super().launch(spec, now_s)
 
 
-def test_the_live_service_gives_a_sharing_job_its_mps_limits(tmp_path: Path) -> None:
+def sharing_service(
+    tmp_path: Path, executor: RecordingExecutor, mps: Mps
+) -> tuple[Store, LiveService]:
+    """A live service on one fake A100-80GB with this executor and MPS."""
     store = Store(f"sqlite:///{tmp_path}/db.sqlite")
     store.migrate()
-    executor = RecordingExecutor()
-    mps = FakeMps(tmp_path / "mps")
     service = LiveService(
         LiveConfig(tmp_path / "state", LIVE_DEFAULTS, sample_s=0.0, host="h"),
         store,
@@ -112,6 +113,13 @@ def test_the_live_service_gives_a_sharing_job_its_mps_limits(tmp_path: Path) -> 
         ManualClock(1000.0),
         mps=mps,
     )
+    return store, service
+
+
+def test_the_live_service_gives_a_sharing_job_its_mps_limits(tmp_path: Path) -> None:
+    executor = RecordingExecutor()
+    mps = FakeMps(tmp_path / "mps")
+    store, service = sharing_service(tmp_path, executor, mps)
     try:
         share = store.submit(
             NewJob("s", "ml", JobKind.ONLINE.value, 0, 1, ("true",), gpu_mem_mib=18 * 1024),
@@ -152,16 +160,7 @@ class IsolatedExecutor(RecordingExecutor):
 
 def serve_shares(tmp_path: Path, executor: RecordingExecutor, mps: Mps) -> list[str]:
     """Three 10 GiB online shares on one A100-80GB, of teams ml, cv and ml: which start."""
-    store = Store(f"sqlite:///{tmp_path}/db.sqlite")
-    store.migrate()
-    service = LiveService(
-        LiveConfig(tmp_path / "state", LIVE_DEFAULTS, sample_s=0.0, host="h"),
-        store,
-        executor,
-        FakeTelemetry("1xA100-80GB"),
-        ManualClock(1000.0),
-        mps=mps,
-    )
+    store, service = sharing_service(tmp_path, executor, mps)
     try:
         names = {}
         for name, team in (("a", "ml"), ("b", "cv"), ("c", "ml")):
