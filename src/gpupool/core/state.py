@@ -96,6 +96,7 @@ class ClusterState:
         """[node, gpu]: the team id (`team_ids`) of the jobs on the card; -1 when empty.
         Kept only while `one_team_per_card` is set."""
         self.team_ids: dict[str, int] = {}
+        """Append-only and shared with copies, like `free_keys`: an id means one team."""
 
     def copy(self) -> ClusterState:
         """A scratch copy a policy may allocate on while it plans; the real state is untouched."""
@@ -111,9 +112,10 @@ class ClusterState:
             "version",
             "online_on_gpu",
             "other_on_gpu",
-            "team_on_gpu",
         ):
             setattr(other, name, getattr(self, name).copy())
+        if self.one_team_per_card:  # else never written: shared
+            other.team_on_gpu = self.team_on_gpu.copy()
         other.gpu_rows = list(self.gpu_rows)
         other.affinity = list(self.affinity)  # copy-on-write: allocate/release replace them
         other.placements = dict(self.placements)
