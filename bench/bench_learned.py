@@ -30,6 +30,7 @@ import lightgbm
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
+from gpupool.errors import SpecError
 from gpupool.learning.config import LearningConfig
 from gpupool.learning.predictor import Predictor
 from gpupool.sim.ordered_replay import default_predictor
@@ -79,6 +80,8 @@ def shared_gavel() -> Path:
 
 TRACES = {"itp": "Microsoft ITP 2021", "gavel": "Philly-derived Gavel traces (seed 0)"}
 SOURCE = {"name": "itp"}
+MIX = {"weight": LearningConfig().weight, "max_spread": LearningConfig().max_spread}
+"""The learned order's mix (learning.weight, learning.max_spread), set by the options."""
 """Which trace set this run replays (set before the worker processes fork)."""
 _JOBS: dict[str, Any] = {}
 
@@ -166,7 +169,7 @@ def run_one(task: tuple[str, str, int, str]) -> dict[str, Any]:
     cluster, load, nodes, label = task
     _, queue, pred, guarded = next(v for v in VARIANTS if v[0] == label)
     jobs = cluster_jobs(cluster)
-    config = LearningConfig(guarded=guarded)
+    config = LearningConfig(guarded=guarded, **MIX)
     predictor = predictor_named(pred, config) if pred is not None else None
     r = run_replay(
         jobs,
@@ -328,6 +331,8 @@ def checks(rows: list[dict[str, Any]], clusters: list[str]) -> list[dict[str, An
 
 
 def render(data: dict[str, Any]) -> str:
+    # records written before the mix was recorded ran with the defaults of the time
+    mix = data.get("mix") or {"weight": 0.75, "max_spread": 16.0}
     lines = [f"# The learned queue against the rule baselines: {TRACES[data['traces']]}", ""]
     lines += [
         "Trace replay (`gpupool.sim.replay`), 8-GPU nodes, consolidate placement, free "
@@ -346,6 +351,9 @@ def render(data: dict[str, Any]) -> str:
         "finished in the replay, and retrains on its schedule (weekly for the LightGBM "
         "model). Guard: rules only for the first two weeks (cold start), then the model "
         "orders jobs only while its recent predictions hold up.",
+        "",
+        f"Mix: {mix['weight']:g} of the picks follow the predicted order; a job whose "
+        f"predicted q90/q10 is above {mix['max_spread']:g} follows the rule order.",
         "",
         f"Run time {data['total_s'] / 60:.1f} min on {data['workers']} processes"
         + (" (--quick: a short run, not the full benchmark)" if data["quick"] else "")
@@ -441,6 +449,20 @@ def main() -> int:
         help="itp: the ten ITP 2021 clusters (learned.md); gavel: the Philly-derived Gavel "
         "traces, one VC per file, the model type as the job's name (learned_gavel.md)",
     )
+    ap.add_argument(
+        "--weight",
+        type=float,
+        default=MIX["weight"],
+        help="share of the picks that follow the predicted order (learning.weight; default "
+        "%(default)s)",
+    )
+    ap.add_argument(
+        "--max-spread",
+        type=float,
+        default=MIX["max_spread"],
+        help="a job whose predicted q90/q10 is above this follows the rule order "
+        "(learning.max_spread; default %(default)s)",
+    )
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     ap.add_argument(
         "--render",
@@ -460,6 +482,11 @@ def main() -> int:
         return 0
     started = time.perf_counter()
     SOURCE["name"] = args.traces
+    MIX.update(weight=args.weight, max_spread=args.max_spread)
+    try:
+        LearningConfig(**MIX)  # a bad value is refused here, before any replay
+    except SpecError as err:
+        ap.error(str(err))
     names = cluster_names()
     if args.clusters:
         names = [c for c in args.clusters.split(",") if c]
@@ -523,6 +550,7 @@ def write(
         "replays_done": len(rows),
         "replays_planned": planned,
         "predictors": {p: predictor_kind(p) for p in ("default", "shuffled", "inverted")},
+        "mix": dict(MIX),
         "search": search,
         "checked_clusters": in_band,
         "rows": sorted(rows, key=lambda r: (r["cluster"], r["load"], r["policy"])),
