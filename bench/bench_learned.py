@@ -80,9 +80,10 @@ def shared_gavel() -> Path:
 
 TRACES = {"itp": "Microsoft ITP 2021", "gavel": "Philly-derived Gavel traces (seed 0)"}
 SOURCE = {"name": "itp"}
-MIX = {"weight": LearningConfig().weight, "max_spread": LearningConfig().max_spread}
-"""The learned order's mix (learning.weight, learning.max_spread), set by the options."""
 """Which trace set this run replays (set before the worker processes fork)."""
+DEFAULT_MIX = {"weight": LearningConfig().weight, "max_spread": LearningConfig().max_spread}
+MIX = dict(DEFAULT_MIX)
+"""The learned order's mix (learning.weight, learning.max_spread), set by the options."""
 _JOBS: dict[str, Any] = {}
 
 
@@ -331,8 +332,7 @@ def checks(rows: list[dict[str, Any]], clusters: list[str]) -> list[dict[str, An
 
 
 def render(data: dict[str, Any]) -> str:
-    # records written before the mix was recorded ran with the defaults of the time
-    mix = data.get("mix") or {"weight": 0.75, "max_spread": 16.0}
+    mix = data.get("mix") or DEFAULT_MIX  # records older than the option ran the defaults
     lines = [f"# The learned queue against the rule baselines: {TRACES[data['traces']]}", ""]
     lines += [
         "Trace replay (`gpupool.sim.replay`), 8-GPU nodes, consolidate placement, free "

@@ -2,9 +2,10 @@
 
 The live service runs each team's jobs as the team's own user and the MPS control daemon
 as root. This runs the daemon as the service does (service/mps.py: pipe and log
-directories per card, CUDA_VISIBLE_DEVICES by UUID) with the directories made by
-`mps_dirs`-style modes, and clients (bench/device_sharing.py's CLIENT: the CUDA driver
-API through ctypes) as unprivileged users, each asking for twice its
+directories per card, CUDA_VISIBLE_DEVICES by UUID) with its directories in various
+modes (the service makes them 0711 with `reachable_dir`), and clients
+(bench/device_sharing.py's CLIENT: the CUDA driver API through ctypes) as unprivileged
+users, each asking for twice its
 CUDA_MPS_PINNED_DEVICE_MEM_LIMIT. A client held by MPS is refused at its limit; one that
 never reached the daemon gets all it asks for. Then two users on one card: does the
 second wait for the first (MPS runs one user's server per card at a time)?
