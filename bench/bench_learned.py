@@ -31,7 +31,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 from gpupool.errors import SpecError
-from gpupool.learning.config import LearningConfig
+from gpupool.learning.config import MODEL_ORDERS, LearningConfig
 from gpupool.learning.predictor import Predictor
 from gpupool.sim.ordered_replay import default_predictor
 from gpupool.sim.replay import run_replay
@@ -81,9 +81,19 @@ def shared_gavel() -> Path:
 TRACES = {"itp": "Microsoft ITP 2021", "gavel": "Philly-derived Gavel traces (seed 0)"}
 SOURCE = {"name": "itp"}
 """Which trace set this run replays (set before the worker processes fork)."""
-DEFAULT_MIX = {"weight": LearningConfig().weight, "max_spread": LearningConfig().max_spread}
+DEFAULT_MIX: dict[str, Any] = {
+    "weight": LearningConfig().weight,
+    "max_spread": LearningConfig().max_spread,
+    "model_order": LearningConfig().model_order,
+}
 MIX = dict(DEFAULT_MIX)
-"""The learned order's mix (learning.weight, learning.max_spread), set by the options."""
+ORDER_WORDS = {
+    "gittins": "the Gittins index of each job's predicted distribution (learning.model_order "
+    "gittins)",
+    "remaining": "predicted GPU-time still to go (learning.model_order remaining)",
+}
+"""The learned order's mix (learning.weight, learning.max_spread, learning.model_order),
+set by the options."""
 _JOBS: dict[str, Any] = {}
 
 
@@ -332,7 +342,8 @@ def checks(rows: list[dict[str, Any]], clusters: list[str]) -> list[dict[str, An
 
 
 def render(data: dict[str, Any]) -> str:
-    mix = data.get("mix") or DEFAULT_MIX  # records older than the option ran the defaults
+    # records older than an option ran what was then the default
+    mix = {"weight": 0.75, "max_spread": 16.0, "model_order": "remaining", **data.get("mix", {})}
     lines = [f"# The learned queue against the rule baselines: {TRACES[data['traces']]}", ""]
     lines += [
         "Trace replay (`gpupool.sim.replay`), 8-GPU nodes, consolidate placement, free "
@@ -353,7 +364,8 @@ def render(data: dict[str, Any]) -> str:
         "orders jobs only while its recent predictions hold up.",
         "",
         f"Mix: {mix['weight']:g} of the picks follow the predicted order; a job whose "
-        f"predicted q90/q10 is above {mix['max_spread']:g} follows the rule order.",
+        f"predicted q90/q10 is above {mix['max_spread']:g} follows the rule order; the "
+        f"predicted order ranks by {ORDER_WORDS[mix['model_order']]}.",
         "",
         f"Run time {data['total_s'] / 60:.1f} min on {data['workers']} processes"
         + (" (--quick: a short run, not the full benchmark)" if data["quick"] else "")
@@ -463,6 +475,12 @@ def main() -> int:
         help="a job whose predicted q90/q10 is above this follows the rule order "
         "(learning.max_spread; default %(default)s)",
     )
+    ap.add_argument(
+        "--model-order",
+        choices=MODEL_ORDERS,
+        default=MIX["model_order"],
+        help="how the predicted order ranks a job (learning.model_order; default %(default)s)",
+    )
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     ap.add_argument(
         "--render",
@@ -482,7 +500,7 @@ def main() -> int:
         return 0
     started = time.perf_counter()
     SOURCE["name"] = args.traces
-    MIX.update(weight=args.weight, max_spread=args.max_spread)
+    MIX.update(weight=args.weight, max_spread=args.max_spread, model_order=args.model_order)
     try:
         LearningConfig(**MIX)  # a bad value is refused here, before any replay
     except SpecError as err:

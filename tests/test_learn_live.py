@@ -485,8 +485,8 @@ def measured_history() -> dict[str, Any]:
 
 def test_the_promotion_replay_does_not_preempt_as_the_live_core_does_not() -> None:
     # the live core's ordered policies only choose which waiting job starts next; a
-    # preemptive replay judges another policy, one that suspends a short job a moment from
-    # its end because it outran its predicted q90, and here loses to 2D-LAS for it
+    # preemptive replay judges another policy, one that suspends running jobs, and gives
+    # other figures than the one the live core would run
     from gpupool.core.model import JobSpec
     from gpupool.sim.replay import run_replay
 
@@ -514,7 +514,7 @@ def test_the_promotion_replay_does_not_preempt_as_the_live_core_does_not() -> No
     assert preempts[("learned", True)] > 0 and preempts[("las", True)] == 0
     assert preempts[("learned", False)] == preempts[("las", False)] == 0
     mean = {key: r.metrics.avg_jct_s for key, r in runs.items()}
-    assert mean[("learned", True)] > mean[("las", True)]
+    assert mean[("learned", True)] != pytest.approx(mean[("learned", False)])
     ev = replay_history(hist, SHADOW)
     assert ev["learned_mean_jct_s"] == pytest.approx(mean[("learned", False)])
     assert ev["rule_mean_jct_s"] == pytest.approx(mean[("las", False)])

@@ -50,7 +50,9 @@ def test_a_model_not_yet_judged_on_enough_jobs_stays_cold() -> None:
 
 
 def test_falls_back_on_drift_with_a_sentence_and_recovers() -> None:
-    cfg = GuardConfig(window_jobs=100, cold_start_s=0.0, min_finished=0)
+    cfg = GuardConfig(
+        window_jobs=100, min_within_2x=0.3, min_rank_corr=0.2, cold_start_s=0.0, min_finished=0
+    )
     guard = DriftGuard(cfg)
     rng = random.Random(4)
     _feed(guard, 100, True, rng)

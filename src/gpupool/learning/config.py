@@ -10,6 +10,8 @@ from gpupool.learning.ordering import LasQueues
 
 MODES = ("off", "shadow", "active")
 RULES = ("las", "gittins")
+MODEL_ORDERS = ("gittins", "remaining")
+"""How the predicted order ranks a job (LearningConfig.model_order)."""
 PREDICTORS = ("lightgbm", "recent-median", "shuffled", "inverted")
 """The last two are deliberately wrong (fault injection, to test the guard)."""
 
@@ -21,10 +23,15 @@ class LearningConfig:
     rules did, never acted on; active: the learned order decides, under the guard."""
     rule: str = "las"
     """The rule order the learned one mixes with and falls back to."""
-    weight: float = 0.75
+    weight: float = 1.0
     """Share of picks that follow the predicted order (preferential round-robin)."""
-    max_spread: float = 16.0
+    max_spread: float = 100.0
     """A job whose predicted q90/q10 is above this follows the rule order only."""
+    model_order: str = "gittins"
+    """gittins: by the Gittins index of the job's own predicted distribution (its
+    predicted median scaled by the recent errors of the model), so a sure prediction
+    ranks like shortest-remaining-first and a doubtful one like 2D-Gittins; remaining:
+    by predicted GPU-time still to go (median, then q90, then the rule order)."""
     retrain_every_s: float = 7 * 86_400.0
     predictor: str = "lightgbm"
     guarded: bool = True
@@ -41,6 +48,11 @@ class LearningConfig:
             raise SpecError(f"learning.mode must be one of {', '.join(MODES)}, got {self.mode!r}")
         if self.rule not in RULES:
             raise SpecError(f"learning.rule must be one of {', '.join(RULES)}, got {self.rule!r}")
+        if self.model_order not in MODEL_ORDERS:
+            raise SpecError(
+                f"learning.model_order must be one of {', '.join(MODEL_ORDERS)}, "
+                f"got {self.model_order!r}"
+            )
         if self.predictor not in PREDICTORS:
             raise SpecError(
                 f"learning.predictor must be one of {', '.join(PREDICTORS)}, got {self.predictor!r}"

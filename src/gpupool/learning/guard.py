@@ -30,9 +30,9 @@ class GuardState(enum.Enum):
 
 @dataclass(frozen=True)
 class GuardConfig:
-    window_jobs: int = 200
-    min_within_2x: float = 0.30
-    min_rank_corr: float = 0.20
+    window_jobs: int = 500
+    min_within_2x: float = 0.15
+    min_rank_corr: float = 0.05
     recover_margin: float = 0.05
     cold_start_s: float = 14 * 86_400.0
     """About two weeks of the cluster's history before the model is trusted at all."""

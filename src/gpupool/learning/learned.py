@@ -10,19 +10,25 @@ the guard trusts the model.
 
 from __future__ import annotations
 
+import bisect
+import math
+from collections import deque
 from collections.abc import Sequence
 from typing import NamedTuple
 
 from gpupool.learning.config import LearningConfig
 from gpupool.learning.guard import DriftGuard, GuardChange, GuardState
 from gpupool.learning.history import History, JobFacts, Outcome
-from gpupool.learning.ordering import GittinsIndex, preferential_merge
+from gpupool.learning.ordering import GittinsIndex, grid_step_above, preferential_merge
 from gpupool.learning.predictor import ModelInfo, Prediction, Predictor
 
 GITTINS_SAMPLE = 2_000
 """Finished jobs (most recent) the Gittins index is computed from."""
 GITTINS_REFRESH = 100
 """Rebuild the Gittins index after this many new finishes."""
+PREDICTED_BINS = 10
+"""The conditional order splits recent judged jobs into this many bins of predicted
+median GPU-time, of equal count; each bin has its own Gittins index."""
 
 
 class Candidate(NamedTuple):
@@ -44,6 +50,11 @@ class LearnedOrdering:
         self.predictions: dict[str, Prediction] = {}
         self._gittins = GittinsIndex(())
         self._gittins_at = 0
+        self.judged: deque[tuple[float, float]] = deque(maxlen=GITTINS_SAMPLE)
+        """Recent finished jobs: (predicted median, GPU-time taken), both GPU-seconds."""
+        self._judged_seen = 0
+        self._bins: tuple[list[float], list[GittinsIndex]] = ([], [])
+        self._bins_at = 0
         self.retrains: list[ModelInfo] = []
 
     # ---- what happened -------------------------------------------------------------
@@ -62,6 +73,8 @@ class LearnedOrdering:
         prediction = self.predictions.pop(job_id, None)
         if prediction is not None:
             self.guard.observe(prediction.q50_gpu_s, gpu_time_s)
+            self.judged.append((prediction.q50_gpu_s, gpu_time_s))
+            self._judged_seen += 1
 
     def forget(self, job_id: str) -> None:
         """A job left without completing (cancelled, failed): no outcome to learn from."""
@@ -122,7 +135,9 @@ class LearnedOrdering:
         return [c.job_id for c in sorted(candidates, key=self.rule_key)]
 
     def predicted_order(self, candidates: Sequence[Candidate]) -> list[str]:
-        """Jobs the model is confident about, by predicted GPU-time still to go."""
+        """Jobs the model is confident about, in the order `config.model_order` gives."""
+        if self.config.model_order == "gittins":
+            return self._conditional_order(candidates)
         keyed: list[tuple[float, float, str]] = []
         for c in candidates:
             p = self.predictions.get(c.job_id)
@@ -136,6 +151,58 @@ class LearnedOrdering:
             keyed.append((left, c.arrival_s, c.job_id))
         keyed.sort()
         return [job_id for _, _, job_id in keyed]
+
+    def _conditional_order(self, candidates: Sequence[Candidate]) -> list[str]:
+        """By the Gittins index of each job's own distribution: the GPU-times of recent
+        finished jobs whose predicted median fell in the same bin as its own. A sharp
+        model makes narrow bins, and the order nears shortest-remaining-first; a model
+        that knows nothing makes bins alike, and the order is 2D-Gittins. A job older
+        than anything its bin has seen follows the rule order."""
+        edges, indexes = self.conditional_bins()
+        if not indexes:
+            return []
+        keyed: list[tuple[float, float, float, str]] = []
+        for c in candidates:
+            p = self.predictions.get(c.job_id)
+            if p is None or not p.confident(self.config.max_spread):
+                continue
+            value = indexes[bisect.bisect_right(edges, p.q50_gpu_s)].index(c.attained_gpu_s)
+            if value > 0.0:  # equal indexes (few data, one bin): shorter predicted first
+                keyed.append((-value, p.q50_gpu_s - c.attained_gpu_s, c.arrival_s, c.job_id))
+        keyed.sort()
+        return [k[-1] for k in keyed]
+
+    def conditional_bins(self) -> tuple[list[float], list[GittinsIndex]]:
+        """Bin edges of predicted median (ascending) and a Gittins index per bin, from
+        the recent judged jobs; rebuilt every GITTINS_REFRESH judged predictions."""
+        n = self._judged_seen
+        if n - self._bins_at >= GITTINS_REFRESH or (n and not self._bins[1]):
+            self._bins_at = n
+            pairs = sorted(self.judged)
+            bins = min(PREDICTED_BINS, max(1, len(pairs) // GITTINS_REFRESH))
+            # equal predictions share a bin: edges are distinct, none at the smallest
+            cuts = {pairs[len(pairs) * k // bins][0] for k in range(1, bins)}
+            edges = sorted(cuts - {pairs[0][0]})
+            members: list[list[float]] = [[] for _ in range(len(edges) + 1)]
+            for median, taken in pairs:
+                members[bisect.bisect_right(edges, median)].append(taken)
+            indexes = [GittinsIndex(m) for m in members]
+            self._bins = (edges, indexes)
+        return self._bins
+
+    def rank_bound(self, job_id: str, attained_gpu_s: float) -> float:
+        """The next attained service above `attained_gpu_s` at which the job's place in
+        the predicted order can change (inf: never), for drivers that move jobs only at
+        such points."""
+        p = self.predictions.get(job_id)
+        if p is None:
+            return math.inf
+        if self.config.model_order == "remaining":
+            for q in (p.q50_gpu_s, p.q90_gpu_s):
+                if attained_gpu_s < q:
+                    return q
+            return math.inf
+        return grid_step_above(attained_gpu_s, self._gittins.per_decade)
 
     def order(self, candidates: Sequence[Candidate]) -> list[str]:
         """The order the policy in use gives now (first runs first)."""

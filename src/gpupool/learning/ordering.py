@@ -50,6 +50,19 @@ class LasQueues:
         return (self.queue(attained_gpu_s), arrival_s, job_id)
 
 
+def grid_step_above(attained_gpu_s: float, per_decade: int) -> float:
+    """The smallest point of the geometric grid (`per_decade` steps a decade, from 1)
+    above `attained_gpu_s`."""
+    if attained_gpu_s < 1.0:
+        return 1.0
+    step = math.floor(math.log10(attained_gpu_s) * per_decade)
+    bound = float(10.0 ** ((step + 1) / per_decade))
+    while bound <= attained_gpu_s:  # floating error at a step
+        step += 1
+        bound = float(10.0 ** ((step + 1) / per_decade))
+    return bound
+
+
 class GittinsIndex:
     """Gittins index of attained service under an empirical GPU-time distribution.
 
@@ -71,7 +84,15 @@ class GittinsIndex:
     def _step(self, attained_gpu_s: float) -> int:
         if attained_gpu_s < 1.0:
             return -1
-        return math.floor(math.log10(attained_gpu_s) * self.per_decade)
+        step = math.floor(math.log10(attained_gpu_s) * self.per_decade)
+        if 10.0 ** ((step + 1) / self.per_decade) <= attained_gpu_s:
+            step += 1  # at a grid point the logarithm can round below it
+        return step
+
+    def next_step(self, attained_gpu_s: float) -> float:
+        """The attained service where the next grid step starts: the index is constant
+        between steps."""
+        return grid_step_above(attained_gpu_s, self.per_decade)
 
     def index(self, attained_gpu_s: float) -> float:
         step = self._step(attained_gpu_s)

@@ -103,6 +103,7 @@ LEARNING_KEYS: frozenset[str] = frozenset(
         "rule",
         "weight",
         "max_spread",
+        "model_order",
         "retrain_every_s",
         "predictor",
         "guarded",
@@ -365,6 +366,7 @@ def _learning(
             rule=str(m.get("rule", d.rule)),
             weight=r.number(m.get("weight", d.weight), "learning.weight"),
             max_spread=r.number(m.get("max_spread", d.max_spread), "learning.max_spread"),
+            model_order=str(m.get("model_order", d.model_order)),
             retrain_every_s=r.number(
                 m.get("retrain_every_s", d.retrain_every_s),
                 "learning.retrain_every_s",

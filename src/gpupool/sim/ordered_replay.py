@@ -26,7 +26,7 @@ from gpupool.learning.factory import make_predictor
 from gpupool.learning.guard import GuardChange
 from gpupool.learning.history import JobFacts
 from gpupool.learning.learned import Candidate, LearnedOrdering
-from gpupool.learning.ordering import GittinsIndex, preferential_merge
+from gpupool.learning.ordering import GittinsIndex, grid_step_above, preferential_merge
 from gpupool.learning.predictor import Predictor
 from gpupool.metrics import replay_metrics
 from gpupool.policies import placement_policy, queue_policy
@@ -39,18 +39,6 @@ GITTINS_PER_DECADE = GittinsIndex(()).per_decade
 def default_predictor(config: LearningConfig, origin_s: float = 0.0) -> Predictor:
     """The predictor `config.predictor` names, untrained."""
     return make_predictor(config, origin_s)
-
-
-def _gittins_boundary(attained_gpu_s: float, per_decade: int) -> float:
-    """The next attained service at which the Gittins grid step changes."""
-    if attained_gpu_s < 1.0:
-        return 1.0
-    step = math.floor(math.log10(attained_gpu_s) * per_decade)
-    bound = float(10.0 ** ((step + 1) / per_decade))
-    while bound <= attained_gpu_s:  # floating error at a boundary
-        step += 1
-        bound = float(10.0 ** ((step + 1) / per_decade))
-    return bound
 
 
 @dataclass(slots=True)
@@ -154,16 +142,12 @@ def run_ordered(
         if ordering is None:
             return math.inf
         if ordering.config.rule == "gittins":
-            bound = _gittins_boundary(a, GITTINS_PER_DECADE)
+            bound = grid_step_above(a, GITTINS_PER_DECADE)
         else:
             nxt = las.next_threshold(a)
             bound = math.inf if nxt is None else nxt
         if ordering.uses_model:
-            p = ordering.predictions.get(r.job.job_id)
-            if p is not None:
-                for q in (p.q50_gpu_s, p.q90_gpu_s):
-                    if a < q < bound:
-                        bound = q
+            bound = min(bound, ordering.rank_bound(r.job.job_id, a))
         return bound
 
     def push_boundary(r: _Job, now: float) -> None:
