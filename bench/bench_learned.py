@@ -88,8 +88,8 @@ DEFAULT_MIX: dict[str, Any] = {
 }
 MIX = dict(DEFAULT_MIX)
 ORDER_WORDS = {
-    "gittins": "the Gittins index of each job's predicted distribution (learning.model_order "
-    "gittins)",
+    "gittins": "the Gittins index of the GPU-times of finished jobs whose predicted median "
+    "fell in the job's bin (learning.model_order gittins)",
     "remaining": "predicted GPU-time still to go (learning.model_order remaining)",
 }
 """The learned order's mix (learning.weight, learning.max_spread, learning.model_order),
@@ -305,14 +305,22 @@ def checks(rows: list[dict[str, Any]], clusters: list[str]) -> list[dict[str, An
         ("inverted guarded", 1.10),
         ("shuffled unguarded", 1.10),
         ("inverted unguarded", 1.10),
+        ("gittins", 1.05),
+        ("srtf (oracle)", 1.05),
     ):
         ratio, where, windows = worst(policy)
         expect_fail = "unguarded" in policy
+        reference = policy in ("gittins", "srtf (oracle)")
         ok = windows > 0 and ratio <= bound
         out.append(
             {
                 "check": f"{policy}: JCT <= {bound:.2f} x las on every weekly window and load"
-                + (" (expected to FAIL: no guard)" if expect_fail else ""),
+                + (" (expected to FAIL: no guard)" if expect_fail else "")
+                + (
+                    " (a reference, not an acceptance line: can any order pass?)"
+                    if reference
+                    else ""
+                ),
                 "pass": ok,
                 "figures": f"worst {ratio:.3f} x over {windows} windows: {where}",
                 "detail": [],
@@ -332,7 +340,8 @@ def checks(rows: list[dict[str, Any]], clusters: list[str]) -> list[dict[str, An
         out.append(
             {
                 "check": f"{policy}: whole-trace mean JCT <= {bound:.2f} x las at every load"
-                + (" (expected to FAIL: no guard)" if expect_fail else ""),
+                + (" (expected to FAIL: no guard)" if expect_fail else "")
+                + (" (a reference, not an acceptance line)" if reference else ""),
                 "pass": compared > 0 and not over,
                 "figures": f"{len(over)} of {compared} (cluster, load) over the bound",
                 "detail": over,
