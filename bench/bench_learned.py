@@ -31,7 +31,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 from gpupool.errors import SpecError
-from gpupool.learning.config import MODEL_ORDERS, LearningConfig
+from gpupool.learning.config import MODEL_ORDERS, RULES, LearningConfig
 from gpupool.learning.predictor import Predictor
 from gpupool.sim.ordered_replay import default_predictor
 from gpupool.sim.replay import run_replay
@@ -85,6 +85,7 @@ DEFAULT_MIX: dict[str, Any] = {
     "weight": LearningConfig().weight,
     "max_spread": LearningConfig().max_spread,
     "model_order": LearningConfig().model_order,
+    "rule": LearningConfig().rule,
 }
 MIX = dict(DEFAULT_MIX)
 ORDER_WORDS = {
@@ -92,8 +93,12 @@ ORDER_WORDS = {
     "fell in the job's bin (learning.model_order gittins)",
     "remaining": "predicted GPU-time still to go (learning.model_order remaining)",
 }
-"""The learned order's mix (learning.weight, learning.max_spread, learning.model_order),
-set by the options."""
+RULE_WORDS = {
+    "las": "2D-LAS (learning.rule las)",
+    "gittins": "2D-Gittins on the recent finished jobs (learning.rule gittins)",
+}
+"""The learned order's mix (learning.weight, learning.max_spread, learning.model_order,
+learning.rule), set by the options."""
 _JOBS: dict[str, Any] = {}
 
 
@@ -350,9 +355,14 @@ def checks(rows: list[dict[str, Any]], clusters: list[str]) -> list[dict[str, An
     return out
 
 
+def mix_of(data: dict[str, Any]) -> dict[str, Any]:
+    """The mix a record ran: records older than an option ran what was then the default."""
+    old = {"weight": 0.75, "max_spread": 16.0, "model_order": "remaining", "rule": "las"}
+    return {**old, **data.get("mix", {})}
+
+
 def render(data: dict[str, Any]) -> str:
-    # records older than an option ran what was then the default
-    mix = {"weight": 0.75, "max_spread": 16.0, "model_order": "remaining", **data.get("mix", {})}
+    mix = mix_of(data)
     lines = [f"# The learned queue against the rule baselines: {TRACES[data['traces']]}", ""]
     lines += [
         "Trace replay (`gpupool.sim.replay`), 8-GPU nodes, consolidate placement, free "
@@ -374,7 +384,8 @@ def render(data: dict[str, Any]) -> str:
         "",
         f"Mix: {mix['weight']:g} of the picks follow the predicted order; a job whose "
         f"predicted q90/q10 is above {mix['max_spread']:g} follows the rule order; the "
-        f"predicted order ranks by {ORDER_WORDS[mix['model_order']]}.",
+        f"predicted order ranks by {ORDER_WORDS[mix['model_order']]}; the rule order it "
+        f"mixes with and falls back to is {RULE_WORDS[mix['rule']]}.",
         "",
         f"Run time {data['total_s'] / 60:.1f} min on {data['workers']} processes"
         + (" (--quick: a short run, not the full benchmark)" if data["quick"] else "")
@@ -490,6 +501,13 @@ def main() -> int:
         default=MIX["model_order"],
         help="how the predicted order ranks a job (learning.model_order; default %(default)s)",
     )
+    ap.add_argument(
+        "--rule",
+        choices=RULES,
+        default=MIX["rule"],
+        help="the rule order the learned one mixes with and falls back to (learning.rule; "
+        "default %(default)s)",
+    )
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     ap.add_argument(
         "--render",
@@ -497,6 +515,12 @@ def main() -> int:
         help="only write the .md again from the .json of an earlier run (checks recomputed)",
     )
     ap.add_argument("--note", action="append", default=[], help="with --render: a paragraph to add")
+    ap.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the replays of an earlier run cut short (same traces and mix; its node "
+        "counts) and run only the ones it lacks",
+    )
     args = ap.parse_args()
     stem = "learned" if args.traces == "itp" else "learned_gavel"
     if args.render:
@@ -509,7 +533,12 @@ def main() -> int:
         return 0
     started = time.perf_counter()
     SOURCE["name"] = args.traces
-    MIX.update(weight=args.weight, max_spread=args.max_spread, model_order=args.model_order)
+    MIX.update(
+        weight=args.weight,
+        max_spread=args.max_spread,
+        model_order=args.model_order,
+        rule=args.rule,
+    )
     try:
         LearningConfig(**MIX)  # a bad value is refused here, before any replay
     except SpecError as err:
@@ -519,10 +548,11 @@ def main() -> int:
         names = [c for c in args.clusters.split(",") if c]
     loads = LOADS[:1] if args.quick else LOADS
     variants = [v for v in VARIANTS if not (args.quick and not v[3])]
+    earlier = earlier_run(args, names) if args.resume else None
     ctx = mp.get_context("fork")
     with ctx.Pool(args.workers) as pool:
-        search = []
-        for s in pool.imap(find_nodes, names):
+        search = [] if earlier is None else earlier["search"]
+        for s in [] if earlier is not None else pool.imap(find_nodes, names):
             s["jobs"] = len(cluster_jobs(s["cluster"]))
             print(
                 f"[search] {s['cluster']}: {s['nodes']} nodes, FIFO {s['fifo_util']:.1%}"
@@ -542,20 +572,61 @@ def main() -> int:
         load_rank = {load: k for k, (load, _) in enumerate(LOADS)}
         tasks.sort(key=lambda t: (load_rank[t[1]], size[t[0]]))
         rows: list[dict[str, Any]] = []
+        if earlier is not None:
+            planned = set(tasks)
+            rows = [r for r in earlier["rows"] if task_of(r) in planned]
+            kept = {task_of(r) for r in rows}
+            tasks = [t for t in tasks if t not in kept]
+            started -= earlier["total_s"]
+            print(f"[resume] {len(rows)} replays kept, {len(tasks)} to run", flush=True)
         data: dict[str, Any] = {}
-        for k, row in enumerate(pool.imap_unordered(run_one, tasks), 1):
+        done = len(rows)
+        for k, row in enumerate(pool.imap_unordered(run_one, tasks), done + 1):
             rows.append(row)
             print(
-                f"[{k}/{len(tasks)}] {row['cluster']} {row['load']} {row['policy']}: "
+                f"[{k}/{done + len(tasks)}] {row['cluster']} {row['load']} {row['policy']}: "
                 f"mean JCT {row['mean_jct_h']:.2f} h, util {row['utilization']:.1%}, "
                 f"{row['wall_s']:.1f}s ({(time.perf_counter() - started) / 60:.1f} min)",
                 flush=True,
             )
-            data = write(args, search, rows, len(tasks), started)
+            data = write(args, search, rows, done + len(tasks), started)
+        if not tasks:
+            data = write(args, search, rows, done, started)
     for c in data["checks"]:
         print(f"{'PASS' if c['pass'] else 'FAIL'}  {c['check']}: {c['figures']}")
     print(f"wrote {args.out} ({args.traces}) in {data['total_s'] / 60:.1f} min")
     return 0
+
+
+def task_of(row: dict[str, Any]) -> tuple[str, str, int, str]:
+    return (row["cluster"], row["load"], row["nodes"], row["policy"])
+
+
+def earlier_run(args: argparse.Namespace, names: list[str]) -> dict[str, Any] | None:
+    """The .json of an earlier run to go on from, or None (with the reason) when it cannot:
+    another trace set or mix would mix two experiments in one table."""
+    stem = "learned" if args.traces == "itp" else "learned_gavel"
+    path = args.out / f"{stem}.json"
+    if not path.is_file():
+        print(f"[resume] no {path}: starting afresh", flush=True)
+        return None
+    data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    if data.get("traces", "itp") != args.traces or mix_of(data) != MIX:
+        raise SystemExit(
+            f"{path} holds another experiment (traces {data.get('traces')}, mix "
+            f"{mix_of(data)}, this run {args.traces}, {MIX}): run without --resume, or "
+            "with the options of that run"
+        )
+    if data.get("quick") and not args.quick:
+        print("[resume] the earlier run was --quick: its base-load replays are kept", flush=True)
+    searched = {s["cluster"] for s in data["search"]}
+    if not set(names) <= searched:
+        raise SystemExit(
+            f"{path} did not size clusters {sorted(set(names) - searched)}: run without "
+            "--resume, or name only the clusters it has"
+        )
+    data["search"] = [s for s in data["search"] if s["cluster"] in names]
+    return data
 
 
 def write(
