@@ -522,7 +522,7 @@ def main() -> int:
         "counts) and run only the ones it lacks",
     )
     args = ap.parse_args()
-    stem = "learned" if args.traces == "itp" else "learned_gavel"
+    stem = record_stem(args.traces)
     if args.render:
         data = json.loads((args.out / f"{stem}.json").read_text(encoding="utf-8"))
         data["checks"] = checks(data["rows"], data["checked_clusters"])
@@ -551,15 +551,18 @@ def main() -> int:
     earlier = earlier_run(args, names) if args.resume else None
     ctx = mp.get_context("fork")
     with ctx.Pool(args.workers) as pool:
-        search = [] if earlier is None else earlier["search"]
-        for s in [] if earlier is not None else pool.imap(find_nodes, names):
-            s["jobs"] = len(cluster_jobs(s["cluster"]))
-            print(
-                f"[search] {s['cluster']}: {s['nodes']} nodes, FIFO {s['fifo_util']:.1%}"
-                + ("" if s["in_band"] else " (NOT in the 70-80 % band)"),
-                flush=True,
-            )
-            search.append(s)
+        if earlier is not None:
+            search = earlier["search"]  # the node counts its replays ran at
+        else:
+            search = []
+            for s in pool.imap(find_nodes, names):
+                s["jobs"] = len(cluster_jobs(s["cluster"]))
+                print(
+                    f"[search] {s['cluster']}: {s['nodes']} nodes, FIFO {s['fifo_util']:.1%}"
+                    + ("" if s["in_band"] else " (NOT in the 70-80 % band)"),
+                    flush=True,
+                )
+                search.append(s)
         tasks = []
         for s in search:
             for load, factor in loads:
@@ -598,6 +601,11 @@ def main() -> int:
     return 0
 
 
+def record_stem(traces: str) -> str:
+    """The results file's name without its suffix (.json, .md) for a trace set."""
+    return "learned" if traces == "itp" else "learned_gavel"
+
+
 def task_of(row: dict[str, Any]) -> tuple[str, str, int, str]:
     return (row["cluster"], row["load"], row["nodes"], row["policy"])
 
@@ -605,8 +613,7 @@ def task_of(row: dict[str, Any]) -> tuple[str, str, int, str]:
 def earlier_run(args: argparse.Namespace, names: list[str]) -> dict[str, Any] | None:
     """The .json of an earlier run to go on from, or None (with the reason) when it cannot:
     another trace set or mix would mix two experiments in one table."""
-    stem = "learned" if args.traces == "itp" else "learned_gavel"
-    path = args.out / f"{stem}.json"
+    path = args.out / f"{record_stem(args.traces)}.json"
     if not path.is_file():
         print(f"[resume] no {path}: starting afresh", flush=True)
         return None
@@ -656,7 +663,7 @@ def write(
         "total_s": time.perf_counter() - started,
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = "learned" if args.traces == "itp" else "learned_gavel"
+    stem = record_stem(args.traces)
     (args.out / f"{stem}.json").write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
     (args.out / f"{stem}.md").write_text(render(data), encoding="utf-8")
     return data
