@@ -40,6 +40,10 @@ class Candidate(NamedTuple):
     arrival_s: float
 
 
+PredictedKey = tuple[float, float, float, str]
+"""A job's key in the predicted order: compared as a tuple, the job id last."""
+
+
 class LearnedOrdering:
     def __init__(self, config: LearningConfig, predictor: Predictor | None = None) -> None:
         self.config = config
@@ -55,6 +59,9 @@ class LearnedOrdering:
         self._judged_seen = 0
         self._bins: tuple[list[float], list[GittinsIndex]] = ([], [])
         self._bins_at = 0
+        self._keys_version = 0
+        """Moves whenever a job's predicted key may have changed for the same attained
+        service: the bins were rebuilt, or the model retrained and predicted again."""
         self.retrains: list[ModelInfo] = []
 
     # ---- what happened -------------------------------------------------------------
@@ -88,6 +95,7 @@ class LearnedOrdering:
             info = p.retrain(self.history, now_s)
             if info is not None:
                 self.retrains.append(info)
+                self._keys_version += 1
                 for facts in self.facts.values():
                     self._predict(facts)
         if p is None:
@@ -136,23 +144,33 @@ class LearnedOrdering:
 
     def predicted_order(self, candidates: Sequence[Candidate]) -> list[str]:
         """Jobs the model is confident about, in the order `config.model_order` gives."""
-        if self.config.model_order == "gittins":
-            return self._conditional_order(candidates)
-        keyed: list[tuple[float, float, str]] = []
-        for c in candidates:
-            p = self.predictions.get(c.job_id)
-            if p is None or not p.confident(self.config.max_spread):
-                continue
-            if c.attained_gpu_s >= p.q90_gpu_s:
-                continue  # already past what the model thought likely: it was wrong here
-            left = (p.q50_gpu_s if c.attained_gpu_s < p.q50_gpu_s else p.q90_gpu_s) - (
-                c.attained_gpu_s
-            )
-            keyed.append((left, c.arrival_s, c.job_id))
+        keyed = [k for k in map(self.predicted_key, candidates) if k is not None]
         keyed.sort()
-        return [job_id for _, _, job_id in keyed]
+        return [k[-1] for k in keyed]
 
-    def _conditional_order(self, candidates: Sequence[Candidate]) -> list[str]:
+    def predicted_key(self, c: Candidate) -> PredictedKey | None:
+        """The job's place in the predicted order (smaller runs first; the job id last),
+        or None when it follows the rule order. For the same attained service the key
+        stays the same until `keys_version()` moves, so a driver may keep waiting jobs'
+        keys sorted between decisions."""
+        if self.config.model_order == "gittins":
+            return self._conditional_key(c)
+        p = self.predictions.get(c.job_id)
+        if p is None or not p.confident(self.config.max_spread):
+            return None
+        if c.attained_gpu_s >= p.q90_gpu_s:
+            return None  # already past what the model thought likely: it was wrong here
+        left = (p.q50_gpu_s if c.attained_gpu_s < p.q50_gpu_s else p.q90_gpu_s) - (c.attained_gpu_s)
+        return (left, c.arrival_s, 0.0, c.job_id)
+
+    def keys_version(self) -> int:
+        """A number that moves whenever `predicted_key` may give another key for the same
+        job and attained service (rebuilding the bins now when they are due)."""
+        if self.config.model_order == "gittins":
+            self.conditional_bins()
+        return self._keys_version
+
+    def _conditional_key(self, c: Candidate) -> PredictedKey | None:
         """By the Gittins index of each job's own distribution: the GPU-times of recent
         finished jobs whose predicted median fell in the same bin as its own. A sharp
         model makes narrow bins, and the order nears shortest-remaining-first; a model
@@ -160,17 +178,15 @@ class LearnedOrdering:
         than anything its bin has seen follows the rule order."""
         edges, indexes = self.conditional_bins()
         if not indexes:
-            return []
-        keyed: list[tuple[float, float, float, str]] = []
-        for c in candidates:
-            p = self.predictions.get(c.job_id)
-            if p is None or not p.confident(self.config.max_spread):
-                continue
-            value = indexes[bisect.bisect_right(edges, p.q50_gpu_s)].index(c.attained_gpu_s)
-            if value > 0.0:  # equal indexes (few data, one bin): shorter predicted first
-                keyed.append((-value, p.q50_gpu_s - c.attained_gpu_s, c.arrival_s, c.job_id))
-        keyed.sort()
-        return [k[-1] for k in keyed]
+            return None
+        p = self.predictions.get(c.job_id)
+        if p is None or not p.confident(self.config.max_spread):
+            return None
+        value = indexes[bisect.bisect_right(edges, p.q50_gpu_s)].index(c.attained_gpu_s)
+        if value <= 0.0:
+            return None
+        # equal indexes (few data, one bin): shorter predicted first
+        return (-value, p.q50_gpu_s - c.attained_gpu_s, c.arrival_s, c.job_id)
 
     def conditional_bins(self) -> tuple[list[float], list[GittinsIndex]]:
         """Bin edges of predicted median (ascending) and a Gittins index per bin, from
@@ -188,6 +204,7 @@ class LearnedOrdering:
                 members[bisect.bisect_right(edges, median)].append(taken)
             indexes = [GittinsIndex(m) for m in members]
             self._bins = (edges, indexes)
+            self._keys_version += 1
         return self._bins
 
     def rank_bound(self, job_id: str, attained_gpu_s: float) -> float:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -120,32 +120,42 @@ def preferential_merge(predicted: Sequence[str], rule: Sequence[str], weight: fl
     """One order of the jobs in `rule`: `weight` of the picks follow `predicted` (jobs the
     predictor is confident about, in predicted order), the rest follow `rule`; each job
     appears once, where it is first picked."""
+    return list(iter_preferential(predicted, rule, weight))
+
+
+def iter_preferential(
+    predicted: Iterable[str], rule: Sequence[str], weight: float
+) -> Iterator[str]:
+    """`preferential_merge`, one job at a time: a driver that needs only the head of the
+    order (until the GPUs are full) stops early, and `predicted` may itself be lazy."""
     if not 0.0 <= weight <= 1.0:
         raise SpecError(f"the prediction weight must be in 0..1, got {weight}")
-    out: list[str] = []
+    return _preferential(iter(predicted), rule, weight)
+
+
+def _preferential(predicted: Iterator[str], rule: Sequence[str], weight: float) -> Iterator[str]:
     taken: set[str] = set()
     members = set(rule)
-    p = r = 0
+    head = next(predicted, None)  # the predicted job to consider next; None: none left
+    r = 0
     credit = 0.5  # rounds: a weight of one half or more picks from the prediction first,
     # a weight of 0 never does
-    while len(out) < len(members):
+    while len(taken) < len(members):
         credit += weight
-        use_predicted = credit >= 1.0 - 1e-12 and p < len(predicted)
-        if use_predicted:
+        if credit >= 1.0 - 1e-12 and head is not None:
             credit -= 1.0
-            while p < len(predicted) and (predicted[p] in taken or predicted[p] not in members):
-                p += 1
-            if p < len(predicted):
-                taken.add(predicted[p])
-                out.append(predicted[p])
-                p += 1
+            while head is not None and (head in taken or head not in members):
+                head = next(predicted, None)
+            if head is not None:
+                taken.add(head)
+                yield head
+                head = next(predicted, None)
                 continue
         while r < len(rule) and rule[r] in taken:
             r += 1
         if r < len(rule):
             taken.add(rule[r])
-            out.append(rule[r])
+            yield rule[r]
             r += 1
-        elif p >= len(predicted):
+        elif head is None:
             break
-    return out

@@ -11,7 +11,7 @@ import bisect
 import heapq
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -25,8 +25,13 @@ from gpupool.learning.config import LearningConfig
 from gpupool.learning.factory import make_predictor
 from gpupool.learning.guard import GuardChange
 from gpupool.learning.history import JobFacts
-from gpupool.learning.learned import Candidate, LearnedOrdering
-from gpupool.learning.ordering import GittinsIndex, grid_step_above, preferential_merge
+from gpupool.learning.learned import Candidate, LearnedOrdering, PredictedKey
+from gpupool.learning.ordering import (
+    GittinsIndex,
+    grid_step_above,
+    iter_preferential,
+    preferential_merge,
+)
 from gpupool.learning.predictor import Predictor
 from gpupool.metrics import replay_metrics
 from gpupool.policies import placement_policy, queue_policy
@@ -60,6 +65,46 @@ class _Job:
 _FINISH = 0
 _BOUNDARY = 1
 _ARRIVAL = 2
+
+
+class _WaitingKeys:
+    """The predicted keys of the waiting jobs, kept sorted between decisions.
+
+    A waiting job's attained service does not change, so neither does its key until the
+    ordering's `keys_version` moves; keeping them sorted leaves only the running jobs to
+    key at each decision, instead of every job that wants GPUs (most of a learned replay's
+    time on a busy cluster).
+    """
+
+    def __init__(self) -> None:
+        self.version = -1
+        self.keys: dict[str, PredictedKey | None] = {}
+        self.sorted: list[PredictedKey] = []
+
+    def forget(self) -> None:
+        self.version = -1
+        self.keys.clear()
+        self.sorted.clear()
+
+    def sync(
+        self, ordering: LearnedOrdering, waiting: dict[str, _Job], attained: Callable[[_Job], float]
+    ) -> list[PredictedKey]:
+        """The waiting jobs' keys, sorted; `attained` gives the service a job ranks by."""
+        version = ordering.keys_version()
+        if version != self.version:
+            self.forget()
+            self.version = version
+        for job_id in self.keys.keys() - waiting.keys():
+            key = self.keys.pop(job_id)
+            if key is not None:
+                del self.sorted[bisect.bisect_left(self.sorted, key)]
+        for job_id in waiting.keys() - self.keys.keys():
+            r = waiting[job_id]
+            key = ordering.predicted_key(Candidate(job_id, attained(r), r.job.submit_s))
+            self.keys[job_id] = key
+            if key is not None:
+                bisect.insort(self.sorted, key)
+        return self.sorted
 
 
 def run_ordered(
@@ -255,6 +300,30 @@ def run_ordered(
         ]
         return preferential_merge(ordering.predicted_order(cands), order, ordering.config.weight)
 
+    waiting_keys = _WaitingKeys()
+
+    def merged_head(order: list[str], now: float) -> Iterator[str]:
+        """`merged`, lazily, with the waiting jobs' predicted keys kept sorted between
+        decisions (the same order: keys are unique, the job id last)."""
+        assert ordering is not None
+        if not ordering.uses_model:
+            waiting_keys.forget()  # a job may start and stop unseen: key it afresh
+            return iter(order)
+        sorted_waiting = waiting_keys.sync(ordering, waiting, lambda r: ranked_attained(r, now))
+        running_keys = [
+            k
+            for r in running.values()
+            if (
+                k := ordering.predicted_key(
+                    Candidate(r.job.job_id, ranked_attained(r, now), r.job.submit_s)
+                )
+            )
+            is not None
+        ]
+        running_keys.sort()
+        predicted = (k[-1] for k in heapq.merge(running_keys, sorted_waiting))
+        return iter_preferential(predicted, order, ordering.config.weight)
+
     def schedule_ranked(now: float) -> None:
         nonlocal best_waiting
         assert ordering is not None
@@ -264,7 +333,7 @@ def run_ordered(
         if not preemptive:
             start_in_order(now)
             return
-        order = merged(rule_order(now), now)
+        order = merged_head(rule_order(now), now)
         left = total_gpus
         wanted: list[_Job] = []
         for job_id in order:
