@@ -6,6 +6,7 @@ from __future__ import annotations
 import bisect
 import random
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
@@ -17,7 +18,12 @@ from gpupool.learning.guard import GuardConfig, GuardState
 from gpupool.learning.history import JobFacts
 from gpupool.learning.learned import Candidate, LearnedOrdering
 from gpupool.learning.lightgbm_model import LightGbmPredictor, LightGbmSettings
-from gpupool.learning.ordering import GittinsIndex, LasQueues, preferential_merge
+from gpupool.learning.ordering import (
+    GittinsIndex,
+    LasQueues,
+    iter_preferential,
+    preferential_merge,
+)
 from gpupool.learning.predictor import Prediction, Predictor
 from learning_streams import drive, stream
 
@@ -96,6 +102,29 @@ def test_preferential_merge_is_a_permutation_of_the_rule_order() -> None:
         for weight in (0.0, 0.2, 0.5, 0.75, 1.0):
             out = preferential_merge(predicted, rule, weight)
             assert sorted(out) == sorted(rule)
+
+
+def test_the_lazy_merge_gives_the_merge_and_reads_the_prediction_only_as_needed() -> None:
+    rng = random.Random(4)
+    for _ in range(200):
+        rule = [f"j{i}" for i in range(rng.randrange(0, 15))]
+        rng.shuffle(rule)
+        predicted = [*rng.sample(rule, rng.randrange(0, len(rule) + 1)), "stranger"]
+        rng.shuffle(predicted)
+        for weight in (0.0, 0.3, 0.5, 1.0):
+            assert list(iter_preferential(iter(predicted), rule, weight)) == (
+                preferential_merge(predicted, rule, weight)
+            )
+    read: list[str] = []
+
+    def stream() -> Iterator[str]:
+        for job_id in ["c", "a", "b"]:
+            read.append(job_id)
+            yield job_id
+
+    head = iter_preferential(stream(), ["a", "b", "c"], 1.0)
+    assert next(head) == "c"
+    assert read == ["c"]  # the rest of the prediction is not worked out yet
 
 
 def test_preferential_merge_weight_zero_is_the_rule_one_is_predicted_first() -> None:
@@ -274,3 +303,22 @@ def test_the_conditional_rank_holds_until_its_bound(seed: int) -> None:
         a = bound
     else:
         pytest.fail("the job never passed its bin's longest")
+
+
+def test_keys_version_moves_when_a_key_may_change() -> None:
+    """A driver keeps waiting jobs' keys while the version stands: it must move when the
+    bins are rebuilt, and a key must not change while it stands."""
+    ordering = _judged([(m, m) for m in _medians(300, seed=6)])
+    _predict(ordering, "w", 5_000.0)
+    version = ordering.keys_version()
+    key = ordering.predicted_key(Candidate("w", 0.0, 0.0))
+    assert key is not None and key[-1] == "w"
+    assert ordering.predicted_key(Candidate("w", 0.0, 0.0)) == key
+    assert ordering.keys_version() == version
+    for i in range(100):  # GITTINS_REFRESH more judged jobs: the bins are rebuilt
+        job_id = f"more-{i}"
+        ordering.facts[job_id] = JobFacts(job_id, 0.0, 1)
+        _predict(ordering, job_id, 5_000.0)
+        ordering.finished(job_id, 1e6 + i, 10.0)  # w's bin learns its jobs end sooner
+    assert ordering.keys_version() != version
+    assert ordering.predicted_key(Candidate("w", 0.0, 0.0)) != key

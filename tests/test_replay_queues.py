@@ -15,6 +15,7 @@ from gpupool.core.model import JobSpec
 from gpupool.learning.config import LearningConfig
 from gpupool.learning.guard import GuardConfig
 from gpupool.learning.ordering import LasQueues
+from gpupool.sim import ordered_replay
 from gpupool.sim.replay import ReplayResult, run_replay
 
 
@@ -161,6 +162,35 @@ def test_learned_uses_a_good_model_and_differs_from_las() -> None:
     assert actions(r) != actions(las)
     notes = [d for d in r.log.decisions if d.job_id == "learning"]
     assert [d.action for d in notes] == [f"guard-{c.after.value}" for c in r.guard_changes]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"weight": 0.5},
+        {"model_order": "remaining", "max_spread": 16.0},
+        {"rule": "gittins"},
+    ],
+)
+def test_kept_sorted_waiting_keys_decide_as_keys_worked_out_afresh(
+    options: dict[str, object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The replay keeps waiting jobs' predicted keys between decisions; forgetting them at
+    every decision (every job keyed anew, the slow way) must give the same decisions."""
+    trace = random_trace(11, 600, 6 * 86_400.0, teams=3)
+    cfg = LearningConfig(predictor="recent-median", guard=SMALL_GUARD, **options)  # type: ignore[arg-type]
+    kept = run_replay(trace, 3, 8, "learned", learning=cfg)
+    assert kept.trusted_s > 0 and kept.metrics.preemptions > 0  # the path is exercised
+    sync = ordered_replay._WaitingKeys.sync
+
+    def afresh(self: ordered_replay._WaitingKeys, *args: object) -> object:
+        self.forget()
+        return sync(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ordered_replay._WaitingKeys, "sync", afresh)
+    slow = run_replay(trace, 3, 8, "learned", learning=cfg)
+    assert actions(slow) == actions(kept)
 
 
 @pytest.mark.parametrize("queue", ["las", "gittins", "backfill", "learned"])
