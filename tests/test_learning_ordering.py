@@ -91,26 +91,28 @@ def test_gittins_serves_the_likely_to_finish_soon_first() -> None:
 
 
 # ---- preferential round-robin ------------------------------------------------------------
-def test_preferential_merge_is_a_permutation_of_the_rule_order() -> None:
-    rng = random.Random(3)
+def _merge_cases(seed: int) -> Iterator[tuple[list[str], list[str]]]:
+    """(predicted, rule) pairs: part of the rule's jobs in another order, a stranger the
+    rule does not hold, and repeats."""
+    rng = random.Random(seed)
     for _ in range(200):
         rule = [f"j{i}" for i in range(rng.randrange(0, 15))]
         rng.shuffle(rule)
         predicted = [*rng.sample(rule, rng.randrange(0, len(rule) + 1)), "stranger"]
         predicted += predicted[:2]  # repeats are ignored
         rng.shuffle(predicted)
+        yield predicted, rule
+
+
+def test_preferential_merge_is_a_permutation_of_the_rule_order() -> None:
+    for predicted, rule in _merge_cases(3):
         for weight in (0.0, 0.2, 0.5, 0.75, 1.0):
             out = preferential_merge(predicted, rule, weight)
             assert sorted(out) == sorted(rule)
 
 
 def test_the_lazy_merge_gives_the_merge_and_reads_the_prediction_only_as_needed() -> None:
-    rng = random.Random(4)
-    for _ in range(200):
-        rule = [f"j{i}" for i in range(rng.randrange(0, 15))]
-        rng.shuffle(rule)
-        predicted = [*rng.sample(rule, rng.randrange(0, len(rule) + 1)), "stranger"]
-        rng.shuffle(predicted)
+    for predicted, rule in _merge_cases(4):
         for weight in (0.0, 0.3, 0.5, 1.0):
             assert list(iter_preferential(iter(predicted), rule, weight)) == (
                 preferential_merge(predicted, rule, weight)
