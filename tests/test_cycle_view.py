@@ -15,6 +15,7 @@ import pytest
 from gpupool.core.lifecycle import JobState
 from gpupool.policies.cycle import CycleView, victim_table
 from gpupool.scheduler import Scheduler
+from gpupool.sim.generators import find_traces_dir
 from gpupool.sim.scenario import run_scenario
 from gpupool.sim.scenario_config import load_scenario
 
@@ -35,6 +36,8 @@ def preempting(core: Scheduler) -> frozenset[str]:
 def test_the_core_view_equals_one_built_per_running_job(
     name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    if name == "serving-borrow" and find_traces_dir(SCENARIOS) is None:
+        pytest.skip("serving-borrow replays the Azure LLM trace: shared/traces not found")
     seen: Counter[str] = Counter()
     made = Scheduler.view
 

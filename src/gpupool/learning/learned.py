@@ -160,7 +160,7 @@ class LearnedOrdering:
             return None
         if c.attained_gpu_s >= p.q90_gpu_s:
             return None  # already past what the model thought likely: it was wrong here
-        left = (p.q50_gpu_s if c.attained_gpu_s < p.q50_gpu_s else p.q90_gpu_s) - (c.attained_gpu_s)
+        left = (p.q50_gpu_s if c.attained_gpu_s < p.q50_gpu_s else p.q90_gpu_s) - c.attained_gpu_s
         return (left, c.arrival_s, 0.0, c.job_id)
 
     def keys_version(self) -> int:
