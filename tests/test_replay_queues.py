@@ -165,23 +165,25 @@ def test_learned_uses_a_good_model_and_differs_from_las() -> None:
 
 
 @pytest.mark.parametrize(
-    "options",
+    ("options", "preemptive"),
     [
-        {},
-        {"weight": 0.5},
-        {"model_order": "remaining", "max_spread": 16.0},
-        {"rule": "gittins"},
+        ({}, True),
+        ({"weight": 0.5}, True),
+        ({"model_order": "remaining", "max_spread": 16.0}, True),
+        ({"rule": "gittins"}, True),
+        ({}, False),
     ],
 )
 def test_kept_sorted_waiting_keys_decide_as_keys_worked_out_afresh(
-    options: dict[str, object], monkeypatch: pytest.MonkeyPatch
+    options: dict[str, object], preemptive: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The replay keeps waiting jobs' predicted keys between decisions; forgetting them at
     every decision (every job keyed anew, the slow way) must give the same decisions."""
     trace = random_trace(11, 600, 6 * 86_400.0, teams=3)
     cfg = LearningConfig(predictor="recent-median", guard=SMALL_GUARD, **options)  # type: ignore[arg-type]
-    kept = run_replay(trace, 3, 8, "learned", learning=cfg)
-    assert kept.trusted_s > 0 and kept.metrics.preemptions > 0  # the path is exercised
+    kept = run_replay(trace, 3, 8, "learned", learning=cfg, preemptive=preemptive)
+    assert kept.trusted_s > 0  # the path is exercised
+    assert (kept.metrics.preemptions > 0) is preemptive
     sync = ordered_replay._WaitingKeys.sync
 
     def afresh(self: ordered_replay._WaitingKeys, *args: object) -> object:
@@ -189,7 +191,7 @@ def test_kept_sorted_waiting_keys_decide_as_keys_worked_out_afresh(
         return sync(self, *args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(ordered_replay._WaitingKeys, "sync", afresh)
-    slow = run_replay(trace, 3, 8, "learned", learning=cfg)
+    slow = run_replay(trace, 3, 8, "learned", learning=cfg, preemptive=preemptive)
     assert actions(slow) == actions(kept)
 
 

@@ -161,7 +161,7 @@ class LearnedOrdering:
         if c.attained_gpu_s >= p.q90_gpu_s:
             return None  # already past what the model thought likely: it was wrong here
         left = (p.q50_gpu_s if c.attained_gpu_s < p.q50_gpu_s else p.q90_gpu_s) - c.attained_gpu_s
-        return (left, c.arrival_s, 0.0, c.job_id)
+        return (left, c.arrival_s, 0.0, c.job_id)  # 0.0: the conditional key's shape
 
     def keys_version(self) -> int:
         """A number that moves whenever `predicted_key` may give another key for the same

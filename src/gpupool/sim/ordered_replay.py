@@ -30,7 +30,6 @@ from gpupool.learning.ordering import (
     GittinsIndex,
     grid_step_above,
     iter_preferential,
-    preferential_merge,
 )
 from gpupool.learning.predictor import Predictor
 from gpupool.metrics import replay_metrics
@@ -289,22 +288,12 @@ def run_ordered(
         new = rule_keys[r.job.job_id]
         return old < best_waiting and new < best_waiting
 
-    def merged(order: list[str], now: float) -> list[str]:
-        """The rule order, mixed with the predicted one while the model is in use."""
-        assert ordering is not None
-        if not ordering.uses_model:
-            return order
-        cands = [
-            Candidate(job_id, ranked_attained(table[job_id], now), table[job_id].job.submit_s)
-            for job_id in order
-        ]
-        return preferential_merge(ordering.predicted_order(cands), order, ordering.config.weight)
-
     waiting_keys = _WaitingKeys()
 
-    def merged_head(order: list[str], now: float) -> Iterator[str]:
-        """`merged`, lazily, with the waiting jobs' predicted keys kept sorted between
-        decisions (the same order: keys are unique, the job id last)."""
+    def merged(order: list[str], now: float) -> Iterator[str]:
+        """The rule order `order`, mixed with the predicted one while the model is in use,
+        lazily. The waiting jobs' predicted keys are kept sorted between decisions; the
+        running jobs are keyed afresh when they take part (a preemptive replay)."""
         assert ordering is not None
         if not ordering.uses_model:
             waiting_keys.forget()  # a job may start and stop unseen: key it afresh
@@ -312,7 +301,7 @@ def run_ordered(
         sorted_waiting = waiting_keys.sync(ordering, waiting, lambda r: ranked_attained(r, now))
         running_keys = [
             k
-            for r in running.values()
+            for r in (running.values() if preemptive else ())
             if (
                 k := ordering.predicted_key(
                     Candidate(r.job.job_id, ranked_attained(r, now), r.job.submit_s)
@@ -333,7 +322,7 @@ def run_ordered(
         if not preemptive:
             start_in_order(now)
             return
-        order = merged_head(rule_order(now), now)
+        order = merged(rule_order(now), now)
         left = total_gpus
         wanted: list[_Job] = []
         for job_id in order:
