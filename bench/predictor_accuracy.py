@@ -10,9 +10,11 @@ predictions shuffled between jobs, and mirrored around the median).
 
 Accuracy is what the guard measures: the share of q50 predictions within 2x of the
 actual GPU-time, and Spearman's rank correlation. Besides the whole-trace figures, the
-guard's view: windows of 200 consecutive finished jobs (in finish order, a step of 50),
-and the share of those windows whose figures pass the guard's thresholds
-(`GuardConfig` defaults). Writes bench/results/predictor-accuracy.md (and .json).
+guard's view: windows of the guard's size (`GuardConfig.window_jobs` consecutive finished
+jobs, in finish order, a step of 50), the median rank correlation within them (how well a
+predictor ranks jobs that finish near each other, which is what an order needs), and the
+share of those windows whose figures pass the guard's thresholds (`GuardConfig`
+defaults). Writes bench/results/predictor-accuracy.md (and .json).
 
     .venv/bin/python bench/predictor_accuracy.py [--clusters cluster01,cluster02]
 """
@@ -39,7 +41,6 @@ from gpupool.learning.predictor import Predictor
 from gpupool.traces.itp import read_itp
 from machine import describe
 
-WINDOW = 200
 STEP = 50
 KINDS = ("lightgbm", "recent-median", "shuffled", "inverted")
 
@@ -100,6 +101,7 @@ def evaluate(jobs: list[JobSpec], guard: GuardConfig) -> dict[str, object]:
     rows.sort(key=lambda r: r[0])  # the order the guard sees outcomes in
     actual = np.asarray([r[1] for r in rows])
     preds = np.asarray([r[2] for r in rows]).reshape(-1, len(KINDS))
+    window = guard.window_jobs
     out: dict[str, object] = {
         "jobs": len(jobs),
         "judged": len(rows),
@@ -108,11 +110,11 @@ def evaluate(jobs: list[JobSpec], guard: GuardConfig) -> dict[str, object]:
         "predict_ms": round(1000 * predict_s / max(predicted, 1), 3),
         "span_days": round((max(submits) - min(submits)) / 86_400, 1),
     }
-    starts = range(0, max(0, len(rows) - WINDOW) + 1, STEP) if len(rows) >= WINDOW else []
+    starts = range(0, len(rows) - window + 1, STEP) if len(rows) >= window else []
     for k, kind in enumerate(KINDS):
         p = preds[:, k]
-        w2 = [within_2x(p[s : s + WINDOW], actual[s : s + WINDOW]) for s in starts]
-        rho = [spearman(p[s : s + WINDOW], actual[s : s + WINDOW]) for s in starts]
+        w2 = [within_2x(p[s : s + window], actual[s : s + window]) for s in starts]
+        rho = [spearman(p[s : s + window], actual[s : s + window]) for s in starts]
         passing = [
             a >= guard.min_within_2x and b >= guard.min_rank_corr
             for a, b in zip(w2, rho, strict=True)
@@ -123,6 +125,7 @@ def evaluate(jobs: list[JobSpec], guard: GuardConfig) -> dict[str, object]:
             "windows": len(w2),
             "window_within_2x_p10": round(float(np.percentile(w2, 10)), 3) if w2 else None,
             "window_spearman_p10": round(float(np.percentile(rho, 10)), 3) if rho else None,
+            "window_spearman_median": round(float(np.median(rho)), 3) if rho else None,
             "window_within_2x_p90": round(float(np.percentile(w2, 90)), 3) if w2 else None,
             "window_spearman_p90": round(float(np.percentile(rho, 90)), 3) if rho else None,
             "windows_passing": round(float(np.mean(passing)), 3) if passing else None,
@@ -132,7 +135,15 @@ def evaluate(jobs: list[JobSpec], guard: GuardConfig) -> dict[str, object]:
     return out
 
 
-CANDIDATES = ((0.30, 0.20), (0.25, 0.15), (0.25, 0.10), (0.20, 0.10), (0.30, 0.10), (0.0, 0.10))
+CANDIDATES = (
+    (0.15, 0.05),
+    (0.30, 0.20),
+    (0.25, 0.15),
+    (0.25, 0.10),
+    (0.20, 0.10),
+    (0.30, 0.10),
+    (0.0, 0.10),
+)
 """(min within 2x, min rank correlation) pairs the guard's defaults are chosen among."""
 
 
@@ -208,14 +219,16 @@ def markdown(results: dict[str, dict[str, object]], guard: GuardConfig, command:
         lines.append("| " + " | ".join(cells) + " |")
     lines += [
         "",
-        f"The guard's view: windows of {WINDOW} finished jobs (step {STEP}); 10th percentile of",
-        "each figure over the windows, and the share of windows passing the default",
+        f"The guard's view: windows of {guard.window_jobs} finished jobs (step {STEP}); 10th "
+        "percentile of each figure over the windows, the median rank correlation within",
+        "them (rho in-window), and the share of windows passing the default",
         f"thresholds (within 2x >= {guard.min_within_2x:.2f} and "
         f"rho >= {guard.min_rank_corr:.2f}).",
         "",
-        "| cluster | windows | lightgbm p10 w2x / rho | passing | recent-median passing "
+        "| cluster | windows | lightgbm p10 w2x / rho | rho in-window | passing "
+        "| recent-median rho in-window | passing "
         "| shuffled p90 w2x / rho | passing | inverted p90 w2x / rho | passing |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, r in results.items():
         lg, rm, sh, inv = (r[k] for k in KINDS)
@@ -224,7 +237,8 @@ def markdown(results: dict[str, dict[str, object]], guard: GuardConfig, command:
         lines.append(
             f"| {name} | {lg['windows']} "
             f"| {_f(lg['window_within_2x_p10'])} / {_f(lg['window_spearman_p10'])} "
-            f"| {_f(lg['windows_passing'])} | {_f(rm['windows_passing'])} "
+            f"| {_f(lg.get('window_spearman_median'))} | {_f(lg['windows_passing'])} "
+            f"| {_f(rm.get('window_spearman_median'))} | {_f(rm['windows_passing'])} "
             f"| {_f(sh['window_within_2x_p90'])} / {_f(sh['window_spearman_p90'])} "
             f"| {_f(sh['windows_passing'])} "
             f"| {_f(inv['window_within_2x_p90'])} / {_f(inv['window_spearman_p90'])} "
