@@ -136,7 +136,7 @@ def evaluate(jobs: list[JobSpec], guard: GuardConfig) -> dict[str, object]:
 
 
 CANDIDATES = (
-    (0.15, 0.05),
+    (GuardConfig().min_within_2x, GuardConfig().min_rank_corr),  # the defaults, first
     (0.30, 0.20),
     (0.25, 0.15),
     (0.25, 0.10),
