@@ -28,9 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
-from gpupool.core.lifecycle import JobState
-from gpupool.core.model import Cluster, JobKind, JobSpec, Node
-from gpupool.core.quota import TeamQuota
+from gpupool.domain.lifecycle import JobState
+from gpupool.domain.model import Cluster, JobKind, JobSpec, Node
+from gpupool.domain.quota import TeamQuota
 from gpupool.scheduler import Scheduler, SchedulerConfig
 from machine import describe
 

@@ -69,8 +69,8 @@ class Worker:
 
 def worker(requests: IO[str]) -> int:
     import gpupool
-    from gpupool.sim.experiments import DEFAULT_NODES, DEFAULT_PODS, embedded
-    from gpupool.sim.fill import run_fill
+    from gpupool.sim.replay.experiments import DEFAULT_NODES, DEFAULT_PODS, embedded
+    from gpupool.sim.replay.fill import run_fill
     from gpupool.traces.openb import read_nodes, read_pods
 
     started = time.perf_counter()

@@ -33,8 +33,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from gpupool.errors import SpecError
 from gpupool.learning.config import MODEL_ORDERS, RULES, LearningConfig
 from gpupool.learning.predictor import Predictor
-from gpupool.sim.ordered_replay import default_predictor
-from gpupool.sim.replay import run_replay
+from gpupool.sim.replay.ordered import default_predictor
+from gpupool.sim.replay.run import run_replay
 from gpupool.traces.loaders import load_replay_trace
 from machine import describe
 
@@ -365,7 +365,7 @@ def render(data: dict[str, Any]) -> str:
     mix = mix_of(data)
     lines = [f"# The learned queue against the rule baselines: {TRACES[data['traces']]}", ""]
     lines += [
-        "Trace replay (`gpupool.sim.replay`), 8-GPU nodes, consolidate placement, free "
+        "Trace replay (`gpupool.sim.replay.run`), 8-GPU nodes, consolidate placement, free "
         "preemption for the preemptive queues (las, gittins, srtf, learned; preemptions "
         "counted). Each cluster at the node count where FIFO runs at 70-80 % utilisation "
         "(busy GPU-time / (GPUs x makespan)), and at +25 % load (nodes / 1.25) and -25 % "

@@ -20,7 +20,7 @@ from typing import Any
 
 from bench_learned import GPUS_PER_NODE, cluster_jobs, origin_s
 from gpupool.learning.config import LearningConfig
-from gpupool.sim.replay import run_replay
+from gpupool.sim.replay.run import run_replay
 
 RESULTS = Path(__file__).parent / "results"
 VARIANTS = (

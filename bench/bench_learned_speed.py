@@ -46,7 +46,7 @@ def replay_one(index: int) -> dict[str, Any]:
     """One task with whichever gpupool is first on the path (run in a child process)."""
     from bench_learned import GPUS_PER_NODE, cluster_jobs, origin_s
     from gpupool.learning.config import LearningConfig
-    from gpupool.sim.replay import run_replay
+    from gpupool.sim.replay.run import run_replay
 
     cluster, nodes, options = TASKS[index]
     jobs = cluster_jobs(cluster)

@@ -166,7 +166,7 @@ def ray_cluster(gpus_per_node: int) -> Iterator[dict[str, str]]:
     from ray.cluster_utils import Cluster
 
     import ray
-    from gpupool.service.ray_executor import node_resources
+    from gpupool.server.executors.ray import node_resources
 
     small = {"object_store_memory": 80 * 1024 * 1024, "include_dashboard": False}
     cluster = Cluster(
@@ -345,12 +345,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import httpx
 
     import ray
-    from gpupool.core.quota import TeamQuota
-    from gpupool.service.api import create_app
-    from gpupool.service.clock import SystemClock
-    from gpupool.service.live import LIVE_DEFAULTS, LiveConfig, ray_service
-    from gpupool.service.ray_executor import RayExecutor
-    from gpupool.service.store import Store, database_url
+    from gpupool.domain.quota import TeamQuota
+    from gpupool.ports.clock.base import SystemClock
+    from gpupool.server.api.app import create_app
+    from gpupool.server.executors.ray import RayExecutor
+    from gpupool.server.loop.driver import LIVE_DEFAULTS, LiveConfig, ray_service
+    from gpupool.server.store import Store, database_url
 
     pgids: list[int] = []
     with tempfile.TemporaryDirectory(prefix="gpupool-bench-ray-") as tmp_s:

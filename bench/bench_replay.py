@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from gpupool.sim.replay import auto_nodes, run_replay
+from gpupool.sim.replay.run import auto_nodes, run_replay
 from gpupool.traces.loaders import load_replay_trace
 from machine import describe
 

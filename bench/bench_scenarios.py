@@ -17,8 +17,8 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
-from gpupool.sim.scenario import run_scenario
-from gpupool.sim.scenario_config import load_scenario
+from gpupool.sim.scenario.config import load_scenario
+from gpupool.sim.scenario.world import run_scenario
 from machine import describe
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -40,7 +40,7 @@ def philly_list() -> Path:
 
 
 def commands() -> dict[str, list[str]]:
-    cli = [sys.executable, "-m", "gpupool.cli"]
+    cli = [sys.executable, "-m", "gpupool"]
     trace = ["--trace", str(philly_list()), "--format", "elasticflow", "--queue", "fifo"]
     return {
         "version": [*cli, "--version"],

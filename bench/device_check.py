@@ -23,7 +23,7 @@ from dataclasses import asdict
 from typing import Any
 
 from gpupool.energy.powercap import SetPowerCap
-from gpupool.service.telemetry import NoGpuError, NvmlTelemetry
+from gpupool.server.telemetry.nvml import NoGpuError, NvmlTelemetry
 
 CALIBRATION_MS_PER_GPU = 0.024
 

@@ -1,7 +1,7 @@
 """Which MPS directory modes hold a job that runs as another user (needs a real GPU, root).
 
 The live service runs each team's jobs as the team's own user and the MPS control daemon
-as root. This runs the daemon as the service does (service/mps.py: pipe and log
+as root. This runs the daemon as the service does (server/executors/mps.py: pipe and log
 directories per card, CUDA_VISIBLE_DEVICES by UUID) with its directories in various
 modes (the service makes them 0711 with `reachable_dir`), and clients
 (bench/device_sharing.py's CLIENT: the CUDA driver API through ctypes) as unprivileged

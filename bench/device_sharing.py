@@ -2,7 +2,7 @@
 
 Starts an MPS control daemon for GPU 0 only (its own pipe and log directories in a temp
 directory), runs two clients with the environment gpupool gives a sharing job
-(service/mps.py: CUDA_MPS_PINNED_DEVICE_MEM_LIMIT, CUDA_MPS_ACTIVE_THREAD_PERCENTAGE),
+(server/executors/mps.py: CUDA_MPS_PINNED_DEVICE_MEM_LIMIT, CUDA_MPS_ACTIVE_THREAD_PERCENTAGE),
 each trying to allocate twice its limit through the CUDA driver API (ctypes, libcuda),
 then prints what each client got and what NVML reports per process. Bounded: each
 client stops after 60 s, the whole run after 150 s; the daemon is always quit.
@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from gpupool.service.mps import ShareRequest, mps_limits
+from gpupool.server.executors.mps import ShareRequest, mps_limits
 
 CLIENT = r"""
 import ctypes, json, sys, time

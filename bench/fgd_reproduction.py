@@ -12,8 +12,8 @@ import sys
 import time
 from pathlib import Path
 
-from gpupool.sim.experiments import fill_batch, median_curves
-from gpupool.sim.fgd_paper import PAPER_POLICY_NAMES
+from gpupool.sim.replay.experiments import fill_batch, median_curves
+from gpupool.sim.replay.fgd_paper import PAPER_POLICY_NAMES
 
 POINTS = (50, 90, 95, 100, 110, 130)
 

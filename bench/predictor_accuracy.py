@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from gpupool.core.model import JobSpec
+from gpupool.domain.model import JobSpec
 from gpupool.learning.baseline import RecentMedianPredictor
 from gpupool.learning.faults import InvertedPredictor, ShuffledPredictor
 from gpupool.learning.guard import GuardConfig, spearman

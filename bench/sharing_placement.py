@@ -1,6 +1,6 @@
 """Shared inference through the one core: unplaced shares per placement policy.
 
-Runs gpupool.sim.sharing (online replicas asking for 10-40 GiB among whole-GPU offline
+Runs gpupool.sim.scenario.sharing (online replicas asking for 10-40 GiB among whole-GPU offline
 work, arriving until their demand reaches the fleet's capacity, never leaving) under
 consolidate, best-fit and fgd, seeds 0-4 and three demand levels, and writes
 bench/results/sharing_placement.json and .md.
@@ -12,7 +12,7 @@ import json
 import time
 from pathlib import Path
 
-from gpupool.sim.sharing import SharingScenario, openb_run, run
+from gpupool.sim.scenario.sharing import SharingScenario, openb_run, run
 from machine import describe
 
 POLICIES = ("consolidate", "best-fit", "fgd")
@@ -49,7 +49,7 @@ def main() -> None:
     lines = [
         "# Shared inference: unplaced shares by placement policy",
         "",
-        "`python bench/sharing_placement.py` (gpupool.sim.sharing, 16 x 8 A100-80GB, 70% of",
+        "`python bench/sharing_placement.py` (sim/scenario/sharing.py, 16 x 8 A100-80GB, 70% of",
         "arrivals online replicas of 10/18/24/40 GiB, the rest 1/2/4-GPU offline jobs; sums",
         f"over seeds {SEEDS.start}-{SEEDS.stop - 1}; {elapsed:.0f} s).",
         "",
@@ -74,7 +74,7 @@ def main() -> None:
         "",
         "## The openb trace through the core",
         "",
-        "`gpupool.sim.sharing.openb_run`: every 16th GPU node of the Alibaba openb",
+        "`gpupool.sim.scenario.sharing.openb_run`: every 16th GPU node of the Alibaba openb",
         "cluster (one model), tasks drawn from its pods until their GPU requests reach",
         "the demand; sharing tasks run as offline inference, the rest as batch; CPU counts.",
         "",

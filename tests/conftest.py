@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from gpupool.service.store import Store
+from gpupool.server.store import Store
 
 _CANDIDATES = (
     Path(__file__).resolve().parents[2] / "shared" / "traces",

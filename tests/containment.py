@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gpupool.service import cgroups
+from gpupool.server.isolation import cgroups
 
 
 def missing() -> str | None:

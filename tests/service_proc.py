@@ -33,7 +33,7 @@ def reap_left_jobs() -> None:
     running when it stops, on purpose (a restart adopts them); at the end of a test
     nobody will, and a job left behind would eat the CPU of every test after it. Only a
     process that still is the recorded one (pid and start ticks) is killed."""
-    from gpupool.service.executor import read_start_ticks
+    from gpupool.server.executors.local import read_start_ticks
 
     for server in list(_STARTED):
         if server.proc is not None and server.proc.poll() is None:
@@ -78,7 +78,7 @@ class Server:
         cmd = [
             sys.executable,
             "-m",
-            "gpupool.cli",
+            "gpupool",
             "serve",
             "--host",
             "127.0.0.1",
@@ -121,7 +121,7 @@ def cli(url: str, *args: str, timeout_s: float = 30.0) -> subprocess.CompletedPr
     env = {**os.environ, "GPUPOOL_URL": url}
     env.pop("GPUPOOL_TOKEN", None)
     return subprocess.run(
-        [sys.executable, "-m", "gpupool.cli", *args],
+        [sys.executable, "-m", "gpupool", *args],
         capture_output=True,
         text=True,
         timeout=timeout_s,

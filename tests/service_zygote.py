@@ -19,12 +19,12 @@ import time
 import traceback
 from pathlib import Path
 
-from gpupool.service.clock import SystemClock
-from gpupool.service.executor import LocalExecutor
-from gpupool.service.isolation import Isolation, IsolationConfig, sqlite_file
-from gpupool.service.live import LIVE_DEFAULTS, LiveConfig, LiveService
-from gpupool.service.store import Store
-from gpupool.service.telemetry import FakeTelemetry
+from gpupool.ports.clock.base import SystemClock
+from gpupool.server.executors.local import LocalExecutor
+from gpupool.server.isolation.containment import Isolation, IsolationConfig, sqlite_file
+from gpupool.server.loop.driver import LIVE_DEFAULTS, LiveConfig, LiveService
+from gpupool.server.store import Store
+from gpupool.server.telemetry.nvml import FakeTelemetry
 
 
 def serve(state: Path, url: str, isolation_on: bool) -> None:

@@ -25,12 +25,12 @@ from fastapi.testclient import TestClient
 from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpupool.service.api import MAX_BODY_BYTES, create_app
-from gpupool.service.clock import ManualClock
-from gpupool.service.executor import FakeExecutor
-from gpupool.service.live import LiveConfig, LiveService
-from gpupool.service.store import Store, database_url
-from gpupool.service.telemetry import FakeTelemetry
+from gpupool.ports.clock.base import ManualClock
+from gpupool.server.api.app import MAX_BODY_BYTES, create_app
+from gpupool.server.executors.local import FakeExecutor
+from gpupool.server.loop.driver import LiveConfig, LiveService
+from gpupool.server.store import Store, database_url
+from gpupool.server.telemetry.nvml import FakeTelemetry
 from pgserver import fresh_schema, pg_url  # noqa: F401
 
 FLEET = "2xA100-80GB"

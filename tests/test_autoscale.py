@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from gpupool.scheduler import Scheduler, ServiceDemand
 from gpupool.scheduler.stages import sharing_pays
-from gpupool.sim.scenario import ScenarioSim
-from gpupool.sim.scenario_config import parse_scenario
-from gpupool.sim.workload import LoadCurve, ServiceSpec, Workload
+from gpupool.sim.scenario.config import parse_scenario
+from gpupool.sim.scenario.workload import LoadCurve, ServiceSpec, Workload
+from gpupool.sim.scenario.world import ScenarioSim
 
 FLAT = LoadCurve((0.0,), (30.0,))
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from gpupool.cli import main
+from gpupool.cli.main import main
+from gpupool.cli.simulate import parse_seeds
 from gpupool.errors import SpecError
-from gpupool.sim_cli import parse_seeds
 
 
 def test_seed_ranges() -> None:

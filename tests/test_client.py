@@ -15,10 +15,10 @@ from typing import Any
 import httpx
 import pytest
 
-from gpupool import client_cli
-from gpupool.cli import main
+from gpupool.cli import jobs as client_cli
+from gpupool.cli.jobs import CLEAR, parse_duration
+from gpupool.cli.main import main
 from gpupool.client import DEFAULT_URL, AuthError, Client, client_settings
-from gpupool.client_cli import CLEAR, parse_duration
 from gpupool.errors import ConflictError, GpupoolError, NotFoundError, SpecError
 
 TERMINAL = {"succeeded", "failed", "cancelled"}

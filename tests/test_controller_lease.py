@@ -25,12 +25,12 @@ import psycopg
 import pytest
 from sqlalchemy.engine import make_url
 
-from gpupool.service.clock import ManualClock
-from gpupool.service.executor import FakeExecutor
-from gpupool.service.lease import AdvisoryLease, FakeLease, FileLease, controller_lease
-from gpupool.service.live import LIVE_DEFAULTS, LiveConfig, LiveService
-from gpupool.service.store import Store, database_url
-from gpupool.service.telemetry import FakeTelemetry
+from gpupool.ports.clock.base import ManualClock
+from gpupool.server.executors.local import FakeExecutor
+from gpupool.server.ha.lease import AdvisoryLease, FakeLease, FileLease, controller_lease
+from gpupool.server.loop.driver import LIVE_DEFAULTS, LiveConfig, LiveService
+from gpupool.server.store import Store, database_url
+from gpupool.server.telemetry.nvml import FakeTelemetry
 from pgserver import fresh_schema, pg_url  # noqa: F401
 from service_proc import Server, wait_for
 
@@ -73,7 +73,7 @@ def test_file_lease_of_a_sigkilled_holder_is_free_at_once(tmp_path: Path) -> Non
         [
             sys.executable,
             "-c",
-            "import sys, time; from gpupool.service.lease import FileLease\n"
+            "import sys, time; from gpupool.server.ha.lease import FileLease\n"
             f"assert FileLease(__import__('pathlib').Path({str(path)!r})).try_acquire()\n"
             "print('held', flush=True); time.sleep(60)",
         ],
@@ -255,7 +255,7 @@ def test_no_standby_refuses_to_start(tmp_path: Path) -> None:
             [
                 sys.executable,
                 "-m",
-                "gpupool.cli",
+                "gpupool",
                 "serve",
                 "--state-dir",
                 str(state),

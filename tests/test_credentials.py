@@ -17,9 +17,9 @@ from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
 
 from gpupool.errors import ConflictError, NotFoundError, SpecError
-from gpupool.service.api import create_app
-from gpupool.service.auth import AuditTrail, TokenCache
-from gpupool.service.store import MIGRATIONS_DIR, AuditEntry, NewJob, Principal, Store, schema_head
+from gpupool.server.api.app import create_app
+from gpupool.server.security.auth import AuditTrail, TokenCache
+from gpupool.server.store import MIGRATIONS_DIR, AuditEntry, NewJob, Principal, Store, schema_head
 from pgserver import pg_url  # noqa: F401
 from test_api import Api, api, bearer, db, make_api, url  # noqa: F401
 
@@ -389,8 +389,8 @@ def test_a_0003_database_upgrades_in_place(url: str) -> None:  # noqa: F811
 def test_the_serve_bootstrap_admin_survives_a_team_token_named_admin(
     tmp_path: Path,
 ) -> None:
-    from gpupool.service.server import bootstrap_admin
-    from gpupool.service.store import database_url
+    from gpupool.server.main import bootstrap_admin
+    from gpupool.server.store import database_url
 
     with Store(database_url(None, tmp_path)) as store:
         store.migrate()

@@ -25,15 +25,15 @@ import httpx
 import pytest
 import uvicorn
 
-from gpupool import client_cli
-from gpupool.cli import main
+from gpupool.cli import jobs as client_cli
+from gpupool.cli.main import main
 from gpupool.client import Client
-from gpupool.service.api import create_app
-from gpupool.service.clock import ManualClock
-from gpupool.service.executor import FakeExecutor
-from gpupool.service.live import LiveConfig, LiveService
-from gpupool.service.store import NewJob, Store, database_url
-from gpupool.service.telemetry import FakeTelemetry
+from gpupool.ports.clock.base import ManualClock
+from gpupool.server.api.app import create_app
+from gpupool.server.executors.local import FakeExecutor
+from gpupool.server.loop.driver import LiveConfig, LiveService
+from gpupool.server.store import NewJob, Store, database_url
+from gpupool.server.telemetry.nvml import FakeTelemetry
 from service_proc import free_port
 
 IO_TIMEOUT_S = 10.0
@@ -305,7 +305,7 @@ def tls_server(tmp_path: Path, cert: Path, key: Path, *args: str) -> Iterator[tu
     port = free_port()
     log = tmp_path / "server.log"
     cmd = [
-        sys.executable, "-m", "gpupool.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
+        sys.executable, "-m", "gpupool", "serve", "--host", "127.0.0.1", "--port", str(port),
         "--state-dir", str(tmp_path / "state"), "--fake-gpus", "1xA100-80GB",
         "--tls-cert", str(cert), "--tls-key", str(key), "--no-isolation", *args,
     ]  # fmt: skip

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gpupool.sim.replay import run_replay
+from gpupool.sim.replay.run import run_replay
 from gpupool.traces.itp import read_itp
 from gpupool.traces.philly import read_elasticflow_philly as gpupool_read_philly
 from helios_fifo import Job, consolidate_select, mean_jct, read_elasticflow_philly, read_itp_raw

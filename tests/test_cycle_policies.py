@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from gpupool.core.model import JobSpec
-from gpupool.sim.scenario import run_scenario
-from gpupool.sim.scenario_config import parse_scenario
-from gpupool.sim.workload import Workload
+from gpupool.domain.model import JobSpec
+from gpupool.sim.scenario.config import parse_scenario
+from gpupool.sim.scenario.workload import Workload
+from gpupool.sim.scenario.world import run_scenario
 
 
 @pytest.mark.parametrize("policy", ["fifo", "backfill", "priority-quota"])

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from gpupool.core.lifecycle import JobState
-from gpupool.policies.cycle import CycleView, victim_table
+from gpupool.domain.lifecycle import JobState
+from gpupool.policies.cycle.priority_quota import CycleView, victim_table
 from gpupool.scheduler import Scheduler
-from gpupool.sim.generators import find_traces_dir
-from gpupool.sim.scenario import run_scenario
-from gpupool.sim.scenario_config import load_scenario
+from gpupool.sim.scenario.config import load_scenario
+from gpupool.sim.scenario.generators import find_traces_dir
+from gpupool.sim.scenario.world import run_scenario
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
 
@@ -88,8 +88,8 @@ def test_the_core_view_equals_one_built_per_running_job(
 
 
 def test_a_view_with_a_vacating_victim_and_a_reserve_equals_the_plain_one() -> None:
-    from gpupool.core.model import Cluster, JobKind, JobSpec, Node
-    from gpupool.core.quota import TeamQuota
+    from gpupool.domain.model import Cluster, JobKind, JobSpec, Node
+    from gpupool.domain.quota import TeamQuota
     from gpupool.scheduler import SchedulerConfig
     from gpupool.scheduler.commands import Stop
 
@@ -118,7 +118,7 @@ def test_a_view_with_a_vacating_victim_and_a_reserve_equals_the_plain_one() -> N
 
 
 def test_a_running_view_is_made_once_and_only_when_read() -> None:
-    from gpupool.core.model import Cluster, JobSpec, Node
+    from gpupool.domain.model import Cluster, JobSpec, Node
     from gpupool.scheduler import SchedulerConfig
 
     core = Scheduler(

@@ -19,13 +19,13 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpupool.service.api import DASHBOARD_ASSETS, create_app
-from gpupool.service.clock import ManualClock
-from gpupool.service.executor import FakeExecutor
-from gpupool.service.live import LIVE_DEFAULTS, LiveConfig, LiveService
-from gpupool.service.server import load_service_config
-from gpupool.service.store import Store, database_url
-from gpupool.service.telemetry import FakeTelemetry
+from gpupool.ports.clock.base import ManualClock
+from gpupool.server.api.app import DASHBOARD_ASSETS, create_app
+from gpupool.server.executors.local import FakeExecutor
+from gpupool.server.loop.driver import LIVE_DEFAULTS, LiveConfig, LiveService
+from gpupool.server.main import load_service_config
+from gpupool.server.store import Store, database_url
+from gpupool.server.telemetry.nvml import FakeTelemetry
 
 CONFIG = """\
 teams:

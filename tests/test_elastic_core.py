@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpupool.client_cli import _gpu_request
-from gpupool.core.lifecycle import JobState
-from gpupool.core.model import Cluster, JobKind, JobSpec, Node
+from gpupool.cli.jobs import _gpu_request
+from gpupool.domain.lifecycle import JobState
+from gpupool.domain.model import Cluster, JobKind, JobSpec, Node
 from gpupool.errors import ConflictError, SpecError
 from gpupool.scheduler import (
     Command,
@@ -26,7 +26,7 @@ from gpupool.scheduler import (
     Submitted,
 )
 from gpupool.scheduler.config import ElasticConfig
-from gpupool.service.store import NewJob, _check_new
+from gpupool.server.store import NewJob, _check_new
 
 
 def fleet(nodes: int = 1, gpus: int = 4) -> Cluster:
@@ -295,7 +295,7 @@ def test_elastic_ranges_are_checked_with_clear_errors() -> None:
 
 
 def test_workload_generators_make_elastic_jobs() -> None:
-    from gpupool.sim.generators import GenContext, build_workload
+    from gpupool.sim.scenario.generators import GenContext, build_workload
 
     ctx = GenContext(86_400.0, None)
     entries: list[dict[str, object]] = [

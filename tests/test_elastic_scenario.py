@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from gpupool.sim.generators import find_traces_dir
-from gpupool.sim.scenario import run_scenario
-from gpupool.sim.scenario_config import load_scenario
+from gpupool.sim.scenario.config import load_scenario
+from gpupool.sim.scenario.generators import find_traces_dir
+from gpupool.sim.scenario.world import run_scenario
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
 

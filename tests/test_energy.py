@@ -12,7 +12,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from gpupool.core.model import JobKind
+from gpupool.domain.model import JobKind
 from gpupool.energy import (
     DEFAULT_PUE,
     HYPERSCALE_PUE,

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gpupool.core.engine import Engine
-from gpupool.core.fragmentation import FragmentationMeter, typical_tasks
-from gpupool.core.model import Cluster, JobSpec, Node, NodeShare, Placement
-from gpupool.core.state import ClusterState
+from gpupool.domain.engine import Engine
+from gpupool.domain.fragmentation import FragmentationMeter, typical_tasks
+from gpupool.domain.model import Cluster, JobSpec, Node, NodeShare, Placement
+from gpupool.domain.state import ClusterState
 from gpupool.errors import ConflictError, NotFoundError, PlanRejected, SpecError
 from gpupool.policies import PolicyContext, placement_policy
 

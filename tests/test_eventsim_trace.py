@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import pytest
 
-from gpupool.core.model import JobKind, JobSpec
-from gpupool.core.quota import TeamQuota
+from gpupool.domain.model import JobKind, JobSpec
+from gpupool.domain.quota import TeamQuota
 from gpupool.errors import SpecError
-from gpupool.policies.cycle import PreemptionRules
-from gpupool.service.live import build_fleet
+from gpupool.policies.cycle.priority_quota import PreemptionRules
+from gpupool.server.loop.driver import build_fleet
 from gpupool.sim.eventsim import Complete, Submit, run_events, run_trace
 
 TEAMS = (

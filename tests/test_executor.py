@@ -21,8 +21,8 @@ import pytest
 
 from gpupool.errors import ConflictError, NotFoundError, SpecError
 from gpupool.examples.ckpt_counter import expected_result
-from gpupool.service import executor as executor_module
-from gpupool.service.executor import (
+from gpupool.server.executors import local as executor_module
+from gpupool.server.executors.local import (
     Exit,
     FakeExecutor,
     Handle,
@@ -223,7 +223,7 @@ def test_the_shim_is_this_installs_and_starts_without_site(
     handle = ex.launch(spec(tmp_path, "s", sleeper()), 0.0)
     ready(tmp_path, "s")
     cmdline = Path(f"/proc/{handle.pid}/cmdline").read_bytes().decode().split("\0")
-    assert {"-I", "-S", "gpupool.service.shim"} <= set(cmdline)
+    assert {"-I", "-S", "gpupool.server.executors.shim"} <= set(cmdline)
     assert str(Path(executor_module.__file__).parent) in cmdline
     other = LocalExecutor()
     assert other.adopt(handle, tmp_path / "s")
@@ -239,7 +239,7 @@ def _shims_of(run_dir: Path) -> list[int]:
                 cmdline = Path(f"/proc/{name}/cmdline").read_bytes().decode(errors="replace")
             except OSError:
                 continue
-            if "gpupool.service.shim" in cmdline and str(run_dir) in cmdline:
+            if "gpupool.server.executors.shim" in cmdline and str(run_dir) in cmdline:
                 found.append(int(name))
     return found
 
@@ -370,7 +370,7 @@ def test_shim_alone_records_the_end_and_kills_leftovers(tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     env = dict(os.environ, GPUPOOL_CHECKPOINT_DIR=str(ckpt))
-    shim = (PY, "-m", "gpupool.service.shim", "--exit-file")
+    shim = (PY, "-m", "gpupool.server.executors.shim", "--exit-file")
     record = tmp_path / "exit.json"
     daemon = subprocess.run(
         (*shim, str(record), "--", *job(GRANDCHILD)), env=env, start_new_session=True
@@ -401,7 +401,16 @@ def test_a_sigterm_before_the_job_starts_means_it_never_starts(tmp_path: Path) -
     record = tmp_path / "exit.json"
     r, w = os.pipe()
     shim = subprocess.Popen(
-        (PY, "-I", "-m", "gpupool.service.shim", "--exit-file", str(record), "--spec-fd", str(r)),
+        (
+            PY,
+            "-I",
+            "-m",
+            "gpupool.server.executors.shim",
+            "--exit-file",
+            str(record),
+            "--spec-fd",
+            str(r),
+        ),
         pass_fds=(r,),
         start_new_session=True,
         stderr=subprocess.PIPE,

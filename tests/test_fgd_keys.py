@@ -12,13 +12,13 @@ import math
 import numpy as np
 import pytest
 
-from gpupool.core.fragmentation import FragmentationMeter, TypicalTask, typical_tasks
-from gpupool.core.model import MILLI_PER_GPU, Cluster, JobSpec
-from gpupool.core.state import ClusterState
-from gpupool.policies.base import ScoringPolicy
-from gpupool.policies.fgd import FgdPolicy
-from gpupool.sim.experiments import DEFAULT_NODES, DEFAULT_PODS, embedded
-from gpupool.sim.fill import tuned_workload
+from gpupool.domain.fragmentation import FragmentationMeter, TypicalTask, typical_tasks
+from gpupool.domain.model import MILLI_PER_GPU, Cluster, JobSpec
+from gpupool.domain.state import ClusterState
+from gpupool.policies.placement.base import ScoringPolicy
+from gpupool.policies.placement.fgd import FgdPolicy
+from gpupool.sim.replay.experiments import DEFAULT_NODES, DEFAULT_PODS, embedded
+from gpupool.sim.replay.fill import tuned_workload
 from gpupool.traces.openb import read_nodes, read_pods
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from gpupool.sim.experiments import fill_batch
-from gpupool.sim.fgd_paper import FIGURE_POINTS, PAPER_POLICY_NAMES
+from gpupool.sim.replay.experiments import fill_batch
+from gpupool.sim.replay.fgd_paper import FIGURE_POINTS, PAPER_POLICY_NAMES
 
 TOLERANCE = {"best-fit": 0.5, "fgd": 0.5}
 SEEDS = range(42, 52)

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from gpupool.core.fragmentation import FragmentationMeter, TaskShape, typical_tasks
-from gpupool.core.model import JobSpec
+from gpupool.domain.fragmentation import FragmentationMeter, TaskShape, typical_tasks
+from gpupool.domain.model import JobSpec
 
 
 def job(i: int, cpu: int, count: int, milli: int = 1000, models: str = "") -> JobSpec:

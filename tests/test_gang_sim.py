@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from gpupool.core.model import Cluster, JobKind, JobSpec, Node
+from gpupool.domain.model import Cluster, JobKind, JobSpec, Node
 from gpupool.errors import SpecError
-from gpupool.service.clock import ManualClock
-from gpupool.service.executor import (
+from gpupool.ports.clock.base import ManualClock
+from gpupool.server.executors.local import (
     MULTI_NODE_REFUSED,
     FakeExecutor,
     Gang,
@@ -24,9 +24,9 @@ from gpupool.service.executor import (
     LaunchSpec,
     LocalExecutor,
 )
-from gpupool.service.live import LiveConfig, LiveService
-from gpupool.service.store import NewJob, Store
-from gpupool.service.telemetry import FakeTelemetry
+from gpupool.server.loop.driver import LiveConfig, LiveService
+from gpupool.server.store import NewJob, Store
+from gpupool.server.telemetry.nvml import FakeTelemetry
 from gpupool.sim.eventsim import NodeLoss, Placed, run_trace
 
 NODES = (("g1", "A100-80GB", 2), ("g2", "A100-80GB", 2), ("g3", "A100-80GB", 2))

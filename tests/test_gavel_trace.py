@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from gpupool.cli import main
-from gpupool.core.model import JobKind
+from gpupool.cli.main import main
+from gpupool.domain.model import JobKind
 from gpupool.errors import NotFoundError, TraceFormatError
 from gpupool.traces.loaders import load_replay_trace
 from gpupool.traces.philly import (

@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpupool.core.model import JobKind
+from gpupool.domain.model import JobKind
 from gpupool.errors import SpecError
-from gpupool.sim.generators import (
+from gpupool.sim.scenario.generators import (
     GENERATORS,
     PARAMETERS,
     GenContext,
@@ -25,7 +25,7 @@ from gpupool.sim.generators import (
     find_traces_dir,
     lognormal_params,
 )
-from gpupool.sim.workload import Workload
+from gpupool.sim.scenario.workload import Workload
 
 DAY = 86_400.0
 HOUR = 3600.0

@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpupool.core.model import Cluster, JobSpec
-from gpupool.sim.experiments import DEFAULT_NODES, DEFAULT_PODS, embedded
-from gpupool.sim.fill import run_fill
-from gpupool.sim.replay import run_replay
+from gpupool.domain.model import Cluster, JobSpec
+from gpupool.sim.replay.experiments import DEFAULT_NODES, DEFAULT_PODS, embedded
+from gpupool.sim.replay.fill import run_fill
+from gpupool.sim.replay.run import run_replay
 from gpupool.traces.openb import read_nodes, read_pods
 
 GOLDEN = Path(__file__).parent / "golden"

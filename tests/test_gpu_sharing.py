@@ -8,16 +8,16 @@ import dataclasses
 import numpy as np
 import pytest
 
-from gpupool.core.model import Cluster, JobKind, JobSpec, Node, NodeShare, Placement
-from gpupool.core.state import ClusterState
+from gpupool.domain.model import Cluster, JobKind, JobSpec, Node, NodeShare, Placement
+from gpupool.domain.state import ClusterState
 from gpupool.errors import PlanRejected, SpecError
-from gpupool.policies.best_fit import BestFitPolicy
-from gpupool.policies.consolidate import ConsolidatePolicy
-from gpupool.policies.fgd import LearnedFgdPolicy
+from gpupool.policies.placement.best_fit import BestFitPolicy
+from gpupool.policies.placement.consolidate import ConsolidatePolicy
+from gpupool.policies.placement.fgd import LearnedFgdPolicy
 from gpupool.scheduler import GpuUsage, Launch, Scheduler, Submitted
 from gpupool.scheduler.config import PlacementConfig, SchedulerConfig, SharingConfig
-from gpupool.scheduler.schema import parse_scheduling
-from gpupool.service.live import LIVE_DEFAULTS
+from gpupool.scheduler.config_schema import parse_scheduling
+from gpupool.server.loop.driver import LIVE_DEFAULTS
 from gpupool.sizing.catalog import load_catalog
 
 CATALOG = load_catalog()
@@ -214,7 +214,7 @@ def test_learned_fgd_measures_fragmentation_against_the_shapes_submitted() -> No
 
 # ---- the client's flags ------------------------------------------------------------------------
 def test_submit_flags_for_part_of_one_gpu() -> None:
-    from gpupool.client_cli import _gpu_request, parse_mem_mib
+    from gpupool.cli.jobs import _gpu_request, parse_mem_mib
 
     assert _gpu_request("2", None) == {"gpus": 2}
     assert _gpu_request("0.25", None) == {"gpus": 1, "gpu_share": 0.25}

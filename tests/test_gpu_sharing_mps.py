@@ -7,12 +7,10 @@ import os
 import stat
 from pathlib import Path
 
-from gpupool.core.model import JobKind
-from gpupool.service.clock import ManualClock
-from gpupool.service.executor import FakeExecutor, Handle, LaunchSpec, job_environment
-from gpupool.service.isolation import FakeUsers, Isolation, IsolationConfig
-from gpupool.service.live import LIVE_DEFAULTS, LiveConfig, LiveService, one_team_per_card
-from gpupool.service.mps import (
+from gpupool.domain.model import JobKind
+from gpupool.ports.clock.base import ManualClock
+from gpupool.server.executors.local import FakeExecutor, Handle, LaunchSpec, job_environment
+from gpupool.server.executors.mps import (
     FakeMps,
     Mps,
     NoMps,
@@ -21,8 +19,10 @@ from gpupool.service.mps import (
     detect_mps,
     share_env,
 )
-from gpupool.service.store import NewJob, Store
-from gpupool.service.telemetry import FakeTelemetry
+from gpupool.server.isolation.containment import FakeUsers, Isolation, IsolationConfig
+from gpupool.server.loop.driver import LIVE_DEFAULTS, LiveConfig, LiveService, one_team_per_card
+from gpupool.server.store import NewJob, Store
+from gpupool.server.telemetry.nvml import FakeTelemetry
 
 SHARE = ShareRequest(device_index=3, device_uuid="GPU-abc", gpu_milli=229, mem_mib=18432)
 

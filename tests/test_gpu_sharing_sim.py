@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from gpupool.core.model import JobKind
+from gpupool.domain.model import JobKind
 from gpupool.scheduler import Scheduler
-from gpupool.sim.sharing import SharingScenario, openb_run, run, workload
+from gpupool.sim.scenario.sharing import SharingScenario, openb_run, run, workload
 from gpupool.sizing.catalog import load_catalog
 
 SMALL = SharingScenario(nodes=4, gpus_per_node=8, demand=1.0, seed=3)

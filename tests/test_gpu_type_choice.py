@@ -13,15 +13,15 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gpupool.core.lifecycle import JobState
-from gpupool.core.model import Cluster, JobKind, JobSpec, Node
-from gpupool.core.quota import TeamQuota
+from gpupool.domain.lifecycle import JobState
+from gpupool.domain.model import Cluster, JobKind, JobSpec, Node
+from gpupool.domain.quota import TeamQuota
 from gpupool.errors import SpecError
 from gpupool.policies.pool_choice import class_rankings, class_rules
 from gpupool.scheduler.commands import Launch
 from gpupool.scheduler.config import PlacementConfig, SchedulerConfig
-from gpupool.scheduler.core import Scheduler
-from gpupool.scheduler.schema import parse_scheduling
+from gpupool.scheduler.config_schema import parse_scheduling
+from gpupool.scheduler.scheduler import Scheduler
 from gpupool.sizing.catalog import load_catalog
 from gpupool.sizing.planner import PlanRequest
 from gpupool.sizing.shapes import get_shape

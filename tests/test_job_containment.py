@@ -25,7 +25,16 @@ import pytest
 import containment
 from containment import open_dir  # noqa: F401
 from gpupool.errors import SpecError
-from gpupool.service.cgroups import (
+from gpupool.server.executors.local import (
+    Exit,
+    JobUser,
+    LaunchSpec,
+    LocalExecutor,
+    exit_file,
+    read_start_ticks,
+)
+from gpupool.server.executors.shim import EXIT_NOT_STARTED
+from gpupool.server.isolation.cgroups import (
     Cgroups,
     CgroupV1,
     CgroupV2,
@@ -35,24 +44,15 @@ from gpupool.service.cgroups import (
     detect,
     gpu_device_rules,
 )
-from gpupool.service.executor import (
-    Exit,
-    JobUser,
-    LaunchSpec,
-    LocalExecutor,
-    exit_file,
-    read_start_ticks,
-)
-from gpupool.service.isolation import (
+from gpupool.server.isolation.containment import (
     FakeUsers,
     Isolation,
     IsolationConfig,
     parse_isolation,
     user_name_for,
 )
-from gpupool.service.shim import EXIT_NOT_STARTED
 
-SHIM = (sys.executable, "-I", "-m", "gpupool.service.shim")
+SHIM = (sys.executable, "-I", "-m", "gpupool.server.executors.shim")
 SYSTEM_PY = "/usr/bin/python3"
 """An interpreter a team's user can run (the test's own may live under /root)."""
 
@@ -588,7 +588,7 @@ def test_through_the_service_a_team_b_job_cannot_reach_team_a_or_the_server(
         a_pid = pid_file.read_text()
         stat = Path(f"/proc/{a_pid}/stat").read_text()
         a_shim = stat[stat.rfind(")") + 2 :].split()[1]  # its parent
-        assert "gpupool.service.shim" in Path(f"/proc/{a_shim}/cmdline").read_text()
+        assert "gpupool.server.executors.shim" in Path(f"/proc/{a_shim}/cmdline").read_text()
         argv = [SYSTEM_PY, "-c", textwrap.dedent(HOSTILE), str(state / "jobs" / str(a_id))]
         argv += [str(state / "gpupool.db"), str(server.proc.pid), a_pid, a_shim]
         b_id = httpx.post(jobs, json={"command": argv, "team": "ctest-b"}).json()["id"]
@@ -613,7 +613,7 @@ def test_through_the_service_a_team_b_job_cannot_reach_team_a_or_the_server(
 
 
 def test_serve_turns_isolation_off_for_the_demo_and_ray_and_says_so(tmp_path: Path) -> None:
-    from gpupool.service.isolation import service_isolation
+    from gpupool.server.isolation.containment import service_isolation
 
     config = tmp_path / "svc.yaml"
     config.write_text("isolation: {log_max_mib: 2}\n")

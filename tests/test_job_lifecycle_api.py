@@ -16,16 +16,16 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from gpupool import client_cli
-from gpupool.cli import main
+from gpupool.cli import jobs as client_cli
+from gpupool.cli.main import main
 from gpupool.errors import ConflictError
+from gpupool.ports.clock.base import ManualClock
 from gpupool.scheduler.config import TeamLimits
-from gpupool.service.api import create_app
-from gpupool.service.clock import ManualClock
-from gpupool.service.executor import FakeExecutor
-from gpupool.service.live import LIVE_DEFAULTS, LiveConfig, LiveService
-from gpupool.service.store import NewJob, Store, database_url
-from gpupool.service.telemetry import FakeTelemetry
+from gpupool.server.api.app import create_app
+from gpupool.server.executors.local import FakeExecutor
+from gpupool.server.loop.driver import LIVE_DEFAULTS, LiveConfig, LiveService
+from gpupool.server.store import NewJob, Store, database_url
+from gpupool.server.telemetry.nvml import FakeTelemetry
 from pgserver import fresh_schema, pg_url  # noqa: F401
 
 T0 = 1_000.0
@@ -300,7 +300,7 @@ def test_a_0003_database_upgrades_in_place_and_back(
     from alembic import command
     from alembic.config import Config
 
-    from gpupool.service.store import MIGRATIONS_DIR
+    from gpupool.server.store import MIGRATIONS_DIR
 
     def alembic(conn: sa.Connection) -> Config:
         config = Config()

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from gpupool.core.lifecycle import JobState
-from gpupool.core.model import Cluster, JobKind, JobSpec, Node
+from gpupool.domain.lifecycle import JobState
+from gpupool.domain.model import Cluster, JobKind, JobSpec, Node
 from gpupool.errors import ConflictError, SpecError
-from gpupool.policies.cycle import PreemptionRules
+from gpupool.policies.cycle.priority_quota import PreemptionRules
 from gpupool.scheduler import (
     Drain,
     Expire,
@@ -28,11 +28,11 @@ from gpupool.scheduler import (
     Wait,
 )
 from gpupool.scheduler.config import TeamLimits
-from gpupool.scheduler.schema import parse_scheduling
+from gpupool.scheduler.config_schema import parse_scheduling
 from gpupool.sim.eventsim import replay, run_trace
-from gpupool.sim.generators import GenContext, build_workload
-from gpupool.sim.scenario import ScenarioSim
-from gpupool.sim.scenario_config import load_scenario
+from gpupool.sim.scenario.config import load_scenario
+from gpupool.sim.scenario.generators import GenContext, build_workload
+from gpupool.sim.scenario.world import ScenarioSim
 
 LIMITED = """
 name: limited

@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 
 from gpupool.errors import ConflictError, NotFoundError
+from gpupool.ports.clock.base import ManualClock
 from gpupool.scheduler.config import TeamLimits
-from gpupool.service.clock import ManualClock
-from gpupool.service.executor import FakeExecutor, LocalExecutor
-from gpupool.service.live import LIVE_DEFAULTS, LiveConfig, LiveService
-from gpupool.service.store import NewJob, Store
-from gpupool.service.telemetry import FakeTelemetry
+from gpupool.server.executors.local import FakeExecutor, LocalExecutor
+from gpupool.server.loop.driver import LIVE_DEFAULTS, LiveConfig, LiveService
+from gpupool.server.store import NewJob, Store
+from gpupool.server.telemetry.nvml import FakeTelemetry
 
 DAY = 86_400.0
 T0 = 1_000_000.0

@@ -24,16 +24,16 @@ from alembic.config import Config
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
 
-from gpupool import client_cli
-from gpupool.cli import main
-from gpupool.client_cli import parse_deadline
+from gpupool.cli import jobs as client_cli
+from gpupool.cli.jobs import parse_deadline
+from gpupool.cli.main import main
 from gpupool.errors import ConflictError, SpecError
-from gpupool.service.api import create_app
-from gpupool.service.clock import ManualClock
-from gpupool.service.executor import FakeExecutor
-from gpupool.service.live import LiveConfig, LiveService
-from gpupool.service.store import MIGRATIONS_DIR, Base, NewJob, Store, database_url, schema_head
-from gpupool.service.telemetry import FakeTelemetry
+from gpupool.ports.clock.base import ManualClock
+from gpupool.server.api.app import create_app
+from gpupool.server.executors.local import FakeExecutor
+from gpupool.server.loop.driver import LiveConfig, LiveService
+from gpupool.server.store import MIGRATIONS_DIR, Base, NewJob, Store, database_url, schema_head
+from gpupool.server.telemetry.nvml import FakeTelemetry
 from pgserver import fresh_schema, pg_url  # noqa: F401
 
 T0 = 1_700_000_000.0

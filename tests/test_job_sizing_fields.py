@@ -27,28 +27,28 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import create_engine, text
 
-from gpupool import client_cli
-from gpupool.cli import main
-from gpupool.core.lifecycle import JobState
-from gpupool.core.model import JobKind, JobSpec
+from gpupool.cli import jobs as client_cli
+from gpupool.cli.main import main
+from gpupool.domain.lifecycle import JobState
+from gpupool.domain.model import JobKind, JobSpec
 from gpupool.errors import ConflictError, SpecError
-from gpupool.scheduler.core import Scheduler
-from gpupool.service import sizing_field as sf
-from gpupool.service.api import MAX_STATE_GIB, create_app
-from gpupool.service.clock import ManualClock
-from gpupool.service.executor import FakeExecutor
-from gpupool.service.live import LiveConfig, LiveService, build_cluster, spec_of
-from gpupool.service.sizing_field import (
+from gpupool.ports.clock.base import ManualClock
+from gpupool.scheduler.scheduler import Scheduler
+from gpupool.server.api.app import MAX_STATE_GIB, create_app
+from gpupool.server.executors.local import FakeExecutor
+from gpupool.server.loop.driver import LiveConfig, LiveService, build_cluster, spec_of
+from gpupool.server.store import MIGRATIONS_DIR, Base, NewJob, Store, database_url, schema_head
+from gpupool.server.telemetry.nvml import FakeTelemetry
+from gpupool.sizing import request_json as sf
+from gpupool.sizing.catalog import load_catalog
+from gpupool.sizing.memory import TRAINING_PRECISIONS
+from gpupool.sizing.planner import PlanRequest
+from gpupool.sizing.request_json import (
     SizingError,
     plan_request_from,
     plan_request_of,
     sizing_of,
 )
-from gpupool.service.store import MIGRATIONS_DIR, Base, NewJob, Store, database_url, schema_head
-from gpupool.service.telemetry import FakeTelemetry
-from gpupool.sizing.catalog import load_catalog
-from gpupool.sizing.memory import TRAINING_PRECISIONS
-from gpupool.sizing.planner import PlanRequest
 from gpupool.sizing.shapes import ModelShape, get_shape, parse_shape, shape_names
 from pgserver import fresh_schema, pg_url  # noqa: F401
 
@@ -151,7 +151,7 @@ def test_a_partial_mapping_takes_the_planners_defaults() -> None:
 
 
 def test_the_simulators_model_jobs_requests_round_trip() -> None:
-    """As gpupool.sim.generators.model_jobs builds them."""
+    """As gpupool.sim.scenario.generators.model_jobs builds them."""
     for task in ("inference", "training"):
         request = PlanRequest(
             shape=get_shape("qwen2.5-7b"),

@@ -25,8 +25,8 @@ import pytest
 
 import containment
 from containment import open_dir  # noqa: F401
-from gpupool.service.executor import read_start_ticks
-from gpupool.service.store import TERMINAL, NewJob, Store
+from gpupool.server.executors.local import read_start_ticks
+from gpupool.server.store import TERMINAL, NewJob, Store
 from pgserver import fresh_schema, pg_url  # noqa: F401
 from service_proc import Server, wait_for
 
@@ -201,7 +201,9 @@ def _shims_under(state: Path) -> list[int]:
             cmdline = Path(f"/proc/{name}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"gpupool.service.shim" in cmdline and any(str(state).encode() in a for a in cmdline):
+        if b"gpupool.server.executors.shim" in cmdline and any(
+            str(state).encode() in a for a in cmdline
+        ):
             found.append(int(name))
     return found
 

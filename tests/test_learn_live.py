@@ -15,18 +15,18 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
+from gpupool.cli.learn import learning_config_of, replay_history, verdict
 from gpupool.errors import ConflictError
-from gpupool.learn_cli import learning_config_of, replay_history, verdict
 from gpupool.learning.config import LearningConfig
 from gpupool.learning.guard import GuardConfig
+from gpupool.ports.clock.base import ManualClock
 from gpupool.scheduler.commands import LearnShadow
-from gpupool.service.api import create_app
-from gpupool.service.clock import ManualClock
-from gpupool.service.executor import FakeExecutor
-from gpupool.service.learning import Evidence, ShadowTally, check_evidence, outcomes_of
-from gpupool.service.live import LIVE_DEFAULTS, LiveConfig, LiveService
-from gpupool.service.store import NewJob, Store
-from gpupool.service.telemetry import FakeTelemetry
+from gpupool.server.api.app import create_app
+from gpupool.server.executors.local import FakeExecutor
+from gpupool.server.loop.driver import LIVE_DEFAULTS, LiveConfig, LiveService
+from gpupool.server.loop.learning import Evidence, ShadowTally, check_evidence, outcomes_of
+from gpupool.server.store import NewJob, Store
+from gpupool.server.telemetry.nvml import FakeTelemetry
 from service_proc import Server, cli, wait_for
 
 T0 = 1_000_000.0
@@ -487,8 +487,8 @@ def test_the_promotion_replay_does_not_preempt_as_the_live_core_does_not() -> No
     # the live core's ordered policies only choose which waiting job starts next; a
     # preemptive replay judges another policy, one that suspends running jobs, and gives
     # other figures than the one the live core would run
-    from gpupool.core.model import JobSpec
-    from gpupool.sim.replay import run_replay
+    from gpupool.domain.model import JobSpec
+    from gpupool.sim.replay.run import run_replay
 
     hist = measured_history()
     jobs = [

@@ -21,25 +21,25 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpupool.core.model import Cluster, JobKind, JobSpec, Node
-from gpupool.core.quota import TeamQuota
+from gpupool.domain.model import Cluster, JobKind, JobSpec, Node
+from gpupool.domain.quota import TeamQuota
 from gpupool.errors import SpecError
 from gpupool.learning.config import LearningConfig
 from gpupool.learning.guard import GuardConfig
 from gpupool.learning.history import History, JobFacts, Outcome
 from gpupool.learning.predictor import ModelInfo, Prediction
 from gpupool.policies import cycle_names
-from gpupool.policies.cycle import PreemptionRules, outranks
+from gpupool.policies.cycle.priority_quota import PreemptionRules, outranks
 from gpupool.scheduler import Scheduler
 from gpupool.scheduler.commands import Command, Launch, LearnGuard, LearnShadow, Stop
 from gpupool.scheduler.config import SchedulerConfig
+from gpupool.scheduler.config_schema import parse_scheduling
 from gpupool.scheduler.events import Finished, Requeue, Submitted, Vacated
-from gpupool.scheduler.schema import parse_scheduling
 from gpupool.scheduler.waiting import explain_all
 from gpupool.sim.eventsim import replay
-from gpupool.sim.generators import GenContext, build_workload
-from gpupool.sim.scenario import ScenarioSim
-from gpupool.sim.scenario_config import load_scenario
+from gpupool.sim.scenario.config import load_scenario
+from gpupool.sim.scenario.generators import GenContext, build_workload
+from gpupool.sim.scenario.world import ScenarioSim
 
 MODEL = "A100-80GB"
 CYCLE_S = 60.0

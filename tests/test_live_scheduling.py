@@ -12,14 +12,14 @@ from typing import Any
 
 import pytest
 
-from gpupool.core.quota import QuotaWindow, TeamQuota
-from gpupool.policies.cycle import PreemptionRules
+from gpupool.domain.quota import QuotaWindow, TeamQuota
+from gpupool.policies.cycle.priority_quota import PreemptionRules
+from gpupool.ports.clock.base import ManualClock
 from gpupool.scheduler.config import EnergyConfig, SchedulerConfig, ThermalConfig
-from gpupool.service.clock import ManualClock
-from gpupool.service.executor import FakeExecutor
-from gpupool.service.live import LIVE_DEFAULTS, LiveConfig, LiveService
-from gpupool.service.store import NewJob, Store
-from gpupool.service.telemetry import FakeTelemetry
+from gpupool.server.executors.local import FakeExecutor
+from gpupool.server.loop.driver import LIVE_DEFAULTS, LiveConfig, LiveService
+from gpupool.server.store import NewJob, Store
+from gpupool.server.telemetry.nvml import FakeTelemetry
 
 HOUR = 3600.0
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from gpupool import loadgen
-from gpupool.cli import main
+from gpupool.cli.main import main
 from gpupool.errors import SpecError
 from gpupool.loadgen import (
     CONNECTION_ERROR,

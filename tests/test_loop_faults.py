@@ -35,19 +35,19 @@ import sqlalchemy
 import sqlalchemy.pool
 from sqlalchemy.exc import IntegrityError, OperationalError
 
-from gpupool.service.clock import ManualClock
-from gpupool.service.diskspace import MIB, DiskFloor, FakeDisk
-from gpupool.service.executor import FakeExecutor, Handle, LaunchSpec
-from gpupool.service.health import LoopHealth
-from gpupool.service.live import LiveConfig, LiveService
-from gpupool.service.store import (
+from gpupool.ports.clock.base import ManualClock
+from gpupool.server.executors.local import FakeExecutor, Handle, LaunchSpec
+from gpupool.server.loop.diskspace import MIB, DiskFloor, FakeDisk
+from gpupool.server.loop.driver import LiveConfig, LiveService
+from gpupool.server.loop.health import LoopHealth
+from gpupool.server.store import (
     NewJob,
     RetryingStore,
     RetryPolicy,
     Store,
     database_url,
 )
-from gpupool.service.telemetry import FakeTelemetry
+from gpupool.server.telemetry.nvml import FakeTelemetry
 from pgserver import fresh_schema, pg_url  # noqa: F401
 from service_proc import Server, free_port, wait_for
 

@@ -19,13 +19,18 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from gpupool.service.api import create_app
-from gpupool.service.clock import ManualClock
-from gpupool.service.executor import FakeExecutor
-from gpupool.service.live import LiveConfig, LiveService
-from gpupool.service.metrics import QUEUE_WAIT, START_BUCKETS_S, SUBMIT_TO_START, StartLatency
-from gpupool.service.store import NewJob, Store, database_url
-from gpupool.service.telemetry import FakeTelemetry
+from gpupool.ports.clock.base import ManualClock
+from gpupool.server.api.app import create_app
+from gpupool.server.executors.local import FakeExecutor
+from gpupool.server.loop.driver import LiveConfig, LiveService
+from gpupool.server.store import NewJob, Store, database_url
+from gpupool.server.telemetry.nvml import FakeTelemetry
+from gpupool.server.telemetry.prometheus import (
+    QUEUE_WAIT,
+    START_BUCKETS_S,
+    SUBMIT_TO_START,
+    StartLatency,
+)
 
 T0 = 1_000.0
 

@@ -22,7 +22,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpupool.service.metrics import QUEUE_WAIT, SUBMIT_TO_START
+from gpupool.server.telemetry.prometheus import QUEUE_WAIT, SUBMIT_TO_START
 from service_proc import Server, wait_for
 
 DCGM_LABEL_STYLE = re.compile(

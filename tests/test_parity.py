@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from gpupool.core.model import JobKind, JobSpec
-from gpupool.core.quota import TeamQuota
-from gpupool.policies.cycle import PreemptionRules
+from gpupool.domain.model import JobKind, JobSpec
+from gpupool.domain.quota import TeamQuota
+from gpupool.policies.cycle.priority_quota import PreemptionRules
+from gpupool.ports.clock.base import ManualClock
 from gpupool.scheduler.config import ElasticConfig
-from gpupool.service.clock import ManualClock
-from gpupool.service.executor import FakeExecutor
-from gpupool.service.live import LIVE_DEFAULTS, LiveConfig, LiveService, build_cluster
-from gpupool.service.store import NewJob, Store
-from gpupool.service.telemetry import FakeTelemetry
+from gpupool.server.executors.local import FakeExecutor
+from gpupool.server.loop.driver import LIVE_DEFAULTS, LiveConfig, LiveService, build_cluster
+from gpupool.server.store import NewJob, Store
+from gpupool.server.telemetry.nvml import FakeTelemetry
 from gpupool.sim.eventsim import Complete, NodeLoss, Submit, run_events
 
 FLEET = "4xA100-80GB,2xH100"
@@ -222,7 +222,7 @@ class _NoResizeExecutor(FakeExecutor):
 
 def test_an_executor_that_cannot_resize_keeps_elastic_jobs_whole(tmp_path: Path) -> None:
     from gpupool.errors import ConflictError
-    from gpupool.service.ray_executor import RayExecutor
+    from gpupool.server.executors.ray import RayExecutor
 
     assert RayExecutor.can_resize is False
     with pytest.raises(ConflictError, match="cannot resize"):

@@ -9,7 +9,7 @@ decision log, byte for byte, and the same commands: the core depends on its inpu
 
 Leg B: `LiveService` on a real SQLite store and a manual clock, over an adapter that puts
 the same simulated world behind its executor, telemetry, node probe and cloud commands
-(gpupool.sim.fleet), gets the jobs through the store at their submit times and gives the
+(gpupool.sim.scenario.fleet), gets the jobs through the store at their submit times and gives the
 simulator's command stream; its event log holds an event for each command."""
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from gpupool.core.model import JobKind, JobSpec
+from gpupool.domain.model import JobKind, JobSpec
 from gpupool.errors import GpupoolError
+from gpupool.ports.clock.base import ManualClock
 from gpupool.scheduler import (
     Burst,
     Cancel,
@@ -37,18 +38,17 @@ from gpupool.scheduler import (
     Wait,
 )
 from gpupool.scheduler.stages import burst_rules
-from gpupool.service.clock import ManualClock
-from gpupool.service.live import LiveConfig, LiveService
-from gpupool.service.sites import SitesConfig
-from gpupool.service.sizing_field import sizing_of
-from gpupool.service.store import NewJob, Store
+from gpupool.server.fleet.sites import SitesConfig
+from gpupool.server.loop.driver import LiveConfig, LiveService
+from gpupool.server.store import NewJob, Store
 from gpupool.sim.eventsim import replay
-from gpupool.sim.fleet import SimulatedFleet
-from gpupool.sim.generators import GenContext, build_workload
-from gpupool.sim.scenario import ScenarioSim
-from gpupool.sim.scenario_config import ScenarioConfig, load_scenario
-from gpupool.sim.workload import Workload
+from gpupool.sim.scenario.config import ScenarioConfig, load_scenario
+from gpupool.sim.scenario.fleet import SimulatedFleet
+from gpupool.sim.scenario.generators import GenContext, build_workload
+from gpupool.sim.scenario.workload import Workload
+from gpupool.sim.scenario.world import ScenarioSim
 from gpupool.sizing.planner import PlanRequest
+from gpupool.sizing.request_json import sizing_of
 
 SCENARIO = Path(__file__).resolve().parents[1] / "scenarios" / "parity-all.yaml"
 

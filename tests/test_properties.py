@@ -6,14 +6,14 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpupool.core.engine import Engine
-from gpupool.core.fragmentation import FragmentationMeter, typical_tasks
-from gpupool.core.lifecycle import TRANSITIONS, JobState, check_transition
-from gpupool.core.model import Cluster, JobSpec, Node
-from gpupool.core.state import ClusterState
+from gpupool.domain.engine import Engine
+from gpupool.domain.fragmentation import FragmentationMeter, typical_tasks
+from gpupool.domain.lifecycle import TRANSITIONS, JobState, check_transition
+from gpupool.domain.model import Cluster, JobSpec, Node
+from gpupool.domain.state import ClusterState
 from gpupool.errors import IllegalTransition
 from gpupool.policies import PolicyContext, placement_names, placement_policy
-from gpupool.sim.replay import run_replay
+from gpupool.sim.replay.run import run_replay
 
 MODELS = ("A", "B")
 

@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from gpupool.core.quota import DAY_S, QuotaBook, QuotaWindow, TeamQuota, clock_s
+from gpupool.domain.quota import DAY_S, QuotaBook, QuotaWindow, TeamQuota, clock_s
 from gpupool.errors import SpecError
-from gpupool.sim.scenario_config import parse_scenario
+from gpupool.sim.scenario.config import parse_scenario
 
 H = 3600.0
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from gpupool.core.model import JobSpec
+from gpupool.domain.model import JobSpec
 from gpupool.errors import SpecError
-from gpupool.sim.replay import auto_nodes, run_replay
+from gpupool.sim.replay.run import auto_nodes, run_replay
 
 
 def j(name: str, gpus: int, submit: float, duration: float) -> JobSpec:

@@ -10,13 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpupool.cli import main
-from gpupool.core.model import JobSpec
+from gpupool.cli.main import main
+from gpupool.domain.model import JobSpec
 from gpupool.learning.config import LearningConfig
 from gpupool.learning.guard import GuardConfig
 from gpupool.learning.ordering import LasQueues
-from gpupool.sim import ordered_replay
-from gpupool.sim.replay import ReplayResult, run_replay
+from gpupool.sim.replay import ordered as ordered_replay
+from gpupool.sim.replay.run import ReplayResult, run_replay
 
 
 def j(name: str, gpus: int, submit: float, duration: float, team: str = "default") -> JobSpec:

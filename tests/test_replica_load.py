@@ -14,7 +14,7 @@ from http.server import ThreadingHTTPServer
 import pytest
 
 from gpupool.examples.chat_replica import Replica, handler_for
-from gpupool.service.replica_load import (
+from gpupool.server.telemetry.replica_load import (
     LoadWindow,
     ReplicaSample,
     Scraper,

@@ -14,15 +14,16 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gpupool.core.lifecycle import JobState
-from gpupool.core.model import Cluster, JobKind, JobSpec, Node, NodeShare, Placement
-from gpupool.core.state import ClusterState
+from gpupool.domain.lifecycle import JobState
+from gpupool.domain.model import Cluster, JobKind, JobSpec, Node, NodeShare, Placement
+from gpupool.domain.state import ClusterState
 from gpupool.energy.power import Load
 from gpupool.energy.powercap import SetPowerCap, best_cap
 from gpupool.errors import SpecError
 from gpupool.federation.burst import BurstRules
 from gpupool.federation.topology import DataLocation, Link, Site, Topology
-from gpupool.policies.consolidate import ConsolidatePolicy
+from gpupool.policies.placement.consolidate import ConsolidatePolicy
+from gpupool.policies.placement.coolest_first import CoolestFirstPolicy
 from gpupool.policies.pool_choice import (
     PoolLoad,
     PoolOption,
@@ -32,19 +33,18 @@ from gpupool.policies.pool_choice import (
     choose_first,
     wait_s,
 )
-from gpupool.policies.power import (
+from gpupool.policies.power_caps import (
     DEFAULT_MAX_SM_MHZ,
     CapJob,
     CapRules,
     cap_fraction,
     plan_power_caps,
 )
-from gpupool.policies.thermal import CoolestFirstPolicy
 from gpupool.scheduler import Burst, NodeDown, NodeUp, Reclaim, Scheduler, SchedulerConfig
 from gpupool.scheduler.stages import DOWN, STARTING, STOPPING, UP
-from gpupool.sim.generators import GenContext, build_workload
-from gpupool.sim.scenario import run_scenario
-from gpupool.sim.scenario_config import load_scenario
+from gpupool.sim.scenario.config import load_scenario
+from gpupool.sim.scenario.generators import GenContext, build_workload
+from gpupool.sim.scenario.world import run_scenario
 from gpupool.sizing.shapes import get_shape
 
 HOUR = 3600.0
@@ -301,7 +301,7 @@ def test_across_sites_online_job_outside_its_latency_bound_gets_none() -> None:
 
 
 # =============================================================================================
-# 2. policies/power.py
+# 2. policies/power_caps.py
 
 TDP = 700.0
 COMPUTE = best_cap(Load.COMPUTE_BOUND, 0.08)  # 2/3 TDP, speed 1/1.072 on the Zeus trace
@@ -451,7 +451,7 @@ def test_planned_clock_lock_maps_back_to_the_planned_point() -> None:
 
 
 # =============================================================================================
-# 3. policies/thermal.py CoolestFirstPolicy
+# 3. policies/placement/coolest_first.py CoolestFirstPolicy
 
 
 def _state() -> ClusterState:
@@ -606,7 +606,7 @@ def test_cloud_burst_join_and_reclaim_timeline() -> None:
 
 
 # =============================================================================================
-# 5. sim/generators.py
+# 5. sim/scenario/generators.py
 
 
 def _build(*entries: Mapping[str, Any], seed: int = 3, horizon_h: float = 200.0) -> Any:

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from gpupool.cli import build_parser, main
+from gpupool.cli.main import build_parser, main
+from gpupool.cli.report import load
 from gpupool.errors import SpecError
-from gpupool.report_cli import load
 from gpupool.reports.review import MS_PER_HOUR, ReviewRules, build_review, iso
 from gpupool.reports.review_csv import cell, write_csv
 from gpupool.reports.review_data import (

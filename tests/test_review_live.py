@@ -28,16 +28,16 @@ import httpx
 import pytest
 
 from gpupool.errors import GpupoolError
+from gpupool.ports.clock.base import ManualClock
 from gpupool.reports.review import build_review
 from gpupool.reports.review_data import Allocation, DownInterval, ReviewData
-from gpupool.service.clock import ManualClock
-from gpupool.service.diskspace import FakeDisk
-from gpupool.service.executor import FakeExecutor
-from gpupool.service.live import LiveConfig, LiveService
-from gpupool.service.review_source import review_from_db
-from gpupool.service.store import NewJob, Store, database_url
-from gpupool.service.telemetry import FakeTelemetry
-from gpupool.service.telemetry_history import HistoryConfig
+from gpupool.server.executors.local import FakeExecutor
+from gpupool.server.loop.diskspace import FakeDisk
+from gpupool.server.loop.driver import LiveConfig, LiveService
+from gpupool.server.review_source import review_from_db
+from gpupool.server.store import NewJob, Store, database_url
+from gpupool.server.telemetry.history import HistoryConfig
+from gpupool.server.telemetry.nvml import FakeTelemetry
 from pgserver import fresh_schema, pg_url  # noqa: F401
 from service_proc import Server, wait_for
 
@@ -249,7 +249,7 @@ def test_a_live_run_reviews_from_its_database(tmp_path: Path) -> None:
     lo, hi = math.floor(data.start_s), math.ceil(data.end_s)
     out = tmp_path / "review"
     done = subprocess.run(
-        [sys.executable, "-m", "gpupool.cli", "report", "--db", url, "--from", iso(lo),
+        [sys.executable, "-m", "gpupool", "report", "--db", url, "--from", iso(lo),
          "--to", iso(hi), "--html", str(tmp_path / "review.html"), "--csv", str(out)],
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip

@@ -19,10 +19,10 @@ import yaml
 
 from gpupool.reports.review import Reconciliation, build_review
 from gpupool.reports.review_data import ReviewData
-from gpupool.sim.generators import find_traces_dir
-from gpupool.sim.review_source import ORIGIN_S
-from gpupool.sim.scenario import ScenarioResult, run_scenario
-from gpupool.sim.scenario_config import parse_scenario
+from gpupool.sim.scenario.config import parse_scenario
+from gpupool.sim.scenario.generators import find_traces_dir
+from gpupool.sim.scenario.review_source import ORIGIN_S
+from gpupool.sim.scenario.world import ScenarioResult, run_scenario
 
 pytestmark = pytest.mark.slow
 

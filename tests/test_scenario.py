@@ -18,15 +18,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpupool.core.calibration import GIB_PER_GB, CheckpointModel
-from gpupool.core.engine import Decision
-from gpupool.core.lifecycle import TERMINAL, JobState
-from gpupool.core.model import Cluster, JobKind, JobSpec, Node, NodeShare, Placement
-from gpupool.core.state import ClusterState
+from gpupool.domain.calibration import GIB_PER_GB, CheckpointModel
+from gpupool.domain.engine import Decision
+from gpupool.domain.lifecycle import TERMINAL, JobState
+from gpupool.domain.model import Cluster, JobKind, JobSpec, Node, NodeShare, Placement
+from gpupool.domain.state import ClusterState
 from gpupool.errors import PlanRejected
-from gpupool.sim.scenario import ScenarioResult, ScenarioSim, run_scenario
-from gpupool.sim.scenario_config import ScenarioConfig, parse_scenario
-from gpupool.sim.workload import LoadCurve, ServiceSpec, Workload
+from gpupool.sim.scenario.config import ScenarioConfig, parse_scenario
+from gpupool.sim.scenario.workload import LoadCurve, ServiceSpec, Workload
+from gpupool.sim.scenario.world import ScenarioResult, ScenarioSim, run_scenario
 
 GOLDEN = Path(__file__).parent / "golden"
 H = 3600.0

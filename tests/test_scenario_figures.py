@@ -29,9 +29,9 @@ from typing import Any
 
 import pytest
 
-from gpupool.sim.generators import find_traces_dir
-from gpupool.sim.scenario import run_scenario
-from gpupool.sim.scenario_config import load_scenario
+from gpupool.sim.scenario.config import load_scenario
+from gpupool.sim.scenario.generators import find_traces_dir
+from gpupool.sim.scenario.world import run_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ROOT / "scenarios"

@@ -1,6 +1,6 @@
 """One scheduling section for scenario files and `gpupool serve --config`.
 
-The same keys, the same parser (gpupool.scheduler.schema), the same messages: a file
+The same keys, the same parser (gpupool.scheduler.config_schema), the same messages: a file
 that configures a scenario's scheduling configures the live service the same way, only
 the defaults for what the file leaves out differ (LIVE_DEFAULTS for the service).
 """
@@ -15,19 +15,19 @@ from typing import Any
 import pytest
 import yaml
 
-from gpupool.cli import build_parser, main
-from gpupool.core.quota import QuotaWindow, TeamQuota
+from gpupool.cli.main import build_parser, main
+from gpupool.domain.quota import QuotaWindow, TeamQuota
 from gpupool.errors import SpecError
-from gpupool.policies.cycle import PreemptionRules
+from gpupool.policies.cycle.priority_quota import PreemptionRules
 from gpupool.scheduler.config import SchedulerConfig
-from gpupool.scheduler.schema import (
+from gpupool.scheduler.config_schema import (
     SCHEDULING_KEYS,
     check_fleet,
     parse_scheduling,
 )
-from gpupool.service.live import LIVE_DEFAULTS
-from gpupool.service.server import load_service_config, service_scheduling
-from gpupool.sim.scenario_config import parse_scenario
+from gpupool.server.loop.driver import LIVE_DEFAULTS
+from gpupool.server.main import load_service_config, service_scheduling
+from gpupool.sim.scenario.config import parse_scenario
 
 # Every scheduling key, and every field of each nested section, given explicitly.
 FULL = """\

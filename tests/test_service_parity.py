@@ -12,16 +12,22 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
+from gpupool.ports.clock.base import ManualClock
 from gpupool.scheduler import Event, Scale, ServiceDemand, ServiceLoad
-from gpupool.service.clock import ManualClock
-from gpupool.service.executor import FakeExecutor
-from gpupool.service.live import LiveConfig, LiveService
-from gpupool.service.replica_load import LATENCY, LATENCY_BUCKETS_S, REQUESTS, LoadWindow, Scraper
-from gpupool.service.store import NewService, Store, database_url
-from gpupool.service.telemetry import FakeTelemetry
-from gpupool.sim.scenario import ScenarioSim
-from gpupool.sim.scenario_config import parse_scenario
-from gpupool.sim.workload import LoadCurve, ServiceSpec, Workload
+from gpupool.server.executors.local import FakeExecutor
+from gpupool.server.loop.driver import LiveConfig, LiveService
+from gpupool.server.store import NewService, Store, database_url
+from gpupool.server.telemetry.nvml import FakeTelemetry
+from gpupool.server.telemetry.replica_load import (
+    LATENCY,
+    LATENCY_BUCKETS_S,
+    REQUESTS,
+    LoadWindow,
+    Scraper,
+)
+from gpupool.sim.scenario.config import parse_scenario
+from gpupool.sim.scenario.workload import LoadCurve, ServiceSpec, Workload
+from gpupool.sim.scenario.world import ScenarioSim
 
 SCENARIO = {
     "name": "svc",

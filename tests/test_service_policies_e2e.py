@@ -221,7 +221,7 @@ def test_a_bad_configuration_is_refused_at_start(tmp_path: Path, config: str, na
         [
             sys.executable,
             "-m",
-            "gpupool.cli",
+            "gpupool",
             "serve",
             "--state-dir",
             str(tmp_path / "state"),

@@ -8,8 +8,8 @@ import dataclasses
 
 import pytest
 
-from gpupool.core.lifecycle import JobState
-from gpupool.core.model import Cluster, Node
+from gpupool.domain.lifecycle import JobState
+from gpupool.domain.model import Cluster, Node
 from gpupool.errors import NotFoundError
 from gpupool.scheduler import (
     Cancel,

@@ -11,14 +11,14 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from gpupool import cli as gpupool_cli
-from gpupool import client_cli
-from gpupool.service.api import create_app
-from gpupool.service.clock import ManualClock
-from gpupool.service.executor import FakeExecutor
-from gpupool.service.live import LIVE_DEFAULTS, LiveConfig, LiveService
-from gpupool.service.store import NewService, Store, database_url
-from gpupool.service.telemetry import FakeTelemetry
+from gpupool.cli import jobs as client_cli
+from gpupool.cli import main as gpupool_cli
+from gpupool.ports.clock.base import ManualClock
+from gpupool.server.api.app import create_app
+from gpupool.server.executors.local import FakeExecutor
+from gpupool.server.loop.driver import LIVE_DEFAULTS, LiveConfig, LiveService
+from gpupool.server.store import NewService, Store, database_url
+from gpupool.server.telemetry.nvml import FakeTelemetry
 
 T0 = 1_000.0
 CHAT = {

@@ -18,11 +18,11 @@ import yaml
 
 from gpupool.errors import SpecError
 from gpupool.reports.review_data import ReviewData
-from gpupool.sim.generators import GenContext, build_workload, find_traces_dir
-from gpupool.sim.review_source import ORIGIN_S, review_data, wait_by_reason
-from gpupool.sim.scenario import ScenarioSim, run_scenario
-from gpupool.sim.scenario_config import ScenarioConfig, parse_scenario
-from gpupool.sim.usage import IDLE_MEM_FRACTION
+from gpupool.sim.scenario.config import ScenarioConfig, parse_scenario
+from gpupool.sim.scenario.generators import GenContext, build_workload, find_traces_dir
+from gpupool.sim.scenario.review_source import ORIGIN_S, review_data, wait_by_reason
+from gpupool.sim.scenario.usage import IDLE_MEM_FRACTION
+from gpupool.sim.scenario.world import ScenarioSim, run_scenario
 
 H = 3600.0
 SMALL = """

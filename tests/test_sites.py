@@ -10,19 +10,19 @@ from typing import Any
 
 import pytest
 
-from gpupool.core.lifecycle import JobState
-from gpupool.core.model import Cluster, JobKind, JobSpec, Node
-from gpupool.core.quota import TeamQuota
+from gpupool.domain.lifecycle import JobState
+from gpupool.domain.model import Cluster, JobKind, JobSpec, Node
+from gpupool.domain.quota import TeamQuota
 from gpupool.errors import SpecError
-from gpupool.policies.cycle import PreemptionRules
+from gpupool.policies.cycle.priority_quota import PreemptionRules
+from gpupool.ports.clock.base import ManualClock
 from gpupool.scheduler import Burst, Command, Launch, NodeUp, Reclaim, Scheduler, Stop, Wait
 from gpupool.scheduler.config import PlacementConfig, SchedulerConfig
-from gpupool.service.clock import ManualClock
-from gpupool.service.executor import FakeExecutor
-from gpupool.service.live import LiveConfig, LiveService
-from gpupool.service.sites import CloudNodes, SitesConfig, pool_prices, read_sites
-from gpupool.service.store import NewJob, Store
-from gpupool.service.telemetry import FakeTelemetry
+from gpupool.server.executors.local import FakeExecutor
+from gpupool.server.fleet.sites import CloudNodes, SitesConfig, pool_prices, read_sites
+from gpupool.server.loop.driver import LiveConfig, LiveService
+from gpupool.server.store import NewJob, Store
+from gpupool.server.telemetry.nvml import FakeTelemetry
 
 FED = {
     "sites": [
@@ -366,7 +366,7 @@ def test_the_sites_file_in_docs_ray_md_is_valid() -> None:
     block = text.split("## Several clusters", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
     cfg = read_sites(yaml.safe_load(block), "docs/ray.md")
     assert [c.name for c in cfg.cloud_nodes] == ["c1"]
-    assert cfg.start_command[:4] == ("python", "-m", "gpupool.service.cloud_node", "start")
+    assert cfg.start_command[:4] == ("python", "-m", "gpupool.server.fleet.cloud_node", "start")
     assert "{state_dir}" in cfg.stop_command
     assert cfg.node_site == {"a1": "east", "a2": "east", "w1": "west"}
 

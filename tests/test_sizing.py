@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from gpupool.cli import main
+from gpupool.cli.main import main
+from gpupool.cli.plan import parse_count, parse_duration
 from gpupool.errors import NotFoundError, SpecError
-from gpupool.plan_cli import parse_count, parse_duration
 from gpupool.sizing import (
     ModelShape,
     PlanOption,

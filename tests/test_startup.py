@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from gpupool.cli import build_parser
-from gpupool.commands import GROUPS, HELP
+from gpupool.cli.main import build_parser
+from gpupool.cli.verbs import GROUPS, HELP
 
 ROOT = Path(__file__).resolve().parent.parent
 PHILLY = ROOT.parent / "shared" / "traces" / "philly" / "elasticflow_philly_103959.csv"
@@ -33,7 +33,7 @@ class NoRay(importlib.abc.MetaPathFinder):
         return None
 
 sys.meta_path.insert(0, NoRay())
-from gpupool.cli import main
+from gpupool.cli.main import main
 try:
     code = main(json.loads(sys.argv[1]))
 except SystemExit as exc:

@@ -21,14 +21,14 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from gpupool.errors import ConflictError, IllegalTransition, NotFoundError, SpecError
-from gpupool.service.store import JobRow, NewJob, Principal, Store, database_url, schema_head
+from gpupool.server.store import JobRow, NewJob, Principal, Store, database_url, schema_head
 from pgserver import fresh_schema, pg_url  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[1]
 T0 = 1_700_000_000.0
 
 # The lifecycle as the service promises it, written out independently of store.TRANSITIONS.
-LEGAL = {  # the core's lifecycle (core/lifecycle.py) in the store's words
+LEGAL = {  # the core's lifecycle (domain/lifecycle.py) in the store's words
     ("pending", "running"),
     ("pending", "cancelled"),
     ("pending", "failed"),
@@ -112,7 +112,7 @@ def test_migration_creates_exactly_the_models(store: Store, url: str) -> None:
     from alembic.autogenerate import compare_metadata
     from alembic.runtime.migration import MigrationContext
 
-    from gpupool.service.store import Base
+    from gpupool.server.store import Base
 
     engine = create_engine(url)
     with engine.connect() as conn:
@@ -181,7 +181,7 @@ def test_submit_survives_sigkill_right_after_it_returns(store: Store, url: str) 
     """What the API promises: once submit returned, not even SIGKILL can lose the job."""
     child = (
         "import os, signal, sys\n"
-        "from gpupool.service.store import NewJob, Store\n"
+        "from gpupool.server.store import NewJob, Store\n"
         "s = Store(sys.argv[1])\n"
         "row, _ = s.submit(NewJob('k', 't', 'batch', 0, 1, ('true',)), 1.0)\n"
         "print(row.id, flush=True)\n"

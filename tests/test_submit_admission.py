@@ -14,15 +14,15 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from gpupool.core.model import Node
-from gpupool.service.admission import Fleet, Refused, admit
-from gpupool.service.api import create_app
-from gpupool.service.clock import ManualClock
-from gpupool.service.executor import FakeExecutor
-from gpupool.service.live import LiveConfig, LiveService
-from gpupool.service.sites import read_sites
-from gpupool.service.store import Store
-from gpupool.service.telemetry import FakeTelemetry
+from gpupool.domain.model import Node
+from gpupool.ports.clock.base import ManualClock
+from gpupool.server.api.admission import Fleet, Refused, admit
+from gpupool.server.api.app import create_app
+from gpupool.server.executors.local import FakeExecutor
+from gpupool.server.fleet.sites import read_sites
+from gpupool.server.loop.driver import LiveConfig, LiveService
+from gpupool.server.store import Store
+from gpupool.server.telemetry.nvml import FakeTelemetry
 from gpupool.sizing.catalog import load_catalog
 from service_proc import Server, cli, wait_for
 from test_sites import CLOUD, FAST, Runner, sites

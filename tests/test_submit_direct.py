@@ -14,12 +14,12 @@ import pytest
 from fastapi.testclient import TestClient
 from starlette.routing import Route
 
-from gpupool.service.api import create_app
-from gpupool.service.clock import ManualClock
-from gpupool.service.executor import FakeExecutor
-from gpupool.service.live import LiveConfig, LiveService
-from gpupool.service.store import Store, database_url
-from gpupool.service.telemetry import FakeTelemetry
+from gpupool.ports.clock.base import ManualClock
+from gpupool.server.api.app import create_app
+from gpupool.server.executors.local import FakeExecutor
+from gpupool.server.loop.driver import LiveConfig, LiveService
+from gpupool.server.store import Store, database_url
+from gpupool.server.telemetry.nvml import FakeTelemetry
 
 T0 = 1_000.0
 JSON_CT = {"content-type": "application/json"}

@@ -13,8 +13,8 @@ import pytest
 
 from gpupool.energy.powercap import SetPowerCap
 from gpupool.errors import ConflictError, GpupoolError, NotFoundError, SpecError
-from gpupool.service import telemetry as tm
-from gpupool.service.telemetry import (
+from gpupool.server.telemetry import nvml as tm
+from gpupool.server.telemetry.nvml import (
     ApplyResult,
     FakeTelemetry,
     GpuSample,

@@ -12,18 +12,18 @@ import pytest
 from sqlalchemy.exc import OperationalError
 
 from gpupool.errors import SpecError
-from gpupool.service.clock import ManualClock
-from gpupool.service.diskspace import FakeDisk
-from gpupool.service.executor import FakeExecutor
-from gpupool.service.live import LiveConfig, LiveService
-from gpupool.service.store import GpuMinute, NewJob, ServiceMinute, Store, database_url
-from gpupool.service.telemetry import FakeTelemetry
-from gpupool.service.telemetry_history import (
+from gpupool.ports.clock.base import ManualClock
+from gpupool.server.executors.local import FakeExecutor
+from gpupool.server.loop.diskspace import FakeDisk
+from gpupool.server.loop.driver import LiveConfig, LiveService
+from gpupool.server.store import GpuMinute, NewJob, ServiceMinute, Store, database_url
+from gpupool.server.telemetry.history import (
     HistoryConfig,
     MinuteMeans,
     TelemetryHistory,
     parse_history,
 )
+from gpupool.server.telemetry.nvml import FakeTelemetry
 from pgserver import fresh_schema, pg_url  # noqa: F401
 
 T0 = 1_800_000_000.0  # a whole minute

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from gpupool.core.model import MILLI_PER_GPU, JobKind
+from gpupool.domain.model import MILLI_PER_GPU, JobKind
 from gpupool.errors import NotFoundError, SpecError, TraceFormatError
 from gpupool.traces.azure_llm import RequestArrival, arrival_rate_per_s, read_azure_llm
 from gpupool.traces.common import ReadReport

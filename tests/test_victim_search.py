@@ -14,10 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpupool.core.model import Cluster, JobKind, JobSpec, Node, NodeShare, Placement
-from gpupool.core.quota import QuotaBook
-from gpupool.core.state import ClusterState
-from gpupool.policies.cycle import (
+from gpupool.domain.model import Cluster, JobKind, JobSpec, Node, NodeShare, Placement
+from gpupool.domain.quota import QuotaBook
+from gpupool.domain.state import ClusterState
+from gpupool.policies.cycle.priority_quota import (
     CycleView,
     PreemptionRules,
     PriorityQuotaPolicy,

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpupool.core.lifecycle import JobState
-from gpupool.core.model import Cluster, JobKind, JobSpec, Node
-from gpupool.core.quota import QuotaWindow, TeamQuota
+from gpupool.domain.lifecycle import JobState
+from gpupool.domain.model import Cluster, JobKind, JobSpec, Node
+from gpupool.domain.quota import QuotaWindow, TeamQuota
 from gpupool.energy.tariff import load_tariff, on_wall_clock
-from gpupool.policies.cycle import PreemptionRules
+from gpupool.policies.cycle.priority_quota import PreemptionRules
 from gpupool.scheduler import (
     Drain,
     Finished,
@@ -26,9 +26,9 @@ from gpupool.scheduler import (
 )
 from gpupool.scheduler.config import EnergyConfig, TeamLimits
 from gpupool.scheduler.waiting import REFRESH_S, explain_all, reason_code, split_reason
-from gpupool.sim.generators import GenContext, build_workload
-from gpupool.sim.scenario import ScenarioSim
-from gpupool.sim.scenario_config import load_scenario
+from gpupool.sim.scenario.config import load_scenario
+from gpupool.sim.scenario.generators import GenContext, build_workload
+from gpupool.sim.scenario.world import ScenarioSim
 
 HOUR = 3600.0
 

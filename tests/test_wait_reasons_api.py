@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from gpupool.client_cli import job_table, why_text
-from gpupool.service.api import create_app
-from gpupool.service.clock import ManualClock
-from gpupool.service.executor import FakeExecutor
-from gpupool.service.live import LIVE_DEFAULTS, LiveConfig, LiveService
-from gpupool.service.store import NewJob, Store, database_url
-from gpupool.service.telemetry import FakeTelemetry
+from gpupool.cli.jobs import job_table, why_text
+from gpupool.ports.clock.base import ManualClock
+from gpupool.server.api.app import create_app
+from gpupool.server.executors.local import FakeExecutor
+from gpupool.server.loop.driver import LIVE_DEFAULTS, LiveConfig, LiveService
+from gpupool.server.store import NewJob, Store, database_url
+from gpupool.server.telemetry.nvml import FakeTelemetry
 
 T0 = 1_000.0
 

@@ -1,5 +1,5 @@
 import sys
 
-from gpupool.cli import main
+from gpupool.cli.main import main
 
 sys.exit(main())

@@ -217,7 +217,7 @@ class TraceRequest:
 def trace_path(trace: str, traces_dir: Path | None = None) -> Path:
     """The Azure file for 'conv' or 'code', under traces_dir or the folder gpupool finds
     ($GPUPOOL_TRACES, else a shared/traces above the working directory)."""
-    from gpupool.sim.generators import TRACES_ENV, find_traces_dir
+    from gpupool.sim.scenario.generators import TRACES_ENV, find_traces_dir
 
     if trace not in TRACE_FILES:
         raise SpecError(f"unknown trace {trace!r}; choose from {', '.join(TRACE_FILES)}")

@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from gpupool.service.api import create_app
-from gpupool.service.clock import SystemClock
-from gpupool.service.live import LiveConfig, LiveService, ray_service
-from gpupool.service.ray_executor import RayExecutor, ray_nodes
-from gpupool.service.sites import read_sites
-from gpupool.service.store import Store, database_url
+from gpupool.ports.clock.base import SystemClock
+from gpupool.server.api.app import create_app
+from gpupool.server.executors.ray import RayExecutor, ray_nodes
+from gpupool.server.fleet.sites import read_sites
+from gpupool.server.loop.driver import LiveConfig, LiveService, ray_service
+from gpupool.server.store import Store, database_url
 
 PY = sys.executable
 JOB = (
@@ -31,7 +31,7 @@ JOB = (
 
 
 def sites_yaml(address: str, state_dir: Path) -> dict[str, Any]:
-    cloud = [PY, "-m", "gpupool.service.cloud_node"]
+    cloud = [PY, "-m", "gpupool.server.fleet.cloud_node"]
     return {
         "federation": {
             "sites": [
@@ -98,7 +98,7 @@ def burst(ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterato
             [
                 PY,
                 "-m",
-                "gpupool.service.cloud_node",
+                "gpupool.server.fleet.cloud_node",
                 "stop",
                 "--node",
                 "c1",

@@ -12,8 +12,8 @@ from typing import Any
 
 from gpupool.errors import ConflictError
 from gpupool.examples.ckpt_counter import expected_result
-from gpupool.service.executor import LaunchSpec
-from gpupool.service.ray_executor import RayExecutor, ray_nodes
+from gpupool.server.executors.local import LaunchSpec
+from gpupool.server.executors.ray import RayExecutor, ray_nodes
 
 PY = sys.executable
 

@@ -25,8 +25,15 @@ import pytest
 
 from gpupool.errors import Unavailable
 from gpupool.examples.allreduce import expected_result
-from gpupool.service.executor import Exit, Gang, GangMember, Handle, LaunchSpec, read_start_ticks
-from gpupool.service.ray_executor import RayExecutor, node_resources
+from gpupool.server.executors.local import (
+    Exit,
+    Gang,
+    GangMember,
+    Handle,
+    LaunchSpec,
+    read_start_ticks,
+)
+from gpupool.server.executors.ray import RayExecutor, node_resources
 from service_proc import Server, cli, wait_for
 
 PY = sys.executable

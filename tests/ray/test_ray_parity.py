@@ -35,12 +35,13 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from gpupool.core.model import JobKind, JobSpec
-from gpupool.core.quota import TeamQuota
-from gpupool.policies.cycle import PreemptionRules
-from gpupool.service.clock import ManualClock
-from gpupool.service.executor import STDOUT_LOG, Exit
-from gpupool.service.live import (
+from gpupool.domain.model import JobKind, JobSpec
+from gpupool.domain.quota import TeamQuota
+from gpupool.policies.cycle.priority_quota import PreemptionRules
+from gpupool.ports.clock.base import ManualClock
+from gpupool.server.executors.local import STDOUT_LOG, Exit
+from gpupool.server.executors.ray import RayExecutor
+from gpupool.server.loop.driver import (
     LIVE_DEFAULTS,
     LiveConfig,
     LiveService,
@@ -48,8 +49,7 @@ from gpupool.service.live import (
     ray_service,
     spec_of,
 )
-from gpupool.service.ray_executor import RayExecutor
-from gpupool.service.store import NewJob, Store, database_url
+from gpupool.server.store import NewJob, Store, database_url
 from gpupool.sim.eventsim import Placed, run_trace
 from gpupool.traces.openb import read_pods
 

@@ -19,14 +19,14 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from gpupool.core.quota import TeamQuota
+from gpupool.domain.quota import TeamQuota
 from gpupool.examples.ckpt_counter import expected_result
-from gpupool.policies.cycle import PreemptionRules
-from gpupool.service.api import create_app
-from gpupool.service.clock import SystemClock
-from gpupool.service.live import LIVE_DEFAULTS, LiveConfig, LiveService, ray_service
-from gpupool.service.ray_executor import RayExecutor, ray_nodes
-from gpupool.service.store import Store, database_url
+from gpupool.policies.cycle.priority_quota import PreemptionRules
+from gpupool.ports.clock.base import SystemClock
+from gpupool.server.api.app import create_app
+from gpupool.server.executors.ray import RayExecutor, ray_nodes
+from gpupool.server.loop.driver import LIVE_DEFAULTS, LiveConfig, LiveService, ray_service
+from gpupool.server.store import Store, database_url
 
 PY = sys.executable
 PROBE = (

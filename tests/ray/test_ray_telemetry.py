@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from gpupool.energy.powercap import SetPowerCap
-from gpupool.service.ray_telemetry import ACTOR_PREFIX, RayTelemetry
-from gpupool.service.telemetry import GpuSample
+from gpupool.server.telemetry.nvml import GpuSample
+from gpupool.server.telemetry.ray import ACTOR_PREFIX, RayTelemetry
 from gpupool.sizing.catalog import load_catalog
 
 NAMESPACE = "gpupool-tele-test"

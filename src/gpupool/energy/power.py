@@ -14,7 +14,7 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any, Final
 
-from gpupool.core.model import JobKind
+from gpupool.domain.model import JobKind
 from gpupool.errors import SpecError
 
 J_PER_KWH: Final = 3.6e6

@@ -33,7 +33,7 @@ from urllib.parse import parse_qs, urlparse
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from gpupool.service.replica_load import LATENCY, LATENCY_BUCKETS_S, REQUESTS
+from gpupool.server.telemetry.replica_load import LATENCY, LATENCY_BUCKETS_S, REQUESTS
 
 DEFAULT_TOKENS = 32
 JSON = "application/json"

@@ -24,8 +24,8 @@ from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, replace
 from importlib import resources
 
-from gpupool.core.model import JobKind, JobSpec
-from gpupool.core.state import BoolArray, ClusterState
+from gpupool.domain.model import JobKind, JobSpec
+from gpupool.domain.state import BoolArray, ClusterState
 from gpupool.errors import SpecError
 from gpupool.federation import placement as fed
 from gpupool.federation.placement import FedJob, SiteDecision, SiteOption

@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from gpupool.errors import NotFoundError, SpecError
 
 if TYPE_CHECKING:
-    from gpupool.core.engine import PlacementPolicy
-    from gpupool.core.fragmentation import FragmentationMeter
-    from gpupool.policies.base import QueuePolicy
-    from gpupool.policies.cycle import CyclePolicy
+    from gpupool.domain.engine import PlacementPolicy
+    from gpupool.domain.fragmentation import FragmentationMeter
+    from gpupool.policies.cycle.priority_quota import CyclePolicy
+    from gpupool.policies.placement.base import QueuePolicy
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,6 @@ from gpupool.scheduler.commands import (
     Wait,
 )
 from gpupool.scheduler.config import SchedulerConfig
-from gpupool.scheduler.core import Scheduler, pool_key
 from gpupool.scheduler.events import (
     Drain,
     Event,
@@ -38,6 +37,7 @@ from gpupool.scheduler.events import (
     Vacated,
 )
 from gpupool.scheduler.jobs import JobRecord, ServiceTemplate
+from gpupool.scheduler.scheduler import Scheduler, pool_key
 
 __all__ = [
     "Burst",

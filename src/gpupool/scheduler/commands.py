@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpupool.core.model import JobSpec, Placement
+from gpupool.domain.model import JobSpec, Placement
 from gpupool.energy.powercap import SetPowerCap
 
 

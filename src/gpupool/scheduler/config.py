@@ -11,11 +11,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpupool.core.calibration import CheckpointModel, ColocationModel
-from gpupool.core.quota import QuotaWindow, TeamQuota
+from gpupool.domain.calibration import CheckpointModel, ColocationModel
+from gpupool.domain.quota import QuotaWindow, TeamQuota
 from gpupool.federation.burst import BurstRules
 from gpupool.learning.config import LearningConfig
-from gpupool.policies.cycle import PreemptionRules
+from gpupool.policies.cycle.priority_quota import PreemptionRules
 
 MODES = ("pool", "static")
 PLACEMENT_POLICIES = ("consolidate", "best-fit", "fgd")

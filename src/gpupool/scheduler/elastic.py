@@ -23,16 +23,16 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from gpupool.core.lifecycle import JobState
-from gpupool.core.model import MILLI_PER_GPU, JobKind, JobSpec, NodeShare, Placement
-from gpupool.core.state import BoolArray, ClusterState
+from gpupool.domain.lifecycle import JobState
+from gpupool.domain.model import MILLI_PER_GPU, JobKind, JobSpec, NodeShare, Placement
+from gpupool.domain.state import BoolArray, ClusterState
 from gpupool.errors import PlanRejected
 from gpupool.scheduler.commands import Command, Launch, Resize
 from gpupool.scheduler.config import ElasticConfig
 from gpupool.scheduler.jobs import JobRecord
 
 if TYPE_CHECKING:
-    from gpupool.scheduler.core import Scheduler
+    from gpupool.scheduler.scheduler import Scheduler
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from gpupool.core.lifecycle import JobState
-from gpupool.core.model import JobSpec
+from gpupool.domain.lifecycle import JobState
+from gpupool.domain.model import JobSpec
 from gpupool.sizing.planner import PlanRequest
 
 

@@ -13,8 +13,8 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gpupool.core.lifecycle import JobState
-from gpupool.core.model import MILLI_PER_GPU, JobSpec
+from gpupool.domain.lifecycle import JobState
+from gpupool.domain.model import MILLI_PER_GPU, JobSpec
 from gpupool.policies.pool_choice import PoolOption
 
 WAITING = (JobState.PENDING, JobState.SUSPENDED)

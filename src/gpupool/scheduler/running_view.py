@@ -18,12 +18,17 @@ import math
 from collections.abc import ItemsView, Iterator, Mapping, Set, ValuesView
 from typing import TYPE_CHECKING
 
-from gpupool.core.model import JobKind
-from gpupool.policies.cycle import ReserveHolders, RunningView, VictimTable, may_hold_reserve
+from gpupool.domain.model import JobKind
+from gpupool.policies.cycle.priority_quota import (
+    ReserveHolders,
+    RunningView,
+    VictimTable,
+    may_hold_reserve,
+)
 
 if TYPE_CHECKING:
-    from gpupool.scheduler.core import Scheduler
     from gpupool.scheduler.jobs import JobRecord
+    from gpupool.scheduler.scheduler import Scheduler
 
 
 def expected_end_s(r: JobRecord, now: float) -> float:

@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from gpupool.core.lifecycle import JobState
-from gpupool.core.model import MILLI_PER_GPU, JobKind, JobSpec
-from gpupool.core.state import ClusterState
+from gpupool.domain.lifecycle import JobState
+from gpupool.domain.model import MILLI_PER_GPU, JobKind, JobSpec
+from gpupool.domain.state import ClusterState
 from gpupool.energy.deferral import DeferrableJob, plan_starts
 from gpupool.energy.power import PowerModel, load_of
 from gpupool.energy.powercap import SetPowerCap
@@ -31,7 +31,7 @@ from gpupool.policies.pool_choice import (
     choose_cost_aware,
     choose_first,
 )
-from gpupool.policies.power import CapJob, plan_power_caps
+from gpupool.policies.power_caps import CapJob, plan_power_caps
 from gpupool.scheduler.commands import Burst, Cancel, Command, Defer, Reclaim, Scale
 from gpupool.scheduler.config import SharingConfig
 from gpupool.scheduler.events import GpuUsage
@@ -39,7 +39,7 @@ from gpupool.scheduler.jobs import WAITING, JobRecord
 from gpupool.sizing.planner import sized_options
 
 if TYPE_CHECKING:
-    from gpupool.scheduler.core import Scheduler
+    from gpupool.scheduler.scheduler import Scheduler
 
 
 # ---- pools: GPU type and site ---------------------------------------------------------------

@@ -35,14 +35,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from gpupool.core.model import MILLI_PER_GPU, JobKind
-from gpupool.policies.cycle import may_hold_reserve
+from gpupool.domain.model import MILLI_PER_GPU, JobKind
+from gpupool.policies.cycle.priority_quota import may_hold_reserve
 from gpupool.scheduler import running_view
 from gpupool.scheduler.jobs import WAITING, JobRecord
 
 if TYPE_CHECKING:
-    from gpupool.core.state import ClusterState
-    from gpupool.scheduler.core import Scheduler
+    from gpupool.domain.state import ClusterState
+    from gpupool.scheduler.scheduler import Scheduler
 
 REFRESH_S = 60.0
 """A reason whose code is unchanged but whose numbers moved is told again at most this often."""

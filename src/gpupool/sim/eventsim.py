@@ -15,11 +15,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gpupool.core.lifecycle import JobState
-from gpupool.core.model import Cluster, JobSpec
-from gpupool.core.quota import TeamQuota
+from gpupool.domain.lifecycle import JobState
+from gpupool.domain.model import Cluster, JobSpec
+from gpupool.domain.quota import TeamQuota
 from gpupool.errors import SpecError
-from gpupool.policies.cycle import PreemptionRules
+from gpupool.policies.cycle.priority_quota import PreemptionRules
 from gpupool.scheduler import (
     Command,
     Expire,

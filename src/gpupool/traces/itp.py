@@ -11,7 +11,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from gpupool.core.model import MILLI_PER_GPU, JobKind, JobSpec
+from gpupool.domain.model import MILLI_PER_GPU, JobKind, JobSpec
 from gpupool.errors import NotFoundError, SpecError, TraceFormatError
 from gpupool.traces.common import ReadReport, float_field, int_field, open_rows
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpupool.core.model import JobSpec
+from gpupool.domain.model import JobSpec
 from gpupool.errors import NotFoundError, SpecError
 from gpupool.traces.common import ReadReport
 from gpupool.traces.itp import itp_cluster_files, read_itp

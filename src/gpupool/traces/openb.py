@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpupool.core.model import MILLI_PER_GPU, Cluster, JobKind, JobSpec, Node
+from gpupool.domain.model import MILLI_PER_GPU, Cluster, JobKind, JobSpec, Node
 from gpupool.errors import TraceFormatError
 from gpupool.traces.common import ReadReport, int_field, open_rows
 

@@ -19,7 +19,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
-from gpupool.core.model import MILLI_PER_GPU, JobKind, JobSpec
+from gpupool.domain.model import MILLI_PER_GPU, JobKind, JobSpec
 from gpupool.errors import NotFoundError, TraceFormatError
 from gpupool.traces.common import ReadReport, float_field, int_field, open_rows
 from gpupool.traces.itp import read_gpu_job_csv

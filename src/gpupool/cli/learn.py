@@ -1,0 +1,319 @@
+"""`gpupool learn status|promote|demote`: the learned policy of a running server.
+
+`status` shows what the server's learner has seen (jobs, days), how accurate its
+predictions were (share within 2x, rank correlation), the guard's state, the model's
+version and when it was trained, the mode (shadow or active) and how often the shadow
+agreed with the rules; then it replays the last N days of this cluster's own finished jobs
+(GET /v1/learn/history) through the simulator under the rule policy and under the learned
+one, on a fleet of the server's size, and prints both. `promote` runs the same replay and
+asks the server to make the learned policy active only when it wins; the server checks the
+evidence again (409 when it does not carry a win). `demote` returns it to shadow.
+
+The replay runs here, in the CLI: the server never imports the simulator.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import time
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from gpupool.cli.table import render
+from gpupool.cli.verbs import HELP
+from gpupool.errors import SpecError
+from gpupool.learning.config import LearningConfig
+from gpupool.learning.guard import GuardConfig
+from gpupool.learning.ordering import LasQueues
+
+if TYPE_CHECKING:
+    from gpupool.client import Client
+
+DEFAULT_DAYS = 14.0
+
+
+def add_learn_parser(sub: Any, conn: argparse.ArgumentParser, as_json: Any) -> None:
+    """`gpupool learn status|promote|demote` (promote and demote need an admin token)."""
+    p = sub.add_parser("learn", help=HELP["learn"])
+    lsub = p.add_subparsers(dest="learn_command", metavar="{status,promote,demote}", required=True)
+    days = argparse.ArgumentParser(add_help=False)
+    days.add_argument(
+        "--days",
+        type=float,
+        default=DEFAULT_DAYS,
+        help=f"replay this many days of the cluster's history (default {DEFAULT_DAYS:g})",
+    )
+    s = lsub.add_parser(
+        "status",
+        parents=[conn, as_json, days],
+        help="data seen, accuracy, drift state, mode, and a replay of the last days",
+    )
+    s.set_defaults(client_handler=cmd_learn_status)
+    pr = lsub.add_parser(
+        "promote",
+        parents=[conn, as_json, days],
+        help="make the learned policy active, if a replay of the last days shows a win",
+    )
+    pr.set_defaults(client_handler=cmd_learn_promote)
+    d = lsub.add_parser("demote", parents=[conn, as_json], help="return it to shadow")
+    d.add_argument("--reason", default="", help="why (kept with the change)")
+    d.set_defaults(client_handler=cmd_learn_demote)
+
+
+# ---- the replay ----------------------------------------------------------------------------
+def learning_config_of(body: Mapping[str, Any]) -> LearningConfig:
+    """The server's learning section from its JSON (GET /v1/learn's `config`)."""
+    fields = dict(body)
+    guard = GuardConfig(**dict(fields.pop("guard", {})))
+    las_body = dict(fields.pop("las", {}))
+    las = LasQueues(tuple(las_body.get("thresholds_gpu_s", LasQueues().thresholds_gpu_s)))
+    return LearningConfig(**fields, guard=guard, las=las)
+
+
+def fleet_shape(fleet: Mapping[str, Any]) -> tuple[int, int]:
+    """(nodes, GPUs per node) of the replay: the server's own when its nodes are alike,
+    else one node of all its GPUs (placement across unlike nodes is not modelled)."""
+    per_node = [int(n) for n in fleet.get("gpus_per_node", [])]
+    if not per_node:
+        raise SpecError("the server reports no GPUs: there is no fleet to replay on")
+    if len(set(per_node)) == 1:
+        return len(per_node), per_node[0]
+    return 1, sum(per_node)
+
+
+def replay_history(history: Mapping[str, Any], learning: LearningConfig) -> dict[str, Any]:
+    """Replay the history's finished jobs under the rule and the learned policy (each job
+    runs its measured GPU-time on its GPU count) on a fleet of the server's shape.
+
+    Without preemption, as the live core runs both: its ordered policies only choose which
+    waiting job starts next. (A preemptive replay judged another policy: it suspended a
+    job a moment from its end once the job outran its predicted q90.)"""
+    from gpupool.domain.model import JobSpec
+    from gpupool.sim.replay.run import run_replay
+
+    rows = history["jobs"]
+    # the replay's second 0 is the first submit; the predictor is told its wall-clock time
+    # (origin_s), so hour and weekday features stay true
+    origin_s = min((float(j["submit_s"]) for j in rows), default=0.0)
+    jobs = [
+        JobSpec(
+            job_id=str(j["id"]),
+            gpu_count=int(j["gpu_count"]),
+            team=str(j["team"]),
+            submit_s=float(j["submit_s"]) - origin_s,
+            duration_s=max(float(j["run_gpu_s"]) / int(j["gpu_count"]), 1e-3),
+            name=str(j["name"]),
+        )
+        for j in rows
+    ]
+    nodes, per_node = fleet_shape(history["fleet"])
+    out: dict[str, Any] = {
+        "days": float(history["days"]),
+        "jobs": len(jobs),
+        "nodes": nodes,
+        "gpus_per_node": per_node,
+        "rule": learning.rule,
+        "predictor": learning.predictor,
+    }
+    if not jobs:
+        return out
+    active = dataclasses.replace(learning, mode="active")
+    results = {}
+    for label, queue in ((learning.rule, learning.rule), ("learned", "learned")):
+        r = run_replay(
+            jobs,
+            nodes,
+            per_node,
+            queue=queue,
+            name=f"learn-{label}",
+            learning=active,
+            origin_s=origin_s,
+            preemptive=False,
+        )
+        results[label] = r.metrics
+    rule_m, learned_m = results[learning.rule], results["learned"]
+    out["jobs"] = min(rule_m.finished, learned_m.finished)
+    out["rule_mean_jct_s"] = rule_m.avg_jct_s
+    out["learned_mean_jct_s"] = learned_m.avg_jct_s
+    out["replay"] = {
+        label: {
+            "finished": m.finished,
+            "mean_jct_s": m.avg_jct_s,
+            "p50_jct_s": m.p50_jct_s,
+            "p99_jct_s": m.p99_jct_s,
+            "mean_queue_s": m.avg_queue_s,
+            "utilization": m.utilization,
+        }
+        for label, m in results.items()
+    }
+    return out
+
+
+def verdict(ev: Mapping[str, Any], min_jobs: int) -> tuple[bool, str]:
+    """Whether the replay is a win the server will accept, and the sentence saying so."""
+    days, jobs, rule = ev["days"], ev["jobs"], ev["rule"]
+    if "rule_mean_jct_s" not in ev:
+        return False, f"no job finished here in the last {days:g} days: nothing to replay"
+    r, lrn = ev["rule_mean_jct_s"], ev["learned_mean_jct_s"]
+    figures = f"mean JCT {lrn:.1f} s learned against {r:.1f} s {rule} over {jobs} jobs"
+    if jobs < min_jobs:
+        return False, (
+            f"the replay of the last {days:g} days covers {jobs} finished jobs, fewer than the "
+            f"{min_jobs} the guard needs ({figures}); let more jobs finish or replay more days"
+        )
+    if not lrn < r:
+        return False, (
+            f"the learned policy does not win the replay of the last {days:g} days: {figures}"
+        )
+    gain = 1.0 - lrn / r if r > 0 else 0.0
+    return (
+        True,
+        f"the learned policy wins the replay of the last {days:g} days: "
+        f"{figures} ({gain:.1%} less)",
+    )
+
+
+# ---- the commands --------------------------------------------------------------------------
+def _replay_for(client: Client, view: Mapping[str, Any], days: float) -> dict[str, Any]:
+    if not days > 0 or not math.isfinite(days):
+        raise SpecError(f"--days {days:g}: give a number of days above 0")
+    history = client.learn_history(days)
+    return replay_history(history, learning_config_of(view["config"]))
+
+
+def cmd_learn_status(client: Client, args: argparse.Namespace) -> int:
+    view = client.learn()
+    ev = _replay_for(client, view, args.days)
+    ok, sentence = verdict(ev, int(view["min_jobs"]))
+    if args.json:
+        import json
+
+        print(json.dumps({**view, "replay": ev, "replay_wins": ok}, indent=2))
+        return 0
+    print(status_text(view, ev, sentence, time.time()))
+    return 0
+
+
+def cmd_learn_promote(client: Client, args: argparse.Namespace) -> int:
+    view = client.learn()
+    ev = _replay_for(client, view, args.days)
+    ok, sentence = verdict(ev, int(view["min_jobs"]))
+    if not ok:
+        print(f"gpupool: promotion refused: {sentence}")
+        return 1
+    after = client.learn_promote(ev)
+    if args.json:
+        import json
+
+        print(json.dumps(after, indent=2))
+    else:
+        print(f"{sentence}; the learned policy is now {after['mode']}")
+    return 0
+
+
+def cmd_learn_demote(client: Client, args: argparse.Namespace) -> int:
+    after = client.learn_demote(args.reason)
+    if args.json:
+        import json
+
+        print(json.dumps(after, indent=2))
+    else:
+        print(f"the learned policy is now {after['mode']}: the rules decide")
+    return 0
+
+
+# ---- the status text -----------------------------------------------------------------------
+def _pct(x: Any) -> str:
+    return "-" if x is None else f"{100 * float(x):.0f}%"
+
+
+def _num(x: Any, fmt: str = ".2f") -> str:
+    return "-" if x is None else format(float(x), fmt)
+
+
+def _days(seconds: Any) -> str:
+    return "-" if seconds is None else f"{float(seconds) / 86_400:.2f} days"
+
+
+def status_text(
+    view: Mapping[str, Any], ev: Mapping[str, Any], sentence: str, now_wall: float
+) -> str:
+    st: Mapping[str, Any] = view.get("status") or {}
+    cfg: Mapping[str, Any] = view.get("config") or {}
+    guard_cfg: Mapping[str, Any] = cfg.get("guard") or {}
+    shadow: Mapping[str, Any] = view.get("shadow") or {}
+    model = st.get("model")
+    lines = [
+        f"learned policy: mode {view['mode']} ({view.get('mode_reason', '')}); rule "
+        f"{cfg.get('rule')}, predictor {cfg.get('predictor')}",
+        f"data seen:  {st.get('submits_seen', 0)} submitted, {st.get('finished_seen', 0)} "
+        f"finished over {_days(st.get('seen_s'))} (the model is trusted after "
+        f"{_days(guard_cfg.get('cold_start_s'))} and {guard_cfg.get('min_finished')} finished)",
+        f"accuracy:   {_pct(st.get('within_2x'))} within 2x, rank correlation "
+        f"{_num(st.get('rank_corr'))} (last {st.get('window', 0)} finished jobs)",
+        f"guard:      {st.get('guard')}"
+        + (" (the model's order is in use)" if st.get("uses_model") else " (the rules decide)"),
+        "model:      none trained yet"
+        if not model
+        else f"model:      {model.get('kind')} version {model.get('version')}, trained "
+        f"{_stamp(model.get('trained_at_s'), now_wall)} on {model.get('rows')} jobs "
+        f"({st.get('retrains', 0)} retrains since start)",
+        f"shadow:     {st.get('shadow_cycles', 0)} cycles compared since start, agreement "
+        f"{_pct(st.get('agreement'))} ({shadow.get('differed', 0)} differed, "
+        f"{shadow.get('events_written', 0)} learn-shadow events written)",
+    ]
+    change = view.get("last_change")
+    if change:
+        lines.append(
+            f"last change: {change['action']} by {change['by'] or 'the server'} "
+            f"{_stamp(change['at_s'], now_wall)}: {change['reason']}"
+        )
+    lines.append("")
+    lines.append(
+        f"replay of the last {ev['days']:g} days: {ev['jobs']} jobs on "
+        f"{ev['nodes']} node(s) x {ev['gpus_per_node']} GPU(s)"
+    )
+    replay = ev.get("replay")
+    if replay:
+        rows = [
+            [
+                label,
+                m["finished"],
+                f"{m['mean_jct_s']:.1f}",
+                f"{m['p50_jct_s']:.1f}",
+                f"{m['p99_jct_s']:.1f}",
+                f"{m['mean_queue_s']:.1f}",
+                f"{100 * m['utilization']:.0f}%",
+            ]
+            for label, m in replay.items()
+        ]
+        lines.append(
+            render(["policy", "jobs", "mean JCT s", "p50 s", "p99 s", "mean queue s", "util"], rows)
+        )
+    lines.append(sentence)
+    return "\n".join(lines)
+
+
+def _stamp(at_s: Any, now_s: float) -> str:
+    """A server time (wall-clock seconds) as a UTC date and how long ago."""
+    if at_s is None:
+        return "-"
+    at = float(at_s)
+    when = datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M UTC")
+    return f"{when} ({_ago(at, now_s)})"
+
+
+def _ago(at_s: float, now_s: float) -> str:
+    dt = now_s - at_s
+    if dt < 0:
+        return "in the future of this machine's clock"
+    if dt < 120:
+        return f"{dt:.0f} s ago"
+    if dt < 7_200:
+        return f"{dt / 60:.0f} min ago"
+    if dt < 2 * 86_400:
+        return f"{dt / 3_600:.1f} h ago"
+    return f"{dt / 86_400:.1f} days ago"

@@ -1,0 +1,233 @@
+"""`gpupool service create / ls / show / scale / delete`: online services on a server."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import time
+from typing import TYPE_CHECKING, Any
+
+from gpupool.cli.table import render
+from gpupool.cli.verbs import HELP
+from gpupool.errors import SpecError
+
+if TYPE_CHECKING:
+    from gpupool.client import Client
+
+_RANGE = re.compile(r"(\d+)(?:\.\.(\d+))?")
+
+
+def parse_replicas(text: str) -> tuple[int, int]:
+    """'1..8' -> (1, 8); '3' -> (3, 3)."""
+    match = _RANGE.fullmatch(text.strip())
+    if match is None:
+        raise SpecError(f"replicas {text!r}: give MIN..MAX (e.g. 1..8) or one number")
+    low = int(match.group(1))
+    high = int(match.group(2)) if match.group(2) is not None else low
+    if low > high or high < 1:
+        raise SpecError(f"replicas {text}: give MIN..MAX with MIN <= MAX and MAX >= 1")
+    return low, high
+
+
+def add_service_parsers(sub: Any, conn: argparse.ArgumentParser, as_json: Any) -> None:
+    p = sub.add_parser(
+        "service",
+        help=HELP["service"],
+        description="An online service: the scheduler starts, places and stops its replicas "
+        "(jobs of kind online-inference), more when load or p99 latency rises, fewer when "
+        "demand falls. Each replica gets a free loopback port in $PORT (--port-env) and "
+        "serves Prometheus metrics at /metrics there (docs/services.md).",
+    )
+    ssub = p.add_subparsers(
+        dest="service_command", metavar="{create,ls,show,scale,delete}", required=True
+    )
+    c = ssub.add_parser(
+        "create",
+        parents=[conn, as_json],
+        help="create a service",
+        description="Create a service. Everything after -- is each replica's command.",
+        usage="gpupool service create NAME [options] -- COMMAND...",
+        epilog="example: gpupool service create chat --team web --gpu-mem 16GiB "
+        "--replicas 1..8 --slo-p99-ms 200 -- python -m gpupool.examples.chat_replica",
+    )
+    c.add_argument("name", help="lower-case letters, digits and dashes")
+    c.add_argument("--team", help="the team it serves for (default: the token's)")
+    c.add_argument("--model", help="the model it serves (shown)")
+    c.add_argument("--gpu-model", help="only run replicas on this GPU model")
+    c.add_argument(
+        "--gpu-mem",
+        help="GPU memory of one replica (e.g. 16GiB); replicas share a card "
+        "only where sharing pays",
+    )
+    c.add_argument("--replicas", default="1..1", help="MIN..MAX replicas (default 1..1)")
+    c.add_argument("--slo-p99-ms", type=float, default=200.0, help="p99 latency bound (ms)")
+    c.add_argument(
+        "--replica-rps",
+        type=float,
+        default=10.0,
+        help="requests/s one replica serves within the SLO (default 10)",
+    )
+    c.add_argument("--port-env", default="PORT", help="env var with the replica's port")
+    c.add_argument("--grace", type=float, help="seconds to stop after SIGTERM (default 10)")
+    c.add_argument("--priority", help="low, normal, high (default) or an integer")
+    c.add_argument("--env", action="extend", nargs="+", default=[], metavar="K=V")
+    c.add_argument("--cwd", help="working directory of the replicas")
+    c.set_defaults(client_handler=cmd_create, svc_argv=[])
+
+    ls = ssub.add_parser("ls", parents=[conn, as_json], help="list services")
+    ls.set_defaults(client_handler=cmd_ls)
+
+    show = ssub.add_parser(
+        "show", parents=[conn, as_json], help="a service: its replicas, rps, p99, events"
+    )
+    show.add_argument("name")
+    show.set_defaults(client_handler=cmd_show)
+
+    sc = ssub.add_parser("scale", parents=[conn, as_json], help="set MIN..MAX replicas")
+    sc.add_argument("name")
+    sc.add_argument("replicas", help="MIN..MAX, e.g. 2..6")
+    sc.set_defaults(client_handler=cmd_scale)
+
+    d = ssub.add_parser(
+        "delete", parents=[conn, as_json], help="delete a service (its replicas stop)"
+    )
+    d.add_argument("name")
+    d.set_defaults(client_handler=cmd_delete)
+
+
+def cmd_create(client: Client, args: argparse.Namespace) -> int:
+    from gpupool.cli.jobs import parse_env, parse_mem_mib, parse_priority
+
+    if not args.svc_argv:
+        raise SpecError(
+            "give each replica's command after --, e.g. gpupool service create chat "
+            "--team web -- python -m gpupool.examples.chat_replica"
+        )
+    low, high = parse_replicas(args.replicas)
+    spec: dict[str, Any] = {
+        "name": args.name,
+        "command": list(args.svc_argv),
+        "min_replicas": low,
+        "max_replicas": high,
+        "slo_p99_ms": args.slo_p99_ms,
+        "replica_rps": args.replica_rps,
+        "port_env": args.port_env,
+    }
+    for key, value in (
+        ("team", args.team),
+        ("model", args.model),
+        ("gpu_model", args.gpu_model),
+        ("cwd", args.cwd),
+        ("grace_s", args.grace),
+    ):
+        if value is not None:
+            spec[key] = value
+    if args.gpu_mem is not None:
+        spec["gpu_mem_mib"] = parse_mem_mib(args.gpu_mem)
+    if args.priority is not None:
+        spec["priority"] = parse_priority(args.priority)
+    if args.env:
+        spec["env"] = parse_env(args.env)
+    out = client.create_service(spec)
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        print(
+            f"service {out['name']} created for team {out['team']}: replicas "
+            f"{out['min_replicas']}..{out['max_replicas']}, p99 SLO {out['slo_p99_ms']:g} ms"
+        )
+    return 0
+
+
+def _num(value: Any, fmt: str = "{:.1f}") -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def cmd_ls(client: Client, args: argparse.Namespace) -> int:
+    services = client.services()
+    if args.json:
+        print(json.dumps({"services": services}, indent=2))
+        return 0
+    if not services:
+        print("no services")
+        return 0
+    rows = [
+        [
+            s["name"],
+            s["team"],
+            f"{sum(r['state'] == 'running' for r in s['replicas'])}/{s['target_replicas']}",
+            f"{s['min_replicas']}..{s['max_replicas']}",
+            _num(s.get("rps")),
+            _num(s.get("p99_ms"), "{:.0f}"),
+            f"{s['slo_p99_ms']:g}",
+        ]
+        for s in services
+    ]
+    print(render(["service", "team", "serving", "bounds", "rps", "p99 ms", "SLO ms"], rows))
+    return 0
+
+
+def service_text(s: dict[str, Any]) -> str:
+    """What `gpupool service show` prints: the service, its replicas and its events."""
+    running = sum(r["state"] == "running" for r in s["replicas"])
+    starting = sum(r["state"] == "starting" for r in s["replicas"])
+    lines = [
+        f"service {s['name']}  team {s['team']}" + (f"  model {s['model']}" if s["model"] else ""),
+        f"replicas: {running} serving, {starting} starting of {s['target_replicas']} wanted "
+        f"(bounds {s['min_replicas']}..{s['max_replicas']})",
+        f"rps: {_num(s.get('rps'))}  p99: {_num(s.get('p99_ms'), '{:.0f}')} ms  "
+        f"(SLO {s['slo_p99_ms']:g} ms, {s['replica_rps']:g} rps/replica; "
+        f"{s.get('replicas_reporting', 0)} reporting)",
+    ]
+    rows = [
+        [
+            str(r["job_id"]),
+            r["name"],
+            r["state"],
+            r["node"] or "-",
+            ",".join(str(g["index"]) for g in r["gpus"]) or "-",
+            str(r["port"] or "-"),
+            _num(r.get("rps")),
+            _num(r.get("p99_ms"), "{:.0f}"),
+        ]
+        for r in s["replicas"]
+    ]
+    if rows:
+        lines.append("")
+        lines.append(
+            render(["job", "replica", "state", "node", "gpu", "port", "rps", "p99 ms"], rows)
+        )
+    events = s.get("events") or []
+    if events:
+        lines.append("")
+        lines.append("events:")
+        for e in events[-10:]:
+            stamp = time.strftime("%H:%M:%S", time.localtime(e["at"]))
+            lines.append(f"  {stamp}  {e['message']}")
+    return "\n".join(lines)
+
+
+def cmd_show(client: Client, args: argparse.Namespace) -> int:
+    s = client.service(args.name)
+    print(json.dumps(s, indent=2) if args.json else service_text(s))
+    return 0
+
+
+def cmd_scale(client: Client, args: argparse.Namespace) -> int:
+    low, high = parse_replicas(args.replicas)
+    s = client.scale_service(args.name, low, high)
+    if args.json:
+        print(json.dumps(s, indent=2))
+    else:
+        print(f"service {s['name']}: replicas {low}..{high}")
+    return 0
+
+
+def cmd_delete(client: Client, args: argparse.Namespace) -> int:
+    s = client.delete_service(args.name)
+    if args.json:
+        print(json.dumps(s, indent=2))
+    else:
+        print(f"service {s['name']} deleted; its replicas stop with their grace period")
+    return 0

@@ -1,1 +1,0 @@
-"""The pure scheduling core: domain values, lifecycle, cluster state and the engine."""

@@ -1,0 +1,1 @@
+"""The clock: read by the live driver only; the core is given times."""

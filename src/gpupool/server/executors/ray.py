@@ -1,0 +1,877 @@
+"""Run jobs on the nodes of a Ray cluster, on exactly the node and GPU indices the core chose.
+
+Each node has one warm launcher (:class:`~gpupool.server.executors.ray_launcher.NodeLauncher`, a
+detached actor pinned to the node by hard affinity, restarted by Ray when it dies), with
+``num_gpus=0`` and ``num_cpus=0`` so that Ray's own GPU accounting can neither remap
+``CUDA_VISIBLE_DEVICES`` nor queue jobs behind a CPU. A launch is one call to it: it
+starts the job under the same shim as :class:`LocalExecutor` (own session and process
+group, exit record in the run directory), claims the job's GPU indices on the node (two
+jobs never hold one index), and later answers cheap calls that carry the shim's pid and
+start ticks: ``poll_many``, ``signal``, ``read_log``, ``find``, ``release``. A gang wider
+than one node is one start per member, on each member's node's launcher, all or none.
+
+Preemption keeps the checkpoint protocol: SIGTERM to the job's process group through the
+launcher, then SIGKILL once the grace period (kept in the caller's clock) has passed, sent
+by the first poll after the deadline. A node that Ray no longer lists as alive makes poll
+report its attempts as outcome "lost"; a launcher that dies only is replaced, and its jobs
+run on. See docs/ray.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import signal
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gpupool.errors import ConflictError, GpupoolError, NotFoundError, SpecError, Unavailable
+from gpupool.server.executors.local import (
+    DEFAULT_GRACE_S,
+    LOST,
+    STDERR_LOG,
+    STDOUT_LOG,
+    SUCCEEDED,
+    Exit,
+    GangMember,
+    Handle,
+    LaunchSpec,
+    _validate,
+    classify,
+    exit_file,
+)
+from gpupool.server.executors.ray_launcher import (
+    Launch,
+    NodeLauncher,
+    launcher_name,
+    member_dir,
+    member_key,
+    state_root,
+)
+
+if TYPE_CHECKING:
+    from gpupool.server.executors.local import Executor
+
+NODE_PREFIX = "gpupool_node_"
+MODEL_PREFIX = "gpupool_model_"
+SITE_PREFIX = "gpupool_site_"
+DEFAULT_NAMESPACE = "gpupool"
+CALL_TIMEOUT_S = 5.0  # a live launcher answers in milliseconds; longer: its node is in doubt
+
+
+def gang_file(run_dir: Path, attempt: int) -> Path:
+    """The members of a gang attempt (rank, node, GPUs), for adoption after a restart."""
+    return run_dir / f"gang-{attempt}.json"
+
+
+def _read_gang(path: Path) -> list[Any] | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    members = data.get("members") if isinstance(data, dict) else None
+    return members if isinstance(members, list) and len(members) > 1 else None
+
+
+def gang_env(members: Sequence[GangMember], rank: int, addr: str, port: int) -> dict[str, str]:
+    """torchrun's variables for member `rank` (one process per node): where rank 0
+    listens, how many members there are, which one this is, how many GPUs it has."""
+    return {
+        "MASTER_ADDR": addr,
+        "MASTER_PORT": str(port),
+        "WORLD_SIZE": str(len(members)),
+        "RANK": str(rank),
+        "NODE_RANK": str(rank),
+        "GROUP_RANK": str(rank),
+        "LOCAL_RANK": "0",
+        "LOCAL_WORLD_SIZE": str(len(members[rank].gpu_indices)),
+        "GPUPOOL_GANG_NODES": ",".join(m.node for m in members),
+    }
+
+
+def gpu_resource(node: str, index: int) -> str:
+    """The custom resource that stands for GPU `index` of gpupool node `node`."""
+    return f"gpupool_{node}_gpu{index}"
+
+
+def node_resources(node: str, model: str, gpu_count: int, site: str = "") -> dict[str, float]:
+    """What a Ray node must declare (``ray start --resources``) to join gpupool's pool;
+    `site` names its cluster when the service places across several."""
+    res = {f"{NODE_PREFIX}{node}": 1.0, f"{MODEL_PREFIX}{model}": 1.0}
+    if site:
+        res[f"{SITE_PREFIX}{site}"] = 1.0
+    res.update({gpu_resource(node, i): 1.0 for i in range(gpu_count)})
+    return res
+
+
+@dataclass(frozen=True)
+class RayNode:
+    """One live Ray node that declared itself a gpupool node."""
+
+    ray_node_id: str
+    name: str
+    model: str
+    gpu_count: int
+    site: str = ""
+
+
+def ray_nodes() -> list[RayNode]:
+    """The live nodes of the connected Ray cluster that declare ``gpupool_node_<name>``,
+    with their GPU model (``gpupool_model_<model>``) and GPU count (``gpupool_<name>_gpu<i>``)."""
+    import ray
+
+    ray_api: Any = ray  # ray.nodes() is untyped
+    found: list[RayNode] = []
+    for entry in ray_api.nodes():
+        if not entry.get("Alive"):
+            continue
+        res: Mapping[str, float] = entry.get("Resources") or {}
+        names = [k[len(NODE_PREFIX) :] for k in res if k.startswith(NODE_PREFIX)]
+        if len(names) != 1:
+            continue
+        name = names[0]
+        models = sorted(k[len(MODEL_PREFIX) :] for k in res if k.startswith(MODEL_PREFIX))
+        prefix = f"gpupool_{name}_gpu"
+        count = sum(1 for k in res if k.startswith(prefix) and k[len(prefix) :].isdigit())
+        sites = sorted(k[len(SITE_PREFIX) :] for k in res if k.startswith(SITE_PREFIX))
+        found.append(
+            RayNode(
+                str(entry["NodeID"]),
+                name,
+                models[0] if models else "",
+                count,
+                sites[0] if sites else "",
+            )
+        )
+    return sorted(found, key=lambda n: n.name)
+
+
+# --------------------------------------------------------------------------- executor
+
+
+@dataclass
+class _Run:
+    """One process a node's launcher started: a job, or one member of a gang."""
+
+    key: str
+    """Its name in the node's records (`member_key`)."""
+    rank: int
+    node: str
+    launcher: Any
+    pid: int
+    ticks: int
+    record: str
+    """The shim's exit record, on the node."""
+    log_dir: Path
+    """The run's log directory (the same path on the node and the scheduler's host)."""
+    done: bool = False
+    vanished: bool = False
+    result: Mapping[str, Any] | None = None
+    order: int = 0
+
+
+@dataclass
+class _RayJob:
+    handle: Handle
+    runs: list[_Run]
+    """Rank 0 first; more than one: a gang, one member per node."""
+    stop_kind: str | None = None
+    grace_s: float = DEFAULT_GRACE_S
+    deadline_s: float | None = None
+    kill_sent: bool = False
+    sigterm_at_wall_s: float | None = None
+    run_dir: Path | None = None
+    gang_stop: str | None = None
+    """Why the gang's other members are being stopped: one ended badly or vanished."""
+    ended: int = 0
+
+    @property
+    def node(self) -> str:
+        return self.runs[0].node
+
+    @property
+    def gang(self) -> bool:
+        return len(self.runs) > 1
+
+
+_VANISHED: Mapping[str, Any] = {"node_lost": True}
+"""A run's answer when its node is gone."""
+
+
+class RayExecutor:
+    """The Executor protocol on a Ray cluster the caller has already joined (ray.init).
+
+    `nodes` maps gpupool node names to Ray node ids; when omitted (or a name is missing)
+    it is filled from :func:`ray_nodes`. `launch` runs on `default_node`; use
+    :meth:`launch_on` to name the node per attempt. The launchers are detached and named
+    per node in `namespace`, so jobs outlive the scheduler and `adopt` finds them again
+    through them. `python` must exist at the same path on every node."""
+
+    def __init__(
+        self,
+        nodes: Mapping[str, str] | None = None,
+        *,
+        default_node: str | None = None,
+        namespace: str = DEFAULT_NAMESPACE,
+        python: str = sys.executable,
+        call_timeout_s: float = CALL_TIMEOUT_S,
+    ) -> None:
+        import ray
+
+        self._ray: Any = ray  # actor handles are dynamic: typed loosely on purpose
+        self._nodes: dict[str, str] = dict(nodes or {})
+        self._default_node = default_node
+        self._namespace = namespace
+        self._python = python
+        self._timeout = call_timeout_s
+        self._launcher_cls: Any = ray.remote(NodeLauncher)
+        self._launchers: dict[str, tuple[str, Any]] = {}
+        """gpupool node -> (Ray node id, its warm launcher's handle)."""
+        self._state_dir = str(state_root(namespace))
+        self._jobs: dict[str, _RayJob] = {}
+        self._dead: list[Exit] = []
+        """Ends found outside poll (a gang adopted only in part), reported by the next."""
+        for node in list(self._nodes):  # warm: each node's launcher starts now, not at launch
+            self._launcher(node)
+
+    # ---- placement
+
+    def remember_node(self, node: str, ray_node_id: str) -> None:
+        """The node (re)joined with this Ray node id: launch there from now on."""
+        self._nodes[node] = ray_node_id
+
+    def node_id(self, node: str) -> str:
+        if node not in self._nodes:
+            self._nodes.update({n.name: n.ray_node_id for n in ray_nodes()})
+        if node not in self._nodes:
+            raise SpecError(f"node {node} is not in the Ray cluster (no live gpupool_node_{node})")
+        return self._nodes[node]
+
+    # ---- the warm launchers
+
+    def _launcher(self, node: str) -> Any:
+        """The node's launcher, created (or found, after a scheduler restart) on first use:
+        detached, pinned to the node by hard affinity, restarted by Ray when it dies."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        ray_node = self.node_id(node)
+        known = self._launchers.get(node)
+        if known is not None and known[0] == ray_node:
+            return known[1]
+        handle = self._launcher_cls.options(
+            name=launcher_name(node, ray_node),
+            namespace=self._namespace,
+            get_if_exists=True,
+            lifetime="detached",
+            num_cpus=0,
+            num_gpus=0,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(ray_node, soft=False),
+            max_concurrency=16,
+            max_restarts=-1,
+            max_task_retries=0,
+        ).remote(node, self._state_dir)
+        self._launchers[node] = (ray_node, handle)
+        return handle
+
+    def launcher_info(self, node: str) -> dict[str, Any]:
+        """The node's launcher: its pid, its node and the raylet its jobs are fenced on."""
+        info: dict[str, Any] = self._ray.get(
+            self._launcher(node).info.remote(), timeout=self.START_TIMEOUT_S
+        )
+        return info
+
+    def _node_alive(self, node: str) -> bool:
+        """Whether Ray still lists the node's Ray node as alive (a GCS call)."""
+        ray_node = self._nodes.get(node)
+        ray_api: Any = self._ray
+        for entry in ray_api.nodes():
+            if str(entry.get("NodeID")) == ray_node:
+                return bool(entry.get("Alive"))
+        return False
+
+    # ---- starting
+
+    def launch(self, spec: LaunchSpec, now_s: float) -> Handle:
+        if self._default_node is None:
+            raise SpecError(
+                f"job {spec.job_id}: RayExecutor has no default node; use launch_on(spec, node)"
+            )
+        return self.launch_on(spec, self._default_node, now_s)
+
+    def launch_on(self, spec: LaunchSpec, node: str, now_s: float) -> Handle:
+        """Start the attempt on gpupool node `node`, on GPUs `spec.gpu_indices` of it."""
+        (result,) = self.launch_many([(spec, node)], now_s)
+        if isinstance(result, GpupoolError):
+            raise result
+        return result
+
+    START_TIMEOUT_S = 60.0
+    runs_gangs = True
+    """A job placed over several nodes runs here as a gang: one member per node."""
+
+    def _run_of(self, answer: Mapping[str, Any], launch: Launch, node: str, launcher: Any) -> _Run:
+        spec = launch.spec
+        log_dir = spec.run_dir / member_dir(launch.rank) if launch.rank else spec.run_dir
+        return _Run(
+            member_key(spec.job_id, launch.rank),
+            launch.rank,
+            node,
+            launcher,
+            int(answer["pid"]),
+            int(answer["ticks"]),
+            str(exit_file(log_dir, spec.attempt)),
+            log_dir,
+        )
+
+    def launch_many(
+        self, launches: Sequence[tuple[LaunchSpec, str]], now_s: float
+    ) -> list[Handle | GpupoolError]:
+        """Start several attempts at once: one call to each node's warm launcher carries
+        all of that node's launches, and every call is in flight before any is waited
+        for. One result per launch, in order: its handle, or the error that stopped it."""
+        results: list[Handle | GpupoolError | None] = [None] * len(launches)
+        gangs: list[tuple[int, LaunchSpec]] = []
+        by_node: dict[str, list[tuple[int, Launch]]] = {}
+        for k, (spec, node) in enumerate(launches):
+            if spec.gang is not None and len(spec.gang.members) > 1:
+                gangs.append((k, spec))  # started below, once the single-node launches are out
+                continue
+            try:
+                _validate(spec)
+                if spec.job_id in self._jobs or any(
+                    spec.job_id == other.spec.job_id for _, other in by_node.get(node, [])
+                ):
+                    raise ConflictError(
+                        f"job {spec.job_id} is already watched here; poll until it ends "
+                        "before launching it again"
+                    )
+                self.node_id(node)
+            except GpupoolError as err:
+                results[k] = err
+                continue
+            spec = dataclasses.replace(spec, env=dict(spec.env), run_dir=spec.run_dir.absolute())
+            by_node.setdefault(node, []).append((k, Launch(spec, self._python)))
+        calls = []
+        for node, items in by_node.items():
+            launcher = self._launcher(node)
+            ref = launcher.start_many.remote([launch for _, launch in items])
+            calls.append((node, items, launcher, ref))
+        deadline = time.monotonic() + self.START_TIMEOUT_S
+        for node, items, launcher, ref in calls:
+            try:
+                answers = self._ray.get(ref, timeout=max(deadline - time.monotonic(), 0.01))
+            except Exception as e:
+                # Should the launcher still start one, the requeued job's next attempt
+                # kills it first (the launcher's records): a job never runs twice.
+                for k, launch in items:
+                    results[k] = Unavailable(
+                        f"job {launch.spec.job_id}: node {node}'s launcher did not answer "
+                        f"within {self.START_TIMEOUT_S:.0f} s ({type(e).__name__}); it is "
+                        "requeued"
+                    )
+                continue
+            for (k, launch), answer in zip(items, answers, strict=True):
+                spec = launch.spec
+                if "error" in answer:
+                    kind = ConflictError if answer.get("conflict") else SpecError
+                    results[k] = kind(f"job {spec.job_id}: {answer['error']}")
+                    continue
+                run = self._run_of(answer, launch, node, launcher)
+                handle = Handle(spec.job_id, spec.attempt, run.pid, run.pid, run.ticks)
+                self._jobs[spec.job_id] = _RayJob(handle, [run], run_dir=spec.run_dir)
+                results[k] = handle
+        for k, spec in gangs:
+            results[k] = self._launch_gang(spec)
+        out: list[Handle | GpupoolError] = []
+        for r in results:
+            assert r is not None
+            out.append(r)
+        return out
+
+    def _launch_gang(self, spec: LaunchSpec) -> Handle | GpupoolError:
+        """All members or none: rank 0's launcher finds the rendezvous port, then every
+        member's launcher starts its member; if any cannot, those started are killed and
+        the job is requeued."""
+        gang = spec.gang
+        assert gang is not None
+        members = gang.members
+        try:
+            _validate(spec)
+            if spec.job_id in self._jobs:
+                raise ConflictError(
+                    f"job {spec.job_id} is already watched here; poll until it ends before "
+                    "launching it again"
+                )
+            launchers = [self._launcher(m.node) for m in members]
+        except GpupoolError as err:
+            return err
+        run_dir = spec.run_dir.absolute()
+        spec = dataclasses.replace(spec, env=dict(spec.env), run_dir=run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        layout = [
+            {"rank": k, "node": m.node, "gpus": list(m.gpu_indices)} for k, m in enumerate(members)
+        ]
+        gang_file(run_dir, spec.attempt).write_text(
+            json.dumps({"members": layout}), encoding="utf-8"
+        )
+        where = ", ".join(f"{m.node}:{','.join(map(str, m.gpu_indices))}" for m in members)
+        deadline = time.monotonic() + self.START_TIMEOUT_S
+        runs: list[_Run] = []
+        why = ""
+        try:
+            addr, port = self._ray.get(launchers[0].endpoint.remote(), timeout=self.START_TIMEOUT_S)
+            launches = []
+            for rank, m in enumerate(members):
+                env = dict(spec.env)
+                if "GPUPOOL_FAKE_GPUS" in env:  # a fake fleet: this member's fake GPUs
+                    env["GPUPOOL_FAKE_GPUS"] = ",".join(str(i) for i in m.gpu_indices)
+                mspec = dataclasses.replace(spec, env=env, gpu_indices=m.gpu_indices, gang=None)
+                launches.append(
+                    Launch(mspec, self._python, rank, gang_env(members, rank, addr, port))
+                )
+            refs = [
+                launcher.start_many.remote([launch])
+                for launcher, launch in zip(launchers, launches, strict=True)
+            ]
+            for rank, ref in enumerate(refs):
+                try:
+                    (answer,) = self._ray.get(ref, timeout=max(deadline - time.monotonic(), 0.01))
+                except Exception as err:
+                    why = why or f"rank {rank} on node {members[rank].node}: {type(err).__name__}"
+                    continue
+                if "error" in answer:
+                    why = why or f"rank {rank}: {answer['error']}"
+                    continue
+                runs.append(
+                    self._run_of(answer, launches[rank], members[rank].node, launchers[rank])
+                )
+        except Exception as err:
+            why = why or f"{type(err).__name__}: {err}"
+        if why or len(runs) != len(members):
+            self._kill_runs(runs)
+            return Unavailable(
+                f"job {spec.job_id}: not every member of its gang of {len(members)} nodes "
+                f"({where}) started within {self.START_TIMEOUT_S:.0f} s ({why}); the "
+                "members that did were killed, none runs, it is requeued"
+            )
+        handle = Handle(spec.job_id, spec.attempt, runs[0].pid, runs[0].pid, runs[0].ticks)
+        self._jobs[spec.job_id] = _RayJob(handle, runs, grace_s=gang.grace_s, run_dir=run_dir)
+        return handle
+
+    def _kill_runs(self, runs: Sequence[_Run]) -> None:
+        """SIGKILL each run's process group through its launcher, then release it."""
+        refs = []
+        for run in runs:
+            with contextlib.suppress(Exception):
+                refs.append(run.launcher.signal.remote(run.pid, run.ticks, signal.SIGKILL))
+        for ref in refs:
+            with contextlib.suppress(Exception):
+                self._ray.get(ref, timeout=self._timeout)
+        for run in runs:
+            self._release(run)
+
+    def _release(self, run: _Run) -> None:
+        with contextlib.suppress(Exception):
+            run.launcher.release.remote(run.key, run.pid)
+
+    # ---- adoption
+
+    def _find(self, node: str, key: str) -> dict[str, Any] | None:
+        try:
+            entry: dict[str, Any] | None = self._ray.get(
+                self._launcher(node).find.remote(key), timeout=self.START_TIMEOUT_S
+            )
+        except Exception:
+            return None
+        return entry
+
+    def _adopt_gang(self, handle: Handle, run_dir: Path, layout: list[Any]) -> bool:
+        """A gang is adopted whole or not at all: if any member is gone after the restart,
+        the live ones are killed and the next poll reports the job lost (requeued)."""
+        runs: list[_Run] = []
+        missing: list[str] = []
+        for k, entry in enumerate(layout):
+            node = str(entry.get("node", "?")) if isinstance(entry, dict) else "?"
+            found = self._find(node, member_key(handle.job_id, k)) if node != "?" else None
+            if found is None or int(found.get("attempt", 0)) != handle.attempt:
+                missing.append(f"rank {k} on node {node}")
+                continue
+            log_dir = run_dir / member_dir(k) if k else run_dir
+            run = _Run(
+                member_key(handle.job_id, k),
+                k,
+                node,
+                self._launcher(node),
+                int(found["pid"]),
+                int(found["ticks"]),
+                str(found["record"]),
+                log_dir,
+            )
+            runs.append(run)
+            if not found.get("running") or (
+                k == 0 and (run.pid, run.ticks) != (handle.pid, handle.start_ticks)
+            ):
+                missing.append(f"rank {k} on node {node}")
+        if not missing and len(runs) == len(layout):
+            self._jobs[handle.job_id] = _RayJob(handle, runs, run_dir=run_dir)
+            return True
+        self._kill_runs(runs)
+        lost_node = missing[0].rsplit(" ", 1)[-1] if missing else None
+        self._dead.append(
+            Exit(
+                handle.job_id,
+                handle.attempt,
+                LOST,
+                None,
+                None,
+                f"after the scheduler restarted, gang member {', '.join(missing)} was gone; "
+                "the other members were killed (never half a gang): requeue the job, it "
+                "resumes from its last checkpoint",
+                0.0,
+                node=lost_node,
+            )
+        )
+        return False
+
+    def adopt(self, handle: Handle, run_dir: Path) -> bool:
+        """Watch an attempt an earlier scheduler started: True if a node's launcher started
+        that very process (pid and start time). Stop requests made before the restart
+        are not remembered yet."""
+        if handle.job_id in self._jobs:
+            raise ConflictError(f"job {handle.job_id} is already watched by this executor")
+        run_dir = run_dir.absolute()
+        layout = _read_gang(gang_file(run_dir, handle.attempt))
+        if layout is not None:
+            return self._adopt_gang(handle, run_dir, layout)
+        if not self._nodes:
+            self._nodes.update({n.name: n.ray_node_id for n in ray_nodes()})
+        asks = {}
+        for node in list(self._nodes):
+            with contextlib.suppress(Exception):
+                asks[node] = self._launcher(node).find.remote(handle.job_id)
+        deadline = time.monotonic() + self.START_TIMEOUT_S
+        for node, ref in asks.items():
+            try:
+                entry = self._ray.get(ref, timeout=max(deadline - time.monotonic(), 0.01))
+            except Exception:
+                continue
+            if entry is None:
+                continue
+            if (int(entry["pid"]), int(entry["ticks"])) != (handle.pid, handle.start_ticks):
+                continue
+            run = _Run(
+                handle.job_id,
+                0,
+                node,
+                self._launcher(node),
+                handle.pid,
+                handle.start_ticks,
+                str(entry["record"]),
+                run_dir,
+            )
+            self._jobs[handle.job_id] = _RayJob(handle, [run], run_dir=run_dir)
+            return True
+        return False
+
+    # ---- stopping
+
+    def preempt(self, job_id: str, grace_s: float, now_s: float) -> None:
+        self._stop(job_id, "preempt", grace_s, now_s)
+
+    can_resize = False
+
+    def resize(self, job_id: str, grace_s: float, now_s: float) -> None:
+        raise ConflictError(
+            f"job {job_id}: the Ray executor cannot resize an elastic job; the service "
+            "turns borrowing off on Ray, so elastic jobs run at their full size there"
+        )
+
+    def cancel(self, job_id: str, grace_s: float, now_s: float) -> None:
+        self._stop(job_id, "cancel", grace_s, now_s)
+
+    def _get(self, job_id: str) -> _RayJob:
+        job = self._jobs.get(job_id)
+        if job is None:
+            raise NotFoundError(
+                f"job {job_id} is not running on this executor; it may have ended already "
+                "(poll reports that) or was never launched or adopted here"
+            )
+        return job
+
+    def _stop(self, job_id: str, kind: str, grace_s: float, now_s: float) -> None:
+        job = self._get(job_id)
+        grace_s = max(grace_s, 0.0)
+        if job.deadline_s is None or now_s + grace_s < job.deadline_s:
+            job.deadline_s, job.grace_s = now_s + grace_s, grace_s
+        if job.stop_kind != "cancel":
+            job.stop_kind = kind
+        if job.sigterm_at_wall_s is None:
+            job.sigterm_at_wall_s = time.time()
+        self._send(job, signal.SIGTERM)
+        self._enforce(job, now_s)
+
+    def _send(self, job: _RayJob, sig: int) -> None:
+        # every run still going, all in flight at once; a dead node: poll says "lost"
+        refs = []
+        for run in job.runs:
+            if not run.done:
+                with contextlib.suppress(Exception):
+                    refs.append(run.launcher.signal.remote(run.pid, run.ticks, sig))
+        for ref in refs:
+            with contextlib.suppress(Exception):
+                self._ray.get(ref, timeout=self._timeout)
+
+    def _enforce(self, job: _RayJob, now_s: float) -> None:
+        if job.kill_sent or job.deadline_s is None or now_s < job.deadline_s:
+            return
+        self._send(job, signal.SIGKILL)
+        job.kill_sent = True
+
+    # ---- watching
+
+    def poll(self, now_s: float) -> list[Exit]:
+        """One call to each node's launcher for all of its runs, all in flight at once.
+        A launcher that cannot answer within the call timeout is asked again next time
+        (Ray replaces one that died); a node Ray no longer lists as alive makes its
+        attempts "lost"."""
+        exits: list[Exit] = [dataclasses.replace(e, at_s=now_s) for e in self._dead]
+        self._dead.clear()
+        for job in self._jobs.values():
+            self._enforce(job, now_s)
+        by_node: dict[str, list[tuple[str, _Run]]] = {}
+        for job_id, job in self._jobs.items():
+            for run in job.runs:
+                if not run.done:
+                    by_node.setdefault(run.node, []).append((job_id, run))
+        refs = {
+            node: items[0][1].launcher.poll_many.remote(
+                [(run.key, run.pid, run.ticks, run.record) for _, run in items]
+            )
+            for node, items in by_node.items()
+        }
+        answers: dict[str, Any] = {}
+        deadline = time.monotonic() + self._timeout
+        for node, ref in refs.items():
+            try:
+                answers.update(self._ray.get(ref, timeout=max(deadline - time.monotonic(), 0.01)))
+            except Exception:
+                # The launcher is being replaced (its jobs run on, fenced on the raylet)
+                # or its node is gone: only the node's death makes its runs lost.
+                if not self._node_alive(node):
+                    for _, run in by_node[node]:
+                        answers[run.key] = _VANISHED
+                    self._launchers.pop(node, None)
+        for job_id in list(self._jobs):
+            job = self._jobs[job_id]
+            if job.gang:
+                ended = self._poll_gang(job, answers, now_s)
+                if ended is None:
+                    continue
+                exits.append(ended)
+                for run in job.runs:
+                    if not run.vanished:
+                        self._collect_logs(job, run, run.result)
+                self._forget(job_id)
+                continue
+            answer = answers.get(job_id)
+            if answer is None:
+                continue
+            run = job.runs[0]
+            if answer.get("node_lost"):
+                exits.append(self._classify(job, None, now_s, vanished=True))
+            else:
+                exits.append(self._classify(job, answer, now_s, vanished=False))
+                self._collect_logs(job, run, answer)
+            self._forget(job_id)
+        return exits
+
+    def _poll_gang(self, job: _RayJob, answers: Mapping[str, Any], now_s: float) -> Exit | None:
+        """Note which members ended; the first to end badly (or vanish with its node)
+        stops all the others (SIGTERM, SIGKILL after the grace period). The gang's Exit
+        comes once every member has ended: no member is left running alone."""
+        for run in job.runs:
+            answer = answers.get(run.key)
+            if run.done or answer is None:
+                continue
+            if answer.get("node_lost"):
+                run.vanished = True
+            else:
+                run.result = answer
+            run.done, job.ended, run.order = True, job.ended + 1, job.ended + 1
+            bad = run.vanished or self._member_exit(job, run, now_s).outcome != SUCCEEDED
+            if bad and job.stop_kind is None and job.gang_stop is None:
+                job.gang_stop = f"gang member rank {run.rank} on node {run.node}"
+                job.deadline_s = now_s + job.grace_s
+                job.sigterm_at_wall_s = time.time()
+                self._send(job, signal.SIGTERM)
+        if not all(run.done for run in job.runs):
+            return None
+        return self._gang_exit(job, now_s)
+
+    def _member_exit(self, job: _RayJob, run: _Run, now_s: float) -> Exit:
+        """How one member ended, by the rules of a single job: a stop the scheduler asked
+        for counts; the gang's own stop of the others does not."""
+        if run.vanished or run.result is None:
+            return self._classify(job, None, now_s, vanished=True)
+        stop_kind, kill_sent = job.stop_kind, job.kill_sent
+        if stop_kind is None:  # a member ended by itself: judged as it ended
+            job.kill_sent = False
+        try:
+            return self._classify(job, run.result, now_s, vanished=False)
+        finally:
+            job.stop_kind, job.kill_sent = stop_kind, kill_sent
+
+    def _gang_exit(self, job: _RayJob, now_s: float) -> Exit:
+        h = job.handle
+        n = len(job.runs)
+        by_order = sorted(job.runs, key=lambda run: run.order)
+        lost = [run for run in by_order if run.vanished]
+        if lost:
+            run = lost[0]
+            return Exit(
+                h.job_id,
+                h.attempt,
+                LOST,
+                None,
+                None,
+                f"gang member rank {run.rank} on node {run.node} was lost (its Ray node died "
+                f"or left the cluster); all {n} members were stopped: requeue the job, it "
+                "resumes from its last checkpoint with a new gang",
+                now_s,
+                node=run.node,
+            )
+        ends = {run.rank: self._member_exit(job, run, now_s) for run in job.runs}
+        if job.stop_kind is not None:  # preempted or cancelled: the worst member's end
+            killed = [e for e in ends.values() if e.signal == signal.SIGKILL]
+            ex = killed[0] if killed else ends[0]
+            return dataclasses.replace(ex, reason=f"{ex.reason} (all {n} members of the gang)")
+        if job.gang_stop is not None:
+            first = next(run for run in by_order if ends[run.rank].outcome != SUCCEEDED)
+            ex = ends[first.rank]
+            return dataclasses.replace(
+                ex,
+                reason=(
+                    f"gang member rank {first.rank} on node {first.node}: {ex.reason}; the "
+                    f"other {n - 1} members were stopped (SIGTERM, SIGKILL after "
+                    f"{job.grace_s:g} s)"
+                ),
+            )
+        return dataclasses.replace(ends[0], reason=f"{ends[0].reason} (all {n} members)")
+
+    LOG_TAIL_LIMIT = 64 << 20
+
+    def _collect_logs(self, job: _RayJob, run: _Run, ended: Mapping[str, Any] | None) -> None:
+        """Before the attempt is released, copy what the scheduler's run directory lacks
+        of the run's logs from its node (nothing on a shared filesystem, where the sizes
+        the poll reported match: then no call is made); a gang member's go to
+        ``rank-<k>/``."""
+        if job.run_dir is None:
+            return
+        sizes = ended.get("log_sizes") if ended is not None else None
+        for name in (STDOUT_LOG, STDERR_LOG):
+            local = run.log_dir / name
+            have = local.stat().st_size if local.is_file() else 0
+            if isinstance(sizes, dict) and int(sizes.get(name, 0)) <= have:
+                continue
+            try:
+                data: bytes = self._ray.get(
+                    run.launcher.read_log.remote(str(run.log_dir), name, have, self.LOG_TAIL_LIMIT),
+                    timeout=self._timeout,
+                )
+            except Exception:  # the node went: what was streamed is what there is
+                return
+            if data:
+                run.log_dir.mkdir(parents=True, exist_ok=True)
+                with local.open("ab") as f:
+                    f.write(data)
+
+    def _classify(
+        self, job: _RayJob, ended: Mapping[str, Any] | None, now_s: float, *, vanished: bool
+    ) -> Exit:
+        h = job.handle
+        stop_kind, kill_sent = job.stop_kind, job.kill_sent
+        code: int | None = None
+        sig: int | None = None
+        error: str | None = None
+        if vanished:
+            # The node died: the process is gone with it (machine lost), and even if we
+            # sent SIGKILL the node loss is the news; it resumes elsewhere.
+            return Exit(
+                h.job_id,
+                h.attempt,
+                "lost",
+                None,
+                None,
+                f"the Ray node of gpupool node {job.node or '?'} died or left the cluster; "
+                "requeue the job, it resumes from its last checkpoint",
+                now_s,
+            )
+        assert ended is not None
+        code, sig = ended.get("exit_code"), ended.get("signal")
+        record = ended.get("record")
+        if isinstance(record, dict):
+            ended_at = record.get("ended_at")
+            sent = job.sigterm_at_wall_s
+            if isinstance(ended_at, int | float) and sent is not None and ended_at < sent:
+                stop_kind, kill_sent = None, False
+            rc, rs, re_ = (record.get(k) for k in ("exit_code", "signal", "error"))
+            code = rc if isinstance(rc, int) else None
+            sig = rs if isinstance(rs, int) else None
+            error = re_ if isinstance(re_, str) else None
+        return classify(
+            h.job_id,
+            h.attempt,
+            exit_code=code,
+            signal_num=sig,
+            at_s=now_s,
+            stop_kind=stop_kind,
+            kill_sent=kill_sent,
+            grace_s=job.grace_s,
+            error=error,
+        )
+
+    def _forget(self, job_id: str) -> None:
+        """The attempt's end has been seen: its launchers release its GPU claims (a dead
+        node's go with the node)."""
+        job = self._jobs.pop(job_id)
+        for run in job.runs:
+            self._release(run)
+
+    def read_log(
+        self, job_id: str, name: str = STDOUT_LOG, offset: int = 0, rank: int = 0
+    ) -> bytes:
+        """Log bytes of a running job (of gang member `rank`), read on its node by the
+        node's launcher."""
+        job = self._get(job_id)
+        if not 0 <= rank < len(job.runs):
+            raise NotFoundError(
+                f"job {job_id} has no gang member of rank {rank}; it runs "
+                f"{len(job.runs)} member(s), ranks from 0"
+            )
+        run = job.runs[rank]
+        data: bytes = self._ray.get(
+            run.launcher.read_log.remote(str(run.log_dir), name, offset), timeout=self._timeout
+        )
+        return data
+
+    def actor_node_id(self, job_id: str) -> str:
+        """The Ray node id the job runs on, as its node's launcher reports it."""
+        run = self._get(job_id).runs[0]
+        node: str = self._ray.get(run.launcher.node_id.remote(), timeout=self._timeout)
+        return node
+
+    def handles(self) -> dict[str, Handle]:
+        return {job_id: j.handle for job_id, j in self._jobs.items()}
+
+    def shutdown(self) -> None:
+        """Stop watching; the detached launchers and their jobs keep running for adoption."""
+        self._jobs.clear()
+
+
+if TYPE_CHECKING:
+    _RAY: Executor = RayExecutor()

@@ -1,0 +1,401 @@
+"""The warm launcher: one long-lived Ray actor per node that starts, watches and signals
+the shims of that node's jobs.
+
+A fresh actor per job cost a Ray worker process start (about 0.9 s here, and a node starts
+only as many at once as it has CPUs); the launcher is started once, when the executor
+first sees the node, and each launch is then one call. Its calls carry everything they
+need (the shim's pid and start ticks, the run directory), so a launcher that dies and is
+restarted by Ray knows nothing less than the old one: what it must remember lives in a
+node-local directory, not in the actor.
+
+What that directory holds, per node:
+
+* ``job-<id>.json``: the attempt this node started for the job, its shim's pid and start
+  ticks, its GPU indices and where its exit record goes. The executor adopts a job after
+  a scheduler restart from it.
+* ``gpu<i>``: the job that claimed GPU index i. A launch is refused while an index it asks
+  for is claimed by a job whose shim still runs, so two jobs never hold one index (Ray's
+  per-index custom resources gave that guarantee when each job was an actor).
+
+The shim is fenced on the node's raylet (pid and start ticks), not on the launcher: a
+replaced launcher leaves its jobs running, and a node that dies takes its jobs with it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import marshal
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpupool.server.executors.local import (
+    CHECKPOINT_DIR,
+    DEFAULT_LOG_MAX_BYTES,
+    DEFAULT_PATH,
+    HOME_DIR,
+    STDERR_LOG,
+    STDOUT_LOG,
+    LaunchSpec,
+    _read_json,
+    _write_json,
+    exit_file,
+    job_environment,
+    read_start_ticks,
+    shim_command,
+    stop_file,
+)
+
+LAUNCHER_PREFIX = "gpupool-launcher-"
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One start a launcher makes: a job, or member `rank` of a gang (0: the job's own
+    logs and exit record; k > 0: ``rank-<k>/``), with `extra_env` (the gang's
+    rendezvous) on top of the job's environment."""
+
+    spec: LaunchSpec
+    python: str
+    rank: int = 0
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+
+
+def member_dir(rank: int) -> str:
+    """Where gang member `rank` (> 0) keeps its logs and exit record in the job's run
+    directory; rank 0's are the job's own (``stdout.log``: what `gpupool logs` prints)."""
+    return f"rank-{rank}"
+
+
+def member_key(job_id: str, rank: int = 0) -> str:
+    """The name a node's records give a job (rank 0) or gang member `rank`."""
+    return job_id + (f"-rank{rank}" if rank else "")
+
+
+def launcher_name(node: str, ray_node_id: str) -> str:
+    """One launcher per node and Ray node id: a node that rejoins gets a new one."""
+    return f"{LAUNCHER_PREFIX}{node}-{ray_node_id[:16]}"
+
+
+def state_root(namespace: str) -> Path:
+    """Where the launchers of a namespace keep their node-local state."""
+    return Path(tempfile.gettempdir()) / "gpupool-ray" / namespace
+
+
+def spawn_shim(
+    spec: LaunchSpec,
+    *,
+    python: str,
+    log_dir: Path,
+    record: Path,
+    env: Mapping[str, str],
+    fence: Mapping[str, Any],
+    nice: int | None = None,
+) -> subprocess.Popen[bytes]:
+    """Start the job's shim (`shim_command`, as LocalExecutor starts it) in its own session;
+    the job reaches it over a pipe, so the shim's interpreter runs isolated in a clean
+    environment and the job's
+    environment applies to the job only (as under LocalExecutor). `nice`: the priority
+    the shim (and so the job) runs at, set before it gets the job; Ray runs its workers,
+    and so whatever they start, at a niceness of 15."""
+    stdout, stderr = log_dir / STDOUT_LOG, log_dir / STDERR_LOG
+    job = {
+        "argv": list(spec.argv),
+        "env": dict(env),
+        "cwd": str(spec.cwd) if spec.cwd is not None else None,
+        "stdout": str(stdout),
+        "stderr": str(stderr),
+        "log_max_bytes": DEFAULT_LOG_MAX_BYTES,
+        **fence,
+    }
+    read_end, write_end = os.pipe()
+    argv = [*shim_command(python), "--exit-file", str(record), "--spec-fd", str(read_end)]
+    header = f"== attempt {spec.attempt} ==\n".encode()
+    try:
+        try:
+            with open(stdout, "ab", buffering=0) as out, open(stderr, "ab", buffering=0) as err:
+                out.write(header)
+                err.write(header)
+                proc = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=err,
+                    env={"PATH": DEFAULT_PATH},
+                    start_new_session=True,
+                    pass_fds=(read_end,),
+                )
+        finally:
+            os.close(read_end)
+        if nice is not None:
+            with contextlib.suppress(OSError):  # not permitted: it runs at Ray's niceness
+                os.setpriority(os.PRIO_PROCESS, proc.pid, nice)
+        with open(write_end, "wb", closefd=False) as pipe:
+            pipe.write(marshal.dumps(job))  # the shim reads marshal, not json
+    finally:
+        os.close(write_end)
+    return proc
+
+
+def prepare_run_dir(spec: LaunchSpec, log_dir: Path) -> Path:
+    """The run directory's parts made, this attempt's stale exit and stop records gone;
+    returns the exit record's path."""
+    run_dir = spec.run_dir.absolute()
+    (run_dir / CHECKPOINT_DIR).mkdir(parents=True, exist_ok=True)
+    (run_dir / HOME_DIR).mkdir(exist_ok=True)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    record = exit_file(log_dir, spec.attempt)
+    for stale in (record, stop_file(log_dir, spec.attempt)):
+        stale.unlink(missing_ok=True)
+    return record
+
+
+def _alive(pid: int, ticks: int) -> bool:
+    """The very process (pid and start ticks) still runs (a zombie has ended)."""
+    return pid > 0 and read_start_ticks(pid) == ticks
+
+
+class NodeLauncher:
+    """Lives on one node for as long as the node; wrapped with ray.remote by RayExecutor
+    (threaded, so a signal gets through while a launch runs)."""
+
+    def __init__(self, node: str, state_dir: str) -> None:
+        import ray
+
+        self._node = node
+        self._node_id = str(ray.get_runtime_context().get_node_id())
+        self._dir = Path(state_dir) / node
+        self._dir.mkdir(parents=True, exist_ok=True)
+        # Ray starts its workers from the raylet: the shims' fence watches it, so jobs
+        # live on through a launcher's restart and die with the node
+        raylet = os.getppid()
+        self._raylet = (raylet, read_start_ticks(raylet) or 0)
+        try:  # jobs run at the node's own priority, not at Ray's worker niceness
+            self._nice: int | None = os.getpriority(os.PRIO_PROCESS, raylet)
+        except OSError:
+            self._nice = None
+        self._children: dict[int, subprocess.Popen[bytes]] = {}
+        self._lock = threading.Lock()
+
+    # ---- what it is
+    def info(self) -> dict[str, Any]:
+        """The node, its Ray node id, this launcher's pid and the raylet the shims watch."""
+        return {
+            "node": self._node,
+            "node_id": self._node_id,
+            "pid": os.getpid(),
+            "raylet": list(self._raylet),
+        }
+
+    def node_id(self) -> str:
+        return self._node_id
+
+    # ---- starting
+    def endpoint(self) -> tuple[str, int]:
+        """This node's address and a port free on it now: a gang's MASTER_ADDR and
+        MASTER_PORT when its rank 0 runs here."""
+        import ray
+
+        ray_api: Any = ray
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("", 0))
+            port = int(s.getsockname()[1])
+        return str(ray_api.util.get_node_ip_address()), port
+
+    def start_many(self, launches: Sequence[Launch]) -> list[dict[str, Any]]:
+        """Start each launch; per launch {"pid", "ticks"} or {"error"}."""
+        return [self._start(launch) for launch in launches]
+
+    def _start(self, launch: Launch) -> dict[str, Any]:
+        spec, key = launch.spec, member_key(launch.spec.job_id, launch.rank)
+        try:
+            run_dir = spec.run_dir.absolute()
+            log_dir = run_dir / member_dir(launch.rank) if launch.rank else run_dir
+            record = prepare_run_dir(spec, log_dir)
+            env = job_environment(spec)
+            env.update(launch.extra_env)
+            env["GPUPOOL_NODE"] = self._node
+            env["GPUPOOL_RAY_NODE_ID"] = self._node_id
+            with self._lock, self._claims():
+                held = self._held(key, spec.attempt, spec.gpu_indices)
+                if held:
+                    return {"error": held, "conflict": True}
+                proc = spawn_shim(
+                    spec,
+                    python=launch.python,
+                    log_dir=log_dir,
+                    record=record,
+                    env=env,
+                    fence={"fence_watch": list(self._raylet)},
+                    nice=self._nice,
+                )
+                ticks = read_start_ticks(proc.pid, zombie_ok=True) or 0
+                self._children[proc.pid] = proc
+                entry = {
+                    "job_id": key,
+                    "attempt": spec.attempt,
+                    "pid": proc.pid,
+                    "ticks": ticks,
+                    "gpus": list(spec.gpu_indices),
+                    "record": str(record),
+                    "log_dir": str(log_dir),
+                }
+                _write_json(self._dir / f"job-{key}.json", entry)
+                for i in spec.gpu_indices:
+                    _write_json(self._dir / f"gpu{i}", {"job_id": key})
+            return {"pid": proc.pid, "ticks": ticks}
+        except OSError as e:
+            return {"error": f"cannot start the job's shim on node {self._node}: {e}"}
+
+    @contextlib.contextmanager
+    def _claims(self) -> Any:
+        """An exclusive lock on the node's claims, held across processes: a launcher
+        being replaced and its successor never claim at once."""
+        with open(self._dir / ".lock", "a+b") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+    def _kill(self, pid: int, ticks: int, wait_s: float = 5.0) -> None:
+        """SIGKILL an earlier attempt's process group and wait (a little) until it is gone."""
+        with contextlib.suppress(OSError):
+            os.killpg(pid, signal.SIGKILL)
+        proc = self._children.pop(pid, None)
+        if proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(wait_s)
+            return
+        end = time.monotonic() + wait_s
+        while _alive(pid, ticks) and time.monotonic() < end:
+            time.sleep(0.01)
+
+    def _held(self, job_id: str, attempt: int, indices: Sequence[int]) -> str:
+        """Why the launch must not go ahead ("" if it may): the job already runs here, or
+        an index it asks for is claimed by a job whose shim still runs."""
+        mine = _read_json(self._dir / f"job-{job_id}.json")
+        if mine is not None and _alive(int(mine.get("pid", 0)), int(mine.get("ticks", -1))):
+            if int(mine.get("attempt", 0)) >= attempt:
+                return (
+                    f"job {job_id} already runs on node {self._node} (attempt "
+                    f"{mine.get('attempt')}, pid {mine.get('pid')}); stop it before "
+                    "launching again"
+                )
+            # the scheduler gave that attempt up (a launch it saw time out): never twice
+            self._kill(int(mine["pid"]), int(mine["ticks"]))
+        for i in indices:
+            claim = _read_json(self._dir / f"gpu{i}")
+            if claim is None:
+                continue
+            other = str(claim.get("job_id", ""))
+            holder = _read_json(self._dir / f"job-{other}.json")
+            if holder is None or not _alive(
+                int(holder.get("pid", 0)), int(holder.get("ticks", -1))
+            ):
+                continue
+            if i in holder.get("gpus", []):
+                return (
+                    f"GPU {i} of node {self._node} is still held by job {other} (pid "
+                    f"{holder.get('pid')}); the launch waits until that job has ended"
+                )
+        return ""
+
+    # ---- watching
+    def poll_many(self, jobs: Sequence[tuple[str, int, int, str]]) -> dict[str, Any]:
+        """For each (job id, pid, start ticks, exit record path): None while it runs,
+        else how it ended, from the shim's exit status and its exit record, with the
+        sizes of its logs here (the scheduler fetches only what its copy lacks)."""
+        out: dict[str, Any] = {}
+        for key, pid, ticks, record in jobs:
+            ended = self._poll(pid, ticks, record)
+            if ended is not None and not ended.get("node_lost"):
+                log_dir = Path(record).parent
+                sizes = {}
+                for name in (STDOUT_LOG, STDERR_LOG):
+                    with contextlib.suppress(OSError):
+                        sizes[name] = (log_dir / name).stat().st_size
+                ended["log_sizes"] = sizes
+            out[key] = ended
+        return out
+
+    def _poll(self, pid: int, ticks: int, record_path: str) -> dict[str, Any] | None:
+        proc = self._children.get(pid)
+        if proc is not None:
+            status = proc.poll()
+            if status is None:
+                return None
+            self._children.pop(pid, None)
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)  # whatever the shim left behind
+            code, sig = (None, -status) if status < 0 else (status, None)
+        elif _alive(pid, ticks):
+            return None  # started by the launcher this one replaced: it runs on
+        else:
+            code, sig = None, None
+        result: dict[str, Any] = {"exit_code": code, "signal": sig, "record": None}
+        record = _read_json(Path(record_path))
+        if record is not None:
+            result["record"] = record
+            return result
+        if not _alive(*self._raylet):
+            # no record: the shim's fence killed it because the raylet is gone; this
+            # worker only outlives its node for a moment
+            return {"node_lost": True}
+        if proc is None:
+            result["signal"] = signal.SIGKILL  # no record and no status: killed outright
+        return result
+
+    def signal(self, pid: int, ticks: int, sig: int) -> bool:
+        """Send `sig` to the job's process group; False if that shim has already ended."""
+        proc = self._children.get(pid)
+        if proc is not None and proc.poll() is not None:
+            return False
+        if proc is None and not _alive(pid, ticks):
+            return False
+        with contextlib.suppress(OSError):
+            os.killpg(pid, sig)
+        return True
+
+    def find(self, key: str) -> dict[str, Any] | None:
+        """What this node last started for the job (or gang member: `member_key`),
+        running or ended but not yet seen to end by the scheduler, with "running" (the
+        shim still runs); adoption reads it, and poll then reports how it ended."""
+        entry = _read_json(self._dir / f"job-{key}.json")
+        if entry is not None:
+            entry["running"] = _alive(int(entry.get("pid", 0)), int(entry.get("ticks", -1)))
+        return entry
+
+    def release(self, job_id: str, pid: int) -> None:
+        """The scheduler has seen the attempt end: its claims go (only that attempt's)."""
+        with self._lock, self._claims():
+            path = self._dir / f"job-{job_id}.json"
+            entry = _read_json(path)
+            if entry is None or int(entry.get("pid", 0)) != pid:
+                return
+            for i in entry.get("gpus", []):
+                claim = _read_json(self._dir / f"gpu{i}")
+                if claim is not None and claim.get("job_id") == job_id:
+                    (self._dir / f"gpu{i}").unlink(missing_ok=True)
+            path.unlink(missing_ok=True)
+
+    def read_log(self, log_dir: str, name: str, offset: int, limit: int = 1 << 20) -> bytes:
+        """Bytes of a job's stdout.log or stderr.log from `offset`: logs of a node without
+        a shared filesystem reach the scheduler this way."""
+        if name not in (STDOUT_LOG, STDERR_LOG):
+            raise ValueError(f"no log named {name!r}")
+        try:
+            with open(Path(log_dir) / name, "rb") as f:
+                f.seek(offset)
+                return f.read(limit)
+        except OSError:
+            return b""

@@ -1,0 +1,1 @@
+"""The fleet beyond this machine: sites, and cloud nodes that join and leave."""

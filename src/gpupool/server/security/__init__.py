@@ -1,0 +1,1 @@
+"""Credentials at the API and the audit trail."""
