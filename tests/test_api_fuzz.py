@@ -33,7 +33,7 @@ from hypothesis import strategies as st
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 
-from gpupool.ports.clock.base import ManualClock
+from gpupool.ports.clock.fake import ManualClock
 from gpupool.server.api.app import create_app
 from gpupool.server.executors.local import FakeExecutor
 from gpupool.server.loop.driver import LiveConfig, LiveService

@@ -28,7 +28,7 @@ import uvicorn
 from gpupool.cli import jobs as client_cli
 from gpupool.cli.main import main
 from gpupool.client import Client
-from gpupool.ports.clock.base import ManualClock
+from gpupool.ports.clock.fake import ManualClock
 from gpupool.server.api.app import create_app
 from gpupool.server.executors.local import FakeExecutor
 from gpupool.server.loop.driver import LiveConfig, LiveService

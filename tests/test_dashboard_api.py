@@ -19,7 +19,7 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpupool.ports.clock.base import ManualClock
+from gpupool.ports.clock.fake import ManualClock
 from gpupool.server.api.app import DASHBOARD_ASSETS, create_app
 from gpupool.server.executors.local import FakeExecutor
 from gpupool.server.loop.driver import LIVE_DEFAULTS, LiveConfig, LiveService

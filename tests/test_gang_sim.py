@@ -15,7 +15,7 @@ import pytest
 
 from gpupool.domain.model import Cluster, JobKind, JobSpec, Node
 from gpupool.errors import SpecError
-from gpupool.ports.clock.base import ManualClock
+from gpupool.ports.clock.fake import ManualClock
 from gpupool.server.executors.local import (
     MULTI_NODE_REFUSED,
     FakeExecutor,

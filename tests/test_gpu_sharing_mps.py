@@ -8,7 +8,7 @@ import stat
 from pathlib import Path
 
 from gpupool.domain.model import JobKind
-from gpupool.ports.clock.base import ManualClock
+from gpupool.ports.clock.fake import ManualClock
 from gpupool.server.executors.local import FakeExecutor, Handle, LaunchSpec, job_environment
 from gpupool.server.executors.mps import (
     FakeMps,

@@ -23,7 +23,7 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpupool.ports.clock.base import ManualClock
+from gpupool.ports.clock.fake import ManualClock
 from gpupool.server.api.app import create_app
 from gpupool.server.executors.local import FakeExecutor
 from gpupool.server.loop.driver import LiveConfig, LiveService

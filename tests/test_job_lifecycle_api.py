@@ -19,7 +19,7 @@ from fastapi.testclient import TestClient
 from gpupool.cli import jobs as client_cli
 from gpupool.cli.main import main
 from gpupool.errors import ConflictError
-from gpupool.ports.clock.base import ManualClock
+from gpupool.ports.clock.fake import ManualClock
 from gpupool.scheduler.config import TeamLimits
 from gpupool.server.api.app import create_app
 from gpupool.server.executors.local import FakeExecutor

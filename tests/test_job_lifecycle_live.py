@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from gpupool.errors import ConflictError, NotFoundError
-from gpupool.ports.clock.base import ManualClock
+from gpupool.ports.clock.fake import ManualClock
 from gpupool.scheduler.config import TeamLimits
 from gpupool.server.executors.local import FakeExecutor, LocalExecutor
 from gpupool.server.loop.driver import LIVE_DEFAULTS, LiveConfig, LiveService

@@ -32,7 +32,7 @@ from gpupool.cli.main import main
 from gpupool.domain.lifecycle import JobState
 from gpupool.domain.model import JobKind, JobSpec
 from gpupool.errors import ConflictError, SpecError
-from gpupool.ports.clock.base import ManualClock
+from gpupool.ports.clock.fake import ManualClock
 from gpupool.scheduler.scheduler import Scheduler
 from gpupool.server.api.app import MAX_STATE_GIB, create_app
 from gpupool.server.executors.local import FakeExecutor

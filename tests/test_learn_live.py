@@ -19,7 +19,7 @@ from gpupool.cli.learn import learning_config_of, replay_history, verdict
 from gpupool.errors import ConflictError
 from gpupool.learning.config import LearningConfig
 from gpupool.learning.guard import GuardConfig
-from gpupool.ports.clock.base import ManualClock
+from gpupool.ports.clock.fake import ManualClock
 from gpupool.scheduler.commands import LearnShadow
 from gpupool.server.api.app import create_app
 from gpupool.server.executors.local import FakeExecutor

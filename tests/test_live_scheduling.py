@@ -14,7 +14,7 @@ import pytest
 
 from gpupool.domain.quota import QuotaWindow, TeamQuota
 from gpupool.policies.cycle.priority_quota import PreemptionRules
-from gpupool.ports.clock.base import ManualClock
+from gpupool.ports.clock.fake import ManualClock
 from gpupool.scheduler.config import EnergyConfig, SchedulerConfig, ThermalConfig
 from gpupool.server.executors.local import FakeExecutor
 from gpupool.server.loop.driver import LIVE_DEFAULTS, LiveConfig, LiveService

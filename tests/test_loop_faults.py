@@ -35,7 +35,7 @@ import sqlalchemy
 import sqlalchemy.pool
 from sqlalchemy.exc import IntegrityError, OperationalError
 
-from gpupool.ports.clock.base import ManualClock
+from gpupool.ports.clock.fake import ManualClock
 from gpupool.server.executors.local import FakeExecutor, Handle, LaunchSpec
 from gpupool.server.loop.diskspace import MIB, DiskFloor, FakeDisk
 from gpupool.server.loop.driver import LiveConfig, LiveService

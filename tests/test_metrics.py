@@ -19,7 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from gpupool.ports.clock.base import ManualClock
+from gpupool.ports.clock.fake import ManualClock
 from gpupool.server.api.app import create_app
 from gpupool.server.executors.local import FakeExecutor
 from gpupool.server.loop.driver import LiveConfig, LiveService

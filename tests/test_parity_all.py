@@ -23,7 +23,7 @@ import pytest
 
 from gpupool.domain.model import JobKind, JobSpec
 from gpupool.errors import GpupoolError
-from gpupool.ports.clock.base import ManualClock
+from gpupool.ports.clock.fake import ManualClock
 from gpupool.scheduler import (
     Burst,
     Cancel,

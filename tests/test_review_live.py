@@ -28,7 +28,7 @@ import httpx
 import pytest
 
 from gpupool.errors import GpupoolError
-from gpupool.ports.clock.base import ManualClock
+from gpupool.ports.clock.fake import ManualClock
 from gpupool.reports.review import build_review
 from gpupool.reports.review_data import Allocation, DownInterval, ReviewData
 from gpupool.server.executors.local import FakeExecutor

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
-from gpupool.ports.clock.base import ManualClock
+from gpupool.ports.clock.fake import ManualClock
 from gpupool.scheduler import Event, Scale, ServiceDemand, ServiceLoad
 from gpupool.server.executors.local import FakeExecutor
 from gpupool.server.loop.driver import LiveConfig, LiveService

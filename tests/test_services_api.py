@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 
 from gpupool.cli import jobs as client_cli
 from gpupool.cli import main as gpupool_cli
-from gpupool.ports.clock.base import ManualClock
+from gpupool.ports.clock.fake import ManualClock
 from gpupool.server.api.app import create_app
 from gpupool.server.executors.local import FakeExecutor
 from gpupool.server.loop.driver import LIVE_DEFAULTS, LiveConfig, LiveService

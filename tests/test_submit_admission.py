@@ -15,7 +15,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from gpupool.domain.model import Node
-from gpupool.ports.clock.base import ManualClock
+from gpupool.ports.clock.fake import ManualClock
 from gpupool.server.api.admission import Fleet, Refused, admit
 from gpupool.server.api.app import create_app
 from gpupool.server.executors.local import FakeExecutor

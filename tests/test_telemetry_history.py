@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy.exc import OperationalError
 
 from gpupool.errors import SpecError
-from gpupool.ports.clock.base import ManualClock
+from gpupool.ports.clock.fake import ManualClock
 from gpupool.server.executors.local import FakeExecutor
 from gpupool.server.loop.diskspace import FakeDisk
 from gpupool.server.loop.driver import LiveConfig, LiveService

@@ -13,7 +13,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from gpupool.cli.jobs import job_table, why_text
-from gpupool.ports.clock.base import ManualClock
+from gpupool.ports.clock.fake import ManualClock
 from gpupool.server.api.app import create_app
 from gpupool.server.executors.local import FakeExecutor
 from gpupool.server.loop.driver import LIVE_DEFAULTS, LiveConfig, LiveService

@@ -1,4 +1,9 @@
-"""The clock behind a small interface, so tests drive time by hand."""
+"""The clock port: what "now" is for the live driver (the core is given its times).
+
+Contract: `now()` returns Unix seconds as a float, never blocks and never fails; it may
+jump (a test's manual clock, a rehearsal's started clock) but a driver must not assume it
+moves on its own between two calls of one step.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +14,9 @@ from gpupool.errors import SpecError
 
 
 class Clock(Protocol):
-    def now(self) -> float: ...
+    def now(self) -> float:
+        """Unix seconds."""
+        ...
 
 
 class SystemClock:
@@ -30,17 +37,3 @@ class StartedClock:
 
     def now(self) -> float:
         return self.start_s + (time.time() - self.real_start_s) * self.speed
-
-
-class ManualClock:
-    """Time moves only when a test says so."""
-
-    def __init__(self, start_s: float = 0.0) -> None:
-        self.t = start_s
-
-    def now(self) -> float:
-        return self.t
-
-    def advance(self, dt_s: float) -> float:
-        self.t += dt_s
-        return self.t

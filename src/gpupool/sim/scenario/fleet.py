@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from gpupool.domain.lifecycle import JobState
-from gpupool.ports.clock.base import ManualClock
+from gpupool.ports.clock.fake import ManualClock
 from gpupool.scheduler import JobProgress, Scheduler, SetPowerCap
 from gpupool.server.executors.local import Exit, Handle, LaunchSpec
 from gpupool.server.fleet.sites import CloudNode
