@@ -52,11 +52,6 @@ KNOWN: dict[str, set[tuple[str, ...]]] = {
     "cycles": {
         ("gpupool.cli.jobs", "gpupool.cli.services"),
         (
-            "gpupool.policies.cycle.priority_quota",
-            "gpupool.policies.placement.consolidate",
-            "gpupool.policies.registry",
-        ),
-        (
             "gpupool.scheduler.elastic",
             "gpupool.scheduler.running_view",
             "gpupool.scheduler.scheduler",
@@ -74,7 +69,6 @@ KNOWN: dict[str, set[tuple[str, ...]]] = {
     },
     "size": {
         ("gpupool.cli.jobs",),
-        ("gpupool.policies.cycle.priority_quota",),
         ("gpupool.reports.review",),
         ("gpupool.scheduler.scheduler",),
         ("gpupool.server.api.app",),

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from gpupool.domain.lifecycle import JobState
-from gpupool.policies.cycle.priority_quota import CycleView, victim_table
+from gpupool.policies.contract import CycleView
+from gpupool.policies.victims import victim_table
 from gpupool.scheduler import Scheduler
 from gpupool.sim.scenario.config import load_scenario
 from gpupool.sim.scenario.generators import find_traces_dir

@@ -11,7 +11,7 @@ import pytest
 from gpupool.domain.model import JobKind, JobSpec
 from gpupool.domain.quota import TeamQuota
 from gpupool.errors import SpecError
-from gpupool.policies.cycle.priority_quota import PreemptionRules
+from gpupool.policies.preemption import PreemptionRules
 from gpupool.server.loop.driver import build_fleet
 from gpupool.sim.eventsim import Complete, Submit, run_events, run_trace
 

@@ -11,7 +11,7 @@ import pytest
 from gpupool.domain.lifecycle import JobState
 from gpupool.domain.model import Cluster, JobKind, JobSpec, Node
 from gpupool.errors import ConflictError, SpecError
-from gpupool.policies.cycle.priority_quota import PreemptionRules
+from gpupool.policies.preemption import PreemptionRules
 from gpupool.scheduler import (
     Drain,
     Expire,

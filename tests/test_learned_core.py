@@ -29,7 +29,7 @@ from gpupool.learning.guard import GuardConfig
 from gpupool.learning.history import History, JobFacts, Outcome
 from gpupool.learning.predictor import ModelInfo, Prediction
 from gpupool.policies import cycle_names
-from gpupool.policies.cycle.priority_quota import PreemptionRules, outranks
+from gpupool.policies.preemption import PreemptionRules, outranks
 from gpupool.scheduler import Scheduler
 from gpupool.scheduler.commands import Command, Launch, LearnGuard, LearnShadow, Stop
 from gpupool.scheduler.config import SchedulerConfig

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from gpupool.domain.quota import QuotaWindow, TeamQuota
-from gpupool.policies.cycle.priority_quota import PreemptionRules
+from gpupool.policies.preemption import PreemptionRules
 from gpupool.ports.clock.fake import ManualClock
 from gpupool.scheduler.config import EnergyConfig, SchedulerConfig, ThermalConfig
 from gpupool.server.executors.local import FakeExecutor

@@ -14,7 +14,7 @@ import pytest
 
 from gpupool.domain.model import JobKind, JobSpec
 from gpupool.domain.quota import TeamQuota
-from gpupool.policies.cycle.priority_quota import PreemptionRules
+from gpupool.policies.preemption import PreemptionRules
 from gpupool.ports.clock.fake import ManualClock
 from gpupool.scheduler.config import ElasticConfig
 from gpupool.server.executors.local import FakeExecutor

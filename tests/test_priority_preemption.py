@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from gpupool.domain.model import Cluster, JobKind, JobSpec, Node
 from gpupool.errors import PlanRejected
-from gpupool.policies.cycle.priority_quota import PreemptionRules, outranks
+from gpupool.policies.preemption import PreemptionRules, outranks
 from gpupool.scheduler import Scheduler
 from gpupool.scheduler.commands import Launch, Stop
 from gpupool.scheduler.config import SchedulerConfig

@@ -18,7 +18,7 @@ import yaml
 from gpupool.cli.main import build_parser, main
 from gpupool.domain.quota import QuotaWindow, TeamQuota
 from gpupool.errors import SpecError
-from gpupool.policies.cycle.priority_quota import PreemptionRules
+from gpupool.policies.preemption import PreemptionRules
 from gpupool.scheduler.config import SchedulerConfig
 from gpupool.scheduler.config_schema import (
     SCHEDULING_KEYS,

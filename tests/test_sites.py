@@ -14,7 +14,7 @@ from gpupool.domain.lifecycle import JobState
 from gpupool.domain.model import Cluster, JobKind, JobSpec, Node
 from gpupool.domain.quota import TeamQuota
 from gpupool.errors import SpecError
-from gpupool.policies.cycle.priority_quota import PreemptionRules
+from gpupool.policies.preemption import PreemptionRules
 from gpupool.ports.clock.fake import ManualClock
 from gpupool.scheduler import Burst, Command, Launch, NodeUp, Reclaim, Scheduler, Stop, Wait
 from gpupool.scheduler.config import PlacementConfig, SchedulerConfig

@@ -17,13 +17,10 @@ from hypothesis import strategies as st
 from gpupool.domain.model import Cluster, JobKind, JobSpec, Node, NodeShare, Placement
 from gpupool.domain.quota import QuotaBook
 from gpupool.domain.state import ClusterState
-from gpupool.policies.cycle.priority_quota import (
-    CycleView,
-    PreemptionRules,
-    PriorityQuotaPolicy,
-    RunningView,
-    victim_table,
-)
+from gpupool.policies.contract import CycleView
+from gpupool.policies.cycle.priority_quota import PriorityQuotaPolicy
+from gpupool.policies.preemption import PreemptionRules
+from gpupool.policies.victims import RunningView, victim_table
 
 WIDTH = 8
 TEAMS = ("t0", "t1", "t2")

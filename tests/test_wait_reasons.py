@@ -9,7 +9,7 @@ from gpupool.domain.lifecycle import JobState
 from gpupool.domain.model import Cluster, JobKind, JobSpec, Node
 from gpupool.domain.quota import QuotaWindow, TeamQuota
 from gpupool.energy.tariff import load_tariff, on_wall_clock
-from gpupool.policies.cycle.priority_quota import PreemptionRules
+from gpupool.policies.preemption import PreemptionRules
 from gpupool.scheduler import (
     Drain,
     Finished,

@@ -37,7 +37,7 @@ from typing import Any
 
 from gpupool.domain.model import JobKind, JobSpec
 from gpupool.domain.quota import TeamQuota
-from gpupool.policies.cycle.priority_quota import PreemptionRules
+from gpupool.policies.preemption import PreemptionRules
 from gpupool.ports.clock.fake import ManualClock
 from gpupool.server.executors.local import STDOUT_LOG, Exit
 from gpupool.server.executors.ray import RayExecutor

@@ -21,7 +21,7 @@ from fastapi.testclient import TestClient
 
 from gpupool.domain.quota import TeamQuota
 from gpupool.examples.ckpt_counter import expected_result
-from gpupool.policies.cycle.priority_quota import PreemptionRules
+from gpupool.policies.preemption import PreemptionRules
 from gpupool.ports.clock.base import SystemClock
 from gpupool.server.api.app import create_app
 from gpupool.server.executors.ray import RayExecutor, ray_nodes

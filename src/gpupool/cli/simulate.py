@@ -413,15 +413,15 @@ def _learning_for(learning: LearningConfig, policy: str) -> LearningConfig:
 def cmd_scenario(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from gpupool.policies.cycle.priority_quota import CYCLE_POLICIES
+    from gpupool.policies.registry import cycle_names
     from gpupool.sim.scenario.config import load_scenario
     from gpupool.sim.scenario.world import run_scenario
 
     overrides = [p.strip() for p in args.policies.split(",")] if args.policies else [None]
     for name in overrides:
-        if name is not None and name not in CYCLE_POLICIES:
+        if name is not None and name not in cycle_names():
             raise SpecError(
-                f"unknown cycle policy {name!r}; choose from {', '.join(CYCLE_POLICIES)}"
+                f"unknown cycle policy {name!r}; choose from {', '.join(cycle_names())}"
             )
     configs = []
     for path in args.files:

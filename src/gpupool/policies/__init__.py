@@ -17,16 +17,18 @@ from gpupool.policies.placement import fgd  # noqa: F401
 from gpupool.policies.placement import consolidate  # noqa: F401
 from gpupool.policies.placement import coolest_first  # noqa: F401
 from gpupool.policies import queue  # noqa: F401
+from gpupool.policies.cycle import fifo  # noqa: F401
+from gpupool.policies.cycle import backfill  # noqa: F401
 from gpupool.policies.cycle import priority_quota  # noqa: F401
 from gpupool.policies.cycle import ordered  # noqa: F401
+from gpupool.policies.contract import cycle_policy
+from gpupool.policies.queue import queue_policy
 from gpupool.policies.registry import (
     PolicyContext,
     cycle_names,
-    cycle_policy,
     placement_names,
     placement_policy,
     queue_names,
-    queue_policy,
 )
 
 __all__ = [

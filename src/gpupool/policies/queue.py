@@ -2,10 +2,26 @@
 
 from __future__ import annotations
 
-from gpupool.policies.placement.base import QueuePolicy
-from gpupool.policies.registry import register_queue
+from dataclasses import dataclass
 
-__all__ = ["QueuePolicy"]
+from gpupool.policies.registry import factory, register_queue
+
+
+@dataclass(frozen=True)
+class QueuePolicy:
+    """A trace replay's queue order; `preemptive` lets a better-ranked job evict a running
+    one, `blocking` stops at the first job that does not fit (strict order, no backfill).
+    """
+
+    name: str
+    preemptive: bool
+    blocking: bool
+
+
+def queue_policy(name: str) -> QueuePolicy:
+    """The queue policy registered under `name`."""
+    policy: QueuePolicy = factory("queue", name)()
+    return policy
 
 
 @register_queue("fifo")

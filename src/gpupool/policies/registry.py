@@ -17,8 +17,6 @@ from gpupool.errors import NotFoundError, SpecError
 if TYPE_CHECKING:
     from gpupool.domain.engine import PlacementPolicy
     from gpupool.domain.fragmentation import FragmentationMeter
-    from gpupool.policies.cycle.priority_quota import CyclePolicy
-    from gpupool.policies.placement.base import QueuePolicy
 
 
 @dataclass(frozen=True)
@@ -55,7 +53,8 @@ def factories(kind: str) -> dict[str, Callable[..., Any]]:
     return _REGISTRY[kind]
 
 
-def _factory(kind: str, name: str) -> Callable[..., Any]:
+def factory(kind: str, name: str) -> Callable[..., Any]:
+    """The factory registered under `name`; NotFoundError names the choices."""
     factory = _REGISTRY[kind].get(name)
     if factory is None:
         raise NotFoundError(
@@ -77,17 +76,7 @@ def cycle_names() -> tuple[str, ...]:
 
 
 def placement_policy(name: str, context: PolicyContext | None = None) -> PlacementPolicy:
-    policy: PlacementPolicy = _factory("placement", name)(context or PolicyContext())
-    return policy
-
-
-def queue_policy(name: str) -> QueuePolicy:
-    policy: QueuePolicy = _factory("queue", name)()
-    return policy
-
-
-def cycle_policy(name: str) -> CyclePolicy:
-    policy: CyclePolicy = _factory("cycle", name)()
+    policy: PlacementPolicy = factory("placement", name)(context or PolicyContext())
     return policy
 
 

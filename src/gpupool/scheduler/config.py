@@ -15,7 +15,7 @@ from gpupool.domain.calibration import CheckpointModel, ColocationModel
 from gpupool.domain.quota import QuotaWindow, TeamQuota
 from gpupool.federation.burst import BurstRules
 from gpupool.learning.config import LearningConfig
-from gpupool.policies.cycle.priority_quota import PreemptionRules
+from gpupool.policies.preemption import PreemptionRules
 
 MODES = ("pool", "static")
 PLACEMENT_POLICIES = ("consolidate", "best-fit", "fgd")

@@ -24,7 +24,8 @@ from gpupool.errors import SpecError
 from gpupool.learning.config import LearningConfig
 from gpupool.learning.guard import GuardConfig
 from gpupool.learning.ordering import LasQueues
-from gpupool.policies.cycle.priority_quota import CYCLE_POLICIES, PreemptionRules
+from gpupool.policies.preemption import PreemptionRules
+from gpupool.policies.registry import cycle_names
 from gpupool.scheduler.config import (
     MODES,
     PLACEMENT_POLICIES,
@@ -197,8 +198,8 @@ def parse_scheduling(
     if mode not in MODES:
         raise r.fail("mode", f"{mode!r}; choose {' or '.join(MODES)}")
     policy = str(raw.get("policy", defaults.policy))
-    if policy not in CYCLE_POLICIES:
-        raise r.fail("policy", f"{policy!r}; choose one of {', '.join(CYCLE_POLICIES)}")
+    if policy not in cycle_names():
+        raise r.fail("policy", f"{policy!r}; choose one of {', '.join(cycle_names())}")
     auto = r.section(
         raw.get("autoscale"),
         "autoscale",

@@ -19,12 +19,8 @@ from collections.abc import ItemsView, Iterator, Mapping, Set, ValuesView
 from typing import TYPE_CHECKING
 
 from gpupool.domain.model import JobKind
-from gpupool.policies.cycle.priority_quota import (
-    ReserveHolders,
-    RunningView,
-    VictimTable,
-    may_hold_reserve,
-)
+from gpupool.policies.preemption import may_hold_reserve
+from gpupool.policies.victims import ReserveHolders, RunningView, VictimTable
 
 if TYPE_CHECKING:
     from gpupool.scheduler.jobs import JobRecord

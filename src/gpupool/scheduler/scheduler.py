@@ -32,15 +32,8 @@ from gpupool.errors import ConflictError, NotFoundError, PlanRejected, SpecError
 from gpupool.federation.topology import Topology
 from gpupool.learning.history import JobFacts, Outcome
 from gpupool.learning.predictor import Predictor
+from gpupool.policies.contract import Claim, CycleView, PendingView, Preempt, Start, cycle_policy
 from gpupool.policies.cycle.ordered import OrderedPolicy
-from gpupool.policies.cycle.priority_quota import (
-    CYCLE_POLICIES,
-    Claim,
-    CycleView,
-    PendingView,
-    Preempt,
-    Start,
-)
 from gpupool.policies.placement.base import ScoringPolicy
 from gpupool.policies.placement.best_fit import BestFitPolicy
 from gpupool.policies.placement.consolidate import ConsolidatePolicy
@@ -54,6 +47,7 @@ from gpupool.policies.pool_choice import (
     plan_text,
     pool_loads,
 )
+from gpupool.policies.registry import cycle_names
 from gpupool.scheduler import running_view, stages, waiting
 from gpupool.scheduler.commands import (
     Cancel,
@@ -151,8 +145,8 @@ class Scheduler:
         each replica a job row); default `<service>-r<seq>`. predictor: the learned
         policy's GPU-time predictor (default: scheduler.learning.default_predictor)."""
         cfg = config or SchedulerConfig()
-        if cfg.policy not in CYCLE_POLICIES:
-            raise SpecError(f"unknown policy {cfg.policy!r}; choose {', '.join(CYCLE_POLICIES)}")
+        if cfg.policy not in cycle_names():
+            raise SpecError(f"unknown policy {cfg.policy!r}; choose {', '.join(cycle_names())}")
         self.config = cfg
         self.cluster = cluster
         self.state = ClusterState(cluster)
@@ -166,7 +160,7 @@ class Scheduler:
         plan and for a claimant whose victims left."""
         self.gpu_usage = stages.UsageWindow(cfg.sharing)
         self.engine = Engine(self.state, self.placement, self.rng, log)
-        self.policy = CYCLE_POLICIES[cfg.policy]()
+        self.policy = cycle_policy(cfg.policy)
         self.learning: CoreLearning | None = None
         """The order of the ordered policies (las, gittins, learned); None for the others."""
         if isinstance(self.policy, OrderedPolicy):

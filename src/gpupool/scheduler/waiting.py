@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from gpupool.domain.model import MILLI_PER_GPU, JobKind
-from gpupool.policies.cycle.priority_quota import may_hold_reserve
+from gpupool.policies.preemption import may_hold_reserve
 from gpupool.scheduler import running_view
 from gpupool.scheduler.jobs import WAITING, JobRecord
 

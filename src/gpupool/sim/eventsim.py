@@ -19,7 +19,7 @@ from gpupool.domain.lifecycle import JobState
 from gpupool.domain.model import Cluster, JobSpec
 from gpupool.domain.quota import TeamQuota
 from gpupool.errors import SpecError
-from gpupool.policies.cycle.priority_quota import PreemptionRules
+from gpupool.policies.preemption import PreemptionRules
 from gpupool.scheduler import (
     Command,
     Expire,

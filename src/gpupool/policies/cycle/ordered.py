@@ -21,7 +21,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from gpupool.policies.cycle.priority_quota import CycleView, PendingView, PriorityQuotaPolicy
+from gpupool.policies.contract import CycleView, PendingView
+from gpupool.policies.cycle.priority_quota import PriorityQuotaPolicy
 from gpupool.policies.registry import register
 
 

@@ -9,24 +9,12 @@ permutation, which is exactly this. Then pick the GPUs inside the node.
 from __future__ import annotations
 
 from collections.abc import Hashable
-from dataclasses import dataclass
 
 import numpy as np
 
 from gpupool.domain.fragmentation import TaskShape
 from gpupool.domain.model import MILLI_PER_GPU, JobSpec, NodeShare, Placement
 from gpupool.domain.state import BoolArray, ClusterState, IntArray
-
-
-@dataclass(frozen=True)
-class QueuePolicy:
-    """A trace replay's queue order; `preemptive` lets a better-ranked job evict a running
-    one, `blocking` stops at the first job that does not fit (strict order, no backfill).
-    """
-
-    name: str
-    preemptive: bool
-    blocking: bool
 
 
 class ScoringPolicy:

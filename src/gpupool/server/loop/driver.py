@@ -40,7 +40,7 @@ from gpupool.errors import (
     SpecError,
     Unavailable,
 )
-from gpupool.policies.cycle.priority_quota import PreemptionRules
+from gpupool.policies.preemption import PreemptionRules
 from gpupool.ports.clock.base import Clock
 from gpupool.scheduler import (
     Burst,

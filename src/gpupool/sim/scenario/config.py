@@ -18,7 +18,7 @@ from gpupool.errors import NotFoundError, SpecError
 from gpupool.federation import TOPOLOGY_KEYS
 from gpupool.federation.burst import BurstRules
 from gpupool.learning.config import LearningConfig
-from gpupool.policies.cycle.priority_quota import PreemptionRules
+from gpupool.policies.preemption import PreemptionRules
 from gpupool.scheduler.config import (
     ElasticConfig,
     EnergyConfig,
