@@ -52,13 +52,6 @@ KNOWN: dict[str, set[tuple[str, ...]]] = {
     "cycles": {
         ("gpupool.cli.jobs", "gpupool.cli.services"),
         (
-            "gpupool.scheduler.elastic",
-            "gpupool.scheduler.running_view",
-            "gpupool.scheduler.scheduler",
-            "gpupool.scheduler.stages",
-            "gpupool.scheduler.waiting",
-        ),
-        (
             "gpupool.server.loop.driver",
             "gpupool.server.telemetry.history",
             "gpupool.server.telemetry.prometheus",
@@ -70,7 +63,6 @@ KNOWN: dict[str, set[tuple[str, ...]]] = {
     "size": {
         ("gpupool.cli.jobs",),
         ("gpupool.reports.review",),
-        ("gpupool.scheduler.scheduler",),
         ("gpupool.server.api.app",),
         ("gpupool.server.executors.local",),
         ("gpupool.server.executors.ray",),
@@ -82,9 +74,6 @@ KNOWN: dict[str, set[tuple[str, ...]]] = {
     },
     "private": {
         ("gpupool.cli.loadgen", "uses another module's ._request"),
-        ("gpupool.scheduler.elastic", "uses another module's ._wake_claims"),
-        ("gpupool.scheduler.waiting", "uses another module's ._limit_reason"),
-        ("gpupool.scheduler.waiting", "uses another module's ._running_counts"),
         ("gpupool.server.executors.ray", "imports _validate from gpupool.server.executors.local"),
         (
             "gpupool.server.executors.ray_launcher",

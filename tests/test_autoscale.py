@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from gpupool.scheduler import Scheduler, ServiceDemand
-from gpupool.scheduler.stages import sharing_pays
 from gpupool.sim.scenario.config import parse_scenario
 from gpupool.sim.scenario.workload import LoadCurve, ServiceSpec, Workload
 from gpupool.sim.scenario.world import ScenarioSim
@@ -32,14 +31,14 @@ def sim(*services: ServiceSpec) -> ScenarioSim:
 def test_no_sharing_when_the_neighbour_breaks_the_slo() -> None:
     # 120 ms alone, about 240 ms next to one more replica: over the 200 ms SLO
     svc = ServiceSpec("a", "web", FLAT, replica_rps=40.0, replica_gpu_milli=500, min_replicas=4)
-    assert not sharing_pays(core(svc), "a", 30.0)
+    assert not core(svc).autoscale.sharing_pays("a", 30.0)
 
 
 def test_no_sharing_when_time_slicing_costs_more_gpus_than_it_saves() -> None:
     # 300 rps needs ceil(330/40) = 9 whole GPUs; shared replicas run at 0.73/2 of a GPU, so
     # ceil(330/14.6) = 23 half-GPU replicas = 11.5 GPUs: sharing loses
     svc = ServiceSpec("b", "web", FLAT, replica_rps=40.0, replica_gpu_milli=500, base_p99_ms=40.0)
-    assert not sharing_pays(core(svc), "b", 300.0)
+    assert not core(svc).autoscale.sharing_pays("b", 300.0)
 
 
 def test_sharing_when_a_replica_floor_would_idle_whole_gpus() -> None:
@@ -48,7 +47,7 @@ def test_sharing_when_a_replica_floor_would_idle_whole_gpus() -> None:
         "c", "web", FLAT, replica_rps=40.0, replica_gpu_milli=500, base_p99_ms=40.0, min_replicas=4
     )
     s = core(svc)
-    assert sharing_pays(s, "c", 30.0)
+    assert s.autoscale.sharing_pays("c", 30.0)
     s.observe(ServiceDemand(0.0, "c", 30.0))
     s.cycle(0.0)
     replicas = list(s.replicas["c"].values())

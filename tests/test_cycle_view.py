@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,6 +17,8 @@ from gpupool.domain.lifecycle import JobState
 from gpupool.policies.contract import CycleView
 from gpupool.policies.victims import victim_table
 from gpupool.scheduler import Scheduler
+from gpupool.scheduler.book import JobBook
+from gpupool.scheduler.cycle import plan as plan_stage
 from gpupool.sim.scenario.config import load_scenario
 from gpupool.sim.scenario.generators import find_traces_dir
 from gpupool.sim.scenario.world import run_scenario
@@ -29,8 +32,8 @@ def plain(view: CycleView) -> CycleView:
     return dataclasses.replace(view, running=running, held=None, holders=None, _allowed={})
 
 
-def preempting(core: Scheduler) -> frozenset[str]:
-    return frozenset(j for j, r in core.running.items() if r.state is JobState.PREEMPTING)
+def preempting(book: JobBook) -> frozenset[str]:
+    return frozenset(j for j, r in book.running.items() if r.state is JobState.PREEMPTING)
 
 
 @pytest.mark.parametrize("name", ["serving-borrow", "parity-all"])
@@ -40,16 +43,16 @@ def test_the_core_view_equals_one_built_per_running_job(
     if name == "serving-borrow" and find_traces_dir(SCENARIOS) is None:
         pytest.skip("serving-borrow replays the Azure LLM trace: shared/traces not found")
     seen: Counter[str] = Counter()
-    made = Scheduler.view
+    made = plan_stage.cycle_view
 
-    def checked(core: Scheduler, now: float, rank: object = None) -> CycleView:
-        view = made(core, now, rank)  # type: ignore[arg-type]
+    def checked(book: JobBook, *args: Any, **kwargs: Any) -> CycleView:
+        view = made(book, *args, **kwargs)
         ref = plain(view)
-        assert view.vacating == preempting(core)
+        assert view.vacating == preempting(book)
         assert view.usage() == ref.usage()
         assert view.reserve_holders() == ref.reserve_holders() or not any(view.reserve.values())
-        seen["both"] += bool(core.elastic.pending) and any(view.reserve.values())
-        teams = sorted({r.spec.team for r in core.running.values()})[:1]
+        seen["both"] += bool(book.elastic.pending) and any(view.reserve.values())
+        teams = sorted({r.spec.team for r in book.running.values()})[:1]
         for pool in view.pool_nodes:
             assert sorted(view.ends(pool)) == sorted(ref.ends(pool))
             for chosen in (None, set(teams)):
@@ -74,11 +77,11 @@ def test_the_core_view_equals_one_built_per_running_job(
         seen["views"] += 1
         seen["reserve"] += any(view.reserve.values())
         seen["vacating"] += bool(view.vacating)
-        seen["elastic"] += bool(core.elastic.pending)
+        seen["elastic"] += bool(book.elastic.pending)
         seen["online"] += any(ref.reserve_holders().online_all.values())
         return view
 
-    monkeypatch.setattr(Scheduler, "view", checked)
+    monkeypatch.setattr(plan_stage, "cycle_view", checked)
     scenario = load_scenario(SCENARIOS / f"{name}.yaml")
     # an online reserve beside the elastic resizes: the reserve rules read both
     run_scenario(dataclasses.replace(scenario, online_reserve=0.2))
@@ -110,7 +113,7 @@ def test_a_view_with_a_vacating_victim_and_a_reserve_equals_the_plain_one() -> N
     assert stops, "team a reclaims its guarantee"
     view = core.view(4000.5)
     ref = plain(view)
-    assert view.vacating and view.vacating == preempting(core) and any(view.reserve.values())
+    assert view.vacating and view.vacating == preempting(core.book) and any(view.reserve.values())
     assert view.usage() == ref.usage()
     assert view.reserve_holders() == ref.reserve_holders()
     assert view.reserve_holders().online_all["H100"] == 2

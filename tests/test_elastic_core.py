@@ -82,7 +82,7 @@ def test_an_online_job_borrows_from_an_elastic_job_instead_of_preempting_it() ->
     assert launches[0].resume and launches[0].placement.gpu_count == 3  # type: ignore[attr-defined]
     assert core.records["e"].state is JobState.RUNNING and core.records["e"].preemptions == 0
     assert running_with(core, "e") == 3 and running_with(core, "o") == 1
-    assert core.held[("default", "A100")] == 4
+    assert core.book.held[("default", "A100")] == 4
 
 
 def test_it_never_shrinks_below_its_minimum_and_then_preemption_takes_over() -> None:
@@ -167,7 +167,7 @@ def test_a_job_that_ends_mid_resize_frees_its_cards_for_the_online_job() -> None
     core.observe(Finished(125, "e"))
     assert core.observe(Resized(130, "e")) == []  # a late report changes nothing
     assert [c.job_id for c in of(Launch, core.cycle(180))] == ["o"]  # type: ignore[attr-defined]
-    assert "e" not in core.elastic.pending
+    assert "e" not in core.book.elastic.pending
 
 
 def test_a_resizing_job_cannot_be_requeued_until_it_runs_again() -> None:
@@ -191,7 +191,7 @@ def test_a_restart_mid_resize_finishes_the_resize_once() -> None:
     again = core_of()
     again.restore(elastic(), JobState.RUNNING, old, 200)
     again.restore(online("o", 60), JobState.PENDING, None, 200)
-    again.elastic.recover(again, "e", resize.placement, 200)  # type: ignore[attr-defined]
+    again.recover_resize("e", resize.placement, 200)
     assert not of(Resize, again.cycle(200))  # not resized twice
     out = again.observe(Resized(210, "e"))
     assert [c.job_id for c in of(Launch, out)] == ["e"]  # type: ignore[attr-defined]
@@ -208,7 +208,7 @@ def test_a_restored_elastic_job_runs_on_the_gpus_it_held() -> None:
     first.observe(Resized(130, "e"))
     again = core_of()
     again.restore(elastic(), JobState.RUNNING, first.state.placements["e"], 200)
-    assert again.records["e"].spec.gpu_count == 3 and again.elastic.declared["e"] == 4
+    assert again.records["e"].spec.gpu_count == 3 and again.book.elastic.declared["e"] == 4
 
 
 def test_fixed_jobs_are_never_resized() -> None:
@@ -258,7 +258,7 @@ def test_elastic_jobs_stay_within_their_range_and_the_books_balance(
             for c in core.observe(Resized(t + 10, job_id)):
                 if isinstance(c, Launch) and c.job_id.startswith("o"):
                     alive.append(c.job_id)
-        for job_id, full in core.elastic.declared.items():
+        for job_id, full in core.book.elastic.declared.items():
             r = core.records[job_id]
             if r.state is JobState.RUNNING:
                 n = core.state.placements[job_id].gpu_count
@@ -266,8 +266,8 @@ def test_elastic_jobs_stay_within_their_range_and_the_books_balance(
                 assert r.spec.gpu_count_min <= n <= full == 4
                 assert n == r.spec.gpu_count
         held = sum(r.spec.gpu_count for r in core.running.values() if r.state is JobState.RUNNING)
-        assert held == core.held[("default", "A100")]
-        assert core.elastic.pending.keys() <= core.running.keys()
+        assert held == core.book.held[("default", "A100")]
+        assert core.book.elastic.pending.keys() <= core.running.keys()
 
 
 def test_elastic_ranges_are_checked_with_clear_errors() -> None:

@@ -35,7 +35,6 @@ from gpupool.scheduler.commands import Command, Launch, LearnGuard, LearnShadow,
 from gpupool.scheduler.config import SchedulerConfig
 from gpupool.scheduler.config_schema import parse_scheduling
 from gpupool.scheduler.events import Finished, Requeue, Submitted, Vacated
-from gpupool.scheduler.waiting import explain_all
 from gpupool.sim.eventsim import replay
 from gpupool.sim.scenario.config import load_scenario
 from gpupool.sim.scenario.generators import GenContext, build_workload
@@ -322,7 +321,7 @@ def test_a_waiting_job_is_told_it_waits_behind_the_job_the_order_puts_first() ->
     for j in jobs:
         world.submit(j)
     world.go(horizon_s=10 * 86_400.0, until_s=t0 + 300)
-    reasons = explain_all(world.core, t0 + 300)
+    reasons = world.core.explain_waits(t0 + 300)
     assert reasons["L"].code == "Priority"
     assert "ahead in the learned order (first: S)" in reasons["L"].sentence
     assert "B" in world.starts and "S" not in world.starts and "L" not in world.starts

@@ -238,7 +238,7 @@ def test_an_executor_that_cannot_resize_keeps_elastic_jobs_whole(tmp_path: Path)
         FakeTelemetry(FLEET),
         clock,
     )
-    assert service.scheduler.elastic.enabled is False
+    assert service.scheduler.config.elastic.resize is False
     for t, job_id, team, kind, gpus, low, model in ELASTIC_JOBS[:2]:
         clock.t = float(t)
         store.submit(

@@ -37,7 +37,7 @@ from gpupool.scheduler import (
     Stop,
     Wait,
 )
-from gpupool.scheduler.stages import burst_rules
+from gpupool.scheduler.cycle.burst import burst_rules
 from gpupool.server.fleet.sites import SitesConfig
 from gpupool.server.loop.driver import LiveConfig, LiveService
 from gpupool.server.store import NewJob, Store
@@ -185,7 +185,7 @@ def run_live(cfg: ScenarioConfig, wl: Workload, tmp: Path) -> tuple[list[Normal]
     sites = SitesConfig(
         topology=world.topology,  # type: ignore[arg-type]
         node_site={
-            n: world.cluster.nodes[world.core.node_index[n]].cluster
+            n: world.cluster.nodes[world.core.fleet.node_index[n]].cluster
             for n, _, _ in fleet.onprem_nodes()
         },
         placement=cfg.placement.site,

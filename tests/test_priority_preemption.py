@@ -190,7 +190,7 @@ def test_priorities_and_the_reserve_hold_over_random_arrivals(
 ) -> None:
     world = simulate(jobs, rules)
     specs = world.specs
-    reserve = world.core.reserve[MODEL]
+    reserve = world.core.fleet.reserve[MODEL]
     # (d) no job lost: every one finished its work
     assert world.finished == set(specs)
     for _t, victim, reason, ran_s, lost_s in world.stops:
@@ -332,12 +332,12 @@ def test_the_reserve_can_wait_for_the_first_online_job() -> None:
         cycle_s=CYCLE_S, online_reserve=0.25, online_reserve_on="online-seen", preemption=rules
     )
     core = Scheduler(cluster(1, 4), config)
-    assert core.reserve_now() == {MODEL: 0}
+    assert core.fleet.reserve_now() == {MODEL: 0}
     for k in range(4):
         core.observe(Submitted(0.0, training(f"slow{k}", state_gib_per_gpu=80.0)))
     assert sum(isinstance(c, Launch) for c in core.cycle(0.0)) == 4
     core.observe(Submitted(10.0, online("o", 10.0)))
-    assert core.reserve_now() == {MODEL: 1}
+    assert core.fleet.reserve_now() == {MODEL: 1}
     commands = core.cycle(60.0)
     stops = [c.job_id for c in commands if isinstance(c, Stop)]
     assert len(stops) == 1 and core.claim_eta_s("o") is not None

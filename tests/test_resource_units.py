@@ -41,7 +41,7 @@ from gpupool.policies.power_caps import (
     plan_power_caps,
 )
 from gpupool.scheduler import Burst, NodeDown, NodeUp, Reclaim, Scheduler, SchedulerConfig
-from gpupool.scheduler.stages import DOWN, STARTING, STOPPING, UP
+from gpupool.scheduler.fleet import DOWN, STARTING, STOPPING, UP
 from gpupool.sim.scenario.config import load_scenario
 from gpupool.sim.scenario.generators import GenContext, build_workload
 from gpupool.sim.scenario.world import run_scenario
@@ -568,9 +568,9 @@ def _cloud_core() -> Scheduler:
 
 def test_cloud_nodes_start_down_and_masked_out() -> None:
     core = _cloud_core()
-    assert core.cloud is not None and set(core.cloud.status.values()) == {DOWN}
-    assert core.pool_nodes["cloud"].tolist() == [False, False, False]
-    assert core.pool_nodes["onprem"].tolist() == [True, False, False]
+    assert set(core.fleet.cloud_status.values()) == {DOWN}
+    assert core.fleet.pool_nodes["cloud"].tolist() == [False, False, False]
+    assert core.fleet.pool_nodes["onprem"].tolist() == [True, False, False]
 
 
 def test_cloud_burst_join_and_reclaim_timeline() -> None:
@@ -587,22 +587,22 @@ def test_cloud_burst_join_and_reclaim_timeline() -> None:
     assert tick(0.0) == [] and tick(60.0) == []
     # t=120: pending for 120 s -> burst 2 nodes; out of the pool until they join
     assert tick(120.0) == [("Burst", ("n1", "n2"))]
-    assert core.cloud is not None and set(core.cloud.status.values()) == {STARTING}
-    assert not core.pool_nodes["cloud"].any()
+    assert set(core.fleet.cloud_status.values()) == {STARTING}
+    assert not core.fleet.pool_nodes["cloud"].any()
     for t in (180.0, 240.0, 300.0, 360.0):  # no second burst while they start
         assert tick(t) == []
     core.observe(NodeUp(420.0, "n1"))
     core.observe(NodeUp(420.0, "n2"))
-    assert set(core.cloud.status.values()) == {UP}
-    assert core.pool_nodes["cloud"].tolist() == [False, True, True]
+    assert set(core.fleet.cloud_status.values()) == {UP}
+    assert core.fleet.pool_nodes["cloud"].tolist() == [False, True, True]
     core.finished("b", 420.0, JobState.CANCELLED, "not needed")
     assert tick(420.0) == [] and tick(480.0) == []  # cold since 420: 60 s < 120 s
     # t=540: cold for 120 s, both idle -> reclaimed; stopping (out of the pool) until gone
     assert tick(540.0) == [("Reclaim", ("n1", "n2"))]
-    assert set(core.cloud.status.values()) == {STOPPING}
-    assert not core.pool_nodes["cloud"].any()
+    assert set(core.fleet.cloud_status.values()) == {STOPPING}
+    assert not core.fleet.pool_nodes["cloud"].any()
     core.observe(NodeDown(560.0, "n1"))
-    assert core.cloud.status[1] == DOWN and core.cloud.status[2] == STOPPING
+    assert core.fleet.cloud_status[1] == DOWN and core.fleet.cloud_status[2] == STOPPING
 
 
 # =============================================================================================

@@ -157,7 +157,7 @@ def placed(decisions: Sequence[Command], s: Scheduler) -> dict[str, str]:
 
 def test_pools_are_per_site_and_work_follows_free_capacity() -> None:
     s = fed_scheduler()
-    assert sorted(s.pool_nodes) == ["east/A100-80GB", "west/A100-80GB"]
+    assert sorted(s.fleet.pool_nodes) == ["east/A100-80GB", "west/A100-80GB"]
     s.submit(job("1", 4, 0.0), 0.0)
     first = placed(s.cycle(0.0), s)
     s.submit(job("2", 4, 1.0), 1.0)
@@ -172,8 +172,8 @@ def test_work_goes_where_it_finishes_first_unless_its_data_would_take_longer() -
         s.submit(job(k, 4, t), t)
         s.cycle(t)
     # a and b fill both sites; c and d wait, one at each (the shorter queue)
-    assert {s.records["a"].gpu_type, s.records["b"].gpu_type} == set(s.pool_nodes)
-    assert {s.records["c"].gpu_type, s.records["d"].gpu_type} == set(s.pool_nodes)
+    assert {s.records["a"].gpu_type, s.records["b"].gpu_type} == set(s.fleet.pool_nodes)
+    assert {s.records["c"].gpu_type, s.records["d"].gpu_type} == set(s.fleet.pool_nodes)
     # 1.35 TB over the 1 Gbps link takes 3 h to move: each waits where its data is
     for site in ("east", "west"):
         name = f"far-{site}"
@@ -245,7 +245,7 @@ def test_the_core_bursts_after_the_sustain_window_and_reclaims_when_idle() -> No
     reclaim = clouds(45.0)
     assert [(type(c), c.nodes) for c in reclaim] == [(Reclaim, ("c1",))]
     assert "cloud utilisation 0% < 30%" in reclaim[0].reason
-    assert not s.pool_nodes["cloud/H100"].any()  # out of the pool while it stops
+    assert not s.fleet.pool_nodes["cloud/H100"].any()  # out of the pool while it stops
 
 
 def test_cloud_nodes_run_the_commands_the_core_decides(tmp_path: Path) -> None:

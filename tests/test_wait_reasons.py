@@ -25,7 +25,7 @@ from gpupool.scheduler import (
     Wait,
 )
 from gpupool.scheduler.config import EnergyConfig, TeamLimits
-from gpupool.scheduler.waiting import REFRESH_S, explain_all, reason_code, split_reason
+from gpupool.scheduler.cycle.wait_reasons import REFRESH_S, reason_code, split_reason
 from gpupool.sim.scenario.config import load_scenario
 from gpupool.sim.scenario.generators import GenContext, build_workload
 from gpupool.sim.scenario.world import ScenarioSim
@@ -182,7 +182,7 @@ def test_a_held_job_is_held_and_is_not_told_again() -> None:
     core.observe(Hold(2.0, "h"))
     out = core.cycle(60.0)
     assert "h" not in _waits(out)  # the hold says why; the driver shows it
-    assert explain_all(core, 60.0)["h"].code == "Held"
+    assert core.explain_waits(60.0)["h"].code == "Held"
     core.observe(Release(61.0, "h"))
     assert _waits(core.cycle(120.0))["h"][0] == "Resources"  # told again once it waits
 
@@ -225,7 +225,7 @@ def test_reasons_are_told_once_and_moved_numbers_at_most_once_a_refresh() -> Non
 
 
 def waits_of_deep(core: Scheduler) -> str:
-    sentence = core.told_wait["w299"][1]
+    sentence = core.wait_reasons.told["w299"][1]
     return sentence.split(" with higher")[0]
 
 

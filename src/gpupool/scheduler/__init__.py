@@ -1,4 +1,15 @@
-"""The decision core: fed events with their times, it returns commands (core.py)."""
+"""The decision core: fed events with their times, it returns commands.
+
+    scheduler.py  the Scheduler: wires the parts, routes events, runs the cycle
+    book.py       the job book: every job and the moves of its lifecycle
+    fleet.py      nodes and pools, health, drains, cloud nodes, the online reserve
+    view.py       what a cycle policy plans from (CycleView)
+    cycle/        the cycle's stages, one plug-in each, in the order of cycle/order.py
+    events.py     what drivers tell the core; commands.py: what it returns
+    config.py     the one scheduling configuration; config_schema.py: its YAML form
+
+Pure: it never reads a clock, a process or a database (mypy strict; no driver imported).
+"""
 
 from gpupool.scheduler.commands import (
     Burst,
@@ -36,8 +47,9 @@ from gpupool.scheduler.events import (
     Submitted,
     Vacated,
 )
+from gpupool.scheduler.fleet import pool_key
 from gpupool.scheduler.jobs import JobRecord, ServiceTemplate
-from gpupool.scheduler.scheduler import Scheduler, pool_key
+from gpupool.scheduler.scheduler import Scheduler
 
 __all__ = [
     "Burst",

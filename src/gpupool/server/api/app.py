@@ -45,7 +45,7 @@ from pydantic import (
 from starlette.routing import Route
 
 from gpupool.errors import ConflictError, GpupoolError, NotFoundError, SpecError, Unavailable
-from gpupool.scheduler.waiting import reason_code
+from gpupool.scheduler.cycle.wait_reasons import reason_code
 from gpupool.server.api.admission import Fleet, admit
 from gpupool.server.api.rate import RateLimited, SubmitRate
 from gpupool.server.api.share_admission import check_share
@@ -1437,11 +1437,11 @@ def teams_view(service: LiveService, only: str | None = None) -> dict[str, Any]:
         now = service.clock.now()
         book = core.quotas
         active = book.window(now)
-        queued = {t: len(q) for t, q in core.queues.by_team.items() if q}
+        queued = {t: len(q) for t, q in core.book.queues.by_team.items() if q}
         running: dict[str, int] = {}
         for r in core.running.values():
             running[r.spec.team] = running.get(r.spec.team, 0) + 1
-        held = {key for key, n in core.held.items() if n > 0}
+        held = {key for key, n in core.book.held.items() if n > 0}
         names = list(book.teams)
         names += sorted(({t for t, _ in held} | set(queued) | set(running)) - set(names))
         quota = {q.team: q for q in book.quotas}
@@ -1451,11 +1451,11 @@ def teams_view(service: LiveService, only: str | None = None) -> dict[str, Any]:
                 continue
             q = quota.get(name)
             pools = []
-            for pool, total in core.pool_gpus.items():
+            for pool, total in core.fleet.pool_gpus.items():
                 pools.append(
                     {
                         "pool": pool,
-                        "gpu_model": core.pool_model.get(pool),
+                        "gpu_model": core.fleet.pool_model.get(pool),
                         "pool_gpus": total,
                         "used_gpus": core.usage(name, pool),
                         "guaranteed_gpus": book.guaranteed(name, pool, now),

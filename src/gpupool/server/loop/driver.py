@@ -72,7 +72,6 @@ from gpupool.scheduler import (
 from gpupool.scheduler.commands import LearnGuard, LearnShadow
 from gpupool.scheduler.config import SchedulerConfig
 from gpupool.scheduler.config_schema import check_fleet
-from gpupool.scheduler.stages import card_mem_mib
 from gpupool.server.executors.local import (
     MULTI_NODE_REFUSED,
     NO_LIMITS,
@@ -404,6 +403,12 @@ class LiveService:
         )
         """Enforces GPU shares where the driver has MPS (server/executors/mps.py); else advisory."""
         sched = one_team_per_card(sched, self.mps, getattr(executor, "isolation", None))
+        # Elastic jobs lend GPUs only where the executor can restart a job on other GPUs.
+        can_resize = bool(getattr(executor, "can_resize", False))
+        sched = dataclasses.replace(
+            sched,
+            elastic=dataclasses.replace(sched.elastic, resize=sched.elastic.resize and can_resize),
+        )
         self.scheduler = Scheduler(
             self.cluster,
             sched,
@@ -415,11 +420,7 @@ class LiveService:
             seed=config.seed,
             replica_id=self._new_replica,
         )
-        check_fleet(sched, self.scheduler.pool_gpus, config.source)
-        # Elastic jobs lend GPUs only where the executor can restart a job on other GPUs.
-        self.scheduler.elastic.enabled = sched.elastic.resize and bool(
-            getattr(executor, "can_resize", False)
-        )
+        check_fleet(sched, self.scheduler.fleet.pool_gpus, config.source)
         self.cloud: CloudNodes | None = None
         if sites is not None and sites.cloud_nodes:
             self.cloud = CloudNodes(sites, config.state_dir, cloud_runner)
@@ -497,7 +498,7 @@ class LiveService:
         """Whether the core runs the learned policy (shadow or active)."""
         for svc in self.store.services():
             self._load_service(svc)
-            self.scheduler.replica_seq[svc.name] = len(self.store.replicas(svc.name, False))
+            self.scheduler.restore_service(svc.name, len(self.store.replicas(svc.name, False)))
         now = clock.now()
         if self.learning:  # what finished before this start is the learner's first history
             self.scheduler.learning_seed(outcomes_of(self.store.finished_runs(None, now)))
@@ -574,7 +575,7 @@ class LiveService:
         if svc.gpu_mem_mib is not None:
             models = sorted({n.gpu_model for n in self.cluster.nodes})
             allowed = [m for m in models if svc.gpu_model is None or m == svc.gpu_model]
-            cards = [c for m in allowed if (c := card_mem_mib(self.scheduler, m)) is not None]
+            cards = [c for m in allowed if (c := self.scheduler.fleet.card_mem_mib(m)) is not None]
             big = max(cards, default=0)
             if svc.gpu_mem_mib > big:
                 raise SpecError(
@@ -627,7 +628,7 @@ class LiveService:
             self._template(svc)  # refused before anything is stored
             row = self.store.create_service(svc, self.clock.now())
             self._load_service(row)
-            self.scheduler.replica_seq[row.name] = len(self.store.replicas(row.name, False))
+            self.scheduler.restore_service(row.name, len(self.store.replicas(row.name, False)))
             self.wake.set()
             return row
 
@@ -744,7 +745,7 @@ class LiveService:
         if target is None:
             return  # its GPUs are no longer in the fleet: it runs on where it is
         key = str(row.id)
-        self.scheduler.elastic.recover(self.scheduler, key, target, now)
+        self.scheduler.recover_resize(key, target, now)
         self.resizing[key] = target
         self.store.add_event(
             "resizing", "the server restarted mid-resize: resuming the resize", now, job_id=row.id
@@ -2028,7 +2029,7 @@ class LiveService:
                 )
             row = self.store.set_held(job_id, False, now, f"released by {by}")
             key = str(job_id)
-            if key in self.scheduler.on_hold:
+            if key in self.scheduler.book.on_hold:
                 self.scheduler.observe(Release(now, key))
             self.wake.set()
             return row
@@ -2089,11 +2090,11 @@ class LiveService:
             if row.held and row.state != "running":
                 self.scheduler.hold(key, now)
             if row.state == "preempting" and row.reason.startswith(TIME_LIMIT_REASON):
-                self.scheduler.expiring[key] = row.reason
+                self.scheduler.restored_expiry(key, row.reason)
             if row.state == "running":  # a time limit counts from the run's real start
                 started = self.store.run_started_at(row.id)
                 if started is not None:
-                    r.run_started_s = started
+                    self.scheduler.restored_run_start(key, started)
 
     def _waiting_all(self, waits: Sequence[Wait], now: float) -> None:
         """Store why waiting jobs do not start, as `Code: sentence` (an empty reason:
@@ -2146,7 +2147,7 @@ class LiveService:
     def _ended_by_time_limit(self, ex: Exit, row: JobRow, now: float) -> bool:
         """The exit of a job stopped at its time limit: failed with the reason (one that
         finished within its grace has succeeded, as usual)."""
-        why = self.scheduler.expiring.get(ex.job_id)
+        why = self.scheduler.book.expiring.get(ex.job_id)
         if why is None or ex.outcome == "succeeded":
             return False
         self.scheduler.finished(ex.job_id, now, JobState.FAILED, why)

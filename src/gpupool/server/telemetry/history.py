@@ -312,7 +312,7 @@ def review_settings(live: LiveService) -> dict[str, Any]:
             "carbon_g_per_kwh": list(t.carbon_g_per_kwh or ()),
             "utc_offset_h": t.utc_offset_h,
         }
-    catalog = live.scheduler.catalog
+    catalog = live.scheduler.fleet.catalog
     models = {n.gpu_model for n in live.cluster.nodes}
     prices = {m: catalog[m].price_usd_per_hour for m in models if catalog and m in catalog}
     return {

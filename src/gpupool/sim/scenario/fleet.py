@@ -235,7 +235,7 @@ class SimulatedFleet:
         """A cloud start or stop command: `start NODE` or `stop NODE`."""
         verb, name = argv[0], argv[1]
         world = self.world
-        k = world.core.node_index[name]
+        k = world.core.fleet.node_index[name]
         now = self.clock.now()
         if verb == "start":
             world.cloud_status[k] = STARTING

@@ -20,7 +20,7 @@ import heapq
 import math
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -373,7 +373,7 @@ class ScenarioSim:
         return {job_id: self.job(job_id) for job_id in self.core.records}
 
     @property
-    def replicas(self) -> dict[str, dict[str, JobRecord]]:
+    def replicas(self) -> Mapping[str, Mapping[str, JobRecord]]:
         return self.core.replicas
 
     def usage(self, team: str, gpu_type: str) -> int:
@@ -417,16 +417,18 @@ class ScenarioSim:
                 capped = True
             elif isinstance(c, Burst):
                 for name in c.nodes:
-                    k = self.core.node_index[name]
+                    k = self.core.fleet.node_index[name]
                     self.cloud_status[k] = STARTING
                     self.cloud_ready_at[k] = at + self.spinup_s
                 self.cloud_events.append(CloudEvent(at, "burst", len(c.nodes), c.reason))
             elif isinstance(c, Reclaim):
                 for name in c.nodes:  # a simulated node leaves the moment it is stopped
-                    self.cloud_status[self.core.node_index[name]] = DOWN
+                    self.cloud_status[self.core.fleet.node_index[name]] = DOWN
                     self.feed(NodeDown(at, name))
                     if self.recorder is not None:
-                        self.recorder.node_status.append((at, self.core.node_index[name], False))
+                        self.recorder.node_status.append(
+                            (at, self.core.fleet.node_index[name], False)
+                        )
                 self.cloud_events.append(CloudEvent(at, "reclaim", len(c.nodes), c.reason))
             elif isinstance(c, Expire):  # past its time limit: it stops and has failed
                 self.finish(self.job(c.job_id), at, JobState.FAILED, c.reason)
@@ -482,7 +484,7 @@ class ScenarioSim:
         ck = self.cfg.checkpoint
         gib = run.spec.state_gib_per_gpu
         write, resume = ck.write_s(gib), ck.resume_s(gib)
-        pending = self.core.elastic.pending.get(c.job_id)
+        pending = self.core.book.elastic.pending.get(c.job_id)
         old = pending.old_count if pending is not None else run.spec.gpu_count
         new = c.placement.gpu_count
         run.saved_s = run.done_s
@@ -595,7 +597,7 @@ class ScenarioSim:
                 placement = self.state.placements.get(run.spec.job_id)
                 if placement is not None:
                     self.recorder.hold(run.spec.job_id, placement, run.spec.gpu_milli, lo, hi)
-            full = self.core.elastic.declared.get(run.spec.job_id)
+            full = self.core.book.elastic.declared.get(run.spec.job_id)
             if full is not None and run.state is JobState.RUNNING:
                 run.lent_gpu_s += (full - run.spec.gpu_count) * (hi - lo)
 
@@ -661,7 +663,7 @@ class ScenarioSim:
             room = core.quotas.guaranteed(team, gpu_type, now) - core.usage(team, gpu_type)
             # What the team would run first is owed first: jobs holding a claim on GPUs
             # that are being vacated for them, then the queue's order.
-            recs.sort(key=lambda r: r.spec.job_id not in core.claims)
+            recs.sort(key=lambda r: r.spec.job_id not in core.book.claims)
             for r in recs:
                 job_id = r.spec.job_id
                 if r.spec.gpu_count > room:
@@ -671,10 +673,12 @@ class ScenarioSim:
                 if since is None:
                     # owed from when it was runnable and its team had room for it
                     since = max(
-                        r.ready_s, core.room_since.get((team, gpu_type), 0.0), core.window_since
+                        r.ready_s,
+                        core.book.room_since.get((team, gpu_type), 0.0),
+                        core.quota_window.since_s,
                     )
                 self.owed_since[job_id] = since
-                grace = self.cfg.cycle_s + core.claim_grace.get(job_id, 0.0)
+                grace = self.cfg.cycle_s + core.book.claim_grace.get(job_id, 0.0)
                 owed[team].append((since + grace, self.job(job_id)))
         return owed
 
@@ -755,7 +759,7 @@ class ScenarioSim:
             if progress is not None and (k % max(1, cycles // 100) == 0 or k == cycles - 1):
                 progress(k + 1, cycles)
         end = cfg.horizon_s
-        for rec in sorted(self.core.active.values(), key=lambda r: r.spec.job_id):
+        for rec in sorted(self.core.book.active.values(), key=lambda r: r.spec.job_id):
             r = self.job(rec.job_id)
             if r.service is not None:
                 self.finish(r, end, JobState.CANCELLED, "scenario ended (service replica)")
@@ -947,7 +951,7 @@ class ScenarioSim:
         """Elastic jobs: their resizes and the offline GPU-hours lost to borrowing (what
         they lent to online work, plus the GPU time their checkpoints and restarts for a
         resize held idle), per team. Empty where no job is elastic."""
-        declared = self.core.elastic.declared
+        declared = self.core.book.elastic.declared
         elastic = [r for r in jobs if r.spec.job_id in declared or r.spec.gpu_count_min]
         if not elastic:
             return {}
@@ -959,8 +963,8 @@ class ScenarioSim:
         return {
             "borrowing": {
                 "elastic_jobs": len(elastic),
-                "resizes": self.core.elastic.resizes,
-                "resize_enabled": self.core.elastic.enabled,
+                "resizes": self.core.book.elastic.resizes,
+                "resize_enabled": self.core.book.elastic.enabled,
                 "lent_gpu_hours": round(lent, 2),
                 "restart_gpu_hours": round(restart, 2),
                 "offline_gpu_hours_lost_to_borrowing": round(lent + restart, 2),
@@ -1031,7 +1035,7 @@ class ScenarioSim:
                 }
                 for e in events
             ],
-            "rejected_remote_placements": len(self.core.rejected_remote),
+            "rejected_remote_placements": len(self.core.pool_choice.rejected_remote),
             "transfer_hours": round(sum(r.transfer_s for r in jobs) / 3600, 2),
             "gpu_hours_by_type": {k: round(v, 1) for k, v in sorted(by_type.items())},
             "power_cap_commands": self.cap_commands,
@@ -1085,7 +1089,7 @@ class ScenarioSim:
             if life <= 0:
                 continue
             wanted += life
-            allowed = self.cfg.cycle_s + self.core.claim_grace.get(r.spec.job_id, 0.0)
+            allowed = self.cfg.cycle_s + self.core.book.claim_grace.get(r.spec.job_id, 0.0)
             served += min(life, r.held_s + allowed)
         return served / wanted if wanted else None
 

@@ -31,18 +31,33 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import ClassVar
 
 import numpy as np
 
 from gpupool.domain.model import MILLI_PER_GPU, JobKind
+from gpupool.domain.state import ClusterState
 from gpupool.policies.preemption import may_hold_reserve
-from gpupool.scheduler import running_view
+from gpupool.scheduler.book import JobBook, JobWatcher
+from gpupool.scheduler.commands import Command, Wait
+from gpupool.scheduler.config import SchedulerConfig
+from gpupool.scheduler.cycle.base import CycleContext, Published
+from gpupool.scheduler.fleet import Fleet
 from gpupool.scheduler.jobs import WAITING, JobRecord
+from gpupool.scheduler.ordering import CoreLearning
+from gpupool.scheduler.view import reserve_holders
 
-if TYPE_CHECKING:
-    from gpupool.domain.state import ClusterState
-    from gpupool.scheduler.scheduler import Scheduler
+
+@dataclass(frozen=True)
+class WaitInputs:
+    """What the reasons are worked out from: read only."""
+
+    config: SchedulerConfig
+    book: JobBook
+    fleet: Fleet
+    ordering: CoreLearning | None
+    published: Published
+
 
 REFRESH_S = 60.0
 """A reason whose code is unchanged but whose numbers moved is told again at most this often."""
@@ -118,23 +133,23 @@ def _gpus(n: int, model: str) -> str:
 class _Pools:
     """Free capacity per pool (and team island), computed once per explanation."""
 
-    def __init__(self, core: Scheduler) -> None:
+    def __init__(self, core: WaitInputs) -> None:
         self.core = core
         self.masks: dict[tuple[str, str], np.ndarray] = {}
         self.fitting: dict[tuple[object, ...], bool] = {}
-        holders = running_view.reserve_holders(core, core.reserve_now())
+        holders = reserve_holders(core.book, core.fleet.pool_nodes, core.fleet.reserve_now())
         self.online_held: Mapping[str, int] = holders.online
         self.fast_held: Mapping[str, int] = holders.fast
 
     def allowed(self, r: JobRecord) -> np.ndarray:
         core = self.core
-        team = r.spec.team if core.team_nodes is not None else ""
+        team = r.spec.team if core.fleet.team_nodes is not None else ""
         key = (r.gpu_type, team)
         mask = self.masks.get(key)
         if mask is None:
-            mask = core.pool_nodes[r.gpu_type].copy()
-            if core.team_nodes is not None:
-                mask &= core.team_nodes.get(team, np.zeros_like(mask))
+            mask = core.fleet.pool_nodes[r.gpu_type].copy()
+            if core.fleet.team_nodes is not None:
+                mask &= core.fleet.team_nodes.get(team, np.zeros_like(mask))
             self.masks[key] = mask
         return mask
 
@@ -142,7 +157,7 @@ class _Pools:
         job = r.spec
         key = (
             r.gpu_type,
-            job.team if self.core.team_nodes is not None else "",
+            job.team if self.core.fleet.team_nodes is not None else "",
             job.gpu_count,
             job.gpu_milli,
             job.kind is JobKind.ONLINE,
@@ -151,7 +166,7 @@ class _Pools:
         )
         hit = self.fitting.get(key)
         if hit is None:
-            state = self.core.state
+            state = self.core.book.state
             allowed = self.allowed(r)
             width = state.max_gpus_per_node
             if job.gpu_count > width and job.gpu_milli == MILLI_PER_GPU:
@@ -169,16 +184,18 @@ class _Pools:
         return hit
 
 
-def _front(core: Scheduler) -> dict[str, tuple[int, str]]:
+def _front(core: WaitInputs) -> dict[str, tuple[int, str]]:
     """The first `queue_depth` competing jobs of each pool (of each team's nodes in
     static mode), each with how many wait ahead of it for its pool and the first of
     them. Deferred jobs do not compete (they wait for a price)."""
     depth = core.config.queue_depth
-    deferred = core.deferral.held
-    groups = core.queues.by_team if core.team_nodes is not None else core.queues.by_pool
-    one_pool = core.team_nodes is None or len(core.pool_nodes) == 1
+    deferred = core.published.deferred
+    groups = (
+        core.book.queues.by_team if core.fleet.team_nodes is not None else core.book.queues.by_pool
+    )
+    one_pool = core.fleet.team_nodes is None or len(core.fleet.pool_nodes) == 1
     out: dict[str, tuple[int, str]] = {}
-    rank = core.rank  # an ordered policy's order at its last plan (None: the queue's)
+    rank = core.published.rank  # an ordered policy's order at its last plan (None: the queue's)
     for queue in groups.values():
         if rank is not None:
             last = len(rank)
@@ -188,7 +205,7 @@ def _front(core: Scheduler) -> dict[str, tuple[int, str]]:
         for _, job_id in queue:
             if job_id in deferred:
                 continue
-            pool = core.records[job_id].gpu_type
+            pool = core.book.records[job_id].gpu_type
             ahead = seen.get(pool, 0)
             if ahead >= depth:
                 if one_pool:
@@ -200,39 +217,39 @@ def _front(core: Scheduler) -> dict[str, tuple[int, str]]:
     return out
 
 
-def explain(core: Scheduler, now: float, front_before: set[str]) -> dict[str, WaitReason]:
+def explain(core: WaitInputs, now: float, front_before: set[str]) -> dict[str, WaitReason]:
     """The reasons that may have changed since the last call: every job in the front of
     its pool's queue (the first `queue_depth`), claimants, deferred jobs, jobs that joined
     a queue and jobs that left the front (`front_before`). A job further back waits with
     Priority, behind at least `queue_depth` jobs: true until it reaches the front, so it
     is worked out once, not every cycle (thousands of waiting jobs cost nothing a cycle)."""
     front = _front(core)
-    todo = set(front) | core.queues.entered | front_before | set(core.claims)
-    todo |= core.deferral.held
-    core.queues.entered = set()
+    todo = set(front) | core.book.queues.entered | front_before | set(core.book.claims)
+    todo |= core.published.deferred
+    core.book.queues.entered = set()
     front_before.clear()
     front_before.update(front)
     pools = _Pools(core)
-    counts = core._running_counts() if core.config.team_limits else {}
+    counts = core.book.running_counts() if core.config.team_limits else {}
     out: dict[str, WaitReason] = {}
     for job_id in sorted(todo):
-        r = core.active.get(job_id)
-        if r is None or r.state not in WAITING or job_id in core.on_hold:
+        r = core.book.active.get(job_id)
+        if r is None or r.state not in WAITING or job_id in core.book.on_hold:
             continue
         out[job_id] = _reason_at(core, r, now, pools, counts, front.get(job_id))
     return out
 
 
-def explain_all(core: Scheduler, now: float) -> dict[str, WaitReason]:
+def explain_all(core: WaitInputs, now: float) -> dict[str, WaitReason]:
     """The reason of every waiting job, held ones included (reports and tests)."""
     front = _front(core)
     pools = _Pools(core)
-    counts = core._running_counts() if core.config.team_limits else {}
+    counts = core.book.running_counts() if core.config.team_limits else {}
     out: dict[str, WaitReason] = {}
-    for job_id, r in core.active.items():
+    for job_id, r in core.book.active.items():
         if r.state not in WAITING:
             continue
-        if job_id in core.on_hold:
+        if job_id in core.book.on_hold:
             out[job_id] = WaitReason("Held", f"on hold; `gpupool release {job_id}` lets it start")
             continue
         out[job_id] = _reason_at(core, r, now, pools, counts, front.get(job_id))
@@ -240,7 +257,7 @@ def explain_all(core: Scheduler, now: float) -> dict[str, WaitReason]:
 
 
 def _reason_at(
-    core: Scheduler,
+    core: WaitInputs,
     r: JobRecord,
     now: float,
     pools: _Pools,
@@ -250,21 +267,21 @@ def _reason_at(
     """A job's reason given its place at the front of its queue (None: further back, and
     neither claiming victims nor deferred: it waits behind at least queue_depth jobs)."""
     job_id = r.job_id
-    if place is None and job_id not in core.claims and job_id not in core.deferral.held:
+    if place is None and job_id not in core.book.claims and job_id not in core.published.deferred:
         depth = core.config.queue_depth
         return WaitReason("Priority", _behind(core, r, depth, None, exact=False))
     return _reason(core, r, now, pools, counts, place or (0, job_id))
 
 
-def _behind(core: Scheduler, r: JobRecord, ahead: int, head: str | None, exact: bool) -> str:
-    model = core.pool_model.get(r.gpu_type, r.gpu_type)
+def _behind(core: WaitInputs, r: JobRecord, ahead: int, head: str | None, exact: bool) -> str:
+    model = core.fleet.pool_model.get(r.gpu_type, r.gpu_type)
     where = f"the {model} pool" + (
-        f" in team {r.spec.team}'s nodes" if core.team_nodes is not None else ""
+        f" in team {r.spec.team}'s nodes" if core.fleet.team_nodes is not None else ""
     )
     many = f"{ahead} waiting job{'s' if ahead != 1 else ''}"
     first = f" (first: {head})" if head is not None else ""
     why = "waiting longer"
-    if core.learning is not None:  # an ordered policy: its order, not age, within a class
+    if core.ordering is not None:  # an ordered policy: its order, not age, within a class
         why = f"ahead in the {core.config.policy} order"
     return (
         f"behind {many if exact else 'at least ' + many} for {where} "
@@ -273,7 +290,7 @@ def _behind(core: Scheduler, r: JobRecord, ahead: int, head: str | None, exact: 
 
 
 def _reason(
-    core: Scheduler,
+    core: WaitInputs,
     r: JobRecord,
     now: float,
     pools: _Pools,
@@ -283,13 +300,13 @@ def _reason(
     job = r.spec
     job_id = r.job_id
     pool = r.gpu_type
-    model = core.pool_model.get(pool, pool)
-    victims = core.claims.get(job_id)
+    model = core.fleet.pool_model.get(pool, pool)
+    victims = core.book.claims.get(job_id)
     if victims:
         ids = sorted(victims)
-        eta = core.claim_eta_s(job_id)
+        eta = core.book.claim_eta_s(job_id)
         by = f"; expected by {clock_text(eta)}" if eta is not None else ""
-        if all(core.elastic.resizing(v) for v in ids):
+        if all(core.book.elastic.resizing(v) for v in ids):
             return WaitReason(
                 "WaitingForVictims",
                 f"{len(ids)} elastic job{'s' if len(ids) != 1 else ''} ({_ids(ids)}) "
@@ -301,24 +318,26 @@ def _reason(
             f"{len(ids)} preempted job{'s' if len(ids) != 1 else ''} ({_ids(ids)}) "
             f"{'are' if len(ids) != 1 else 'is'} writing checkpoints to make room{by}",
         )
-    if job_id in core.deferral.held:
-        until = core.deferral.until.get(job_id, now)
+    if job_id in core.published.deferred:
+        until = core.published.deferred_until.get(job_id, now)
         return WaitReason(
             "Deferred",
             f"price: held for cheaper power until {clock_text(until)}; "
             "it still starts before its deadline",
         )
     if counts:
-        why = core._limit_reason(r, counts)
+        why = core.book.limit_reason(r, counts)
         if why:
             code = "CpuJobLimit" if "CPU-only" in why else "JobLimit"
             return WaitReason(code, why)
     team = job.team
     if job.gpu_count > 0:
-        held = core.usage(team, pool)
-        maximum = core.quotas.maximum(team, pool, now)
-        window = core.quotas.window(now)
-        limited = team in core.quotas.teams or (window is not None and team in window.max_share)
+        held = core.book.usage(team, pool)
+        maximum = core.book.quotas.maximum(team, pool, now)
+        window = core.book.quotas.window(now)
+        limited = team in core.book.quotas.teams or (
+            window is not None and team in window.max_share
+        )
         if limited and held + job.gpu_count > maximum:
             numbers = (
                 f"team {team} holds {held} of its maximum of {_gpus(maximum, model)}; "
@@ -335,7 +354,7 @@ def _reason(
     if not fits:
         return WaitReason("Resources", _resources(core, r, pools, model))
     if _reserve_blocks(core, r, pools, now):
-        reserve = core.reserve.get(pool, 0)
+        reserve = core.fleet.reserve.get(pool, 0)
         return WaitReason(
             "Reserve",
             f"it fits only in the {_gpus(reserve, model)} kept for online inference "
@@ -346,9 +365,9 @@ def _reason(
     )
 
 
-def _resources(core: Scheduler, r: JobRecord, pools: _Pools, model: str) -> str:
+def _resources(core: WaitInputs, r: JobRecord, pools: _Pools, model: str) -> str:
     job = r.spec
-    state = core.state
+    state = core.book.state
     allowed = pools.allowed(r)
     usable = int(state.gpu_count[allowed].sum())
     free = state.whole_free[allowed]
@@ -363,12 +382,16 @@ def _resources(core: Scheduler, r: JobRecord, pools: _Pools, model: str) -> str:
             f"a GPU it may share is {most / MILLI_PER_GPU:g} ({total} {model} GPUs wholly free)"
         )
     if job.gpu_count > usable:
-        mine = " in its team's nodes" if core.team_nodes is not None else ""
-        out = [why for k, why in sorted(core.down_why.items()) if core.node_pool[k] == r.gpu_type]
+        mine = " in its team's nodes" if core.fleet.team_nodes is not None else ""
+        out = [
+            why
+            for k, why in sorted(core.fleet.down_why.items())
+            if core.fleet.node_pool[k] == r.gpu_type
+        ]
         out += [
-            f"node {core.cluster.nodes[k].name} drained"
-            for k in sorted(core.drained)
-            if core.node_pool[k] == r.gpu_type and k not in core.down_why
+            f"node {core.fleet.cluster.nodes[k].name} drained"
+            for k in sorted(core.fleet.drained)
+            if core.fleet.node_pool[k] == r.gpu_type and k not in core.fleet.down_why
         ]
         gone = f" ({'; '.join(out[:3])}{'; ...' if len(out) > 3 else ''})" if out else ""
         return (
@@ -401,7 +424,7 @@ def _idle_nodes(state: ClusterState, allowed: np.ndarray) -> np.ndarray:
     return mask
 
 
-def _reserve_blocks(core: Scheduler, r: JobRecord, pools: _Pools, now: float) -> bool:
+def _reserve_blocks(core: WaitInputs, r: JobRecord, pools: _Pools, now: float) -> bool:
     """The priority-quota policy keeps the online reserve for online inference: a
     borrowing batch job that could not leave it at once for an online arrival may not take
     it (the policy's own rule, policies.cycle.may_hold_reserve)."""
@@ -409,15 +432,77 @@ def _reserve_blocks(core: Scheduler, r: JobRecord, pools: _Pools, now: float) ->
     if core.config.policy != "priority-quota" or job.kind is JobKind.ONLINE or not job.gpu_count:
         return False
     pool = r.gpu_type
-    needed = core.reserve_now().get(pool, 0) - pools.online_held[pool]
+    needed = core.fleet.reserve_now().get(pool, 0) - pools.online_held[pool]
     if needed <= 0:
         return False
     vacate_s = core.config.checkpoint.write_s(job.state_gib_per_gpu)
     rules, cycle_s = core.config.preemption, core.config.cycle_s
     if may_hold_reserve(rules, cycle_s, job, vacate_s, r.preemptions):
         return False
-    if core.usage(job.team, pool) + job.gpu_count <= core.quotas.guaranteed(job.team, pool, now):
+    if core.book.usage(job.team, pool) + job.gpu_count <= core.book.quotas.guaranteed(
+        job.team, pool, now
+    ):
         return False  # within its guarantee: the reserve does not hold it back
-    mask = core.pool_nodes[pool]
-    idle = int((core.state.gpu_left[mask] == MILLI_PER_GPU).sum())
+    mask = core.fleet.pool_nodes[pool]
+    idle = int((core.book.state.gpu_left[mask] == MILLI_PER_GPU).sum())
     return idle - job.gpu_count + pools.fast_held[pool] < needed
+
+
+class WaitReasons(JobWatcher):
+    """Wait for each waiting job whose reason changed (`explain`); a changed sentence under
+    the same code at most once per REFRESH_S. Held jobs are not told: their hold says why.
+    Reads `published.changed` (PolicyPlan), `published.deferred` and `published.rank`."""
+
+    name: ClassVar[str] = "wait-reasons"
+
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        book: JobBook,
+        fleet: Fleet,
+        ordering: CoreLearning | None,
+        published: Published,
+    ) -> None:
+        self.inputs = WaitInputs(config, book, fleet, ordering, published)
+        self.told: dict[str, tuple[str, str, float]] = {}
+        """The reason each waiting job was last given (Wait): code, sentence, when."""
+        self.due = True
+        """Something changed since the waiting jobs' reasons were last worked out."""
+        self.front: set[str] = set()
+        """The jobs at the front of their queues when reasons were last worked out."""
+        book.watchers.append(self)
+
+    def started(self, r: JobRecord, first: bool) -> None:
+        self.told.pop(r.job_id, None)  # running: its Launch says so
+
+    def ended(self, job_id: str) -> None:
+        self.told.pop(job_id, None)
+
+    def held(self, job_id: str) -> None:
+        self.told.pop(job_id, None)
+
+    def explain_all(self, now: float) -> dict[str, WaitReason]:
+        return explain_all(self.inputs, now)
+
+    def run(self, ctx: CycleContext) -> list[Command]:
+        now = ctx.now_s
+        self.due = self.due or ctx.published.changed
+        if not self.due:
+            return []
+        self.due = False
+        reasons = explain(self.inputs, now, self.front)
+        out: list[Command] = []
+        told = self.told
+        for job_id, why in reasons.items():
+            last = told.get(job_id)
+            if last is not None and last[0] == why.code:
+                if last[1] == why.sentence:
+                    continue
+                if now - last[2] < REFRESH_S - 1e-9:
+                    self.due = True  # its numbers moved: told once the refresh is due
+                    continue
+            out.append(Wait(job_id, why.sentence, why.code))
+            told[job_id] = (why.code, why.sentence, now)
+        if self.due:  # a refresh is due: those jobs are looked at again then
+            self.front.update(j for j, w in reasons.items() if told[j][1] != w.sentence)
+        return out

@@ -1,4 +1,5 @@
-"""The running jobs as a cycle sees them, built only for the jobs a policy looks at.
+"""What a policy plans from: the CycleView of the waiting jobs it may start and the running
+jobs as a cycle sees them, these built only for the jobs the policy looks at.
 
 A policy plans from a CycleView. Most cycles read only a few running jobs: the victims
 of a reclaim, or a reservation's end times. Building a RunningView for every running job
@@ -16,15 +17,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import ItemsView, Iterator, Mapping, Set, ValuesView
-from typing import TYPE_CHECKING
+
+import numpy as np
 
 from gpupool.domain.model import JobKind
+from gpupool.policies.contract import CycleView, PendingView
+from gpupool.policies.placement.base import ScoringPolicy
 from gpupool.policies.preemption import may_hold_reserve
 from gpupool.policies.victims import ReserveHolders, RunningView, VictimTable
-
-if TYPE_CHECKING:
-    from gpupool.scheduler.jobs import JobRecord
-    from gpupool.scheduler.scheduler import Scheduler
+from gpupool.scheduler.book import JobBook
+from gpupool.scheduler.fleet import Fleet
+from gpupool.scheduler.jobs import JobRecord
 
 
 def expected_end_s(r: JobRecord, now: float) -> float:
@@ -34,11 +37,11 @@ def expected_end_s(r: JobRecord, now: float) -> float:
 
 
 class RunningViews(Mapping[str, RunningView]):
-    """`core.running` as RunningViews at `now`, each made when first read."""
+    """The book's running jobs as RunningViews at `now`, each made when first read."""
 
-    def __init__(self, core: Scheduler, now: float) -> None:
-        self._core = core
-        self._running: Mapping[str, JobRecord] = core.running
+    def __init__(self, book: JobBook, now: float) -> None:
+        self._book = book
+        self._running: Mapping[str, JobRecord] = book.running
         self._now = now
         self._made: dict[str, RunningView] = {}
         self._costs: dict[float, tuple[float, float]] = {}
@@ -55,11 +58,11 @@ class RunningViews(Mapping[str, RunningView]):
         gib = spec.state_gib_per_gpu
         cost = self._costs.get(gib)
         if cost is None:
-            ck = self._core.config.checkpoint
+            ck = self._book.config.checkpoint
             cost = self._costs[gib] = (ck.write_s(gib), ck.resume_s(gib))
         preemptions = r.preemptions
-        if job_id in self._core.elastic.pending:  # mid-resize: no policy may take it
-            preemptions = max(preemptions, self._core.config.preemption.max_per_job)
+        if job_id in self._book.elastic.pending:  # mid-resize: no policy may take it
+            preemptions = max(preemptions, self._book.config.preemption.max_per_job)
         return RunningView(
             spec,
             r.gpu_type,
@@ -114,10 +117,10 @@ class RunningViews(Mapping[str, RunningView]):
     def victim_table(self, gpu_type: str, vacating: Set[str], max_per_job: int) -> VictimTable:
         """CycleView.victim_table straight from the records: the same entries as one made
         from every view (cycle.victim_table), without a view per job."""
-        core = self._core
-        table = VictimTable(core.state.whole_free)
-        placements = core.state.placements
-        pending = core.elastic.pending
+        book = self._book
+        table = VictimTable(book.state.whole_free)
+        placements = book.state.placements
+        pending = book.elastic.pending
         costs = self._costs
         online = JobKind.ONLINE
         for job_id, r in self._running.items():
@@ -126,7 +129,7 @@ class RunningViews(Mapping[str, RunningView]):
                 continue
             preemptions = r.preemptions
             if job_id in pending:  # mid-resize: no policy may take it (as _make)
-                preemptions = max(preemptions, core.config.preemption.max_per_job)
+                preemptions = max(preemptions, book.config.preemption.max_per_job)
             if preemptions >= max_per_job:
                 continue
             placement = placements.get(job_id)
@@ -135,7 +138,7 @@ class RunningViews(Mapping[str, RunningView]):
             gib = spec.state_gib_per_gpu
             cost = costs.get(gib)
             if cost is None:
-                ck = core.config.checkpoint
+                ck = book.config.checkpoint
                 cost = costs[gib] = (ck.write_s(gib), ck.resume_s(gib))
             table.add(
                 job_id,
@@ -159,18 +162,20 @@ class RunningViews(Mapping[str, RunningView]):
         return job_id in self._running
 
 
-def reserve_holders(core: Scheduler, reserve: Mapping[str, int]) -> ReserveHolders:
+def reserve_holders(
+    book: JobBook, pool_nodes: Mapping[str, object], reserve: Mapping[str, int]
+) -> ReserveHolders:
     """Who holds each pool's GPUs, as the online reserve rules ask: online GPUs (vacating
     ones counted too, and apart), and GPUs of work that could leave the reserve in time.
     One pass over the running jobs, made only when some pool keeps a reserve: without
     one, no rule reads these counts."""
-    pools = {t: 0 for t in core.pool_nodes}
+    pools = {t: 0 for t in pool_nodes}
     if not any(reserve.values()):
         return ReserveHolders(pools, dict(pools), dict(pools))
     online_all, online, fast = dict(pools), dict(pools), dict(pools)
-    ck, rules, cycle_s = core.config.checkpoint, core.config.preemption, core.config.cycle_s
-    pending, vacating = core.elastic.pending, core.vacating
-    for job_id, r in core.running.items():
+    ck, rules, cycle_s = book.config.checkpoint, book.config.preemption, book.config.cycle_s
+    pending, vacating = book.elastic.pending, book.vacating
+    for job_id, r in book.running.items():
         spec = r.spec
         if spec.kind is JobKind.ONLINE:
             online_all[r.gpu_type] += spec.gpu_count
@@ -185,3 +190,48 @@ def reserve_holders(core: Scheduler, reserve: Mapping[str, int]) -> ReserveHolde
         if may_hold_reserve(rules, cycle_s, spec, ck.write_s(spec.state_gib_per_gpu), preemptions):
             fast[r.gpu_type] += spec.gpu_count
     return ReserveHolders(online_all, online, fast)
+
+
+def cycle_view(
+    book: JobBook,
+    fleet: Fleet,
+    placement: ScoringPolicy,
+    rng: np.random.Generator,
+    now: float,
+    deferred: set[str],
+    rank: Mapping[str, int] | None = None,
+) -> CycleView:
+    """What the policy plans from. Running jobs are seen through RunningViews (each made
+    when the plan first reads it) and the totals the book keeps, so a cycle costs what the
+    plan looks at, not one view per running job."""
+    cfg = book.config
+    ck = cfg.checkpoint
+    reserve = fleet.reserve_now()
+    lent = book.elastic.hidden(book.claims) if book.elastic.claimants else set()
+    pending = [
+        PendingView(
+            r.spec, r.gpu_type, r.ready_s, ck.write_s(r.spec.state_gib_per_gpu), r.preemptions
+        )
+        for r in book.visible(now, deferred, rank)
+        if r.job_id not in lent
+    ]
+    return CycleView(
+        now_s=now,
+        cycle_s=cfg.cycle_s,
+        state=book.state,
+        running=RunningViews(book, now),
+        pending=pending,
+        claimed=frozenset(book.claims),
+        vacating=frozenset(book.vacating),
+        quotas=book.quotas,
+        pool_nodes=fleet.pool_nodes,
+        team_nodes=fleet.team_nodes,
+        reserve=reserve,
+        rules=cfg.preemption,
+        rng=rng,
+        placement=placement,
+        claims={c: frozenset(v) for c, v in book.claims.items()},
+        rank=rank,
+        held=book.held,
+        holders=reserve_holders(book, fleet.pool_nodes, reserve),
+    )

@@ -1,0 +1,261 @@
+"""Services: replicas that follow demand. Each service gets the replicas its expected peak
+needs (the demand rule), or more when what its replicas measured breaks the SLO (the SLO
+rule); surplus replicas are cancelled once demand has stayed low, waiting ones first, then
+those on the emptiest nodes, so the GPUs freed join other free GPUs instead of leaving
+holes. The stage owns the services, their demand and load and its scaling history."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from typing import ClassVar
+
+from gpupool.domain.lifecycle import JobState
+from gpupool.domain.model import MILLI_PER_GPU, JobKind, JobSpec
+from gpupool.errors import NotFoundError
+from gpupool.scheduler.book import JobBook
+from gpupool.scheduler.commands import Cancel, Command, Scale
+from gpupool.scheduler.config import SchedulerConfig
+from gpupool.scheduler.cycle.base import CycleContext
+from gpupool.scheduler.events import ServiceDemand, ServiceLoad
+from gpupool.scheduler.jobs import JobRecord, ServiceTemplate
+
+SubmitReplica = Callable[[JobSpec, float, str], JobRecord]
+"""How the stage adds a replica: the core's submit, which chooses its pool."""
+
+SLO_RELEASE = 0.9
+"""Replicas the SLO rule added stay until the measured rate is below this share of the
+rate that needed them: the demand rule alone would take them back at once and flap."""
+
+
+class ServiceAutoscale:
+    name: ClassVar[str] = "service-autoscale"
+
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        book: JobBook,
+        services: Sequence[ServiceTemplate],
+        submit: SubmitReplica,
+        replica_id: Callable[[str, int, int], str] | None,
+    ) -> None:
+        self.config = config
+        self.book = book
+        self.submit = submit
+        self.services = {s.name: s for s in services}
+        self.replica_id = replica_id
+        """replica_id(service, seq, gpu_milli): the id of a new replica, given by the
+        driver (the live service makes each replica a job row); default `<service>-r<seq>`."""
+        self.demand: dict[str, float] = {}
+        self.load: dict[str, ServiceLoad] = {}
+        """Each service's last measured load (ServiceLoad): what the SLO rule reads."""
+        self.below_since: dict[str, float] = {}
+        """Since when each service's demand has been below its replicas (scale-down waits)."""
+        self.slo_floor: dict[str, tuple[int, float]] = {}
+        """Replicas the SLO rule added, and the rate that needed them: held until it falls."""
+        self.scaled_at: dict[str, float] = {}
+        """When each service's replica count last changed (the SLO rule waits a window)."""
+        self.replica_seq: dict[str, int] = defaultdict(int)
+
+    # ---- services come and go -----------------------------------------------------------------
+    def known(self, name: str) -> ServiceTemplate:
+        svc = self.services.get(name)
+        if svc is None:
+            raise NotFoundError(f"service {name} is not known to the scheduler")
+        return svc
+
+    def add(self, template: ServiceTemplate) -> None:
+        self.services[template.name] = template
+
+    def restore(self, name: str, replicas_made: int) -> None:
+        """After a restart: the replicas this service made so far (ids stay unique)."""
+        self.known(name)
+        self.replica_seq[name] = replicas_made
+
+    def remove(self, name: str, now: float, reason: str) -> list[Command]:
+        """The service is gone: its waiting replicas end, its running ones are cancelled
+        (the driver stops them with their grace)."""
+        self.known(name)
+        book = self.book
+        mine = list(book.replicas[name].values())
+        out: list[Command] = []
+        dropped = []
+        for r in mine:
+            holding = r.state is JobState.RUNNING
+            book.claims.pop(r.job_id, None)
+            book.finished(r.job_id, now, JobState.CANCELLED, reason)
+            if holding:
+                out.append(Cancel(r.job_id, reason))
+            else:
+                dropped.append(r.job_id)
+        out.insert(0, Scale(name, len(mine), 0, reason, tuple(dropped)))
+        del self.services[name]
+        book.replicas.pop(name, None)
+        for table in (self.demand, self.load, self.below_since, self.scaled_at, self.slo_floor):
+            table.pop(name, None)
+        book.dirty = True
+        return out
+
+    def observe_demand(self, event: ServiceDemand) -> None:
+        self.known(event.service)
+        self.demand[event.service] = event.peak_rps
+
+    def observe_load(self, event: ServiceLoad) -> None:
+        self.known(event.service)
+        self.load[event.service] = event
+
+    def replicas_needed(self, name: str, load_rps: float, shared: bool) -> int:
+        svc = self.services[name]
+        want = self.replicas_needed_raw(name, load_rps, shared)
+        return min(max(want, svc.min_replicas), svc.max_replicas)
+
+    def replicas_needed_raw(self, name: str, load_rps: float, shared: bool) -> int:
+        """Replicas the load needs, before the service's bounds."""
+        svc = self.services[name]
+        cfg = self.config
+        speed = cfg.colocation.speed(JobKind.ONLINE, self.sharers_per_gpu(name)) if shared else 1.0
+        return math.ceil(load_rps * cfg.autoscale_headroom / (svc.replica_rps * speed) - 1e-9)
+
+    def sharers_per_gpu(self, name: str) -> int:
+        """How many of a service's replicas one GPU holds: `share_cap`, else as many as its
+        share lets (no cap)."""
+        cap = self.config.share_cap
+        by_share = max(1, MILLI_PER_GPU // self.services[name].replica_gpu_milli)
+        return by_share if cap is None else cap
+
+    def sharing_pays(self, name: str, load_rps: float) -> bool:
+        """Pack a service's replicas onto shared GPUs only where the model says it helps: the
+        p99 next to `share_cap - 1` neighbours still meets the SLO, and the GPUs the shared
+        replicas take (slowed by time-slicing) are fewer than whole-GPU replicas."""
+        svc = self.services[name]
+        cfg = self.config
+        if svc.replica_gpu_milli >= MILLI_PER_GPU:
+            return False
+        neighbours = self.sharers_per_gpu(name) - 1
+        p99 = svc.base_p99_ms * cfg.colocation.online_p99_factor([JobKind.ONLINE] * neighbours)
+        if p99 > svc.slo_p99_ms:
+            return False
+        shared_gpus = self.replicas_needed(name, load_rps, True) * svc.replica_gpu_milli / 1000
+        return shared_gpus < self.replicas_needed(name, load_rps, False)
+
+    def slo_rule(self, name: str, have: int, now: float) -> tuple[int, str] | None:
+        """Replicas the measured load asks for, and why: more when the p99 is over the SLO
+        (one more) or the requests per replica are over `replica_rps` (enough for the rate
+        with headroom). None: no fresh measurement, every replica not yet up, or a change
+        made less than one measuring window ago (what was measured predates it)."""
+        svc = self.services[name]
+        load = self.load.get(name)
+        cfg = self.config
+        window = cfg.autoscale_load_window_s
+        if load is None or now - load.t_s > window + 1e-9 or load.replicas_reporting < 1:
+            return None
+        running = sum(r.state is JobState.RUNNING for r in self.book.replicas[name].values())
+        if running < have or load.replicas_reporting < running:
+            return None  # a scale-up in flight: its replicas are not measured yet
+        if now - self.scaled_at.get(name, -math.inf) < window - 1e-9:
+            return None
+        per = load.rps / load.replicas_reporting
+        want, why = have, ""
+        if per > svc.replica_rps:
+            want = max(
+                have + 1, math.ceil(load.rps * cfg.autoscale_headroom / svc.replica_rps - 1e-9)
+            )
+            why = f"{per:.0f} rps/replica > {svc.replica_rps:g} rps/replica at {load.rps:.0f} rps"
+        if load.p99_ms is not None and load.p99_ms > svc.slo_p99_ms:
+            want = max(want, have + 1)
+            why = f"p99 {load.p99_ms:.0f} ms > {svc.slo_p99_ms:g} ms at {per:.0f} rps/replica"
+        return (min(want, svc.max_replicas), why) if want > have else None
+
+    def run(self, ctx: CycleContext) -> list[Command]:
+        """Each service to the replicas its expected peak needs (the demand rule), or more
+        when what its replicas measured breaks the SLO (the SLO rule): new replicas are
+        submitted, surplus ones cancelled once demand has stayed low `down_stable_s`
+        (waiting ones first, then those on the emptiest nodes, so the GPUs freed join
+        other free GPUs instead of leaving holes). Each change comes with a Scale notice."""
+        now = ctx.now_s
+        if not self.services:
+            return []
+        out: list[Command] = []
+        cfg = self.config
+        for svc in self.services.values():
+            peak = self.demand.get(svc.name, 0.0)
+            shared = self.sharing_pays(svc.name, peak)
+            want = self.replicas_needed(svc.name, peak, shared)
+            mine = list(self.book.replicas[svc.name].values())
+            have = len(mine)
+            why = f"expected peak {peak:.0f} rps at {svc.replica_rps:g} rps/replica"
+            if want == svc.min_replicas and self.replicas_needed_raw(svc.name, peak, shared) < want:
+                why = f"{why}; at least {svc.min_replicas} (the minimum)"
+            load = self.load.get(svc.name)
+            fresh = (
+                load if load is not None and now - load.t_s <= cfg.autoscale_load_window_s else None
+            )
+            floor = self.slo_floor.get(svc.name)
+            if floor is not None:
+                held, at_rps = floor
+                if fresh is not None and fresh.rps < SLO_RELEASE * at_rps:
+                    del self.slo_floor[svc.name]  # the load that needed them has passed
+                elif want < held:
+                    want = held
+                    why = (
+                        f"held at {held} by the SLO rule until the rate falls below "
+                        f"{SLO_RELEASE * at_rps:.0f} rps"
+                    )
+            slo = self.slo_rule(svc.name, have, now)
+            if slo is not None and slo[0] > want and fresh is not None:
+                want, why = slo
+                self.slo_floor[svc.name] = (want, fresh.rps)
+            if want < have:
+                since = self.below_since.setdefault(svc.name, now)
+                if now - since < cfg.autoscale_down_stable_s - 1e-9:
+                    continue
+                if cfg.autoscale_down_stable_s > 0:
+                    why += f", low for {now - since:.0f} s"
+            else:
+                self.below_since.pop(svc.name, None)
+            if want == have:
+                continue
+            self.scaled_at[svc.name] = now
+            self.below_since.pop(svc.name, None)
+            dropped: list[str] = []
+            cancels: list[Command] = []
+            if have < want:
+                for _ in range(want - have):
+                    self.replica_seq[svc.name] += 1
+                    seq = self.replica_seq[svc.name]
+                    milli = svc.replica_gpu_milli if shared else MILLI_PER_GPU
+                    job = JobSpec(
+                        job_id=(
+                            self.replica_id(svc.name, seq, milli)
+                            if self.replica_id is not None
+                            else f"{svc.name}-r{seq}"
+                        ),
+                        gpu_count=1,
+                        gpu_milli=milli,
+                        gpu_models=svc.gpu_models,
+                        team=svc.team,
+                        priority=svc.priority,
+                        kind=JobKind.ONLINE,
+                        submit_s=now,
+                    )
+                    self.submit(job, now, svc.name)
+            else:
+                mine.sort(key=lambda r: (r.state is JobState.RUNNING, -self.node_free(r)))
+                for r in mine[: have - want]:
+                    self.book.claims.pop(r.job_id, None)
+                    holding = r.state is JobState.RUNNING
+                    self.book.finished(r.job_id, now, JobState.CANCELLED, "scaled down")
+                    if holding:
+                        cancels.append(Cancel(r.job_id, "scaled down"))
+                    else:
+                        dropped.append(r.job_id)
+            out.append(Scale(svc.name, have, want, why, tuple(dropped)))
+            out += cancels
+        return out
+
+    def node_free(self, r: JobRecord) -> int:
+        placement = self.book.state.placements.get(r.spec.job_id)
+        if placement is None:
+            return 0
+        return int(self.book.state.whole_free[placement.shares[0].node])
