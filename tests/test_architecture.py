@@ -105,11 +105,6 @@ KNOWN: dict[str, set[tuple[str, ...]]] = {
     },
     "layers": {
         (
-            "gpupool.loadgen",
-            "gpupool.sim.scenario.generators",
-            "only the simulator and the command line import the simulator",
-        ),
-        (
             "gpupool.server.main",
             "gpupool.cli.verbs",
             "the server imports no simulator and no command line",

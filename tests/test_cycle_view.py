@@ -16,8 +16,8 @@ from gpupool.domain.lifecycle import JobState
 from gpupool.policies.cycle.priority_quota import CycleView, victim_table
 from gpupool.scheduler import Scheduler
 from gpupool.sim.scenario.config import load_scenario
-from gpupool.sim.scenario.generators import find_traces_dir
 from gpupool.sim.scenario.world import run_scenario
+from gpupool.traces.location import find_traces_dir
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
 
