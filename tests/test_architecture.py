@@ -87,7 +87,6 @@ KNOWN: dict[str, set[tuple[str, ...]]] = {
         ("gpupool.sim.scenario.world",),
     },
     "private": {
-        ("gpupool.cli.loadgen", "uses another module's ._request"),
         ("gpupool.scheduler.elastic", "uses another module's ._wake_claims"),
         ("gpupool.scheduler.waiting", "uses another module's ._limit_reason"),
         ("gpupool.scheduler.waiting", "uses another module's ._running_counts"),

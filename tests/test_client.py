@@ -774,3 +774,12 @@ def test_submit_gives_up_naming_the_key_to_rerun_with(
 )
 def test_printable_escapes_controls_and_keeps_text(text: str, shown: str) -> None:
     assert client_cli.printable(text) == shown
+
+
+def test_the_terminal_state_names_are_the_ones_the_server_stores() -> None:
+    from gpupool.domain.lifecycle import STATE_NAMES, TERMINAL_NAMES
+    from gpupool.server.store import STATE_OF
+    from gpupool.server.store import TERMINAL as STORED_TERMINAL
+
+    assert STATE_NAMES == STATE_OF
+    assert TERMINAL_NAMES == STORED_TERMINAL == TERMINAL
