@@ -55,7 +55,7 @@ GROUPS: tuple[CommandGroup, ...] = (
         (("loadgen", "send trace-shaped HTTP load to a service's replicas on loopback"),),
     ),
     CommandGroup(
-        "gpupool.cli.jobs",
+        "gpupool.cli.remote",
         "add_client_parsers",
         "run_client",
         (
