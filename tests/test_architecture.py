@@ -102,11 +102,6 @@ KNOWN: dict[str, set[tuple[str, ...]]] = {
     },
     "layers": {
         (
-            "gpupool.server.main",
-            "gpupool.cli.verbs",
-            "the server imports no simulator and no command line",
-        ),
-        (
             "gpupool.sim.scenario.fleet",
             "gpupool.server.executors.local",
             "the simulator imports no server module and no command line",

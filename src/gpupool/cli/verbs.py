@@ -81,9 +81,9 @@ GROUPS: tuple[CommandGroup, ...] = (
         ),
     ),
     CommandGroup(
-        "gpupool.server.main",
+        "gpupool.cli.serve",
         "add_serve_parser",
-        "serve",
+        "run_serve",
         (("serve", "run the scheduler service (API, database, local executor, GPU telemetry)"),),
     ),
 )
