@@ -17,7 +17,7 @@ from typing import Any
 
 from gpupool.cli import table
 
-DRAIN_STATES = ("draining", "drained")
+_DRAIN_STATES = ("draining", "drained")
 
 
 def why_text(j: dict[str, Any]) -> str:
@@ -64,7 +64,7 @@ def gpu_table(nodes: list[dict[str, Any]]) -> str:
                     "-" if g.get("job_id") is None else g["job_id"],
                     "yes" if g.get("reclaimable") else "",
                     ("ok" if healthy else (g.get("problem") or "unhealthy"))
-                    + (f" ({node['state']})" if node.get("state") in DRAIN_STATES else ""),
+                    + (f" ({node['state']})" if node.get("state") in _DRAIN_STATES else ""),
                 ]
             )
             rows[-1] = _safe(rows[-1])
