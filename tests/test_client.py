@@ -15,9 +15,12 @@ from typing import Any
 import httpx
 import pytest
 
-from gpupool.cli import jobs as client_cli
-from gpupool.cli.jobs import CLEAR, parse_duration
+from gpupool.cli import remote as client_cli
+from gpupool.cli.jobs import POLL_S
 from gpupool.cli.main import main
+from gpupool.cli.nodes import CLEAR
+from gpupool.cli.parse import parse_duration
+from gpupool.cli.render import printable
 from gpupool.client import DEFAULT_URL, AuthError, Client, client_settings
 from gpupool.errors import ConflictError, GpupoolError, NotFoundError, SpecError
 
@@ -415,7 +418,7 @@ def test_logs_follow_reads_every_offset_until_the_job_ends(
     assert offsets == sorted(offsets) and offsets[-1] == len(b"".join(chunks))
     assert 14 in offsets, "the read of bytes 11-15 ends inside 'é' and stops before it"
     assert client_cli.sleep.calls  # type: ignore[attr-defined]
-    assert set(client_cli.sleep.calls) == {client_cli.POLL_S}  # type: ignore[attr-defined]
+    assert set(client_cli.sleep.calls) == {POLL_S}  # type: ignore[attr-defined]
 
 
 def test_logs_without_follow_drains_and_stops(
@@ -773,4 +776,13 @@ def test_submit_gives_up_naming_the_key_to_rerun_with(
     ],
 )
 def test_printable_escapes_controls_and_keeps_text(text: str, shown: str) -> None:
-    assert client_cli.printable(text) == shown
+    assert printable(text) == shown
+
+
+def test_the_terminal_state_names_are_the_ones_the_server_stores() -> None:
+    from gpupool.domain.lifecycle import STATE_NAMES, TERMINAL_NAMES
+    from gpupool.server.store import STATE_OF
+    from gpupool.server.store import TERMINAL as STORED_TERMINAL
+
+    assert STATE_NAMES == STATE_OF
+    assert TERMINAL_NAMES == STORED_TERMINAL == TERMINAL

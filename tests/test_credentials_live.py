@@ -25,7 +25,7 @@ import httpx
 import pytest
 import uvicorn
 
-from gpupool.cli import jobs as client_cli
+from gpupool.cli import remote as client_cli
 from gpupool.cli.main import main
 from gpupool.client import Client
 from gpupool.ports.clock.fake import ManualClock

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpupool.cli.jobs import _gpu_request
+from gpupool.cli.parse import gpu_request
 from gpupool.domain.lifecycle import JobState
 from gpupool.domain.model import Cluster, JobKind, JobSpec, Node
 from gpupool.errors import ConflictError, SpecError
@@ -275,13 +275,13 @@ def test_elastic_ranges_are_checked_with_clear_errors() -> None:
         JobSpec("x", gpu_count=2, gpu_count_min=3, kind=JobKind.OFFLINE)
     with pytest.raises(SpecError, match="only offline-inference, batch and training"):
         JobSpec("x", gpu_count=4, gpu_count_min=2, kind=JobKind.ONLINE)
-    assert _gpu_request("2..4", None) == {"gpus": 4, "gpus_min": 2}
-    assert _gpu_request("4..4", None) == {"gpus": 4}
+    assert gpu_request("2..4", None) == {"gpus": 4, "gpus_min": 2}
+    assert gpu_request("4..4", None) == {"gpus": 4}
     for bad, why in (("4..2", "1 <= MIN <= MAX"), ("2..x", "two whole numbers"), ("0..2", "1 <=")):
         with pytest.raises(SpecError, match=why):
-            _gpu_request(bad, None)
+            gpu_request(bad, None)
     with pytest.raises(SpecError, match="drop --gpu-mem"):
-        _gpu_request("2..4", "20GiB")
+        gpu_request("2..4", "20GiB")
     job = NewJob(
         name="x", team="t", kind="online-inference", priority=0, gpu_count=4, command=("x",)
     )

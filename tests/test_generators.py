@@ -22,10 +22,10 @@ from gpupool.sim.scenario.generators import (
     GenContext,
     azure_envelope,
     build_workload,
-    find_traces_dir,
     lognormal_params,
 )
 from gpupool.sim.scenario.workload import Workload
+from gpupool.traces.location import find_traces_dir
 
 DAY = 86_400.0
 HOUR = 3600.0

@@ -214,14 +214,14 @@ def test_learned_fgd_measures_fragmentation_against_the_shapes_submitted() -> No
 
 # ---- the client's flags ------------------------------------------------------------------------
 def test_submit_flags_for_part_of_one_gpu() -> None:
-    from gpupool.cli.jobs import _gpu_request, parse_mem_mib
+    from gpupool.cli.parse import gpu_request, parse_mem_mib
 
-    assert _gpu_request("2", None) == {"gpus": 2}
-    assert _gpu_request("0.25", None) == {"gpus": 1, "gpu_share": 0.25}
-    assert _gpu_request(None, "18GiB") == {"gpus": 1, "gpu_mem_mib": 18 * 1024}
+    assert gpu_request("2", None) == {"gpus": 2}
+    assert gpu_request("0.25", None) == {"gpus": 1, "gpu_share": 0.25}
+    assert gpu_request(None, "18GiB") == {"gpus": 1, "gpu_mem_mib": 18 * 1024}
     assert parse_mem_mib("512MiB") == 512 and parse_mem_mib("1.5G") == 1536
     for bad in (("1.5", None), ("0.25", "8GiB"), ("2", "8GiB")):
         with pytest.raises(SpecError):
-            _gpu_request(*bad)
+            gpu_request(*bad)
     with pytest.raises(SpecError, match="binary unit"):
         parse_mem_mib("20GB")

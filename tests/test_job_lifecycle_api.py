@@ -16,7 +16,7 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from gpupool.cli import jobs as client_cli
+from gpupool.cli import remote as client_cli
 from gpupool.cli.main import main
 from gpupool.errors import ConflictError
 from gpupool.ports.clock.fake import ManualClock

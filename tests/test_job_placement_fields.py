@@ -24,9 +24,9 @@ from alembic.config import Config
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
 
-from gpupool.cli import jobs as client_cli
-from gpupool.cli.jobs import parse_deadline
+from gpupool.cli import remote as client_cli
 from gpupool.cli.main import main
+from gpupool.cli.parse import parse_deadline
 from gpupool.errors import ConflictError, SpecError
 from gpupool.ports.clock.fake import ManualClock
 from gpupool.server.api.app import create_app

@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import create_engine, text
 
-from gpupool.cli import jobs as client_cli
+from gpupool.cli import remote as client_cli
 from gpupool.cli.main import main
 from gpupool.domain.lifecycle import JobState
 from gpupool.domain.model import JobKind, JobSpec

@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from gpupool.cli.main import build_parser, main
+from gpupool.cli.serve import serve_options
 from gpupool.domain.quota import QuotaWindow, TeamQuota
 from gpupool.errors import SpecError
 from gpupool.policies.preemption import PreemptionRules
@@ -26,7 +27,7 @@ from gpupool.scheduler.config_schema import (
     parse_scheduling,
 )
 from gpupool.server.loop.driver import LIVE_DEFAULTS
-from gpupool.server.main import load_service_config, service_scheduling
+from gpupool.server.main import ServeOptions, load_service_config, service_scheduling
 from gpupool.sim.scenario.config import parse_scenario
 
 # Every scheduling key, and every field of each nested section, given explicitly.
@@ -90,8 +91,8 @@ def fields(config: SchedulerConfig) -> dict[str, Any]:
     return {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
 
 
-def serve_args(*argv: str) -> Any:
-    return build_parser().parse_args(["serve", *argv])
+def serve_args(*argv: str) -> ServeOptions:
+    return serve_options(build_parser().parse_args(["serve", *argv]))
 
 
 # ---- one section, two drivers ---------------------------------------------------------------
@@ -150,6 +151,10 @@ def test_scenario_defaults_are_unchanged() -> None:
 
 
 # ---- --cycle and the file ---------------------------------------------------------------------
+def test_serve_without_flags_runs_with_the_options_defaults() -> None:
+    assert serve_args() == ServeOptions()
+
+
 def test_cycle_from_the_command_line_overrides_the_file(tmp_path: Path) -> None:
     path = write(tmp_path, "cycle_s: 5\n")
     assert service_scheduling(serve_args()).cycle_s == 1.0  # LIVE_DEFAULTS

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from gpupool.cli import jobs as client_cli
 from gpupool.cli import main as gpupool_cli
+from gpupool.cli import remote as client_cli
 from gpupool.ports.clock.fake import ManualClock
 from gpupool.server.api.app import create_app
 from gpupool.server.executors.local import FakeExecutor

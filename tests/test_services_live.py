@@ -29,7 +29,7 @@ import httpx
 import pytest
 
 from gpupool.loadgen import OK, RateProfile, replica_urls, run
-from gpupool.sim.scenario.generators import find_traces_dir
+from gpupool.traces.location import find_traces_dir
 from service_proc import Server, cli, wait_for
 
 CONFIG = """\

@@ -19,10 +19,11 @@ import yaml
 from gpupool.errors import SpecError
 from gpupool.reports.review_data import ReviewData
 from gpupool.sim.scenario.config import ScenarioConfig, parse_scenario
-from gpupool.sim.scenario.generators import GenContext, build_workload, find_traces_dir
+from gpupool.sim.scenario.generators import GenContext, build_workload
 from gpupool.sim.scenario.review_source import ORIGIN_S, review_data, wait_by_reason
 from gpupool.sim.scenario.usage import IDLE_MEM_FRACTION
 from gpupool.sim.scenario.world import ScenarioSim, run_scenario
+from gpupool.traces.location import find_traces_dir
 
 H = 3600.0
 SMALL = """

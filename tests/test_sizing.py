@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from gpupool.cli.main import main
-from gpupool.cli.plan import parse_count, parse_duration
+from gpupool.cli.parse import parse_count
+from gpupool.cli.plan import parse_duration
 from gpupool.errors import NotFoundError, SpecError
 from gpupool.sizing import (
     ModelShape,

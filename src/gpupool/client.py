@@ -19,10 +19,10 @@ import httpx
 import yaml
 
 from gpupool import __version__
+from gpupool.domain.lifecycle import TERMINAL_NAMES
 from gpupool.errors import ConflictError, GpupoolError, NotFoundError, SpecError
 
 DEFAULT_URL = "http://127.0.0.1:8642"
-TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
 
 
 class AuthError(GpupoolError):
@@ -340,7 +340,7 @@ class Client:
                 f"{self.url} sent job {id}'s log without a valid X-Log-Offset header; {_PROTOCOL}"
             ) from None
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
-        text = decoder.decode(resp.content, final=state in TERMINAL_STATES)
+        text = decoder.decode(resp.content, final=state in TERMINAL_NAMES)
         held_back = len(decoder.getstate()[0])
         return text, next_offset - held_back, state
 
@@ -356,6 +356,11 @@ class Client:
             timeout=self.timeout_s + wait_s,
         )
         return _object(resp)
+
+    def get_json(self, path: str) -> Any:
+        """GET any path of the API once and return its decoded JSON as it came (no shape
+        checked): for callers that read a document this client has no method for."""
+        return self._request("GET", path).json()
 
     def _request(
         self,

@@ -46,6 +46,7 @@ import numpy as np
 
 from gpupool.errors import NotFoundError, SpecError
 from gpupool.traces.azure_llm import read_azure_llm
+from gpupool.traces.location import TRACES_ENV, find_traces_dir
 
 AZURE_DIR = "azure-llm-inference-2023"
 TRACE_FILES = {
@@ -217,8 +218,6 @@ class TraceRequest:
 def trace_path(trace: str, traces_dir: Path | None = None) -> Path:
     """The Azure file for 'conv' or 'code', under traces_dir or the folder gpupool finds
     ($GPUPOOL_TRACES, else a shared/traces above the working directory)."""
-    from gpupool.sim.scenario.generators import TRACES_ENV, find_traces_dir
-
     if trace not in TRACE_FILES:
         raise SpecError(f"unknown trace {trace!r}; choose from {', '.join(TRACE_FILES)}")
     folder = traces_dir if traces_dir is not None else find_traces_dir()

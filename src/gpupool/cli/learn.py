@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from gpupool.cli.output import emit
 from gpupool.cli.table import render
 from gpupool.cli.verbs import HELP
 from gpupool.errors import SpecError
@@ -188,13 +189,11 @@ def cmd_learn_status(client: Client, args: argparse.Namespace) -> int:
     view = client.learn()
     ev = _replay_for(client, view, args.days)
     ok, sentence = verdict(ev, int(view["min_jobs"]))
-    if args.json:
-        import json
-
-        print(json.dumps({**view, "replay": ev, "replay_wins": ok}, indent=2))
-        return 0
-    print(status_text(view, ev, sentence, time.time()))
-    return 0
+    return emit(
+        args,
+        {**view, "replay": ev, "replay_wins": ok},
+        lambda: status_text(view, ev, sentence, time.time()),
+    )
 
 
 def cmd_learn_promote(client: Client, args: argparse.Namespace) -> int:
@@ -205,24 +204,12 @@ def cmd_learn_promote(client: Client, args: argparse.Namespace) -> int:
         print(f"gpupool: promotion refused: {sentence}")
         return 1
     after = client.learn_promote(ev)
-    if args.json:
-        import json
-
-        print(json.dumps(after, indent=2))
-    else:
-        print(f"{sentence}; the learned policy is now {after['mode']}")
-    return 0
+    return emit(args, after, lambda: f"{sentence}; the learned policy is now {after['mode']}")
 
 
 def cmd_learn_demote(client: Client, args: argparse.Namespace) -> int:
     after = client.learn_demote(args.reason)
-    if args.json:
-        import json
-
-        print(json.dumps(after, indent=2))
-    else:
-        print(f"the learned policy is now {after['mode']}: the rules decide")
-    return 0
+    return emit(args, after, lambda: f"the learned policy is now {after['mode']}: the rules decide")
 
 
 # ---- the status text -----------------------------------------------------------------------

@@ -124,9 +124,7 @@ def run_loadgen(args: argparse.Namespace) -> int:
         ca_cert = ca_cert_setting(args.ca_cert) if url.startswith("https://") else None
         client = Client(url, token, timeout_s=2.0, ca_cert=ca_cert)
         close = client.close
-        targets = loadgen.service_targets(
-            lambda path: client._request("GET", path).json(), args.service
-        )
+        targets = loadgen.service_targets(client.get_json, args.service)
     else:
         targets = loadgen.static_targets(args.target)
     max_requests = loadgen.MAX_REQUESTS if args.max_requests is None else args.max_requests

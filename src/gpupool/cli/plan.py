@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from gpupool.cli.parse import parse_count, parse_counts
 from gpupool.cli.table import render
 from gpupool.cli.verbs import HELP
 from gpupool.errors import GpupoolError, SpecError
@@ -34,7 +35,6 @@ column and the columns to change, e.g. price_usd_per_hour). Formulas: docs/sizin
 """
 
 _UNITS_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-_SUFFIX = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
 
 
 def add_plan_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -116,28 +116,6 @@ def parse_duration(text: str) -> float:
     return value
 
 
-def parse_count(text: str, what: str = "--tokens") -> float:
-    """'5e8', '500M', '2B', '10k' -> a number."""
-    raw = text.strip().lower().replace("_", "").replace(",", "")
-    match = re.fullmatch(r"(\d+(?:\.\d+)?(?:e\d+)?)\s*([kmbgt]?)", raw)
-    if not match:
-        raise SpecError(f"{what} {text!r}: use a number such as 5e8, 500M or 2B")
-    value = float(match.group(1)) * _SUFFIX[match.group(2)]
-    if not value > 0:
-        raise SpecError(f"{what} must be more than zero")
-    return value
-
-
-def _counts(text: str) -> tuple[int, ...]:
-    try:
-        counts = tuple(int(c) for c in text.split(",") if c.strip())
-    except ValueError:
-        raise SpecError(f"--counts {text!r}: use whole numbers, e.g. 1,2,4,8") from None
-    if not counts or min(counts) < 1:
-        raise SpecError(f"--counts {text!r}: counts must be 1 or more")
-    return counts
-
-
 def build_request(args: argparse.Namespace) -> PlanRequest:
     shape: ModelShape = get_shape(args.model) if args.model else parse_shape(args.shape)
     context = args.context if args.context is not None else 4096
@@ -154,7 +132,7 @@ def build_request(args: argparse.Namespace) -> PlanRequest:
         batch=args.batch,
         tokens=parse_count(args.tokens) if args.tokens else None,
         deadline_s=parse_duration(args.deadline) if args.deadline else None,
-        counts=_counts(args.counts),
+        counts=tuple(parse_counts(args.counts)),
         gpus=gpus,
         zero_stage=args.zero_stage,
         recompute=args.recompute,

@@ -1,33 +1,22 @@
-"""`gpupool service create / ls / show / scale / delete`: online services on a server."""
+"""`gpupool service create / ls / show / scale / delete`: online services on a server.
+
+Parsing is cli/parse.py's, the text cli/render.py's, and --json goes through
+cli/output.py's emit().
+"""
 
 from __future__ import annotations
 
 import argparse
-import json
-import re
-import time
 from typing import TYPE_CHECKING, Any
 
-from gpupool.cli.table import render
+from gpupool.cli.output import emit
+from gpupool.cli.parse import parse_env, parse_mem_mib, parse_priority, parse_replicas
+from gpupool.cli.render import service_table, service_text
 from gpupool.cli.verbs import HELP
 from gpupool.errors import SpecError
 
 if TYPE_CHECKING:
     from gpupool.client import Client
-
-_RANGE = re.compile(r"(\d+)(?:\.\.(\d+))?")
-
-
-def parse_replicas(text: str) -> tuple[int, int]:
-    """'1..8' -> (1, 8); '3' -> (3, 3)."""
-    match = _RANGE.fullmatch(text.strip())
-    if match is None:
-        raise SpecError(f"replicas {text!r}: give MIN..MAX (e.g. 1..8) or one number")
-    low = int(match.group(1))
-    high = int(match.group(2)) if match.group(2) is not None else low
-    if low > high or high < 1:
-        raise SpecError(f"replicas {text}: give MIN..MAX with MIN <= MAX and MAX >= 1")
-    return low, high
 
 
 def add_service_parsers(sub: Any, conn: argparse.ArgumentParser, as_json: Any) -> None:
@@ -97,8 +86,6 @@ def add_service_parsers(sub: Any, conn: argparse.ArgumentParser, as_json: Any) -
 
 
 def cmd_create(client: Client, args: argparse.Namespace) -> int:
-    from gpupool.cli.jobs import parse_env, parse_mem_mib, parse_priority
-
     if not args.svc_argv:
         raise SpecError(
             "give each replica's command after --, e.g. gpupool service create chat "
@@ -130,104 +117,36 @@ def cmd_create(client: Client, args: argparse.Namespace) -> int:
     if args.env:
         spec["env"] = parse_env(args.env)
     out = client.create_service(spec)
-    if args.json:
-        print(json.dumps(out, indent=2))
-    else:
-        print(
+    return emit(
+        args,
+        out,
+        lambda: (
             f"service {out['name']} created for team {out['team']}: replicas "
             f"{out['min_replicas']}..{out['max_replicas']}, p99 SLO {out['slo_p99_ms']:g} ms"
-        )
-    return 0
-
-
-def _num(value: Any, fmt: str = "{:.1f}") -> str:
-    return "-" if value is None else fmt.format(value)
+        ),
+    )
 
 
 def cmd_ls(client: Client, args: argparse.Namespace) -> int:
     services = client.services()
-    if args.json:
-        print(json.dumps({"services": services}, indent=2))
-        return 0
-    if not services:
-        print("no services")
-        return 0
-    rows = [
-        [
-            s["name"],
-            s["team"],
-            f"{sum(r['state'] == 'running' for r in s['replicas'])}/{s['target_replicas']}",
-            f"{s['min_replicas']}..{s['max_replicas']}",
-            _num(s.get("rps")),
-            _num(s.get("p99_ms"), "{:.0f}"),
-            f"{s['slo_p99_ms']:g}",
-        ]
-        for s in services
-    ]
-    print(render(["service", "team", "serving", "bounds", "rps", "p99 ms", "SLO ms"], rows))
-    return 0
-
-
-def service_text(s: dict[str, Any]) -> str:
-    """What `gpupool service show` prints: the service, its replicas and its events."""
-    running = sum(r["state"] == "running" for r in s["replicas"])
-    starting = sum(r["state"] == "starting" for r in s["replicas"])
-    lines = [
-        f"service {s['name']}  team {s['team']}" + (f"  model {s['model']}" if s["model"] else ""),
-        f"replicas: {running} serving, {starting} starting of {s['target_replicas']} wanted "
-        f"(bounds {s['min_replicas']}..{s['max_replicas']})",
-        f"rps: {_num(s.get('rps'))}  p99: {_num(s.get('p99_ms'), '{:.0f}')} ms  "
-        f"(SLO {s['slo_p99_ms']:g} ms, {s['replica_rps']:g} rps/replica; "
-        f"{s.get('replicas_reporting', 0)} reporting)",
-    ]
-    rows = [
-        [
-            str(r["job_id"]),
-            r["name"],
-            r["state"],
-            r["node"] or "-",
-            ",".join(str(g["index"]) for g in r["gpus"]) or "-",
-            str(r["port"] or "-"),
-            _num(r.get("rps")),
-            _num(r.get("p99_ms"), "{:.0f}"),
-        ]
-        for r in s["replicas"]
-    ]
-    if rows:
-        lines.append("")
-        lines.append(
-            render(["job", "replica", "state", "node", "gpu", "port", "rps", "p99 ms"], rows)
-        )
-    events = s.get("events") or []
-    if events:
-        lines.append("")
-        lines.append("events:")
-        for e in events[-10:]:
-            stamp = time.strftime("%H:%M:%S", time.localtime(e["at"]))
-            lines.append(f"  {stamp}  {e['message']}")
-    return "\n".join(lines)
+    return emit(args, {"services": services}, lambda: service_table(services))
 
 
 def cmd_show(client: Client, args: argparse.Namespace) -> int:
     s = client.service(args.name)
-    print(json.dumps(s, indent=2) if args.json else service_text(s))
-    return 0
+    return emit(args, s, lambda: service_text(s))
 
 
 def cmd_scale(client: Client, args: argparse.Namespace) -> int:
     low, high = parse_replicas(args.replicas)
     s = client.scale_service(args.name, low, high)
-    if args.json:
-        print(json.dumps(s, indent=2))
-    else:
-        print(f"service {s['name']}: replicas {low}..{high}")
-    return 0
+    return emit(args, s, lambda: f"service {s['name']}: replicas {low}..{high}")
 
 
 def cmd_delete(client: Client, args: argparse.Namespace) -> int:
     s = client.delete_service(args.name)
-    if args.json:
-        print(json.dumps(s, indent=2))
-    else:
-        print(f"service {s['name']} deleted; its replicas stop with their grace period")
-    return 0
+    return emit(
+        args,
+        s,
+        lambda: f"service {s['name']} deleted; its replicas stop with their grace period",
+    )

@@ -55,7 +55,7 @@ GROUPS: tuple[CommandGroup, ...] = (
         (("loadgen", "send trace-shaped HTTP load to a service's replicas on loopback"),),
     ),
     CommandGroup(
-        "gpupool.cli.jobs",
+        "gpupool.cli.remote",
         "add_client_parsers",
         "run_client",
         (
@@ -81,9 +81,9 @@ GROUPS: tuple[CommandGroup, ...] = (
         ),
     ),
     CommandGroup(
-        "gpupool.server.main",
+        "gpupool.cli.serve",
         "add_serve_parser",
-        "serve",
+        "run_serve",
         (("serve", "run the scheduler service (API, database, local executor, GPU telemetry)"),),
     ),
 )

@@ -44,6 +44,23 @@ TRANSITIONS: dict[JobState, frozenset[JobState]] = {
 
 TERMINAL: frozenset[JobState] = frozenset(s for s, nxt in TRANSITIONS.items() if not nxt)
 
+STATE_NAMES: dict[JobState, str] = {
+    JobState.PENDING: "pending",
+    JobState.RUNNING: "running",
+    JobState.PREEMPTING: "preempting",
+    JobState.SUSPENDED: "suspended",
+    JobState.FINISHED: "succeeded",
+    JobState.FAILED: "failed",
+    JobState.CANCELLED: "cancelled",
+    JobState.UNPLACEABLE: "failed",
+}
+"""Each state as the server stores it and its API and command line show it: a finished
+job has succeeded, and one the fleet cannot run has failed."""
+
+TERMINAL_NAMES: frozenset[str] = frozenset(STATE_NAMES[s] for s in TERMINAL)
+"""The shown names of the states a job never leaves (succeeded, failed, cancelled), for
+clients that read states as the API sends them."""
+
 
 def check_transition(job_id: str, old: JobState, new: JobState) -> JobState:
     """Return `new` if the table allows old -> new, else raise IllegalTransition."""

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import csv
 import math
-import os
 import re
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -29,10 +28,10 @@ from gpupool.sim.scenario.usage import LatencyUpdate, UsageOverride, parse_updat
 from gpupool.sim.scenario.workload import LoadCurve, ServiceSpec, Workload
 from gpupool.traces.azure_llm import RequestArrival, arrival_rate_per_s, read_azure_llm
 from gpupool.traces.itp import read_itp
+from gpupool.traces.location import TRACES_ENV
 
 HOUR_S = 3600.0
 DAY_S = 86_400.0
-TRACES_ENV = "GPUPOOL_TRACES"
 
 PHILLY_RUNTIME = Path("philly") / "philly_runtime.csv"
 AZURE_DIR = Path("azure-llm-inference-2023")
@@ -350,21 +349,6 @@ def _range_text(what: str, lo: float | None, hi: float | None) -> str:
 
 # ---------------------------------------------------------------------------------------------
 # Trace files.
-
-
-def find_traces_dir(start: Path | None = None) -> Path | None:
-    """The public traces folder: $GPUPOOL_TRACES, else a `shared/traces` found walking up from
-    `start` (default: the working directory) or from this file; None if there is none."""
-    env = os.environ.get(TRACES_ENV)
-    if env and Path(env).expanduser().is_dir():
-        return Path(env).expanduser().resolve()
-    origin = (start if start is not None else Path.cwd()).resolve()
-    for base in (origin, Path(__file__).resolve().parent):
-        for folder in (base, *base.parents):
-            candidate = folder / "shared" / "traces"
-            if candidate.is_dir():
-                return candidate
-    return None
 
 
 def _trace_file(ctx: GenContext, generator: str, relative: Path) -> Path:

@@ -68,10 +68,11 @@ from gpupool.scheduler.commands import LearnGuard, LearnShadow
 from gpupool.scheduler.events import CycleAt
 from gpupool.sim.scenario.config import ScenarioConfig
 from gpupool.sim.scenario.energy_meter import EnergyMeter, HeatMap
-from gpupool.sim.scenario.generators import GenContext, build_workload, find_traces_dir
+from gpupool.sim.scenario.generators import GenContext, build_workload
 from gpupool.sim.scenario.usage import Recorder, base_p99_at
 from gpupool.sim.scenario.workload import ServiceSpec, Workload
 from gpupool.sizing.catalog import load_catalog
+from gpupool.traces.location import find_traces_dir
 
 if TYPE_CHECKING:
     from gpupool.reports.review_data import ReviewData
