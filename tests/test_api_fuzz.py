@@ -34,8 +34,8 @@ from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 
 from gpupool.ports.clock.fake import ManualClock
+from gpupool.ports.executor.fake import FakeExecutor
 from gpupool.server.api.app import create_app
-from gpupool.server.executors.local import FakeExecutor
 from gpupool.server.loop.driver import LiveConfig, LiveService
 from gpupool.server.store import Store, database_url
 from gpupool.server.telemetry.nvml import FakeTelemetry

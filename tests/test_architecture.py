@@ -78,8 +78,6 @@ KNOWN: dict[str, set[tuple[str, ...]]] = {
         ("gpupool.reports.review",),
         ("gpupool.scheduler.scheduler",),
         ("gpupool.server.api.app",),
-        ("gpupool.server.executors.local",),
-        ("gpupool.server.executors.ray",),
         ("gpupool.server.loop.driver",),
         ("gpupool.server.store",),
         ("gpupool.server.telemetry.nvml",),
@@ -91,15 +89,6 @@ KNOWN: dict[str, set[tuple[str, ...]]] = {
         ("gpupool.scheduler.elastic", "uses another module's ._wake_claims"),
         ("gpupool.scheduler.waiting", "uses another module's ._limit_reason"),
         ("gpupool.scheduler.waiting", "uses another module's ._running_counts"),
-        ("gpupool.server.executors.ray", "imports _validate from gpupool.server.executors.local"),
-        (
-            "gpupool.server.executors.ray_launcher",
-            "imports _read_json from gpupool.server.executors.local",
-        ),
-        (
-            "gpupool.server.executors.ray_launcher",
-            "imports _write_json from gpupool.server.executors.local",
-        ),
         ("gpupool.server.telemetry.ray", "imports _lost_sample from gpupool.server.telemetry.nvml"),
         ("gpupool.sim.replay.ordered", "uses another module's ._gittins"),
     },
@@ -113,11 +102,6 @@ KNOWN: dict[str, set[tuple[str, ...]]] = {
             "gpupool.server.main",
             "gpupool.cli.verbs",
             "the server imports no simulator and no command line",
-        ),
-        (
-            "gpupool.sim.scenario.fleet",
-            "gpupool.server.executors.local",
-            "the simulator imports no server module and no command line",
         ),
         (
             "gpupool.sim.scenario.fleet",

@@ -26,7 +26,7 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from gpupool.ports.clock.fake import ManualClock
-from gpupool.server.executors.local import FakeExecutor
+from gpupool.ports.executor.fake import FakeExecutor
 from gpupool.server.ha.lease import AdvisoryLease, FakeLease, FileLease, controller_lease
 from gpupool.server.loop.driver import LIVE_DEFAULTS, LiveConfig, LiveService
 from gpupool.server.store import Store, database_url

@@ -29,8 +29,8 @@ from gpupool.cli import jobs as client_cli
 from gpupool.cli.main import main
 from gpupool.client import Client
 from gpupool.ports.clock.fake import ManualClock
+from gpupool.ports.executor.fake import FakeExecutor
 from gpupool.server.api.app import create_app
-from gpupool.server.executors.local import FakeExecutor
 from gpupool.server.loop.driver import LiveConfig, LiveService
 from gpupool.server.store import NewJob, Store, database_url
 from gpupool.server.telemetry.nvml import FakeTelemetry

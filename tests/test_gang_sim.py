@@ -16,14 +16,9 @@ import pytest
 from gpupool.domain.model import Cluster, JobKind, JobSpec, Node
 from gpupool.errors import SpecError
 from gpupool.ports.clock.fake import ManualClock
-from gpupool.server.executors.local import (
-    MULTI_NODE_REFUSED,
-    FakeExecutor,
-    Gang,
-    GangMember,
-    LaunchSpec,
-    LocalExecutor,
-)
+from gpupool.ports.executor.base import MULTI_NODE_REFUSED, Gang, GangMember, LaunchSpec
+from gpupool.ports.executor.fake import FakeExecutor
+from gpupool.server.executors.local import LocalExecutor
 from gpupool.server.loop.driver import LiveConfig, LiveService
 from gpupool.server.store import NewJob, Store
 from gpupool.server.telemetry.nvml import FakeTelemetry

@@ -9,7 +9,9 @@ from pathlib import Path
 
 from gpupool.domain.model import JobKind
 from gpupool.ports.clock.fake import ManualClock
-from gpupool.server.executors.local import FakeExecutor, Handle, LaunchSpec, job_environment
+from gpupool.ports.executor.base import Handle, LaunchSpec
+from gpupool.ports.executor.fake import FakeExecutor
+from gpupool.server.executors.files import job_environment
 from gpupool.server.executors.mps import (
     FakeMps,
     Mps,

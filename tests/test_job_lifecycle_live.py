@@ -15,8 +15,9 @@ import pytest
 
 from gpupool.errors import ConflictError, NotFoundError
 from gpupool.ports.clock.fake import ManualClock
+from gpupool.ports.executor.fake import FakeExecutor
 from gpupool.scheduler.config import TeamLimits
-from gpupool.server.executors.local import FakeExecutor, LocalExecutor
+from gpupool.server.executors.local import LocalExecutor
 from gpupool.server.loop.driver import LIVE_DEFAULTS, LiveConfig, LiveService
 from gpupool.server.store import NewJob, Store
 from gpupool.server.telemetry.nvml import FakeTelemetry

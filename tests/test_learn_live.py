@@ -20,9 +20,9 @@ from gpupool.errors import ConflictError
 from gpupool.learning.config import LearningConfig
 from gpupool.learning.guard import GuardConfig
 from gpupool.ports.clock.fake import ManualClock
+from gpupool.ports.executor.fake import FakeExecutor
 from gpupool.scheduler.commands import LearnShadow
 from gpupool.server.api.app import create_app
-from gpupool.server.executors.local import FakeExecutor
 from gpupool.server.loop.driver import LIVE_DEFAULTS, LiveConfig, LiveService
 from gpupool.server.loop.learning import Evidence, ShadowTally, check_evidence, outcomes_of
 from gpupool.server.store import NewJob, Store

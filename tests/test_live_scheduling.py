@@ -15,8 +15,8 @@ import pytest
 from gpupool.domain.quota import QuotaWindow, TeamQuota
 from gpupool.policies.cycle.priority_quota import PreemptionRules
 from gpupool.ports.clock.fake import ManualClock
+from gpupool.ports.executor.fake import FakeExecutor
 from gpupool.scheduler.config import EnergyConfig, SchedulerConfig, ThermalConfig
-from gpupool.server.executors.local import FakeExecutor
 from gpupool.server.loop.driver import LIVE_DEFAULTS, LiveConfig, LiveService
 from gpupool.server.store import NewJob, Store
 from gpupool.server.telemetry.nvml import FakeTelemetry

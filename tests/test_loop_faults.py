@@ -36,7 +36,8 @@ import sqlalchemy.pool
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from gpupool.ports.clock.fake import ManualClock
-from gpupool.server.executors.local import FakeExecutor, Handle, LaunchSpec
+from gpupool.ports.executor.base import Handle, LaunchSpec
+from gpupool.ports.executor.fake import FakeExecutor
 from gpupool.server.loop.diskspace import MIB, DiskFloor, FakeDisk
 from gpupool.server.loop.driver import LiveConfig, LiveService
 from gpupool.server.loop.health import LoopHealth

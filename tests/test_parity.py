@@ -16,8 +16,8 @@ from gpupool.domain.model import JobKind, JobSpec
 from gpupool.domain.quota import TeamQuota
 from gpupool.policies.cycle.priority_quota import PreemptionRules
 from gpupool.ports.clock.fake import ManualClock
+from gpupool.ports.executor.fake import FakeExecutor
 from gpupool.scheduler.config import ElasticConfig
-from gpupool.server.executors.local import FakeExecutor
 from gpupool.server.loop.driver import LIVE_DEFAULTS, LiveConfig, LiveService, build_cluster
 from gpupool.server.store import NewJob, Store
 from gpupool.server.telemetry.nvml import FakeTelemetry

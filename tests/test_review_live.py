@@ -29,9 +29,9 @@ import pytest
 
 from gpupool.errors import GpupoolError
 from gpupool.ports.clock.fake import ManualClock
+from gpupool.ports.executor.fake import FakeExecutor
 from gpupool.reports.review import build_review
 from gpupool.reports.review_data import Allocation, DownInterval, ReviewData
-from gpupool.server.executors.local import FakeExecutor
 from gpupool.server.loop.diskspace import FakeDisk
 from gpupool.server.loop.driver import LiveConfig, LiveService
 from gpupool.server.review_source import review_from_db

@@ -16,9 +16,9 @@ from fastapi.testclient import TestClient
 
 from gpupool.domain.model import Node
 from gpupool.ports.clock.fake import ManualClock
+from gpupool.ports.executor.fake import FakeExecutor
 from gpupool.server.api.admission import Fleet, Refused, admit
 from gpupool.server.api.app import create_app
-from gpupool.server.executors.local import FakeExecutor
 from gpupool.server.fleet.sites import read_sites
 from gpupool.server.loop.driver import LiveConfig, LiveService
 from gpupool.server.store import Store

@@ -13,7 +13,7 @@ from sqlalchemy.exc import OperationalError
 
 from gpupool.errors import SpecError
 from gpupool.ports.clock.fake import ManualClock
-from gpupool.server.executors.local import FakeExecutor
+from gpupool.ports.executor.fake import FakeExecutor
 from gpupool.server.loop.diskspace import FakeDisk
 from gpupool.server.loop.driver import LiveConfig, LiveService
 from gpupool.server.store import GpuMinute, NewJob, ServiceMinute, Store, database_url

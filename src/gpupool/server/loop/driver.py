@@ -42,6 +42,17 @@ from gpupool.errors import (
 )
 from gpupool.policies.cycle.priority_quota import PreemptionRules
 from gpupool.ports.clock.base import Clock
+from gpupool.ports.executor.base import (
+    MULTI_NODE_REFUSED,
+    NO_LIMITS,
+    Executor,
+    Exit,
+    Gang,
+    GangMember,
+    Handle,
+    JobUser,
+    LaunchSpec,
+)
 from gpupool.scheduler import (
     Burst,
     Cancel,
@@ -73,18 +84,7 @@ from gpupool.scheduler.commands import LearnGuard, LearnShadow
 from gpupool.scheduler.config import SchedulerConfig
 from gpupool.scheduler.config_schema import check_fleet
 from gpupool.scheduler.stages import card_mem_mib
-from gpupool.server.executors.local import (
-    MULTI_NODE_REFUSED,
-    NO_LIMITS,
-    Executor,
-    Exit,
-    Gang,
-    GangMember,
-    Handle,
-    JobUser,
-    LaunchSpec,
-    launch_file,
-)
+from gpupool.server.executors.files import launch_file
 from gpupool.server.executors.mps import Mps, MpsError, NoMps, ShareRequest, detect_mps, share_env
 from gpupool.server.fleet.sites import (
     DOWN,
@@ -417,9 +417,7 @@ class LiveService:
         )
         check_fleet(sched, self.scheduler.pool_gpus, config.source)
         # Elastic jobs lend GPUs only where the executor can restart a job on other GPUs.
-        self.scheduler.elastic.enabled = sched.elastic.resize and bool(
-            getattr(executor, "can_resize", False)
-        )
+        self.scheduler.elastic.enabled = sched.elastic.resize and executor.can_resize
         self.cloud: CloudNodes | None = None
         if sites is not None and sites.cloud_nodes:
             self.cloud = CloudNodes(sites, config.state_dir, cloud_runner)

@@ -15,9 +15,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from gpupool.domain.lifecycle import JobState
+from gpupool.errors import ConflictError
 from gpupool.ports.clock.fake import ManualClock
+from gpupool.ports.executor.base import Exit, Handle, LaunchSpec
 from gpupool.scheduler import JobProgress, Scheduler, SetPowerCap
-from gpupool.server.executors.local import Exit, Handle, LaunchSpec
 from gpupool.server.fleet.sites import CloudNode
 from gpupool.server.telemetry.nvml import ApplyResult, GpuInfo, GpuSample
 from gpupool.sim.scenario.world import DOWN, FINISH, STARTING, UP, VACATE, ScenarioSim
@@ -28,6 +29,8 @@ CANCEL = 2
 class SimulatedFleet:
     runs_gangs = True
     """The world runs a job the core placed over several nodes whole, as Ray's gangs do."""
+    can_resize = False
+    """The world does not move a running job to other GPUs: elastic jobs run at full size."""
 
     def __init__(self, world: ScenarioSim, clock: ManualClock) -> None:
         self.world = world
@@ -102,6 +105,9 @@ class SimulatedFleet:
 
     def preempt(self, job_id: str, grace_s: float, now_s: float) -> None:
         self.world.preempt(self.world.job(job_id), now_s)
+
+    def resize(self, job_id: str, grace_s: float, now_s: float) -> None:
+        raise ConflictError(f"job {job_id}: the simulated fleet cannot resize an elastic job")
 
     def cancel(self, job_id: str, grace_s: float, now_s: float) -> None:
         if job_id in self.running:
