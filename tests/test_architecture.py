@@ -80,7 +80,6 @@ KNOWN: dict[str, set[tuple[str, ...]]] = {
         ("gpupool.server.api.app",),
         ("gpupool.server.loop.driver",),
         ("gpupool.server.store",),
-        ("gpupool.server.telemetry.nvml",),
         ("gpupool.sim.scenario.generators",),
         ("gpupool.sim.scenario.world",),
     },
@@ -89,7 +88,6 @@ KNOWN: dict[str, set[tuple[str, ...]]] = {
         ("gpupool.scheduler.elastic", "uses another module's ._wake_claims"),
         ("gpupool.scheduler.waiting", "uses another module's ._limit_reason"),
         ("gpupool.scheduler.waiting", "uses another module's ._running_counts"),
-        ("gpupool.server.telemetry.ray", "imports _lost_sample from gpupool.server.telemetry.nvml"),
         ("gpupool.sim.replay.ordered", "uses another module's ._gittins"),
     },
     "layers": {
@@ -106,11 +104,6 @@ KNOWN: dict[str, set[tuple[str, ...]]] = {
         (
             "gpupool.sim.scenario.fleet",
             "gpupool.server.fleet.sites",
-            "the simulator imports no server module and no command line",
-        ),
-        (
-            "gpupool.sim.scenario.fleet",
-            "gpupool.server.telemetry.nvml",
             "the simulator imports no server module and no command line",
         ),
         (

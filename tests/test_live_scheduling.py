@@ -16,10 +16,10 @@ from gpupool.domain.quota import QuotaWindow, TeamQuota
 from gpupool.policies.cycle.priority_quota import PreemptionRules
 from gpupool.ports.clock.fake import ManualClock
 from gpupool.ports.executor.fake import FakeExecutor
+from gpupool.ports.telemetry.fake import FakeTelemetry
 from gpupool.scheduler.config import EnergyConfig, SchedulerConfig, ThermalConfig
 from gpupool.server.loop.driver import LIVE_DEFAULTS, LiveConfig, LiveService
 from gpupool.server.store import NewJob, Store
-from gpupool.server.telemetry.nvml import FakeTelemetry
 
 HOUR = 3600.0
 

@@ -53,6 +53,8 @@ from gpupool.ports.executor.base import (
     JobUser,
     LaunchSpec,
 )
+from gpupool.ports.telemetry.base import GpuInfo, GpuSample, Telemetry
+from gpupool.ports.telemetry.fake import FakeTelemetry, declared_use
 from gpupool.scheduler import (
     Burst,
     Cancel,
@@ -112,15 +114,7 @@ from gpupool.server.store import (
     transient,
 )
 from gpupool.server.telemetry.history import HistoryConfig, attach, running_replicas
-from gpupool.server.telemetry.nvml import (
-    FakeTelemetry,
-    GpuInfo,
-    GpuSample,
-    MonitorRule,
-    Signals,
-    Telemetry,
-    declared_use,
-)
+from gpupool.server.telemetry.monitor import MonitorRule, Signals
 from gpupool.server.telemetry.prometheus import StartLatency
 from gpupool.server.telemetry.replica_load import LoadWindow, Measured, Scraper
 from gpupool.sizing.catalog import load_catalog

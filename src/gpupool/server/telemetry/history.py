@@ -29,9 +29,9 @@ import yaml
 from gpupool.domain.lifecycle import JobState
 from gpupool.energy.tariff import load_tariff
 from gpupool.errors import SpecError
+from gpupool.ports.telemetry.base import GpuSample
 from gpupool.server.loop.diskspace import DiskFloor, DiskProbe
 from gpupool.server.store import FleetGpu, GpuMinute, ServiceMinute, Store
-from gpupool.server.telemetry.nvml import GpuSample
 from gpupool.server.telemetry.replica_load import Measured
 from gpupool.specfile import SpecReader
 

@@ -18,9 +18,9 @@ from gpupool.domain.lifecycle import JobState
 from gpupool.errors import ConflictError
 from gpupool.ports.clock.fake import ManualClock
 from gpupool.ports.executor.base import Exit, Handle, LaunchSpec
+from gpupool.ports.telemetry.base import ApplyResult, GpuInfo, GpuSample
 from gpupool.scheduler import JobProgress, Scheduler, SetPowerCap
 from gpupool.server.fleet.sites import CloudNode
-from gpupool.server.telemetry.nvml import ApplyResult, GpuInfo, GpuSample
 from gpupool.sim.scenario.world import DOWN, FINISH, STARTING, UP, VACATE, ScenarioSim
 
 CANCEL = 2
