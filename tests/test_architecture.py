@@ -102,11 +102,6 @@ KNOWN: dict[str, set[tuple[str, ...]]] = {
             "the server imports no simulator and no command line",
         ),
         (
-            "gpupool.sim.scenario.fleet",
-            "gpupool.server.fleet.sites",
-            "the simulator imports no server module and no command line",
-        ),
-        (
             "gpupool.sizing.request_json",
             "gpupool.server.store",
             "the decision core and its models import no driver and no port",

@@ -42,6 +42,7 @@ from gpupool.errors import (
 )
 from gpupool.policies.cycle.priority_quota import PreemptionRules
 from gpupool.ports.clock.base import Clock
+from gpupool.ports.cloud.base import CommandRunner
 from gpupool.ports.executor.base import (
     MULTI_NODE_REFUSED,
     NO_LIMITS,
@@ -92,7 +93,6 @@ from gpupool.server.fleet.sites import (
     DOWN,
     STARTING,
     CloudNodes,
-    CommandRunner,
     SitesConfig,
     pool_prices,
     with_cloud_nodes,

@@ -1,26 +1,28 @@
 """A scenario's simulated world behind the live service's interfaces.
 
-`SimulatedFleet` is an executor (launch, preempt, poll), a telemetry source (GPU
-temperatures from the world's heat model; power caps set on the simulated cards), a node
-probe (cloud nodes list themselves once their spin-up is over) and a cloud command
-runner, all over one `ScenarioSim` world. A `LiveService` on top of it decides with its
-own core, through its database, exactly as it would on real machines; the world only
-moves. Driving the service's clock to each cycle boundary and to each event the world
-reports gives the simulator's decisions (tests/test_parity_all.py, leg B).
+`SimulatedFleet` implements the ports (`gpupool.ports`): an executor (launch, preempt,
+poll), a telemetry source (GPU temperatures from the world's heat model; power caps set
+on the simulated cards), a node probe (cloud nodes list themselves once their spin-up is
+over) and a cloud command runner, all over one `ScenarioSim` world. A `LiveService` on
+top of it decides with its own core, through its database, exactly as it would on real
+machines; the world only moves. Driving the service's clock to each cycle boundary and
+to each event the world reports gives the simulator's decisions (tests/test_parity_all.py,
+leg B).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpupool.domain.lifecycle import JobState
 from gpupool.errors import ConflictError
 from gpupool.ports.clock.fake import ManualClock
-from gpupool.ports.executor.base import Exit, Handle, LaunchSpec
-from gpupool.ports.telemetry.base import ApplyResult, GpuInfo, GpuSample
+from gpupool.ports.cloud.base import CloudNode, CommandRunner, NodeProbe
+from gpupool.ports.executor.base import Executor, Exit, Handle, LaunchSpec
+from gpupool.ports.telemetry.base import ApplyResult, GpuInfo, GpuSample, Telemetry
 from gpupool.scheduler import JobProgress, Scheduler, SetPowerCap
-from gpupool.server.fleet.sites import CloudNode
 from gpupool.sim.scenario.world import DOWN, FINISH, STARTING, UP, VACATE, ScenarioSim
 
 CANCEL = 2
@@ -249,3 +251,9 @@ class SimulatedFleet:
         else:
             world.cloud_status[k] = DOWN
         return lambda: 0
+
+
+if TYPE_CHECKING:  # mypy proves the world implements the ports the live driver uses
+
+    def _ports(fleet: SimulatedFleet) -> tuple[Executor, Telemetry, CommandRunner, NodeProbe]:
+        return fleet, fleet, fleet, fleet.probe
