@@ -63,11 +63,6 @@ KNOWN: dict[str, set[tuple[str, ...]]] = {
             "gpupool.scheduler.stages",
             "gpupool.scheduler.waiting",
         ),
-        (
-            "gpupool.server.loop.driver",
-            "gpupool.server.telemetry.history",
-            "gpupool.server.telemetry.prometheus",
-        ),
         ("gpupool.server.store", "gpupool.sizing.request_json"),
         ("gpupool.sim.replay.ordered", "gpupool.sim.replay.run"),
         ("gpupool.sim.scenario.review_source", "gpupool.sim.scenario.world"),

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -23,7 +23,6 @@ from prometheus_client.registry import Collector
 from gpupool.errors import NotFoundError
 
 if TYPE_CHECKING:
-    from gpupool.server.loop.driver import LiveService
     from gpupool.server.store import Store
 
 __all__ = [
@@ -33,6 +32,7 @@ __all__ = [
     "QUEUE_WAIT",
     "START_BUCKETS_S",
     "SUBMIT_TO_START",
+    "MetricsSource",
     "ServiceCollector",
     "StartLatency",
     "dcgm_name",
@@ -125,10 +125,22 @@ class StartLatency:
         yield from self.submit_to_start.collect()
 
 
+class MetricsSource(Protocol):
+    """What /metrics reads of the live service (`LiveService` is one), so that the
+    exposition depends on these two names and not on the driver."""
+
+    def cluster_view(self) -> dict[str, Any]:
+        """The nodes, their GPUs' latest readings, the queue and the monitor's signals."""
+        ...
+
+    @property
+    def start_latency(self) -> StartLatency: ...
+
+
 class ServiceCollector(Collector):
     """The live service's state as metric families, computed at each scrape."""
 
-    def __init__(self, service: LiveService, store: Store) -> None:
+    def __init__(self, service: MetricsSource, store: Store) -> None:
         self.service = service
         self.store = store
 
@@ -203,7 +215,7 @@ def _gpu_gauges(view: dict[str, Any]) -> Iterator[Metric]:
     yield free
 
 
-def metrics_registry(service: LiveService, store: Store) -> CollectorRegistry:
+def metrics_registry(service: MetricsSource, store: Store) -> CollectorRegistry:
     """An app's own registry holding the service's collector (auto_describe off: nothing is
     collected until the first scrape)."""
     registry = CollectorRegistry(auto_describe=False)
