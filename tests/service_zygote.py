@@ -20,11 +20,11 @@ import traceback
 from pathlib import Path
 
 from gpupool.ports.clock.base import SystemClock
+from gpupool.ports.telemetry.fake import FakeTelemetry
 from gpupool.server.executors.local import LocalExecutor
 from gpupool.server.isolation.containment import Isolation, IsolationConfig, sqlite_file
 from gpupool.server.loop.driver import LIVE_DEFAULTS, LiveConfig, LiveService
 from gpupool.server.store import Store
-from gpupool.server.telemetry.nvml import FakeTelemetry
 
 
 def serve(state: Path, url: str, isolation_on: bool) -> None:

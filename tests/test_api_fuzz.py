@@ -34,11 +34,11 @@ from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 
 from gpupool.ports.clock.fake import ManualClock
+from gpupool.ports.executor.fake import FakeExecutor
+from gpupool.ports.telemetry.fake import FakeTelemetry
 from gpupool.server.api.app import create_app
-from gpupool.server.executors.local import FakeExecutor
 from gpupool.server.loop.driver import LiveConfig, LiveService
 from gpupool.server.store import Store, database_url
-from gpupool.server.telemetry.nvml import FakeTelemetry
 
 FUZZ = settings(
     max_examples=60,

@@ -26,11 +26,11 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from gpupool.ports.clock.fake import ManualClock
-from gpupool.server.executors.local import FakeExecutor
+from gpupool.ports.executor.fake import FakeExecutor
+from gpupool.ports.telemetry.fake import FakeTelemetry
 from gpupool.server.ha.lease import AdvisoryLease, FakeLease, FileLease, controller_lease
 from gpupool.server.loop.driver import LIVE_DEFAULTS, LiveConfig, LiveService
 from gpupool.server.store import Store, database_url
-from gpupool.server.telemetry.nvml import FakeTelemetry
 from pgserver import fresh_schema, pg_url  # noqa: F401
 from service_proc import Server, wait_for
 

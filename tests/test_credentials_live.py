@@ -29,11 +29,11 @@ from gpupool.cli import remote as client_cli
 from gpupool.cli.main import main
 from gpupool.client import Client
 from gpupool.ports.clock.fake import ManualClock
+from gpupool.ports.executor.fake import FakeExecutor
+from gpupool.ports.telemetry.fake import FakeTelemetry
 from gpupool.server.api.app import create_app
-from gpupool.server.executors.local import FakeExecutor
 from gpupool.server.loop.driver import LiveConfig, LiveService
 from gpupool.server.store import NewJob, Store, database_url
-from gpupool.server.telemetry.nvml import FakeTelemetry
 from service_proc import free_port
 
 IO_TIMEOUT_S = 10.0

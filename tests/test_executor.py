@@ -21,18 +21,11 @@ import pytest
 
 from gpupool.errors import ConflictError, NotFoundError, SpecError
 from gpupool.examples.ckpt_counter import expected_result
+from gpupool.ports.executor.base import Exit, Handle, LaunchSpec, classify
+from gpupool.ports.executor.fake import FakeExecutor
 from gpupool.server.executors import local as executor_module
-from gpupool.server.executors.local import (
-    Exit,
-    FakeExecutor,
-    Handle,
-    LaunchSpec,
-    LocalExecutor,
-    classify,
-    exit_file,
-    launch_file,
-    read_start_ticks,
-)
+from gpupool.server.executors.files import exit_file, launch_file
+from gpupool.server.executors.local import LocalExecutor, read_start_ticks
 
 PY = sys.executable
 

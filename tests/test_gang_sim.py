@@ -16,17 +16,12 @@ import pytest
 from gpupool.domain.model import Cluster, JobKind, JobSpec, Node
 from gpupool.errors import SpecError
 from gpupool.ports.clock.fake import ManualClock
-from gpupool.server.executors.local import (
-    MULTI_NODE_REFUSED,
-    FakeExecutor,
-    Gang,
-    GangMember,
-    LaunchSpec,
-    LocalExecutor,
-)
+from gpupool.ports.executor.base import MULTI_NODE_REFUSED, Gang, GangMember, LaunchSpec
+from gpupool.ports.executor.fake import FakeExecutor
+from gpupool.ports.telemetry.fake import FakeTelemetry
+from gpupool.server.executors.local import LocalExecutor
 from gpupool.server.loop.driver import LiveConfig, LiveService
 from gpupool.server.store import NewJob, Store
-from gpupool.server.telemetry.nvml import FakeTelemetry
 from gpupool.sim.eventsim import NodeLoss, Placed, run_trace
 
 NODES = (("g1", "A100-80GB", 2), ("g2", "A100-80GB", 2), ("g3", "A100-80GB", 2))

@@ -9,7 +9,10 @@ from pathlib import Path
 
 from gpupool.domain.model import JobKind
 from gpupool.ports.clock.fake import ManualClock
-from gpupool.server.executors.local import FakeExecutor, Handle, LaunchSpec, job_environment
+from gpupool.ports.executor.base import Handle, LaunchSpec
+from gpupool.ports.executor.fake import FakeExecutor
+from gpupool.ports.telemetry.fake import FakeTelemetry
+from gpupool.server.executors.files import job_environment
 from gpupool.server.executors.mps import (
     FakeMps,
     Mps,
@@ -22,7 +25,6 @@ from gpupool.server.executors.mps import (
 from gpupool.server.isolation.containment import FakeUsers, Isolation, IsolationConfig
 from gpupool.server.loop.driver import LIVE_DEFAULTS, LiveConfig, LiveService, one_team_per_card
 from gpupool.server.store import NewJob, Store
-from gpupool.server.telemetry.nvml import FakeTelemetry
 
 SHARE = ShareRequest(device_index=3, device_uuid="GPU-abc", gpu_milli=229, mem_mib=18432)
 

@@ -24,11 +24,11 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpupool.ports.clock.fake import ManualClock
+from gpupool.ports.executor.fake import FakeExecutor
+from gpupool.ports.telemetry.fake import FakeTelemetry
 from gpupool.server.api.app import create_app
-from gpupool.server.executors.local import FakeExecutor
 from gpupool.server.loop.driver import LiveConfig, LiveService
 from gpupool.server.store import Store, database_url
-from gpupool.server.telemetry.nvml import FakeTelemetry
 
 DASHBOARD = Path(__file__).resolve().parents[1] / "deploy" / "grafana" / "gpupool.json"
 DS = "${DS_PROMETHEUS}"

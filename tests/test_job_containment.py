@@ -25,14 +25,9 @@ import pytest
 import containment
 from containment import open_dir  # noqa: F401
 from gpupool.errors import SpecError
-from gpupool.server.executors.local import (
-    Exit,
-    JobUser,
-    LaunchSpec,
-    LocalExecutor,
-    exit_file,
-    read_start_ticks,
-)
+from gpupool.ports.executor.base import Exit, JobUser, LaunchSpec, Limits
+from gpupool.server.executors.files import exit_file
+from gpupool.server.executors.local import LocalExecutor, read_start_ticks
 from gpupool.server.executors.shim import EXIT_NOT_STARTED
 from gpupool.server.isolation.cgroups import (
     Cgroups,
@@ -40,7 +35,6 @@ from gpupool.server.isolation.cgroups import (
     CgroupV2,
     DeviceRule,
     FakeCgroups,
-    Limits,
     detect,
     gpu_device_rules,
 )

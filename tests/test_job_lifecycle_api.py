@@ -20,12 +20,12 @@ from gpupool.cli import remote as client_cli
 from gpupool.cli.main import main
 from gpupool.errors import ConflictError
 from gpupool.ports.clock.fake import ManualClock
+from gpupool.ports.executor.fake import FakeExecutor
+from gpupool.ports.telemetry.fake import FakeTelemetry
 from gpupool.scheduler.config import TeamLimits
 from gpupool.server.api.app import create_app
-from gpupool.server.executors.local import FakeExecutor
 from gpupool.server.loop.driver import LIVE_DEFAULTS, LiveConfig, LiveService
 from gpupool.server.store import NewJob, Store, database_url
-from gpupool.server.telemetry.nvml import FakeTelemetry
 from pgserver import fresh_schema, pg_url  # noqa: F401
 
 T0 = 1_000.0

@@ -15,11 +15,12 @@ import pytest
 
 from gpupool.errors import ConflictError, NotFoundError
 from gpupool.ports.clock.fake import ManualClock
+from gpupool.ports.executor.fake import FakeExecutor
+from gpupool.ports.telemetry.fake import FakeTelemetry
 from gpupool.scheduler.config import TeamLimits
-from gpupool.server.executors.local import FakeExecutor, LocalExecutor
+from gpupool.server.executors.local import LocalExecutor
 from gpupool.server.loop.driver import LIVE_DEFAULTS, LiveConfig, LiveService
 from gpupool.server.store import NewJob, Store
-from gpupool.server.telemetry.nvml import FakeTelemetry
 
 DAY = 86_400.0
 T0 = 1_000_000.0

@@ -33,12 +33,12 @@ from gpupool.domain.lifecycle import JobState
 from gpupool.domain.model import JobKind, JobSpec
 from gpupool.errors import ConflictError, SpecError
 from gpupool.ports.clock.fake import ManualClock
+from gpupool.ports.executor.fake import FakeExecutor
+from gpupool.ports.telemetry.fake import FakeTelemetry
 from gpupool.scheduler.scheduler import Scheduler
 from gpupool.server.api.app import MAX_STATE_GIB, create_app
-from gpupool.server.executors.local import FakeExecutor
 from gpupool.server.loop.driver import LiveConfig, LiveService, build_cluster, spec_of
 from gpupool.server.store import MIGRATIONS_DIR, Base, NewJob, Store, database_url, schema_head
-from gpupool.server.telemetry.nvml import FakeTelemetry
 from gpupool.sizing import request_json as sf
 from gpupool.sizing.catalog import load_catalog
 from gpupool.sizing.memory import TRAINING_PRECISIONS

@@ -15,11 +15,11 @@ import pytest
 from gpupool.domain.quota import QuotaWindow, TeamQuota
 from gpupool.policies.preemption import PreemptionRules
 from gpupool.ports.clock.fake import ManualClock
+from gpupool.ports.executor.fake import FakeExecutor
+from gpupool.ports.telemetry.fake import FakeTelemetry
 from gpupool.scheduler.config import EnergyConfig, SchedulerConfig, ThermalConfig
-from gpupool.server.executors.local import FakeExecutor
 from gpupool.server.loop.driver import LIVE_DEFAULTS, LiveConfig, LiveService
 from gpupool.server.store import NewJob, Store
-from gpupool.server.telemetry.nvml import FakeTelemetry
 
 HOUR = 3600.0
 

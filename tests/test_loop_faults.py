@@ -36,7 +36,9 @@ import sqlalchemy.pool
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from gpupool.ports.clock.fake import ManualClock
-from gpupool.server.executors.local import FakeExecutor, Handle, LaunchSpec
+from gpupool.ports.executor.base import Handle, LaunchSpec
+from gpupool.ports.executor.fake import FakeExecutor
+from gpupool.ports.telemetry.fake import FakeTelemetry
 from gpupool.server.loop.diskspace import MIB, DiskFloor, FakeDisk
 from gpupool.server.loop.driver import LiveConfig, LiveService
 from gpupool.server.loop.health import LoopHealth
@@ -47,7 +49,6 @@ from gpupool.server.store import (
     Store,
     database_url,
 )
-from gpupool.server.telemetry.nvml import FakeTelemetry
 from pgserver import fresh_schema, pg_url  # noqa: F401
 from service_proc import Server, free_port, wait_for
 

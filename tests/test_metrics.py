@@ -20,11 +20,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from gpupool.ports.clock.fake import ManualClock
+from gpupool.ports.executor.fake import FakeExecutor
+from gpupool.ports.telemetry.fake import FakeTelemetry
 from gpupool.server.api.app import create_app
-from gpupool.server.executors.local import FakeExecutor
 from gpupool.server.loop.driver import LiveConfig, LiveService
 from gpupool.server.store import NewJob, Store, database_url
-from gpupool.server.telemetry.nvml import FakeTelemetry
 from gpupool.server.telemetry.prometheus import (
     QUEUE_WAIT,
     START_BUCKETS_S,

@@ -16,11 +16,11 @@ from gpupool.domain.model import JobKind, JobSpec
 from gpupool.domain.quota import TeamQuota
 from gpupool.policies.preemption import PreemptionRules
 from gpupool.ports.clock.fake import ManualClock
+from gpupool.ports.executor.fake import FakeExecutor
+from gpupool.ports.telemetry.fake import FakeTelemetry
 from gpupool.scheduler.config import ElasticConfig
-from gpupool.server.executors.local import FakeExecutor
 from gpupool.server.loop.driver import LIVE_DEFAULTS, LiveConfig, LiveService, build_cluster
 from gpupool.server.store import NewJob, Store
-from gpupool.server.telemetry.nvml import FakeTelemetry
 from gpupool.sim.eventsim import Complete, NodeLoss, Submit, run_events
 
 FLEET = "4xA100-80GB,2xH100"

@@ -29,15 +29,15 @@ import pytest
 
 from gpupool.errors import GpupoolError
 from gpupool.ports.clock.fake import ManualClock
+from gpupool.ports.executor.fake import FakeExecutor
+from gpupool.ports.telemetry.fake import FakeTelemetry
 from gpupool.reports.review import build_review
 from gpupool.reports.review_data import Allocation, DownInterval, ReviewData
-from gpupool.server.executors.local import FakeExecutor
 from gpupool.server.loop.diskspace import FakeDisk
 from gpupool.server.loop.driver import LiveConfig, LiveService
 from gpupool.server.review_source import review_from_db
 from gpupool.server.store import NewJob, Store, database_url
 from gpupool.server.telemetry.history import HistoryConfig
-from gpupool.server.telemetry.nvml import FakeTelemetry
 from pgserver import fresh_schema, pg_url  # noqa: F401
 from service_proc import Server, wait_for
 

@@ -13,11 +13,11 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 from gpupool.ports.clock.fake import ManualClock
+from gpupool.ports.executor.fake import FakeExecutor
+from gpupool.ports.telemetry.fake import FakeTelemetry
 from gpupool.scheduler import Event, Scale, ServiceDemand, ServiceLoad
-from gpupool.server.executors.local import FakeExecutor
 from gpupool.server.loop.driver import LiveConfig, LiveService
 from gpupool.server.store import NewService, Store, database_url
-from gpupool.server.telemetry.nvml import FakeTelemetry
 from gpupool.server.telemetry.replica_load import (
     LATENCY,
     LATENCY_BUCKETS_S,

@@ -16,13 +16,13 @@ from gpupool.domain.quota import TeamQuota
 from gpupool.errors import SpecError
 from gpupool.policies.preemption import PreemptionRules
 from gpupool.ports.clock.fake import ManualClock
+from gpupool.ports.executor.fake import FakeExecutor
+from gpupool.ports.telemetry.fake import FakeTelemetry
 from gpupool.scheduler import Burst, Command, Launch, NodeUp, Reclaim, Scheduler, Stop, Wait
 from gpupool.scheduler.config import PlacementConfig, SchedulerConfig
-from gpupool.server.executors.local import FakeExecutor
 from gpupool.server.fleet.sites import CloudNodes, SitesConfig, pool_prices, read_sites
 from gpupool.server.loop.driver import LiveConfig, LiveService
 from gpupool.server.store import NewJob, Store
-from gpupool.server.telemetry.nvml import FakeTelemetry
 
 FED = {
     "sites": [

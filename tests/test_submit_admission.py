@@ -16,13 +16,13 @@ from fastapi.testclient import TestClient
 
 from gpupool.domain.model import Node
 from gpupool.ports.clock.fake import ManualClock
+from gpupool.ports.executor.fake import FakeExecutor
+from gpupool.ports.telemetry.fake import FakeTelemetry
 from gpupool.server.api.admission import Fleet, Refused, admit
 from gpupool.server.api.app import create_app
-from gpupool.server.executors.local import FakeExecutor
 from gpupool.server.fleet.sites import read_sites
 from gpupool.server.loop.driver import LiveConfig, LiveService
 from gpupool.server.store import Store
-from gpupool.server.telemetry.nvml import FakeTelemetry
 from gpupool.sizing.catalog import load_catalog
 from service_proc import Server, cli, wait_for
 from test_sites import CLOUD, FAST, Runner, sites

@@ -15,11 +15,11 @@ from fastapi.testclient import TestClient
 from starlette.routing import Route
 
 from gpupool.ports.clock.fake import ManualClock
+from gpupool.ports.executor.fake import FakeExecutor
+from gpupool.ports.telemetry.fake import FakeTelemetry
 from gpupool.server.api.app import create_app
-from gpupool.server.executors.local import FakeExecutor
 from gpupool.server.loop.driver import LiveConfig, LiveService
 from gpupool.server.store import Store, database_url
-from gpupool.server.telemetry.nvml import FakeTelemetry
 
 T0 = 1_000.0
 JSON_CT = {"content-type": "application/json"}

@@ -13,20 +13,12 @@ import pytest
 
 from gpupool.energy.powercap import SetPowerCap
 from gpupool.errors import ConflictError, GpupoolError, NotFoundError, SpecError
+from gpupool.ports.telemetry.base import ApplyResult, GpuSample, Telemetry
+from gpupool.ports.telemetry.fake import FakeTelemetry, parse_fleet
 from gpupool.server.telemetry import nvml as tm
-from gpupool.server.telemetry.nvml import (
-    ApplyResult,
-    FakeTelemetry,
-    GpuSample,
-    MonitorRule,
-    NoGpuError,
-    NvmlTelemetry,
-    Signals,
-    Telemetry,
-    dcgm_name,
-    model_from_nvml_name,
-    parse_fleet,
-)
+from gpupool.server.telemetry.monitor import MonitorRule, Signals
+from gpupool.server.telemetry.nvml import NoGpuError, NvmlTelemetry, model_from_nvml_name
+from gpupool.server.telemetry.prometheus import dcgm_name
 
 MIB = 1024 * 1024
 

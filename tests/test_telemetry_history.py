@@ -13,7 +13,8 @@ from sqlalchemy.exc import OperationalError
 
 from gpupool.errors import SpecError
 from gpupool.ports.clock.fake import ManualClock
-from gpupool.server.executors.local import FakeExecutor
+from gpupool.ports.executor.fake import FakeExecutor
+from gpupool.ports.telemetry.fake import FakeTelemetry
 from gpupool.server.loop.diskspace import FakeDisk
 from gpupool.server.loop.driver import LiveConfig, LiveService
 from gpupool.server.store import GpuMinute, NewJob, ServiceMinute, Store, database_url
@@ -23,7 +24,6 @@ from gpupool.server.telemetry.history import (
     TelemetryHistory,
     parse_history,
 )
-from gpupool.server.telemetry.nvml import FakeTelemetry
 from pgserver import fresh_schema, pg_url  # noqa: F401
 
 T0 = 1_800_000_000.0  # a whole minute

@@ -14,11 +14,11 @@ from fastapi.testclient import TestClient
 
 from gpupool.cli.render import job_table, why_text
 from gpupool.ports.clock.fake import ManualClock
+from gpupool.ports.executor.fake import FakeExecutor
+from gpupool.ports.telemetry.fake import FakeTelemetry
 from gpupool.server.api.app import create_app
-from gpupool.server.executors.local import FakeExecutor
 from gpupool.server.loop.driver import LIVE_DEFAULTS, LiveConfig, LiveService
 from gpupool.server.store import NewJob, Store, database_url
-from gpupool.server.telemetry.nvml import FakeTelemetry
 
 T0 = 1_000.0
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from gpupool.errors import ConflictError
 from gpupool.examples.ckpt_counter import expected_result
-from gpupool.server.executors.local import LaunchSpec
+from gpupool.ports.executor.base import LaunchSpec
 from gpupool.server.executors.ray import RayExecutor, ray_nodes
 
 PY = sys.executable

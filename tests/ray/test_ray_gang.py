@@ -25,14 +25,8 @@ import pytest
 
 from gpupool.errors import Unavailable
 from gpupool.examples.allreduce import expected_result
-from gpupool.server.executors.local import (
-    Exit,
-    Gang,
-    GangMember,
-    Handle,
-    LaunchSpec,
-    read_start_ticks,
-)
+from gpupool.ports.executor.base import Exit, Gang, GangMember, Handle, LaunchSpec
+from gpupool.server.executors.local import read_start_ticks
 from gpupool.server.executors.ray import RayExecutor, node_resources
 from service_proc import Server, cli, wait_for
 

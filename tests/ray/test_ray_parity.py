@@ -39,7 +39,8 @@ from gpupool.domain.model import JobKind, JobSpec
 from gpupool.domain.quota import TeamQuota
 from gpupool.policies.preemption import PreemptionRules
 from gpupool.ports.clock.fake import ManualClock
-from gpupool.server.executors.local import STDOUT_LOG, Exit
+from gpupool.ports.executor.base import Exit
+from gpupool.server.executors.files import STDOUT_LOG
 from gpupool.server.executors.ray import RayExecutor
 from gpupool.server.loop.driver import (
     LIVE_DEFAULTS,

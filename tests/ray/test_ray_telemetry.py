@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from gpupool.energy.powercap import SetPowerCap
-from gpupool.server.telemetry.nvml import GpuSample
+from gpupool.ports.telemetry.base import GpuSample
 from gpupool.server.telemetry.ray import ACTOR_PREFIX, RayTelemetry
 from gpupool.sizing.catalog import load_catalog
 

@@ -24,6 +24,8 @@ import yaml
 from gpupool.domain.quota import TeamQuota
 from gpupool.errors import ConflictError, SpecError
 from gpupool.ports.clock.base import Clock, StartedClock, SystemClock
+from gpupool.ports.telemetry.base import Telemetry
+from gpupool.ports.telemetry.fake import FakeTelemetry
 from gpupool.scheduler.config import SchedulerConfig
 from gpupool.scheduler.config_schema import SCHEDULING_KEYS, parse_scheduling
 from gpupool.server.executors.local import LocalExecutor
@@ -36,7 +38,7 @@ from gpupool.server.loop.driver import LIVE_DEFAULTS, LiveConfig, LiveService
 from gpupool.server.store import NewJob, Store, database_url
 from gpupool.server.telemetry.history import SECTION as HISTORY_SECTION
 from gpupool.server.telemetry.history import load_history
-from gpupool.server.telemetry.nvml import FakeTelemetry, NoGpuError, NvmlTelemetry, Telemetry
+from gpupool.server.telemetry.nvml import NoGpuError, NvmlTelemetry
 from gpupool.specfile import SpecReader
 
 DEFAULT_PORT = 8642

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import marshal
 import os
 import resource
@@ -35,256 +34,46 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-from gpupool.errors import ConflictError, NotFoundError, SpecError, Unavailable
-from gpupool.server.isolation import cgroups as cg
-from gpupool.server.isolation.cgroups import (
-    BASE_DEVICES,
-    Cgroups,
-    DeviceRule,
-    Limits,
-    gpu_device_rules,
+from gpupool.errors import ConflictError, SpecError, Unavailable
+from gpupool.ports.executor.base import (
+    DEFAULT_GRACE_S,
+    MULTI_NODE_REFUSED,
+    Exit,
+    Handle,
+    JobUser,
+    LaunchSpec,
+    classify,
+    validate,
 )
+from gpupool.ports.executor.stops import ask_stop, watched
+from gpupool.server.executors.files import (
+    CHECKPOINT_DIR,
+    DEFAULT_LOG_MAX_BYTES,
+    DEFAULT_PATH,
+    HOME_DIR,
+    STDERR_LOG,
+    STDOUT_LOG,
+    exit_file,
+    job_environment,
+    launch_file,
+    read_json,
+    stop_file,
+    write_atomically,
+    write_json,
+)
+from gpupool.server.isolation import cgroups as cg
+from gpupool.server.isolation.cgroups import BASE_DEVICES, Cgroups, DeviceRule, gpu_device_rules
 
-SUCCEEDED = "succeeded"
-FAILED = "failed"
-PREEMPTED = "preempted"
-KILLED = "killed"
-CANCELLED = "cancelled"
-OOM = "oom"
-CRASHED = "crashed"
-LOST = "lost"
-OUTCOMES = frozenset({SUCCEEDED, FAILED, PREEMPTED, KILLED, CANCELLED, OOM, CRASHED, LOST})
+if TYPE_CHECKING:
+    from gpupool.ports.executor.base import Executor
 
-DEFAULT_GRACE_S = 60.0
-STDOUT_LOG = "stdout.log"
-STDERR_LOG = "stderr.log"
-CHECKPOINT_DIR = "checkpoint"
-HOME_DIR = "home"
-DEFAULT_LOG_MAX_BYTES = 64 << 20
 TOKEN_ENV = "GPUPOOL_LAUNCH_TOKEN"
 CGROUP_PARENT = "gpupool"
-DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
-ENV_ALLOWED = frozenset({"PATH", "LANG", "LANGUAGE", "TZ", "TERM"})
-"""Variables of the server's environment a job inherits (and every LC_*): nothing else of
-it (tokens, database URLs, cloud credentials) ever reaches a job."""
-
-
-def exit_file(run_dir: Path, attempt: int) -> Path:
-    """Where the shim records how attempt `attempt` ended."""
-    return run_dir / f"exit-{attempt}.json"
-
-
-def launch_file(run_dir: Path, attempt: int) -> Path:
-    """The launch intent of attempt `attempt`: its token and cgroup, written before its
-    shim starts, so that a restarted server finds its processes again."""
-    return run_dir / f"launch-{attempt}.json"
-
-
-def stop_file(run_dir: Path, attempt: int) -> Path:
-    """Where we remember that we asked attempt `attempt` to stop, so a restarted
-    scheduler still calls its end "preempted" rather than "succeeded"."""
-    return run_dir / f"stop-{attempt}.json"
-
-
-NO_LIMITS = Limits()
-
-
-@dataclass(frozen=True)
-class JobUser:
-    """The unprivileged Unix user a job runs as (its team's)."""
-
-    name: str
-    uid: int
-    gid: int
-
-
-@dataclass(frozen=True)
-class GangMember:
-    """One node's part of a job across nodes: its GPU indices there, as the core chose."""
-
-    node: str
-    gpu_indices: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class Gang:
-    """The members of a job across nodes, rank 0 first (rank 0's node hosts MASTER_PORT).
-    `grace_s`: how long the other members get between SIGTERM and SIGKILL when one of
-    them ends badly, as a preemption would give them."""
-
-    members: tuple[GangMember, ...]
-    grace_s: float = DEFAULT_GRACE_S
-
-
-MULTI_NODE_REFUSED = (
-    "this service runs each job on one machine (the local executor), so a job the core "
-    "placed over several nodes cannot start here: run `gpupool serve --ray ADDRESS` to run "
-    "jobs across nodes as gangs, or ask for at most one node's GPUs"
-)
-
-
-@dataclass(frozen=True)
-class LaunchSpec:
-    """One attempt of one job. `run_dir` belongs to the job and outlives its attempts.
-    `user`: run as this user (None: as the server). `limits`: its cgroup's limits."""
-
-    job_id: str
-    attempt: int
-    argv: tuple[str, ...]
-    env: Mapping[str, str]
-    gpu_indices: tuple[int, ...]
-    run_dir: Path
-    resume: bool
-    cwd: Path | None = None
-    user: JobUser | None = None
-    limits: Limits = NO_LIMITS
-    visible_devices: str | None = None
-    """CUDA_VISIBLE_DEVICES as the job must see it, when not the indices: a card's UUID
-    for a client of that card's MPS daemon (the daemon renumbers the devices it sees)."""
-    gang: Gang | None = None
-    """A job the core placed over several nodes: one member process per node, all or none
-    (RayExecutor runs it; LocalExecutor, one machine, refuses it). None: one node."""
-
-
-@dataclass(frozen=True)
-class Handle:
-    """Enough to find the attempt again after a restart. `start_ticks` (field 22 of
-    /proc/<pid>/stat) tells a recycled pid apart from the job. `token` and `cgroup` (from
-    the launch intent) find all its processes; pid 0: the shim's pid is not known yet."""
-
-    job_id: str
-    attempt: int
-    pid: int
-    pgid: int
-    start_ticks: int
-    token: str = ""
-    cgroup: str = ""
-
-
-@dataclass(frozen=True)
-class Exit:
-    """How an attempt ended. `exit_code`/`signal` are the job command's own when known
-    (the shim's when it left no record); `at_s` is the now_s of the poll that saw it."""
-
-    job_id: str
-    attempt: int
-    outcome: str
-    exit_code: int | None
-    signal: int | None
-    reason: str
-    at_s: float
-    node: str | None = None
-    """The node the attempt was lost on, when not the job's first (a gang member's)."""
-
-
-class Executor(Protocol):
-    """What the scheduler loop needs from whatever runs the jobs."""
-
-    def launch(self, spec: LaunchSpec, now_s: float) -> Handle: ...
-
-    def preempt(self, job_id: str, grace_s: float, now_s: float) -> None: ...
-
-    can_resize: bool
-    """It can stop a job's processes and relaunch them on other GPUs (elastic resize)."""
-
-    def resize(self, job_id: str, grace_s: float, now_s: float) -> None:
-        """Stop the job's processes as a preemption does (SIGTERM: it checkpoints; grace;
-        SIGKILL) so that the service relaunches it on its new GPUs once they exited."""
-        ...
-
-    def cancel(self, job_id: str, grace_s: float, now_s: float) -> None: ...
-
-    def poll(self, now_s: float) -> list[Exit]: ...
-
-    def adopt(self, handle: Handle, run_dir: Path) -> bool: ...
-
-    def handles(self) -> dict[str, Handle]: ...
-
-    def shutdown(self) -> None: ...
-
-
-# --------------------------------------------------------------------------- outcomes
-
-
-def _signal_name(num: int) -> str:
-    try:
-        return signal.Signals(num).name
-    except ValueError:
-        return f"signal {num}"
-
-
-def _grace_text(grace_s: float) -> str:
-    return f"{grace_s:g} s"
-
-
-def classify(
-    job_id: str,
-    attempt: int,
-    *,
-    exit_code: int | None,
-    signal_num: int | None,
-    at_s: float,
-    stop_kind: str | None = None,
-    kill_sent: bool = False,
-    grace_s: float = DEFAULT_GRACE_S,
-    error: str | None = None,
-    vanished: bool = False,
-) -> Exit:
-    """The one place that turns "how it died" plus "what we asked" into an outcome, so the
-    live executor and the fake always agree.
-
-    stop_kind is "preempt" or "cancel" once we sent SIGTERM; kill_sent once we sent the
-    group SIGKILL. vanished: no exit record and no wait status (node rebooted, or the shim
-    was killed while nobody was its parent)."""
-
-    def made(outcome: str, reason: str) -> Exit:
-        return Exit(job_id, attempt, outcome, exit_code, signal_num, reason, at_s)
-
-    grace = _grace_text(grace_s)
-    stopped = CANCELLED if stop_kind == "cancel" else PREEMPTED
-    if kill_sent and (vanished or signal_num == signal.SIGKILL):
-        exit_code, signal_num = None, signal.SIGKILL  # ours, even when no one saw it land
-        reason = f"killed by SIGKILL after the {grace} grace period"
-        if stop_kind == "cancel":
-            return made(CANCELLED, reason + " (cancelled)")
-        return made(KILLED, reason)
-    if vanished:
-        return made(
-            LOST,
-            "the process disappeared without leaving an exit record (the node may have "
-            "rebooted); requeue the job, it resumes from its last checkpoint",
-        )
-    if signal_num is not None:
-        ending = f"died of {_signal_name(signal_num)}"
-    else:
-        ending = f"exited {exit_code}"
-    if stop_kind is not None:
-        why = "cancellation" if stop_kind == "cancel" else "preemption"
-        if signal_num == signal.SIGTERM:
-            return made(
-                stopped,
-                f"ended by the SIGTERM for {why}; the job has no SIGTERM handler, so it saved "
-                "no checkpoint on the way out",
-            )
-        return made(stopped, f"{ending} within the {grace} grace period after SIGTERM for {why}")
-    if error is not None:
-        return made(FAILED, error)
-    if signal_num == signal.SIGKILL:
-        return made(
-            OOM,
-            "killed by SIGKILL that gpupool did not send, usually the kernel's out-of-memory "
-            "killer; give the job more memory or make it use less",
-        )
-    if signal_num is not None:
-        return made(CRASHED, ending)
-    if exit_code == 0:
-        return made(SUCCEEDED, ending)
-    return made(FAILED, ending)
 
 
 # --------------------------------------------------------------------------- /proc
@@ -317,78 +106,6 @@ def _cmdline(pid: int) -> list[str]:
     except OSError:
         return []
     return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def _write_json(path: Path, data: Mapping[str, object]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(dict(data)), encoding="utf-8")
-    os.replace(tmp, path)
-
-
-def write_atomically(path: Path, data: Mapping[str, object]) -> None:
-    """Replace `path` with `data` so that every reader sees the old content or all of the
-    new. No fsync: what a launch intent finds again (the attempt's processes, its cgroup)
-    lives only as long as the machine does, and every process on it sees the page cache;
-    after a crash of the machine there is nothing left to find, and an intent lost with
-    it reads as none (recover() then requeues the job, as it does for a torn one). The
-    two fsyncs cost 1 to 15 ms on every job's way to its start."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    try:
-        os.write(fd, json.dumps(dict(data)).encode())
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-
-
-def job_environment(spec: LaunchSpec, base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The allowed part of `base` (os.environ: PATH, LANG, LC_*, TZ, TERM) + HOME (the
-    job's own home directory) + spec.env + the variables the checkpoint protocol promises.
-
-    CUDA_DEVICE_ORDER=PCI_BUS_ID is forced because our GPU indices are NVML's, which count
-    in PCI bus order; CUDA's default order ("fastest first") could name other GPUs."""
-    source = os.environ if base is None else base
-    env = {k: v for k, v in source.items() if k in ENV_ALLOWED or k.startswith("LC_")}
-    env.setdefault("PATH", DEFAULT_PATH)
-    env["HOME"] = str(spec.run_dir.absolute() / HOME_DIR)
-    if spec.user is not None:
-        env["USER"] = env["LOGNAME"] = spec.user.name
-    env.update(spec.env)
-    env["CUDA_VISIBLE_DEVICES"] = (
-        spec.visible_devices
-        if spec.visible_devices is not None
-        else ",".join(str(i) for i in spec.gpu_indices)
-    )
-    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-    env["GPUPOOL_JOB_ID"] = spec.job_id
-    env["GPUPOOL_ATTEMPT"] = str(spec.attempt)
-    env["GPUPOOL_CHECKPOINT_DIR"] = str(spec.run_dir.absolute() / CHECKPOINT_DIR)
-    if spec.resume:
-        env["GPUPOOL_RESUME"] = "1"
-    else:
-        env.pop("GPUPOOL_RESUME", None)
-    return env
-
-
-def _validate(spec: LaunchSpec) -> None:
-    if not spec.argv or not spec.argv[0]:
-        raise SpecError(f"job {spec.job_id}: the command is empty; give the program to run")
-    if spec.attempt < 1:
-        raise SpecError(f"job {spec.job_id}: attempt must be 1 or more, got {spec.attempt}")
-    if spec.cwd is not None and not spec.cwd.is_dir():
-        raise SpecError(
-            f"job {spec.job_id}: working directory {spec.cwd} does not exist; create it or "
-            "submit the job without a working directory"
-        )
 
 
 # --------------------------------------------------------------------------- local
@@ -653,7 +370,7 @@ class LocalExecutor:
     """One machine: a job placed over several nodes is refused (MULTI_NODE_REFUSED)."""
 
     def launch(self, spec: LaunchSpec, now_s: float) -> Handle:
-        _validate(spec)
+        validate(spec)
         if spec.gang is not None and len(spec.gang.members) > 1:
             raise SpecError(f"job {spec.job_id}: {MULTI_NODE_REFUSED}")
         if spec.job_id in self._jobs:
@@ -795,7 +512,7 @@ class LocalExecutor:
         if handle.job_id in self._jobs:
             raise ConflictError(f"job {handle.job_id} is already watched by this executor")
         run_dir = run_dir.absolute()
-        intent = _read_json(launch_file(run_dir, handle.attempt)) or {}
+        intent = read_json(launch_file(run_dir, handle.attempt)) or {}
         if not handle.token and isinstance(intent.get("token"), str):
             handle = dataclasses.replace(handle, token=intent["token"])
         if not handle.cgroup and isinstance(intent.get("cgroup"), str):
@@ -808,7 +525,7 @@ class LocalExecutor:
                     handle = found
                     break
         job = _Watched(handle, run_dir, None)
-        stop = _read_json(stop_file(run_dir, handle.attempt))
+        stop = read_json(stop_file(run_dir, handle.attempt))
         if stop is not None:
             job.load_stop_state(stop)
         job.dead = handle.pid <= 0 or not self._is_our_shim(handle, run_dir)
@@ -874,19 +591,10 @@ class LocalExecutor:
         self._stop(job_id, "cancel", grace_s, now_s)
 
     def _stop(self, job_id: str, kind: str, grace_s: float, now_s: float) -> None:
-        job = self._jobs.get(job_id)
-        if job is None:
-            raise NotFoundError(
-                f"job {job_id} is not running on this executor; it may have ended already "
-                "(poll reports that) or was never launched or adopted here"
-            )
+        job = watched(self._jobs, job_id)
         if not self._alive(job):
             return  # it ended by itself; the next poll says how
-        grace_s = max(grace_s, 0.0)
-        if job.deadline_s is None or now_s + grace_s < job.deadline_s:
-            job.deadline_s, job.grace_s = now_s + grace_s, grace_s
-        if job.stop_kind != "cancel":
-            job.stop_kind = kind  # a cancel during a preemption wins, never the reverse
+        ask_stop(job, kind, grace_s, now_s)
         if job.sigterm_at_wall_s is None:
             job.sigterm_at_wall_s = time.time()
         self._save_stop_state(job)
@@ -896,7 +604,7 @@ class LocalExecutor:
     def _save_stop_state(self, job: _Watched) -> None:
         # Best effort: losing it only matters if the scheduler also restarts meanwhile.
         with contextlib.suppress(OSError):
-            _write_json(stop_file(job.run_dir, job.handle.attempt), job.stop_state())
+            write_json(stop_file(job.run_dir, job.handle.attempt), job.stop_state())
 
     def _alive(self, job: _Watched) -> bool:
         """Still running (not exited, not even a zombie waiting for us)."""
@@ -996,7 +704,7 @@ class LocalExecutor:
                 self.cgroups.remove(h.cgroup)
         code, sig, status_known = job.status
         stop_kind, kill_sent = job.stop_kind, job.kill_sent
-        record = _read_json(exit_file(job.run_dir, h.attempt))
+        record = read_json(exit_file(job.run_dir, h.attempt))
         if record is not None:
             ended_at = record.get("ended_at")
             sent = job.sigterm_at_wall_s
@@ -1058,168 +766,5 @@ def _wait_for_exits(epoll: select.epoll, stop_r: int, wake: Callable[[], None]) 
 _PEEK = os.WEXITED | os.WNOHANG | os.WNOWAIT
 
 
-# --------------------------------------------------------------------------- fake
-
-
-@dataclass
-class _FakeProc:
-    handle: Handle
-    watched: bool = True
-    dead: bool = False  # adopted but not running: report "lost" on next poll
-    stop_kind: str | None = None
-    grace_s: float = DEFAULT_GRACE_S
-    exit_at_s: float | None = None  # when it leaves by itself after SIGTERM
-    kill_at_s: float | None = None
-    kill_sent: bool = False
-    ended: tuple[int | None, int | None] | None = None  # (exit_code, signal)
-    vanished: bool = False
-
-
-class FakeExecutor:
-    """No processes: jobs run until finish() or a stop, on the clock the caller passes.
-
-    `exit_after_s`: how long a stopped job takes to checkpoint and leave (0: at once).
-    Jobs in `ignores_sigterm` (or slower than their grace period) are killed at the
-    deadline. A stopped job's Exit comes from the first poll at or after its exit or kill
-    time; LocalExecutor reports a kill one poll later, once the process is gone. Every
-    call is logged in `calls` as (verb, job_id); shutdown logs ("shutdown", "").
-    `runs_gangs`: take jobs across nodes as RayExecutor does (one fake process stands for
-    the whole gang; `gangs` keeps each launch's members), else refuse them as LocalExecutor
-    does."""
-
-    def __init__(
-        self,
-        exit_after_s: float = 0.0,
-        ignores_sigterm: Iterable[str] = (),
-        runs_gangs: bool = False,
-    ) -> None:
-        self.runs_gangs = runs_gangs
-        self.gangs: list[tuple[str, Gang]] = []
-        self.exit_after_s = exit_after_s
-        self.ignores_sigterm: set[str] = set(ignores_sigterm)
-        self.calls: list[tuple[str, str]] = []
-        self._procs: dict[str, _FakeProc] = {}
-        self._next_pid = 100_000
-
-    def launch(self, spec: LaunchSpec, now_s: float) -> Handle:
-        _validate(spec)
-        if spec.job_id in self._procs and self._procs[spec.job_id].watched:
-            raise ConflictError(
-                f"job {spec.job_id} is already watched here (attempt "
-                f"{self._procs[spec.job_id].handle.attempt}); poll until it ends before "
-                "launching it again"
-            )
-        if spec.gang is not None and len(spec.gang.members) > 1:
-            if not self.runs_gangs:
-                raise SpecError(f"job {spec.job_id}: {MULTI_NODE_REFUSED}")
-            self.gangs.append((spec.job_id, spec.gang))
-        self.calls.append(("launch", spec.job_id))
-        self._next_pid += 1
-        handle = Handle(spec.job_id, spec.attempt, self._next_pid, self._next_pid, int(now_s))
-        self._procs[spec.job_id] = _FakeProc(handle)
-        return handle
-
-    def preempt(self, job_id: str, grace_s: float, now_s: float) -> None:
-        self.calls.append(("preempt", job_id))
-        self._stop(job_id, "preempt", grace_s, now_s)
-
-    can_resize = True
-
-    def resize(self, job_id: str, grace_s: float, now_s: float) -> None:
-        self.preempt(job_id, grace_s, now_s)
-
-    def cancel(self, job_id: str, grace_s: float, now_s: float) -> None:
-        self.calls.append(("cancel", job_id))
-        self._stop(job_id, "cancel", grace_s, now_s)
-
-    def _get(self, job_id: str) -> _FakeProc:
-        proc = self._procs.get(job_id)
-        if proc is None:
-            raise NotFoundError(
-                f"job {job_id} is not running on this executor; it may have ended already "
-                "(poll reports that) or was never launched or adopted here"
-            )
-        return proc
-
-    def _stop(self, job_id: str, kind: str, grace_s: float, now_s: float) -> None:
-        proc = self._get(job_id)
-        if not proc.watched:
-            raise NotFoundError(f"job {job_id} is not watched: adopt it first")
-        if proc.dead or proc.ended is not None or proc.vanished:
-            return
-        grace_s = max(grace_s, 0.0)
-        if proc.kill_at_s is None or now_s + grace_s < proc.kill_at_s:
-            proc.kill_at_s, proc.grace_s = now_s + grace_s, grace_s
-        if proc.stop_kind != "cancel":
-            proc.stop_kind = kind
-        if job_id not in self.ignores_sigterm and proc.exit_at_s is None:
-            proc.exit_at_s = now_s + self.exit_after_s
-
-    def finish(self, job_id: str, exit_code: int = 0, signal_num: int | None = None) -> None:
-        """The job ends by itself (or dies of `signal_num`); the next poll reports it."""
-        proc = self._get(job_id)
-        if proc.ended is None:
-            proc.ended = (None, signal_num) if signal_num is not None else (exit_code, None)
-
-    def vanish(self, job_id: str) -> None:
-        """The process disappears without a record, as in a reboot: outcome "lost"."""
-        self._get(job_id).vanished = True
-
-    def poll(self, now_s: float) -> list[Exit]:
-        exits: list[Exit] = []
-        for job_id, proc in list(self._procs.items()):
-            if not proc.watched:
-                continue
-            if proc.ended is None and not proc.vanished and not proc.dead:
-                exit_at_s, kill_at_s = proc.exit_at_s, proc.kill_at_s
-                leaves = exit_at_s is not None and exit_at_s <= now_s
-                if leaves and (kill_at_s is None or (exit_at_s or 0.0) < kill_at_s):
-                    proc.ended = (0, None)
-                elif kill_at_s is not None and kill_at_s <= now_s:
-                    proc.kill_sent = True
-                    proc.ended = (None, signal.SIGKILL)
-                else:
-                    continue
-            code, sig = proc.ended if proc.ended is not None else (None, None)
-            exits.append(
-                classify(
-                    job_id,
-                    proc.handle.attempt,
-                    exit_code=code,
-                    signal_num=sig,
-                    at_s=now_s,
-                    stop_kind=proc.stop_kind,
-                    kill_sent=proc.kill_sent,
-                    grace_s=proc.grace_s,
-                    vanished=proc.ended is None,
-                )
-            )
-            del self._procs[job_id]
-        return exits
-
-    def adopt(self, handle: Handle, run_dir: Path) -> bool:
-        """True if this fake still "runs" exactly that attempt (left by shutdown()); else
-        False and the next poll reports it, "lost" when nothing ended it."""
-        self.calls.append(("adopt", handle.job_id))
-        proc = self._procs.get(handle.job_id)
-        if proc is not None and proc.watched:
-            raise ConflictError(f"job {handle.job_id} is already watched by this executor")
-        if proc is not None and proc.handle == handle:
-            proc.watched = True
-            return proc.ended is None and not proc.vanished
-        self._procs[handle.job_id] = _FakeProc(handle, dead=True)
-        return False
-
-    def handles(self) -> dict[str, Handle]:
-        return {j: p.handle for j, p in self._procs.items() if p.watched and not p.dead}
-
-    def shutdown(self) -> None:
-        """Stop watching; fake jobs keep "running" and can be adopted again."""
-        self.calls.append(("shutdown", ""))
-        for proc in self._procs.values():
-            proc.watched = False
-
-
-if TYPE_CHECKING:  # mypy proves both implement the protocol the scheduler loop uses
+if TYPE_CHECKING:  # mypy proves it implements the protocol the scheduler loop uses
     _LOCAL: Executor = LocalExecutor()
-    _FAKE: Executor = FakeExecutor()

@@ -31,67 +31,44 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpupool.errors import ConflictError, GpupoolError, NotFoundError, SpecError, Unavailable
-from gpupool.server.executors.local import (
-    DEFAULT_GRACE_S,
+from gpupool.ports.executor.base import (
     LOST,
-    STDERR_LOG,
-    STDOUT_LOG,
     SUCCEEDED,
     Exit,
-    GangMember,
     Handle,
     LaunchSpec,
-    _validate,
-    classify,
-    exit_file,
+    validate,
 )
+from gpupool.ports.executor.stops import ask_stop, watched
+from gpupool.server.executors.files import STDERR_LOG, STDOUT_LOG, exit_file
 from gpupool.server.executors.ray_launcher import (
-    Launch,
     NodeLauncher,
+    ShimStart,
     launcher_name,
     member_dir,
     member_key,
     state_root,
 )
+from gpupool.server.executors.ray_runs import (
+    VANISHED,
+    RayJob,
+    RayRun,
+    gang_env,
+    gang_exit,
+    gang_file,
+    judge,
+    member_exit,
+    read_gang,
+)
 
 if TYPE_CHECKING:
-    from gpupool.server.executors.local import Executor
+    from gpupool.ports.executor.base import Executor
 
 NODE_PREFIX = "gpupool_node_"
 MODEL_PREFIX = "gpupool_model_"
 SITE_PREFIX = "gpupool_site_"
 DEFAULT_NAMESPACE = "gpupool"
 CALL_TIMEOUT_S = 5.0  # a live launcher answers in milliseconds; longer: its node is in doubt
-
-
-def gang_file(run_dir: Path, attempt: int) -> Path:
-    """The members of a gang attempt (rank, node, GPUs), for adoption after a restart."""
-    return run_dir / f"gang-{attempt}.json"
-
-
-def _read_gang(path: Path) -> list[Any] | None:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    members = data.get("members") if isinstance(data, dict) else None
-    return members if isinstance(members, list) and len(members) > 1 else None
-
-
-def gang_env(members: Sequence[GangMember], rank: int, addr: str, port: int) -> dict[str, str]:
-    """torchrun's variables for member `rank` (one process per node): where rank 0
-    listens, how many members there are, which one this is, how many GPUs it has."""
-    return {
-        "MASTER_ADDR": addr,
-        "MASTER_PORT": str(port),
-        "WORLD_SIZE": str(len(members)),
-        "RANK": str(rank),
-        "NODE_RANK": str(rank),
-        "GROUP_RANK": str(rank),
-        "LOCAL_RANK": "0",
-        "LOCAL_WORLD_SIZE": str(len(members[rank].gpu_indices)),
-        "GPUPOOL_GANG_NODES": ",".join(m.node for m in members),
-    }
 
 
 def gpu_resource(node: str, index: int) -> str:
@@ -154,55 +131,6 @@ def ray_nodes() -> list[RayNode]:
 # --------------------------------------------------------------------------- executor
 
 
-@dataclass
-class _Run:
-    """One process a node's launcher started: a job, or one member of a gang."""
-
-    key: str
-    """Its name in the node's records (`member_key`)."""
-    rank: int
-    node: str
-    launcher: Any
-    pid: int
-    ticks: int
-    record: str
-    """The shim's exit record, on the node."""
-    log_dir: Path
-    """The run's log directory (the same path on the node and the scheduler's host)."""
-    done: bool = False
-    vanished: bool = False
-    result: Mapping[str, Any] | None = None
-    order: int = 0
-
-
-@dataclass
-class _RayJob:
-    handle: Handle
-    runs: list[_Run]
-    """Rank 0 first; more than one: a gang, one member per node."""
-    stop_kind: str | None = None
-    grace_s: float = DEFAULT_GRACE_S
-    deadline_s: float | None = None
-    kill_sent: bool = False
-    sigterm_at_wall_s: float | None = None
-    run_dir: Path | None = None
-    gang_stop: str | None = None
-    """Why the gang's other members are being stopped: one ended badly or vanished."""
-    ended: int = 0
-
-    @property
-    def node(self) -> str:
-        return self.runs[0].node
-
-    @property
-    def gang(self) -> bool:
-        return len(self.runs) > 1
-
-
-_VANISHED: Mapping[str, Any] = {"node_lost": True}
-"""A run's answer when its node is gone."""
-
-
 class RayExecutor:
     """The Executor protocol on a Ray cluster the caller has already joined (ray.init).
 
@@ -233,7 +161,7 @@ class RayExecutor:
         self._launchers: dict[str, tuple[str, Any]] = {}
         """gpupool node -> (Ray node id, its warm launcher's handle)."""
         self._state_dir = str(state_root(namespace))
-        self._jobs: dict[str, _RayJob] = {}
+        self._jobs: dict[str, RayJob] = {}
         self._dead: list[Exit] = []
         """Ends found outside poll (a gang adopted only in part), reported by the next."""
         for node in list(self._nodes):  # warm: each node's launcher starts now, not at launch
@@ -314,10 +242,12 @@ class RayExecutor:
     runs_gangs = True
     """A job placed over several nodes runs here as a gang: one member per node."""
 
-    def _run_of(self, answer: Mapping[str, Any], launch: Launch, node: str, launcher: Any) -> _Run:
+    def _run_of(
+        self, answer: Mapping[str, Any], launch: ShimStart, node: str, launcher: Any
+    ) -> RayRun:
         spec = launch.spec
         log_dir = spec.run_dir / member_dir(launch.rank) if launch.rank else spec.run_dir
-        return _Run(
+        return RayRun(
             member_key(spec.job_id, launch.rank),
             launch.rank,
             node,
@@ -336,13 +266,13 @@ class RayExecutor:
         for. One result per launch, in order: its handle, or the error that stopped it."""
         results: list[Handle | GpupoolError | None] = [None] * len(launches)
         gangs: list[tuple[int, LaunchSpec]] = []
-        by_node: dict[str, list[tuple[int, Launch]]] = {}
+        by_node: dict[str, list[tuple[int, ShimStart]]] = {}
         for k, (spec, node) in enumerate(launches):
             if spec.gang is not None and len(spec.gang.members) > 1:
                 gangs.append((k, spec))  # started below, once the single-node launches are out
                 continue
             try:
-                _validate(spec)
+                validate(spec)
                 if spec.job_id in self._jobs or any(
                     spec.job_id == other.spec.job_id for _, other in by_node.get(node, [])
                 ):
@@ -355,7 +285,7 @@ class RayExecutor:
                 results[k] = err
                 continue
             spec = dataclasses.replace(spec, env=dict(spec.env), run_dir=spec.run_dir.absolute())
-            by_node.setdefault(node, []).append((k, Launch(spec, self._python)))
+            by_node.setdefault(node, []).append((k, ShimStart(spec, self._python)))
         calls = []
         for node, items in by_node.items():
             launcher = self._launcher(node)
@@ -383,7 +313,7 @@ class RayExecutor:
                     continue
                 run = self._run_of(answer, launch, node, launcher)
                 handle = Handle(spec.job_id, spec.attempt, run.pid, run.pid, run.ticks)
-                self._jobs[spec.job_id] = _RayJob(handle, [run], run_dir=spec.run_dir)
+                self._jobs[spec.job_id] = RayJob(handle, [run], run_dir=spec.run_dir)
                 results[k] = handle
         for k, spec in gangs:
             results[k] = self._launch_gang(spec)
@@ -401,7 +331,7 @@ class RayExecutor:
         assert gang is not None
         members = gang.members
         try:
-            _validate(spec)
+            validate(spec)
             if spec.job_id in self._jobs:
                 raise ConflictError(
                     f"job {spec.job_id} is already watched here; poll until it ends before "
@@ -421,7 +351,7 @@ class RayExecutor:
         )
         where = ", ".join(f"{m.node}:{','.join(map(str, m.gpu_indices))}" for m in members)
         deadline = time.monotonic() + self.START_TIMEOUT_S
-        runs: list[_Run] = []
+        runs: list[RayRun] = []
         why = ""
         try:
             addr, port = self._ray.get(launchers[0].endpoint.remote(), timeout=self.START_TIMEOUT_S)
@@ -432,7 +362,7 @@ class RayExecutor:
                     env["GPUPOOL_FAKE_GPUS"] = ",".join(str(i) for i in m.gpu_indices)
                 mspec = dataclasses.replace(spec, env=env, gpu_indices=m.gpu_indices, gang=None)
                 launches.append(
-                    Launch(mspec, self._python, rank, gang_env(members, rank, addr, port))
+                    ShimStart(mspec, self._python, rank, gang_env(members, rank, addr, port))
                 )
             refs = [
                 launcher.start_many.remote([launch])
@@ -460,10 +390,10 @@ class RayExecutor:
                 "members that did were killed, none runs, it is requeued"
             )
         handle = Handle(spec.job_id, spec.attempt, runs[0].pid, runs[0].pid, runs[0].ticks)
-        self._jobs[spec.job_id] = _RayJob(handle, runs, grace_s=gang.grace_s, run_dir=run_dir)
+        self._jobs[spec.job_id] = RayJob(handle, runs, grace_s=gang.grace_s, run_dir=run_dir)
         return handle
 
-    def _kill_runs(self, runs: Sequence[_Run]) -> None:
+    def _kill_runs(self, runs: Sequence[RayRun]) -> None:
         """SIGKILL each run's process group through its launcher, then release it."""
         refs = []
         for run in runs:
@@ -475,7 +405,7 @@ class RayExecutor:
         for run in runs:
             self._release(run)
 
-    def _release(self, run: _Run) -> None:
+    def _release(self, run: RayRun) -> None:
         with contextlib.suppress(Exception):
             run.launcher.release.remote(run.key, run.pid)
 
@@ -493,7 +423,7 @@ class RayExecutor:
     def _adopt_gang(self, handle: Handle, run_dir: Path, layout: list[Any]) -> bool:
         """A gang is adopted whole or not at all: if any member is gone after the restart,
         the live ones are killed and the next poll reports the job lost (requeued)."""
-        runs: list[_Run] = []
+        runs: list[RayRun] = []
         missing: list[str] = []
         for k, entry in enumerate(layout):
             node = str(entry.get("node", "?")) if isinstance(entry, dict) else "?"
@@ -502,7 +432,7 @@ class RayExecutor:
                 missing.append(f"rank {k} on node {node}")
                 continue
             log_dir = run_dir / member_dir(k) if k else run_dir
-            run = _Run(
+            run = RayRun(
                 member_key(handle.job_id, k),
                 k,
                 node,
@@ -518,7 +448,7 @@ class RayExecutor:
             ):
                 missing.append(f"rank {k} on node {node}")
         if not missing and len(runs) == len(layout):
-            self._jobs[handle.job_id] = _RayJob(handle, runs, run_dir=run_dir)
+            self._jobs[handle.job_id] = RayJob(handle, runs, run_dir=run_dir)
             return True
         self._kill_runs(runs)
         lost_node = missing[0].rsplit(" ", 1)[-1] if missing else None
@@ -545,7 +475,7 @@ class RayExecutor:
         if handle.job_id in self._jobs:
             raise ConflictError(f"job {handle.job_id} is already watched by this executor")
         run_dir = run_dir.absolute()
-        layout = _read_gang(gang_file(run_dir, handle.attempt))
+        layout = read_gang(gang_file(run_dir, handle.attempt))
         if layout is not None:
             return self._adopt_gang(handle, run_dir, layout)
         if not self._nodes:
@@ -564,7 +494,7 @@ class RayExecutor:
                 continue
             if (int(entry["pid"]), int(entry["ticks"])) != (handle.pid, handle.start_ticks):
                 continue
-            run = _Run(
+            run = RayRun(
                 handle.job_id,
                 0,
                 node,
@@ -574,7 +504,7 @@ class RayExecutor:
                 str(entry["record"]),
                 run_dir,
             )
-            self._jobs[handle.job_id] = _RayJob(handle, [run], run_dir=run_dir)
+            self._jobs[handle.job_id] = RayJob(handle, [run], run_dir=run_dir)
             return True
         return False
 
@@ -594,28 +524,15 @@ class RayExecutor:
     def cancel(self, job_id: str, grace_s: float, now_s: float) -> None:
         self._stop(job_id, "cancel", grace_s, now_s)
 
-    def _get(self, job_id: str) -> _RayJob:
-        job = self._jobs.get(job_id)
-        if job is None:
-            raise NotFoundError(
-                f"job {job_id} is not running on this executor; it may have ended already "
-                "(poll reports that) or was never launched or adopted here"
-            )
-        return job
-
     def _stop(self, job_id: str, kind: str, grace_s: float, now_s: float) -> None:
-        job = self._get(job_id)
-        grace_s = max(grace_s, 0.0)
-        if job.deadline_s is None or now_s + grace_s < job.deadline_s:
-            job.deadline_s, job.grace_s = now_s + grace_s, grace_s
-        if job.stop_kind != "cancel":
-            job.stop_kind = kind
+        job = watched(self._jobs, job_id)
+        ask_stop(job, kind, grace_s, now_s)
         if job.sigterm_at_wall_s is None:
             job.sigterm_at_wall_s = time.time()
         self._send(job, signal.SIGTERM)
         self._enforce(job, now_s)
 
-    def _send(self, job: _RayJob, sig: int) -> None:
+    def _send(self, job: RayJob, sig: int) -> None:
         # every run still going, all in flight at once; a dead node: poll says "lost"
         refs = []
         for run in job.runs:
@@ -626,7 +543,7 @@ class RayExecutor:
             with contextlib.suppress(Exception):
                 self._ray.get(ref, timeout=self._timeout)
 
-    def _enforce(self, job: _RayJob, now_s: float) -> None:
+    def _enforce(self, job: RayJob, now_s: float) -> None:
         if job.kill_sent or job.deadline_s is None or now_s < job.deadline_s:
             return
         self._send(job, signal.SIGKILL)
@@ -643,7 +560,7 @@ class RayExecutor:
         self._dead.clear()
         for job in self._jobs.values():
             self._enforce(job, now_s)
-        by_node: dict[str, list[tuple[str, _Run]]] = {}
+        by_node: dict[str, list[tuple[str, RayRun]]] = {}
         for job_id, job in self._jobs.items():
             for run in job.runs:
                 if not run.done:
@@ -664,7 +581,7 @@ class RayExecutor:
                 # or its node is gone: only the node's death makes its runs lost.
                 if not self._node_alive(node):
                     for _, run in by_node[node]:
-                        answers[run.key] = _VANISHED
+                        answers[run.key] = VANISHED
                     self._launchers.pop(node, None)
         for job_id in list(self._jobs):
             job = self._jobs[job_id]
@@ -683,14 +600,14 @@ class RayExecutor:
                 continue
             run = job.runs[0]
             if answer.get("node_lost"):
-                exits.append(self._classify(job, None, now_s, vanished=True))
+                exits.append(judge(job, None, now_s, vanished=True))
             else:
-                exits.append(self._classify(job, answer, now_s, vanished=False))
+                exits.append(judge(job, answer, now_s, vanished=False))
                 self._collect_logs(job, run, answer)
             self._forget(job_id)
         return exits
 
-    def _poll_gang(self, job: _RayJob, answers: Mapping[str, Any], now_s: float) -> Exit | None:
+    def _poll_gang(self, job: RayJob, answers: Mapping[str, Any], now_s: float) -> Exit | None:
         """Note which members ended; the first to end badly (or vanish with its node)
         stops all the others (SIGTERM, SIGKILL after the grace period). The gang's Exit
         comes once every member has ended: no member is left running alone."""
@@ -703,7 +620,7 @@ class RayExecutor:
             else:
                 run.result = answer
             run.done, job.ended, run.order = True, job.ended + 1, job.ended + 1
-            bad = run.vanished or self._member_exit(job, run, now_s).outcome != SUCCEEDED
+            bad = run.vanished or member_exit(job, run, now_s).outcome != SUCCEEDED
             if bad and job.stop_kind is None and job.gang_stop is None:
                 job.gang_stop = f"gang member rank {run.rank} on node {run.node}"
                 job.deadline_s = now_s + job.grace_s
@@ -711,61 +628,11 @@ class RayExecutor:
                 self._send(job, signal.SIGTERM)
         if not all(run.done for run in job.runs):
             return None
-        return self._gang_exit(job, now_s)
-
-    def _member_exit(self, job: _RayJob, run: _Run, now_s: float) -> Exit:
-        """How one member ended, by the rules of a single job: a stop the scheduler asked
-        for counts; the gang's own stop of the others does not."""
-        if run.vanished or run.result is None:
-            return self._classify(job, None, now_s, vanished=True)
-        stop_kind, kill_sent = job.stop_kind, job.kill_sent
-        if stop_kind is None:  # a member ended by itself: judged as it ended
-            job.kill_sent = False
-        try:
-            return self._classify(job, run.result, now_s, vanished=False)
-        finally:
-            job.stop_kind, job.kill_sent = stop_kind, kill_sent
-
-    def _gang_exit(self, job: _RayJob, now_s: float) -> Exit:
-        h = job.handle
-        n = len(job.runs)
-        by_order = sorted(job.runs, key=lambda run: run.order)
-        lost = [run for run in by_order if run.vanished]
-        if lost:
-            run = lost[0]
-            return Exit(
-                h.job_id,
-                h.attempt,
-                LOST,
-                None,
-                None,
-                f"gang member rank {run.rank} on node {run.node} was lost (its Ray node died "
-                f"or left the cluster); all {n} members were stopped: requeue the job, it "
-                "resumes from its last checkpoint with a new gang",
-                now_s,
-                node=run.node,
-            )
-        ends = {run.rank: self._member_exit(job, run, now_s) for run in job.runs}
-        if job.stop_kind is not None:  # preempted or cancelled: the worst member's end
-            killed = [e for e in ends.values() if e.signal == signal.SIGKILL]
-            ex = killed[0] if killed else ends[0]
-            return dataclasses.replace(ex, reason=f"{ex.reason} (all {n} members of the gang)")
-        if job.gang_stop is not None:
-            first = next(run for run in by_order if ends[run.rank].outcome != SUCCEEDED)
-            ex = ends[first.rank]
-            return dataclasses.replace(
-                ex,
-                reason=(
-                    f"gang member rank {first.rank} on node {first.node}: {ex.reason}; the "
-                    f"other {n - 1} members were stopped (SIGTERM, SIGKILL after "
-                    f"{job.grace_s:g} s)"
-                ),
-            )
-        return dataclasses.replace(ends[0], reason=f"{ends[0].reason} (all {n} members)")
+        return gang_exit(job, now_s)
 
     LOG_TAIL_LIMIT = 64 << 20
 
-    def _collect_logs(self, job: _RayJob, run: _Run, ended: Mapping[str, Any] | None) -> None:
+    def _collect_logs(self, job: RayJob, run: RayRun, ended: Mapping[str, Any] | None) -> None:
         """Before the attempt is released, copy what the scheduler's run directory lacks
         of the run's logs from its node (nothing on a shared filesystem, where the sizes
         the poll reported match: then no call is made); a gang member's go to
@@ -790,51 +657,6 @@ class RayExecutor:
                 with local.open("ab") as f:
                     f.write(data)
 
-    def _classify(
-        self, job: _RayJob, ended: Mapping[str, Any] | None, now_s: float, *, vanished: bool
-    ) -> Exit:
-        h = job.handle
-        stop_kind, kill_sent = job.stop_kind, job.kill_sent
-        code: int | None = None
-        sig: int | None = None
-        error: str | None = None
-        if vanished:
-            # The node died: the process is gone with it (machine lost), and even if we
-            # sent SIGKILL the node loss is the news; it resumes elsewhere.
-            return Exit(
-                h.job_id,
-                h.attempt,
-                "lost",
-                None,
-                None,
-                f"the Ray node of gpupool node {job.node or '?'} died or left the cluster; "
-                "requeue the job, it resumes from its last checkpoint",
-                now_s,
-            )
-        assert ended is not None
-        code, sig = ended.get("exit_code"), ended.get("signal")
-        record = ended.get("record")
-        if isinstance(record, dict):
-            ended_at = record.get("ended_at")
-            sent = job.sigterm_at_wall_s
-            if isinstance(ended_at, int | float) and sent is not None and ended_at < sent:
-                stop_kind, kill_sent = None, False
-            rc, rs, re_ = (record.get(k) for k in ("exit_code", "signal", "error"))
-            code = rc if isinstance(rc, int) else None
-            sig = rs if isinstance(rs, int) else None
-            error = re_ if isinstance(re_, str) else None
-        return classify(
-            h.job_id,
-            h.attempt,
-            exit_code=code,
-            signal_num=sig,
-            at_s=now_s,
-            stop_kind=stop_kind,
-            kill_sent=kill_sent,
-            grace_s=job.grace_s,
-            error=error,
-        )
-
     def _forget(self, job_id: str) -> None:
         """The attempt's end has been seen: its launchers release its GPU claims (a dead
         node's go with the node)."""
@@ -847,7 +669,7 @@ class RayExecutor:
     ) -> bytes:
         """Log bytes of a running job (of gang member `rank`), read on its node by the
         node's launcher."""
-        job = self._get(job_id)
+        job = watched(self._jobs, job_id)
         if not 0 <= rank < len(job.runs):
             raise NotFoundError(
                 f"job {job_id} has no gang member of rank {rank}; it runs "
@@ -861,7 +683,7 @@ class RayExecutor:
 
     def actor_node_id(self, job_id: str) -> str:
         """The Ray node id the job runs on, as its node's launcher reports it."""
-        run = self._get(job_id).runs[0]
+        run = watched(self._jobs, job_id).runs[0]
         node: str = self._ray.get(run.launcher.node_id.remote(), timeout=self._timeout)
         return node
 

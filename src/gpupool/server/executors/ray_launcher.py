@@ -38,31 +38,31 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpupool.server.executors.local import (
+from gpupool.ports.executor.base import LaunchSpec
+from gpupool.server.executors.files import (
     CHECKPOINT_DIR,
     DEFAULT_LOG_MAX_BYTES,
     DEFAULT_PATH,
     HOME_DIR,
     STDERR_LOG,
     STDOUT_LOG,
-    LaunchSpec,
-    _read_json,
-    _write_json,
     exit_file,
     job_environment,
-    read_start_ticks,
-    shim_command,
+    read_json,
     stop_file,
+    write_json,
 )
+from gpupool.server.executors.local import read_start_ticks, shim_command
 
 LAUNCHER_PREFIX = "gpupool-launcher-"
 
 
 @dataclass(frozen=True)
-class Launch:
-    """One start a launcher makes: a job, or member `rank` of a gang (0: the job's own
-    logs and exit record; k > 0: ``rank-<k>/``), with `extra_env` (the gang's
-    rendezvous) on top of the job's environment."""
+class ShimStart:
+    """One shim a node's launcher starts (for the core's `Launch` command): a job, or
+    member `rank` of a gang (0: the job's own logs and exit record; k > 0:
+    ``rank-<k>/``), with `extra_env` (the gang's rendezvous) on top of the job's
+    environment."""
 
     spec: LaunchSpec
     python: str
@@ -211,11 +211,11 @@ class NodeLauncher:
             port = int(s.getsockname()[1])
         return str(ray_api.util.get_node_ip_address()), port
 
-    def start_many(self, launches: Sequence[Launch]) -> list[dict[str, Any]]:
+    def start_many(self, launches: Sequence[ShimStart]) -> list[dict[str, Any]]:
         """Start each launch; per launch {"pid", "ticks"} or {"error"}."""
         return [self._start(launch) for launch in launches]
 
-    def _start(self, launch: Launch) -> dict[str, Any]:
+    def _start(self, launch: ShimStart) -> dict[str, Any]:
         spec, key = launch.spec, member_key(launch.spec.job_id, launch.rank)
         try:
             run_dir = spec.run_dir.absolute()
@@ -249,9 +249,9 @@ class NodeLauncher:
                     "record": str(record),
                     "log_dir": str(log_dir),
                 }
-                _write_json(self._dir / f"job-{key}.json", entry)
+                write_json(self._dir / f"job-{key}.json", entry)
                 for i in spec.gpu_indices:
-                    _write_json(self._dir / f"gpu{i}", {"job_id": key})
+                    write_json(self._dir / f"gpu{i}", {"job_id": key})
             return {"pid": proc.pid, "ticks": ticks}
         except OSError as e:
             return {"error": f"cannot start the job's shim on node {self._node}: {e}"}
@@ -283,7 +283,7 @@ class NodeLauncher:
     def _held(self, job_id: str, attempt: int, indices: Sequence[int]) -> str:
         """Why the launch must not go ahead ("" if it may): the job already runs here, or
         an index it asks for is claimed by a job whose shim still runs."""
-        mine = _read_json(self._dir / f"job-{job_id}.json")
+        mine = read_json(self._dir / f"job-{job_id}.json")
         if mine is not None and _alive(int(mine.get("pid", 0)), int(mine.get("ticks", -1))):
             if int(mine.get("attempt", 0)) >= attempt:
                 return (
@@ -294,11 +294,11 @@ class NodeLauncher:
             # the scheduler gave that attempt up (a launch it saw time out): never twice
             self._kill(int(mine["pid"]), int(mine["ticks"]))
         for i in indices:
-            claim = _read_json(self._dir / f"gpu{i}")
+            claim = read_json(self._dir / f"gpu{i}")
             if claim is None:
                 continue
             other = str(claim.get("job_id", ""))
-            holder = _read_json(self._dir / f"job-{other}.json")
+            holder = read_json(self._dir / f"job-{other}.json")
             if holder is None or not _alive(
                 int(holder.get("pid", 0)), int(holder.get("ticks", -1))
             ):
@@ -343,7 +343,7 @@ class NodeLauncher:
         else:
             code, sig = None, None
         result: dict[str, Any] = {"exit_code": code, "signal": sig, "record": None}
-        record = _read_json(Path(record_path))
+        record = read_json(Path(record_path))
         if record is not None:
             result["record"] = record
             return result
@@ -370,7 +370,7 @@ class NodeLauncher:
         """What this node last started for the job (or gang member: `member_key`),
         running or ended but not yet seen to end by the scheduler, with "running" (the
         shim still runs); adoption reads it, and poll then reports how it ended."""
-        entry = _read_json(self._dir / f"job-{key}.json")
+        entry = read_json(self._dir / f"job-{key}.json")
         if entry is not None:
             entry["running"] = _alive(int(entry.get("pid", 0)), int(entry.get("ticks", -1)))
         return entry
@@ -379,11 +379,11 @@ class NodeLauncher:
         """The scheduler has seen the attempt end: its claims go (only that attempt's)."""
         with self._lock, self._claims():
             path = self._dir / f"job-{job_id}.json"
-            entry = _read_json(path)
+            entry = read_json(path)
             if entry is None or int(entry.get("pid", 0)) != pid:
                 return
             for i in entry.get("gpus", []):
-                claim = _read_json(self._dir / f"gpu{i}")
+                claim = read_json(self._dir / f"gpu{i}")
                 if claim is not None and claim.get("job_id") == job_id:
                     (self._dir / f"gpu{i}").unlink(missing_ok=True)
             path.unlink(missing_ok=True)

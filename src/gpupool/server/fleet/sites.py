@@ -18,13 +18,14 @@ import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import yaml
 
 from gpupool.errors import SpecError
 from gpupool.federation.burst import BurstRules
 from gpupool.federation.topology import TOPOLOGY_KEYS, Topology, parse_topology
+from gpupool.ports.cloud.base import CloudNode, CommandRunner
 from gpupool.sizing.catalog import load_catalog
 from gpupool.specfile import SpecReader
 
@@ -47,16 +48,6 @@ BURST_KEYS = frozenset(
 CLOUD_KEYS = frozenset({"start", "stop", "nodes"})
 CLOUD_NODE_KEYS = frozenset({"name", "site", "model", "gpus"})
 PLACEMENTS = ("locality-aware", "blind")
-
-
-@dataclass(frozen=True)
-class CloudNode:
-    """A node a cloud site can start on demand."""
-
-    name: str
-    site: str
-    model: str
-    gpus: int
 
 
 @dataclass(frozen=True)
@@ -212,15 +203,9 @@ def pool_prices(cfg: SitesConfig, pools: Mapping[str, tuple[str, str]]) -> dict[
 
 
 # ---- cloud nodes ------------------------------------------------------------------------------
-class CommandRunner(Protocol):
-    """Runs a node's start or stop command without waiting for it."""
-
-    def start(self, argv: Sequence[str], log: Path) -> Callable[[], int | None]:
-        """Launch; the returned call gives the exit code once it has ended, else None."""
-        ...
-
-
 class ProcessRunner:
+    """The `CommandRunner` of the live server: each command a process of its own."""
+
     def start(self, argv: Sequence[str], log: Path) -> Callable[[], int | None]:
         log.parent.mkdir(parents=True, exist_ok=True)
         with log.open("ab") as out:

@@ -25,27 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from gpupool.ports.executor.base import Limits
+
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 CPU_PERIOD_US = 100_000
 V1_CONTROLLERS = ("pids", "memory", "cpu", "devices", "freezer")
 V2_CONTROLLERS = ("cpu", "memory", "pids")
-
-
-@dataclass(frozen=True)
-class Limits:
-    """What one job may use. None: unlimited (as far as gpupool is concerned)."""
-
-    cpu_cores: float | None = None
-    mem_mib: int | None = None
-    pids: int | None = None
-
-    def over(self, other: Limits) -> Limits:
-        """These limits where set, `other`'s elsewhere (a team's over a kind's default)."""
-        return Limits(
-            self.cpu_cores if self.cpu_cores is not None else other.cpu_cores,
-            self.mem_mib if self.mem_mib is not None else other.mem_mib,
-            self.pids if self.pids is not None else other.pids,
-        )
 
 
 @dataclass(frozen=True)

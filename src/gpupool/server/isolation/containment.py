@@ -38,8 +38,8 @@ import yaml
 
 from gpupool.domain.model import JobKind
 from gpupool.errors import SpecError, Unavailable
-from gpupool.server.executors.local import DEFAULT_LOG_MAX_BYTES, JobUser
-from gpupool.server.isolation.cgroups import Limits
+from gpupool.ports.executor.base import JobUser, Limits
+from gpupool.server.executors.files import DEFAULT_LOG_MAX_BYTES
 from gpupool.specfile import SpecReader
 
 SECTION = "isolation"

@@ -42,6 +42,20 @@ from gpupool.errors import (
 )
 from gpupool.policies.preemption import PreemptionRules
 from gpupool.ports.clock.base import Clock
+from gpupool.ports.cloud.base import CommandRunner
+from gpupool.ports.executor.base import (
+    MULTI_NODE_REFUSED,
+    NO_LIMITS,
+    Executor,
+    Exit,
+    Gang,
+    GangMember,
+    Handle,
+    JobUser,
+    LaunchSpec,
+)
+from gpupool.ports.telemetry.base import GpuInfo, GpuSample, Telemetry
+from gpupool.ports.telemetry.fake import FakeTelemetry, declared_use
 from gpupool.scheduler import (
     Burst,
     Cancel,
@@ -72,24 +86,12 @@ from gpupool.scheduler import (
 from gpupool.scheduler.commands import LearnGuard, LearnShadow
 from gpupool.scheduler.config import SchedulerConfig
 from gpupool.scheduler.config_schema import check_fleet
-from gpupool.server.executors.local import (
-    MULTI_NODE_REFUSED,
-    NO_LIMITS,
-    Executor,
-    Exit,
-    Gang,
-    GangMember,
-    Handle,
-    JobUser,
-    LaunchSpec,
-    launch_file,
-)
+from gpupool.server.executors.files import launch_file
 from gpupool.server.executors.mps import Mps, MpsError, NoMps, ShareRequest, detect_mps, share_env
 from gpupool.server.fleet.sites import (
     DOWN,
     STARTING,
     CloudNodes,
-    CommandRunner,
     SitesConfig,
     pool_prices,
     with_cloud_nodes,
@@ -111,15 +113,7 @@ from gpupool.server.store import (
     transient,
 )
 from gpupool.server.telemetry.history import HistoryConfig, attach, running_replicas
-from gpupool.server.telemetry.nvml import (
-    FakeTelemetry,
-    GpuInfo,
-    GpuSample,
-    MonitorRule,
-    Signals,
-    Telemetry,
-    declared_use,
-)
+from gpupool.server.telemetry.monitor import MonitorRule, Signals
 from gpupool.server.telemetry.prometheus import StartLatency
 from gpupool.server.telemetry.replica_load import LoadWindow, Measured, Scraper
 from gpupool.sizing.catalog import load_catalog
@@ -404,10 +398,9 @@ class LiveService:
         """Enforces GPU shares where the driver has MPS (server/executors/mps.py); else advisory."""
         sched = one_team_per_card(sched, self.mps, getattr(executor, "isolation", None))
         # Elastic jobs lend GPUs only where the executor can restart a job on other GPUs.
-        can_resize = bool(getattr(executor, "can_resize", False))
+        resize = sched.elastic.resize and executor.can_resize
         sched = dataclasses.replace(
-            sched,
-            elastic=dataclasses.replace(sched.elastic, resize=sched.elastic.resize and can_resize),
+            sched, elastic=dataclasses.replace(sched.elastic, resize=resize)
         )
         self.scheduler = Scheduler(
             self.cluster,

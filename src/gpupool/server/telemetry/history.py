@@ -22,21 +22,26 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import yaml
 
 from gpupool.domain.lifecycle import JobState
 from gpupool.energy.tariff import load_tariff
 from gpupool.errors import SpecError
+from gpupool.ports.telemetry.base import GpuSample
 from gpupool.server.loop.diskspace import DiskFloor, DiskProbe
 from gpupool.server.store import FleetGpu, GpuMinute, ServiceMinute, Store
-from gpupool.server.telemetry.nvml import GpuSample
 from gpupool.server.telemetry.replica_load import Measured
 from gpupool.specfile import SpecReader
 
 if TYPE_CHECKING:
-    from gpupool.server.loop.driver import LiveService
+    from gpupool.domain.model import Cluster
+    from gpupool.ports.clock.base import Clock
+    from gpupool.ports.telemetry.base import GpuInfo
+    from gpupool.scheduler import Scheduler
+    from gpupool.scheduler.config import SchedulerConfig
+    from gpupool.server.telemetry.replica_load import Scraper
 
 log = logging.getLogger("gpupool.server")
 
@@ -286,7 +291,61 @@ class TelemetryHistory:
             log.warning("telemetry history: prune failed: %s: %s", type(err).__name__, err)
 
 
-def fleet_of(live: LiveService) -> list[FleetGpu]:
+class LiveSettings(Protocol):
+    """The live service's configuration, as far as the history reads it."""
+
+    @property
+    def scheduling(self) -> SchedulerConfig: ...
+
+    @property
+    def history(self) -> HistoryConfig: ...
+
+    @property
+    def disk_floor(self) -> DiskFloor: ...
+
+
+class LiveSource(Protocol):
+    """What the history reads of the live service (`LiveService` is one), so that the
+    history depends on these names and not on the driver: its fleet (cluster, devices,
+    telemetry indices, GPU facts), its core (the catalogue, the services' replicas and
+    their ports), its settings, and where it writes (the store without retries, the
+    disk, the clock, the replicas' scraper)."""
+
+    @property
+    def config(self) -> LiveSettings: ...
+
+    @property
+    def cluster(self) -> Cluster: ...
+
+    @property
+    def devices(self) -> Mapping[tuple[int, int], int]: ...
+
+    @property
+    def tele_index(self) -> Mapping[tuple[int, int], int]: ...
+
+    @property
+    def gpu_info(self) -> Mapping[int, GpuInfo]: ...
+
+    @property
+    def scheduler(self) -> Scheduler: ...
+
+    @property
+    def ports(self) -> Mapping[str, int]: ...
+
+    @property
+    def raw_store(self) -> Store: ...
+
+    @property
+    def clock(self) -> Clock: ...
+
+    @property
+    def disk(self) -> DiskProbe: ...
+
+    @property
+    def scraper(self) -> Scraper: ...
+
+
+def fleet_of(live: LiveSource) -> list[FleetGpu]:
     """The cards of a live service as the review names them (job rows' node and index)."""
     out = []
     for (k, g), dev in sorted(live.devices.items()):
@@ -299,7 +358,7 @@ def fleet_of(live: LiveService) -> list[FleetGpu]:
     return out
 
 
-def review_settings(live: LiveService) -> dict[str, Any]:
+def review_settings(live: LiveSource) -> dict[str, Any]:
     """What the review needs of the service's configuration, stored beside the history."""
     sched = live.config.scheduling
     tariff: dict[str, Any] | None = None
@@ -327,7 +386,7 @@ def review_settings(live: LiveService) -> dict[str, Any]:
     }
 
 
-def attach(live: LiveService) -> TelemetryHistory:
+def attach(live: LiveSource) -> TelemetryHistory:
     """The history of `live`: its fleet and settings recorded now, its buckets as it runs."""
     fleet = fleet_of(live)
     settings = review_settings(live)
@@ -357,7 +416,7 @@ def attach(live: LiveService) -> TelemetryHistory:
     )
 
 
-def running_replicas(live: LiveService) -> dict[str, list[str]]:
+def running_replicas(live: LiveSource) -> dict[str, list[str]]:
     """Each service's running replicas that serve on a known port (what is scraped)."""
     return {
         name: [

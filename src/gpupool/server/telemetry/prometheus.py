@@ -12,27 +12,30 @@ The list of metrics, with types and labels, is docs/metrics.md.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, Final
+from collections.abc import Iterator, Mapping
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gpupool.server.telemetry.nvml import dcgm_name
+from gpupool.errors import NotFoundError
 
 if TYPE_CHECKING:
-    from gpupool.server.loop.driver import LiveService
     from gpupool.server.store import Store
 
 __all__ = [
     "CONTENT_TYPE_LATEST",
     "DCGM_LABELS",
+    "DCGM_NAMES",
     "QUEUE_WAIT",
     "START_BUCKETS_S",
     "SUBMIT_TO_START",
+    "MetricsSource",
     "ServiceCollector",
     "StartLatency",
+    "dcgm_name",
     "metrics_registry",
     "render_metrics",
 ]
@@ -47,6 +50,36 @@ START_BUCKETS_S: Final = (
 
 DCGM_LABELS: Final = ("gpu", "UUID", "modelName", "Hostname")
 """The DCGM exporter's labels on every per-GPU gauge, in its order."""
+
+DCGM_NAMES: Final[Mapping[str, str]] = MappingProxyType(
+    {
+        "mem_used_mib": "DCGM_FI_DEV_FB_USED",
+        "mem_free_mib": "DCGM_FI_DEV_FB_FREE",
+        "util_pct": "DCGM_FI_DEV_GPU_UTIL",
+        "mem_util_pct": "DCGM_FI_DEV_MEM_COPY_UTIL",
+        "temp_c": "DCGM_FI_DEV_GPU_TEMP",
+        "power_w": "DCGM_FI_DEV_POWER_USAGE",
+        "power_limit_w": "DCGM_FI_DEV_POWER_MGMT_LIMIT",
+        "sm_clock_mhz": "DCGM_FI_DEV_SM_CLOCK",
+        "mem_clock_mhz": "DCGM_FI_DEV_MEM_CLOCK",
+        "ecc_uncorrected": "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+    }
+)
+"""Sample field -> DCGM exporter metric (facts.md §2.6), in the exporter's units."""
+
+_DCGM_ALIASES: Final = {"free": "mem_free_mib", "mem_free": "mem_free_mib"}
+
+
+def dcgm_name(field: str) -> str:
+    """The DCGM exporter name of a sample field, so /metrics matches existing dashboards."""
+    key = _DCGM_ALIASES.get(field, field)
+    try:
+        return DCGM_NAMES[key]
+    except KeyError:
+        raise NotFoundError(
+            f"no DCGM metric for field {field!r}; fields with one: {', '.join(DCGM_NAMES)}"
+        ) from None
+
 
 _GPU_GAUGES: Final = (
     ("mem_used_mib", "Framebuffer memory used (MiB)."),
@@ -92,10 +125,22 @@ class StartLatency:
         yield from self.submit_to_start.collect()
 
 
+class MetricsSource(Protocol):
+    """What /metrics reads of the live service (`LiveService` is one), so that the
+    exposition depends on these two names and not on the driver."""
+
+    def cluster_view(self) -> dict[str, Any]:
+        """The nodes, their GPUs' latest readings, the queue and the monitor's signals."""
+        ...
+
+    @property
+    def start_latency(self) -> StartLatency: ...
+
+
 class ServiceCollector(Collector):
     """The live service's state as metric families, computed at each scrape."""
 
-    def __init__(self, service: LiveService, store: Store) -> None:
+    def __init__(self, service: MetricsSource, store: Store) -> None:
         self.service = service
         self.store = store
 
@@ -170,7 +215,7 @@ def _gpu_gauges(view: dict[str, Any]) -> Iterator[Metric]:
     yield free
 
 
-def metrics_registry(service: LiveService, store: Store) -> CollectorRegistry:
+def metrics_registry(service: MetricsSource, store: Store) -> CollectorRegistry:
     """An app's own registry holding the service's collector (auto_describe off: nothing is
     collected until the first scrape)."""
     registry = CollectorRegistry(auto_describe=False)

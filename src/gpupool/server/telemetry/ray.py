@@ -24,18 +24,10 @@ from typing import Any, Final
 
 from gpupool.energy.powercap import SetPowerCap
 from gpupool.errors import ConflictError, NotFoundError, SpecError
+from gpupool.ports.telemetry.base import ApplyResult, GpuInfo, GpuSample, Telemetry, lost_sample
+from gpupool.ports.telemetry.fake import FakeTelemetry, parse_fleet
 from gpupool.server.executors.ray import DEFAULT_NAMESPACE, ray_nodes
-from gpupool.server.telemetry.nvml import (
-    ApplyResult,
-    FakeTelemetry,
-    GpuInfo,
-    GpuSample,
-    NoGpuError,
-    NvmlTelemetry,
-    Telemetry,
-    _lost_sample,
-    parse_fleet,
-)
+from gpupool.server.telemetry.nvml import NoGpuError, NvmlTelemetry
 
 ACTOR_PREFIX: Final = "gpupool-telemetry-"
 SAMPLE_TIMEOUT_S: Final = 2.0
@@ -316,7 +308,7 @@ class RayTelemetry(Telemetry):
                 f"node {node.name}: {node.problem or 'telemetry actor unreachable'}; its GPUs "
                 "cannot be read, so it is drained until the actor answers again"
             )
-            return [_lost_sample(info, problem, now_s) for info in infos]
+            return [lost_sample(info, problem, now_s) for info in infos]
         got = {s.index: s for s in local}
         out: list[GpuSample] = []
         for i, info in enumerate(infos):
@@ -326,7 +318,7 @@ class RayTelemetry(Telemetry):
                     f"node {node.name}: GPU {i} is declared but NVML does not see it; "
                     "check the node with nvidia-smi"
                 )
-                out.append(_lost_sample(info, problem, now_s))
+                out.append(lost_sample(info, problem, now_s))
                 continue
             problem = f"node {node.name}: {s.problem}" if s.problem else ""
             out.append(dataclasses.replace(s, index=info.index, uuid=info.uuid, problem=problem))

@@ -1,25 +1,28 @@
 """A scenario's simulated world behind the live service's interfaces.
 
-`SimulatedFleet` is an executor (launch, preempt, poll), a telemetry source (GPU
-temperatures from the world's heat model; power caps set on the simulated cards), a node
-probe (cloud nodes list themselves once their spin-up is over) and a cloud command
-runner, all over one `ScenarioSim` world. A `LiveService` on top of it decides with its
-own core, through its database, exactly as it would on real machines; the world only
-moves. Driving the service's clock to each cycle boundary and to each event the world
-reports gives the simulator's decisions (tests/test_parity_all.py, leg B).
+`SimulatedFleet` implements the ports (`gpupool.ports`): an executor (launch, preempt,
+poll), a telemetry source (GPU temperatures from the world's heat model; power caps set
+on the simulated cards), a node probe (cloud nodes list themselves once their spin-up is
+over) and a cloud command runner, all over one `ScenarioSim` world. A `LiveService` on
+top of it decides with its own core, through its database, exactly as it would on real
+machines; the world only moves. Driving the service's clock to each cycle boundary and
+to each event the world reports gives the simulator's decisions (tests/test_parity_all.py,
+leg B).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpupool.domain.lifecycle import JobState
+from gpupool.errors import ConflictError
 from gpupool.ports.clock.fake import ManualClock
+from gpupool.ports.cloud.base import CloudNode, CommandRunner, NodeProbe
+from gpupool.ports.executor.base import Executor, Exit, Handle, LaunchSpec
+from gpupool.ports.telemetry.base import ApplyResult, GpuInfo, GpuSample, Telemetry
 from gpupool.scheduler import JobProgress, Scheduler, SetPowerCap
-from gpupool.server.executors.local import Exit, Handle, LaunchSpec
-from gpupool.server.fleet.sites import CloudNode
-from gpupool.server.telemetry.nvml import ApplyResult, GpuInfo, GpuSample
 from gpupool.sim.scenario.world import DOWN, FINISH, STARTING, UP, VACATE, ScenarioSim
 
 CANCEL = 2
@@ -28,6 +31,8 @@ CANCEL = 2
 class SimulatedFleet:
     runs_gangs = True
     """The world runs a job the core placed over several nodes whole, as Ray's gangs do."""
+    can_resize = False
+    """The world does not move a running job to other GPUs: elastic jobs run at full size."""
 
     def __init__(self, world: ScenarioSim, clock: ManualClock) -> None:
         self.world = world
@@ -102,6 +107,9 @@ class SimulatedFleet:
 
     def preempt(self, job_id: str, grace_s: float, now_s: float) -> None:
         self.world.preempt(self.world.job(job_id), now_s)
+
+    def resize(self, job_id: str, grace_s: float, now_s: float) -> None:
+        raise ConflictError(f"job {job_id}: the simulated fleet cannot resize an elastic job")
 
     def cancel(self, job_id: str, grace_s: float, now_s: float) -> None:
         if job_id in self.running:
@@ -243,3 +251,9 @@ class SimulatedFleet:
         else:
             world.cloud_status[k] = DOWN
         return lambda: 0
+
+
+if TYPE_CHECKING:  # mypy proves the world implements the ports the live driver uses
+
+    def _ports(fleet: SimulatedFleet) -> tuple[Executor, Telemetry, CommandRunner, NodeProbe]:
+        return fleet, fleet, fleet, fleet.probe
