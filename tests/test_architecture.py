@@ -68,7 +68,6 @@ KNOWN: dict[str, set[tuple[str, ...]]] = {
             "gpupool.server.telemetry.history",
             "gpupool.server.telemetry.prometheus",
         ),
-        ("gpupool.server.store", "gpupool.sizing.request_json"),
         ("gpupool.sim.replay.ordered", "gpupool.sim.replay.run"),
         ("gpupool.sim.scenario.review_source", "gpupool.sim.scenario.world"),
     },
@@ -81,7 +80,6 @@ KNOWN: dict[str, set[tuple[str, ...]]] = {
         ("gpupool.server.executors.local",),
         ("gpupool.server.executors.ray",),
         ("gpupool.server.loop.driver",),
-        ("gpupool.server.store",),
         ("gpupool.server.telemetry.nvml",),
         ("gpupool.sim.scenario.generators",),
         ("gpupool.sim.scenario.world",),
@@ -128,11 +126,6 @@ KNOWN: dict[str, set[tuple[str, ...]]] = {
             "gpupool.sim.scenario.fleet",
             "gpupool.server.telemetry.nvml",
             "the simulator imports no server module and no command line",
-        ),
-        (
-            "gpupool.sizing.request_json",
-            "gpupool.server.store",
-            "the decision core and its models import no driver and no port",
         ),
     },
 }

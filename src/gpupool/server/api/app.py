@@ -664,13 +664,13 @@ class SubmitBatcher:
                 del self.pending[: self.MAX_BATCH]
                 try:
                     results = await self._off_loop(
-                        self.store.submit_group, [(j, k) for j, k, _ in batch], self.now()
+                        self.store.jobs.submit_group, [(j, k) for j, k, _ in batch], self.now()
                     )
                 except Exception:
                     # each on its own, so only that one hears of its error
                     for job, key, future in batch:
                         try:
-                            one = await self._off_loop(self.store.submit, job, self.now(), key)
+                            one = await self._off_loop(self.store.jobs.submit, job, self.now(), key)
                         except Exception as err:
                             if not future.done():
                                 future.set_exception(err)
@@ -789,7 +789,7 @@ async def current_principal(
     who = cache.get(token)
     if who is None:
         # off the event loop: an unknown token reaches the database every time
-        who = await run_in_threadpool(request.app.state.store.principal, token, now)
+        who = await run_in_threadpool(request.app.state.store.auth.principal, token, now)
         if who is None:
             raise HTTPException(
                 401, "unknown token, or one revoked or expired; ask an admin for one"
@@ -1045,7 +1045,7 @@ def create_app(
         new = [new_job(j, who) for j in body.jobs]
         for team in sorted({j.team for j in new}):
             rate.take(team, sum(j.team == team for j in new))
-        rows = store.submit_many(new, service.clock.now())
+        rows = store.jobs.submit_many(new, service.clock.now())
         service.wake.set()
         return {"jobs": [job_json(r) for r in rows]}
 
@@ -1073,7 +1073,7 @@ def create_app(
             raise HTTPException(422, [{"loc": ["query", "state"], "msg": f"unknown state {state}"}])
 
         def page(db_state: str | None) -> list[JobRow]:
-            return store.list(
+            return store.jobs.list(
                 state=db_state,
                 team=team,
                 limit=limit,
@@ -1091,11 +1091,11 @@ def create_app(
 
     @app.get("/v1/jobs/{job_id}", summary="One job")
     def job(job_id: JobId, who: Who) -> dict[str, Any]:
-        return job_json(store.get(job_id))
+        return job_json(store.jobs.get(job_id))
 
     @app.post("/v1/jobs/{job_id}/cancel", summary="Cancel a job")
     def cancel(job_id: JobId, who: Who) -> dict[str, Any]:
-        own(who, store.get(job_id))
+        own(who, store.jobs.get(job_id))
         return job_json(service.cancel(job_id))
 
     @app.get("/v1/jobs/{job_id}/logs", summary="A job's output", response_class=PlainTextResponse)
@@ -1107,7 +1107,7 @@ def create_app(
         limit: Annotated[int, Query(ge=1, le=1 << 22)] = 1 << 20,
         rank: Annotated[int, Query(ge=0, le=1 << 16)] = 0,
     ) -> Response:
-        row = store.get(job_id)
+        row = store.jobs.get(job_id)
         own(who, row)
         data = service.read_log(job_id, stream, offset, limit, rank=rank)
         state = "running" if row.state == "preempting" else row.state
@@ -1129,7 +1129,7 @@ def create_app(
     ) -> dict[str, Any]:
         deadline = time.monotonic() + wait
         while True:
-            rows = await run_in_threadpool(store.events_after, after, 500)
+            rows = await run_in_threadpool(store.events.after, after, 500)
             if rows or time.monotonic() >= deadline:
                 break
             await asyncio.sleep(0.2)
@@ -1152,7 +1152,7 @@ def create_app(
         admin_only(who, "creates tokens")
         trail.flush()  # the requests before it stay before it in the trail
         now = wall()
-        token, row = store.issue_token(
+        token, row = store.auth.issue_token(
             body.name,
             body.team,
             now,
@@ -1167,7 +1167,7 @@ def create_app(
     def list_tokens(who: Who) -> dict[str, Any]:
         admin_only(who, "lists tokens")
         now = wall()
-        return {"tokens": [token_json(r, now) for r in store.tokens()]}
+        return {"tokens": [token_json(r, now) for r in store.auth.tokens()]}
 
     @app.post("/v1/tokens/{ref}/revoke", summary="Revoke a token by name or id (admin)")
     def revoke_token(
@@ -1178,7 +1178,7 @@ def create_app(
         admin_only(who, "revokes tokens")
         trail.flush()
         now = wall()
-        row = store.revoke_token(ref, now, by=who, client=peer(request))
+        row = store.auth.revoke_token(ref, now, by=who, client=peer(request))
         app.state.tokens.forget(name=row.name, token_id=row.id)  # refused from the next request
         return token_json(row, now)
 
@@ -1194,18 +1194,18 @@ def create_app(
         reads of tokens and of this trail: page on with before=the last id."""
         admin_only(who, "reads the audit trail")
         trail.flush()
-        rows = store.audit(limit=limit, before_id=before, since_s=since, token=token)
+        rows = store.auth.audit(limit=limit, before_id=before, since_s=since, token=token)
         return {"audit": [audit_json(r) for r in rows]}
 
     # ---- lifecycle: hold, release, requeue (the job's team or an admin), drain (admin) ----
     @app.post("/v1/jobs/{job_id}/hold", summary="Hold a waiting job: it starts once released")
     def hold(job_id: JobId, who: Who) -> dict[str, Any]:
-        own(who, store.get(job_id))
+        own(who, store.jobs.get(job_id))
         return job_json(service.hold(job_id, who.name))
 
     @app.post("/v1/jobs/{job_id}/release", summary="Release a held job")
     def release(job_id: JobId, who: Who) -> dict[str, Any]:
-        own(who, store.get(job_id))
+        own(who, store.jobs.get(job_id))
         return job_json(service.release(job_id, who.name))
 
     @app.post(
@@ -1213,12 +1213,12 @@ def create_app(
         summary="Stop a running job with its checkpoint and put it back in the queue",
     )
     def requeue(job_id: JobId, who: Who, hold: bool = False) -> dict[str, Any]:
-        own(who, store.get(job_id))
+        own(who, store.jobs.get(job_id))
         return job_json(service.requeue(job_id, who.name, hold=hold))
 
     # ---- services: created by a team member (or an admin), seen by every token ----------
     def own_service(who: Principal, name: str) -> None:
-        row = store.service(name)
+        row = store.services.get(name)
         if not who.is_admin and who.team != row.team:
             raise HTTPException(403, f"service {name} belongs to team {row.team}, not {who.team}")
 
@@ -1255,7 +1255,7 @@ def create_app(
 
     @app.get("/v1/services", summary="List the online services")
     def list_services(who: Who) -> dict[str, Any]:
-        return {"services": [service.service_view(r.name) for r in store.services()]}
+        return {"services": [service.service_view(r.name) for r in store.services.list()]}
 
     @app.get("/v1/services/{name}", summary="One service with its replicas, rps and p99")
     def show_service(
@@ -1352,8 +1352,8 @@ def create_app(
         after: Annotated[int, Query(ge=0, le=MAX_ID)] = 0,
         limit: Annotated[int, Query(ge=1, le=1000)] = 500,
     ) -> dict[str, Any]:
-        store.get(job_id)  # a 404 for a job that is not there
-        rows = store.events_after(after, limit, job_id=job_id)
+        store.jobs.get(job_id)  # a 404 for a job that is not there
+        rows = store.events.after(after, limit, job_id=job_id)
         return {
             "job_id": job_id,
             "events": [
