@@ -17,6 +17,7 @@ import asyncio
 import email.message
 import json
 import math
+import operator
 import re
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -44,6 +45,7 @@ from pydantic import (
 )
 from starlette.routing import Route
 
+from gpupool.domain.job_fields import JOB_FIELDS
 from gpupool.errors import ConflictError, GpupoolError, NotFoundError, SpecError, Unavailable
 from gpupool.scheduler.waiting import reason_code
 from gpupool.server.api.admission import Fleet, admit
@@ -570,48 +572,51 @@ def audit_json(row: AuditRow) -> dict[str, Any]:
     return {"id": row.id, **audit_values(row.entry)}
 
 
+JOB_IN_NAME: dict[str, str] = {
+    "gpu_count": "gpus",
+    "gpu_count_min": "gpus_min",
+    "gpu_milli": "gpu_share",
+}
+"""JobFields that JobIn takes under another name (the rest keep theirs); gpu_share is in
+GPUs where gpu_milli is in thousandths of one (new_job converts it)."""
+JOB_IN_OMITS: frozenset[str] = frozenset({"owner", "service"})
+"""JobFields a client does not give: its token's name is the owner, and only the core
+makes a service's replicas."""
+JOB_JSON_OMITS: frozenset[str] = frozenset({"env", "cwd", "max_retries", "duration_s", "owner"})
+"""JobFields a job's JSON leaves out (its environment may hold secrets)."""
+_JOB_JSON_ORDER = (
+    "id", "name", "team", "kind", "priority", "gpu_count", "gpu_model", "gpu_milli",
+    "gpu_mem_mib", "gpu_count_min", "gpus", "state", "preempting", "reason", "reason_code",
+    "command", "attempts", "preemptions", "retries", "exit_code", "submitted_at",
+    "started_at", "ended_at", "checkpoint_every_s", "grace_s", "dataset", "dataset_gb",
+    "deadline_at", "user_region", "latency_bound_ms", "state_gib_per_gpu", "sizing",
+    "time_limit_s", "held", "service", "port",
+)  # fmt: skip
+"""The order of a job's keys in the API's answers (and `gpupool show --json`)."""
+_JOB_JSON_KEYS = _JOB_JSON_ORDER + tuple(
+    name for name in JOB_FIELDS if name not in JOB_JSON_OMITS and name not in _JOB_JSON_ORDER
+)
+"""Every key of a job's JSON: a field added to JobFields comes last unless placed above."""
+_JOB_JSON_VALUES = operator.attrgetter(
+    *({"preempting": "state", "reason_code": "reason"}.get(k, k) for k in _JOB_JSON_KEYS)
+)
+"""The row's attributes under those keys (job_json then fixes the few it derives)."""
+
+
 def job_json(row: JobRow) -> dict[str, Any]:
-    state = "running" if row.state == "preempting" else row.state
-    return {
-        "id": row.id,
-        "name": row.name,
-        "team": row.team,
-        "kind": row.kind,
-        "priority": row.priority,
-        "gpu_count": row.gpu_count,
-        "gpu_model": row.gpu_model,
-        "gpu_milli": row.gpu_milli,
-        "gpu_mem_mib": row.gpu_mem_mib,
-        "gpu_count_min": row.gpu_count_min,
-        "gpus": [{"node": node, "index": index} for node, index in row.gpus],
-        "state": state,
-        "preempting": row.state == "preempting",
-        "reason": row.reason,
-        "reason_code": reason_code(
-            row.reason, row.state in ("pending", "suspended"), row.held and not row.terminal
-        ),
-        "command": list(row.command),
-        "attempts": row.attempts,
-        "preemptions": row.preemptions,
-        "retries": row.retries,
-        "exit_code": row.exit_code,
-        "submitted_at": row.submitted_at,
-        "started_at": row.started_at,
-        "ended_at": row.ended_at,
-        "checkpoint_every_s": row.checkpoint_every_s,
-        "grace_s": row.grace_s,
-        "dataset": row.dataset,
-        "dataset_gb": row.dataset_gb,
-        "deadline_at": row.deadline_at,
-        "user_region": row.user_region,
-        "latency_bound_ms": row.latency_bound_ms,
-        "state_gib_per_gpu": row.state_gib_per_gpu,
-        "sizing": None if row.sizing is None else dict(row.sizing),
-        "time_limit_s": row.time_limit_s,
-        "held": row.held and not row.terminal,
-        "service": row.service,
-        "port": row.port,
-    }
+    """A job as the API answers with it: its JobFields (but JOB_JSON_OMITS) and what the
+    scheduler made of it."""
+    out = dict(zip(_JOB_JSON_KEYS, _JOB_JSON_VALUES(row), strict=True))
+    out["command"] = list(row.command)
+    out["sizing"] = None if row.sizing is None else dict(row.sizing)
+    out["gpus"] = [{"node": node, "index": index} for node, index in row.gpus]
+    out["state"] = "running" if row.state == "preempting" else row.state
+    out["preempting"] = row.state == "preempting"
+    out["reason_code"] = reason_code(
+        row.reason, row.state in ("pending", "suspended"), row.held and not row.terminal
+    )
+    out["held"] = row.held and not row.terminal
+    return out
 
 
 _T = TypeVar("_T")
@@ -927,35 +932,23 @@ def create_app(
             sizing=sizing,
             gangs=gangs,
         )
-        job = NewJob(
+        given = {
+            name: getattr(body, JOB_IN_NAME.get(name, name))
+            for name in JOB_FIELDS
+            if name not in JOB_IN_OMITS
+        }
+        given.update(  # the fields JobIn holds in another form
             name=body.name or body.command[0].rsplit("/", 1)[-1][:128],
             team=team,
-            kind=body.kind,
             priority=priority,
-            gpu_count=body.gpus,
-            command=tuple(body.command),
-            env=dict(body.env),
-            cwd=body.cwd,
-            gpu_model=body.gpu_model,
-            checkpoint_every_s=body.checkpoint_every_s,
-            grace_s=body.grace_s,
-            max_retries=body.max_retries,
-            duration_s=body.duration_s,
-            owner=who.name,
-            dataset=body.dataset,
-            dataset_gb=body.dataset_gb,
-            deadline_at=body.deadline_at,
-            user_region=body.user_region,
-            latency_bound_ms=body.latency_bound_ms,
-            state_gib_per_gpu=body.state_gib_per_gpu,
             sizing=sizing,
             time_limit_s=body.time_limit_s
             if body.time_limit_s is not None
             else scheduling.time_limit_s.get(body.kind),
             gpu_milli=1000 if body.gpu_share is None else max(1, round(body.gpu_share * 1000)),
-            gpu_mem_mib=body.gpu_mem_mib,
-            gpu_count_min=body.gpus_min,
+            owner=who.name,
         )
+        job = NewJob(**given)
         check_share(job, fleet_models, catalog)
         return job
 
