@@ -314,7 +314,7 @@ def wait_done(
     last = 0.0
     while True:
         started = sum(1 for _, _, m in jobs.values() if m.exists())
-        states = [store.get(j).state for j in jobs]
+        states = [store.jobs.get(j).state for j in jobs]
         done = sum(s in ("succeeded", "failed", "cancelled") for s in states)
         if time.monotonic() - last >= 2 or done == len(jobs):
             print(f"  {what}: {started}/{len(jobs)} started, {done} ended  [{loadavg()}]")
@@ -322,7 +322,7 @@ def wait_done(
         if done == len(jobs):
             bad = [j for j, s in zip(jobs, states, strict=True) if s != "succeeded"]
             if bad:
-                raise RuntimeError(f"jobs did not succeed: {[(j, store.get(j)) for j in bad]}")
+                raise RuntimeError(f"jobs did not succeed: {[(j, store.jobs.get(j)) for j in bad]}")
             return
         if time.monotonic() > deadline:
             raise RuntimeError(f"timed out waiting for {what}: {started} started, {done} ended")
@@ -411,13 +411,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 live.stop()
                 for job_id in all_jobs:
                     with contextlib.suppress(Exception):
-                        pgid = store.get(job_id).pgid
+                        pgid = store.jobs.get(job_id).pgid
                         if pgid is not None:
                             pgids.append(pgid)
                 for pgid in pgids:
                     with contextlib.suppress(OSError):
                         os.killpg(pgid, signal.SIGKILL)
-            rows = {j: store.get(j) for j in jobs}
+            rows = {j: store.jobs.get(j) for j in jobs}
             store.close()
         print("Ray cluster stopped")
 

@@ -79,13 +79,13 @@ class Api:
         return dict(r.json())
 
     def n_jobs(self) -> int:
-        return len(self.store.list(limit=10_000))
+        return len(self.store.jobs.list(limit=10_000))
 
     def n_events(self) -> int:
-        return len(self.store.events_after(0, limit=100_000))
+        return len(self.store.events.after(0, limit=100_000))
 
     def events(self, job_id: int) -> list[str]:
-        return [e.kind for e in self.store.events_after(0, limit=100_000, job_id=job_id)]
+        return [e.kind for e in self.store.events.after(0, limit=100_000, job_id=job_id)]
 
 
 def bearer(token: str) -> dict[str, str]:
@@ -127,7 +127,7 @@ def make_api(
         clients.append(client)
         api = Api(db, url, store, service, executor, telemetry, clock, client)
         if auth:
-            api.admin = store.create_token("admin", None, T0)
+            api.admin = store.auth.create_token("admin", None, T0)
             api.headers = bearer(api.admin)
         return api
 
@@ -208,12 +208,12 @@ def test_an_accepted_job_is_durable_before_the_answer(
     r = api.submit(name="durable", env={"SEED": "1"})
     assert r.status_code == 201
     other = open_store()  # a different engine: sees only what was committed
-    row = other.get(r.json()["id"])
+    row = other.jobs.get(r.json()["id"])
     assert row.state == "pending"
     assert row.name == "durable"
     assert row.command == ("python", "train.py")
     assert dict(row.env) == {"SEED": "1"}
-    kinds = [e.kind for e in other.events_after(0, job_id=row.id)]
+    kinds = [e.kind for e in other.events.after(0, job_id=row.id)]
     assert kinds == ["submitted"]
 
 
@@ -465,7 +465,7 @@ def test_team_token_submits_and_cancels_only_for_its_team(secured: Api) -> None:
 
     r = secured.client.post("/v1/tokens", json={"name": "sneaky"}, headers=nlp)
     assert r.status_code == 403
-    assert secured.store.principal("sneaky") is None
+    assert secured.store.auth.principal("sneaky") is None
 
 
 # ---- cancel -----------------------------------------------------------------------------------
@@ -708,7 +708,7 @@ def test_failed_job_is_retried_then_fails(api: Api) -> None:
     assert row["retries"] == 1
     assert row["attempts"] == 2
     assert api.events(job["id"]) == ["submitted", "running", "suspended", "running"]
-    suspended = [e for e in api.store.events_after(0, job_id=job["id"]) if e.kind == "suspended"]
+    suspended = [e for e in api.store.events.after(0, job_id=job["id"]) if e.kind == "suspended"]
     assert "retry 1 of 1" in suspended[0].message
     assert "exited 3" in suspended[0].message
 
@@ -741,19 +741,20 @@ def held_commits(store: Store) -> Iterator[tuple[threading.Event, list[int]]]:
     """Submission commits wait for the event; the list records each group's size."""
     release = threading.Event()
     sizes: list[int] = []
-    original = store.submit_group
+    jobs = type(store.jobs)
+    original = jobs.submit_group
 
-    def gated(items: Any, now_s: float) -> Any:
+    def gated(self: Any, items: Any, now_s: float) -> Any:
         sizes.append(len(items))
         release.wait(30)
-        return original(items, now_s)
+        return original(self, items, now_s)
 
-    store.submit_group = gated  # type: ignore[method-assign]
+    jobs.submit_group = gated  # type: ignore[method-assign]
     try:
         yield release, sizes
     finally:
         release.set()
-        del store.submit_group
+        jobs.submit_group = original  # type: ignore[method-assign]
 
 
 async def _settle() -> None:
@@ -801,9 +802,9 @@ def test_concurrent_submissions_each_get_their_own_job(api: Api, one_group: bool
     other = Store(api.url)  # all committed
     try:
         for r in answers:
-            row = other.get(r.json()["id"])
+            row = other.jobs.get(r.json()["id"])
             assert list(row.command) == r.json()["command"]
-            assert [e.kind for e in other.events_after(0, job_id=row.id)] == ["submitted"]
+            assert [e.kind for e in other.events.after(0, job_id=row.id)] == ["submitted"]
     finally:
         other.close()
     assert api.n_jobs() == 12 + one_group
@@ -836,15 +837,15 @@ def test_a_failed_group_commit_falls_back_to_one_by_one(
     """A group commit that fails as a whole (one item the database refuses, or a hiccup)
     is retried one submission at a time: the good ones still get their job."""
 
-    def broken(items: object, now_s: float) -> object:
+    def broken(self: object, items: object, now_s: float) -> object:
         raise RuntimeError("the database refused one row of the group")
 
-    monkeypatch.setattr(api.store, "submit_group", broken)
+    monkeypatch.setattr(type(api.store.jobs), "submit_group", broken)
     good: list[Post] = [({"command": ["ok", str(i)], "team": "nlp"}, {}) for i in range(3)]
     answers = post_together(api, good, one_group=False)
     assert [r.status_code for r in answers] == [201] * 3
     assert len({r.json()["id"] for r in answers}) == 3
-    assert len(api.store.list()) == 3
+    assert len(api.store.jobs.list()) == 3
 
 
 def test_batch_submission_wakes_the_scheduler(api: Api) -> None:
@@ -1002,10 +1003,10 @@ def test_a_slow_database_read_does_not_stall_other_requests(
 
     # a loop blocked by the read answers the health check only after the read is done
     with monkeypatch.context() as patch:
-        patch.setattr(api.store, "events_after", held(api.store.events_after))
+        patch.setattr(type(api.store.events), "after", held(type(api.store.events).after))
         assert race_order(asyncio.run(race("/v1/events", api.headers))) == "health-first"
     with monkeypatch.context() as patch:
-        patch.setattr(api.store, "principal", held(api.store.principal))
+        patch.setattr(type(api.store.auth), "principal", held(type(api.store.auth).principal))
         assert race_order(asyncio.run(race("/v1/jobs", bearer("gp_not_a_token")))) == (
             "health-first"
         )

@@ -69,8 +69,8 @@ class Fuzzed:
     def new_jobs(self) -> int:
         """How many jobs appeared since the last call; checks each has its one 'submitted'
         event and that no 'submitted' event names a job that is not there."""
-        jobs = [r.id for r in self.store.list(limit=100_000, after_id=self.last_job)]
-        events = self.store.events_after(self.last_seq, limit=1_000_000)
+        jobs = [r.id for r in self.store.jobs.list(limit=100_000, after_id=self.last_job)]
+        events = self.store.events.after(self.last_seq, limit=1_000_000)
         submitted = sorted(e.job_id or 0 for e in events if e.kind == "submitted")
         assert submitted == jobs, (submitted, jobs)
         if jobs:
@@ -94,8 +94,8 @@ def fuzzed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fuzzed]:
         clock,
     )
     app = create_app(service, store, auth=True, open_docs=True)  # the fuzzer reads the schema
-    admin = {"authorization": f"Bearer {store.create_token('admin', None, 0.0)}"}
-    team = {"authorization": f"Bearer {store.create_token('nlp-bot', 'nlp', 0.0)}"}
+    admin = {"authorization": f"Bearer {store.auth.create_token('admin', None, 0.0)}"}
+    team = {"authorization": f"Bearer {store.auth.create_token('nlp-bot', 'nlp', 0.0)}"}
     client = TestClient(app, raise_server_exceptions=False)
     # something for the id-taking operations to find: a running job with logs, a pending one
     for t in ("nlp", "cv", "nlp"):

@@ -66,7 +66,7 @@ def secure(make_api: Callable[..., Api]) -> Iterator[Callable[..., Secured]]:  #
         client = TestClient(app, raise_server_exceptions=False)
         clients.append(client)
         name = "root" if len(clients) == 1 else f"root-{len(clients)}"  # one database
-        admin = bearer(base.store.create_token(name, None, wall.now))
+        admin = bearer(base.store.auth.create_token(name, None, wall.now))
         return Secured(base, client, wall, admin)
 
     yield make
@@ -90,7 +90,7 @@ def test_an_expired_token_is_refused_at_once(secure: Callable[..., Secured]) -> 
     assert r.status_code == 401
     assert "ci-nlp expired" in r.json()["detail"]
     # and from the database too (a fresh server, an empty cache)
-    assert s.api.store.principal(nlp["Authorization"][7:], s.wall.now) is None
+    assert s.api.store.auth.principal(nlp["Authorization"][7:], s.wall.now) is None
     listed = {t["name"]: t for t in s.client.get("/v1/tokens", headers=s.admin).json()["tokens"]}
     assert listed["ci-nlp"]["state"] == "expired"
     assert listed["ci-nlp"]["expires_at"] == pytest.approx(WALL0 + 60)
@@ -138,7 +138,7 @@ def test_a_revoke_by_another_process_is_seen_within_the_cache_ttl(
     s.client.app.state.tokens = TokenCache(ttl_s=5.0, monotonic=lambda: ticks[0])  # type: ignore[attr-defined]
     nlp = s.token("ci-nlp", team="nlp")
     assert s.client.get("/v1/jobs", headers=nlp).status_code == 200
-    Store(s.api.url).revoke_token("ci-nlp", s.wall.now)  # as another server would
+    Store(s.api.url).auth.revoke_token("ci-nlp", s.wall.now)  # as another server would
     ticks[0] = 4.9
     assert s.client.get("/v1/jobs", headers=nlp).status_code == 200  # still cached
     ticks[0] = 5.1
@@ -251,14 +251,14 @@ def test_admin_actions_and_token_use_are_audited(secure: Callable[..., Secured])
 
 def test_the_audit_trail_is_purged_by_age_and_capped(api: Api) -> None:  # noqa: F811
     store = api.store
-    store.add_audit([AuditEntry(float(t), "request", "x", method="POST") for t in range(100)])
+    store.auth.add_audit([AuditEntry(float(t), "request", "x", method="POST") for t in range(100)])
     trail = AuditTrail(store, keep_days=1.0, keep_rows=30, wall=lambda: 86_400.0 + 50)
     assert trail.purge() == 70  # 50 older than a day, then all but the newest 30
-    rows = store.audit(limit=1000)
+    rows = store.auth.audit(limit=1000)
     assert len(rows) == 30 and [r.entry.at_s for r in rows] == [float(t) for t in range(99, 69, -1)]
     trail.record(AuditEntry(86_400.0 + 50, "request", "y"))
     assert trail.flush(10)
-    assert store.audit(limit=1)[0].entry.token == "y"
+    assert store.auth.audit(limit=1)[0].entry.token == "y"
 
 
 # ---- what needs a token ---------------------------------------------------------------------
@@ -285,7 +285,7 @@ def test_the_schema_still_lists_every_operation(secure: Callable[..., Secured]) 
 
 # ---- paging ---------------------------------------------------------------------------------
 def test_jobs_page_newest_first_with_before(api: Api) -> None:  # noqa: F811
-    rows = api.store.submit_many(
+    rows = api.store.jobs.submit_many(
         [NewJob(f"j{i}", "nlp", "batch", 50, 0, ("true",)) for i in range(7)], 1.0
     )
     ids = [r.id for r in rows]
@@ -311,9 +311,9 @@ def test_running_pages_with_preempting_jobs_miss_none(api: Api) -> None:  # noqa
     for _ in range(4):
         api.submitted(gpus=0)
     api.step()
-    running = [r.id for r in api.store.list(state="running")]
+    running = [r.id for r in api.store.jobs.list(state="running")]
     assert len(running) == 4
-    api.store.transition(running[1], "preempting", 2_000.0)
+    api.store.jobs.transition(running[1], "preempting", 2_000.0)
     got: list[int] = []
     after = 0
     for _ in range(10):
@@ -330,23 +330,23 @@ def test_running_pages_with_preempting_jobs_miss_none(api: Api) -> None:  # noqa
 # ---- the store and the migration ------------------------------------------------------------
 def test_store_token_roles_and_expiry(api: Api) -> None:  # noqa: F811
     store = api.store
-    ro = store.create_token("watch", None, WALL0, role="read-only", expires_at=WALL0 + 10)
-    who = store.principal(ro, WALL0 + 9)
+    ro = store.auth.create_token("watch", None, WALL0, role="read-only", expires_at=WALL0 + 10)
+    who = store.auth.principal(ro, WALL0 + 9)
     assert who == Principal("watch", None, "read-only", WALL0 + 10)
     assert who is not None and who.read_only and not who.is_admin
-    assert store.principal(ro, WALL0 + 10) is None
+    assert store.auth.principal(ro, WALL0 + 10) is None
     with pytest.raises(SpecError, match="future"):
-        store.create_token("late", "nlp", WALL0, expires_at=WALL0)
+        store.auth.create_token("late", "nlp", WALL0, expires_at=WALL0)
     with pytest.raises(SpecError, match="team"):
-        store.create_token("x", "nlp", WALL0, role="admin")
-    assert not store.has_admin(WALL0)
-    store.create_token("boss", None, WALL0, expires_at=WALL0 + 5)
-    assert store.has_admin(WALL0 + 4) and not store.has_admin(WALL0 + 5)
+        store.auth.create_token("x", "nlp", WALL0, role="admin")
+    assert not store.auth.has_admin(WALL0)
+    store.auth.create_token("boss", None, WALL0, expires_at=WALL0 + 5)
+    assert store.auth.has_admin(WALL0 + 4) and not store.auth.has_admin(WALL0 + 5)
     with pytest.raises(ConflictError):
-        store.create_token("watch", "nlp", WALL0 + 1)  # active: its name is taken
-    store.create_token("watch", "nlp", WALL0 + 11)  # expired: the name is free
+        store.auth.create_token("watch", "nlp", WALL0 + 1)  # active: its name is taken
+    store.auth.create_token("watch", "nlp", WALL0 + 11)  # expired: the name is free
     with pytest.raises(NotFoundError):
-        store.revoke_token("nobody", WALL0)
+        store.auth.revoke_token("nobody", WALL0)
 
 
 def _config() -> Config:
@@ -373,12 +373,12 @@ def test_a_0003_database_upgrades_in_place(url: str) -> None:  # noqa: F811
     engine.dispose()
     with Store(url) as store:
         store.migrate()
-        by_name = {t.name: t for t in store.tokens()}
+        by_name = {t.name: t for t in store.auth.tokens()}
         assert by_name["old-admin"].role == "admin" and by_name["old-team"].role == "team"
         assert all(t.state(WALL0) == "active" for t in by_name.values())
-        assert store.has_admin(WALL0)
-        store.revoke_token("old-team", WALL0)
-        assert store.audit(limit=5)[0].entry.action == "token-revoked"
+        assert store.auth.has_admin(WALL0)
+        store.auth.revoke_token("old-team", WALL0)
+        assert store.auth.audit(limit=5)[0].entry.action == "token-revoked"
     engine = create_engine(url)
     with engine.connect() as conn:
         version = conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
@@ -394,9 +394,9 @@ def test_the_serve_bootstrap_admin_survives_a_team_token_named_admin(
 
     with Store(database_url(None, tmp_path)) as store:
         store.migrate()
-        store.create_token("admin", "nlp", WALL0)
+        store.auth.create_token("admin", "nlp", WALL0)
         token = bootstrap_admin(store)
-        who = store.principal(token)
+        who = store.auth.principal(token)
         assert who is not None and who.is_admin and who.name.startswith("admin-")
 
 
@@ -426,7 +426,7 @@ def test_an_audit_write_gives_up_soon_on_a_locked_database(tmp_path: Path) -> No
 
         def write() -> None:
             try:
-                store.add_audit([AuditEntry(1.0, "request", "x")])
+                store.auth.add_audit([AuditEntry(1.0, "request", "x")])
             except BaseException as err:
                 failed.append(err)
 
@@ -439,8 +439,8 @@ def test_an_audit_write_gives_up_soon_on_a_locked_database(tmp_path: Path) -> No
             assert not writer.is_alive(), "the audit write waited on the lock as long as any"
         assert len(failed) == 1 and isinstance(failed[0], OperationalError), failed
         # The connection it used waits the full timeout again for the next ordinary write.
-        store.add_audit([AuditEntry(2.0, "request", "y")])
-        with store._write() as s:
+        store.auth.add_audit([AuditEntry(2.0, "request", "y")])
+        with store.db.write() as s:
             busy = s.execute(text("PRAGMA busy_timeout")).scalar()
         assert busy == 30_000
 
@@ -457,7 +457,7 @@ def test_the_audit_trail_keeps_entries_while_the_database_is_locked(tmp_path: Pa
             assert not trail.flush(3), "nothing can be written while the lock is held"
         assert trail.flush(30)
         assert trail.dropped == 0
-        rows = store.audit(limit=100)
+        rows = store.auth.audit(limit=100)
         assert [r.entry.token for r in rows] == [f"t{t}" for t in range(4, -1, -1)]
 
 
@@ -475,4 +475,4 @@ def test_the_audit_trail_drops_the_oldest_beyond_its_queue_bound(tmp_path: Path)
             assert not trail.flush(3)
         assert trail.flush(30)
         assert trail.dropped == 3
-        assert [r.entry.token for r in store.audit(limit=100)] == ["t5", "t4", "t3"]
+        assert [r.entry.token for r in store.auth.audit(limit=100)] == ["t5", "t4", "t3"]

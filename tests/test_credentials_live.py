@@ -64,7 +64,7 @@ def served(tmp_path: Path) -> Iterator[tuple[str, Store, str]]:
         FakeTelemetry("2xA100-80GB"),
         ManualClock(1_000.0),
     )
-    admin = store.create_token("admin", None, time.time())
+    admin = store.auth.create_token("admin", None, time.time())
     port = free_port()
     server = uvicorn.Server(
         uvicorn.Config(
@@ -97,7 +97,7 @@ def test_ls_all_pages_through_every_job_newest_first(
 ) -> None:
     with served(tmp_path) as (url, store, admin):
         n = 1_205
-        store.submit_many(
+        store.jobs.submit_many(
             [NewJob(f"j{i}", "nlp", "batch", 50, 0, ("true",)) for i in range(n)], time.time()
         )
         code, out, _ = cli(capsys, "ls", "--all", "--json", "--url", url, "--token", admin)
@@ -202,13 +202,13 @@ def test_a_submit_whose_answer_is_lost_is_retried_into_one_job(
         keys = {re.search(rb"(?im)^idempotency-key:\s*(\S+)", r).group(1) for r in posts}  # type: ignore[union-attr]
         assert len(posts) == 2 and len(keys) == 1, "retried once, with the same key"
         assert plain_settings == [0.5]  # one back-off before the retry
-        assert [j.id for j in store.list()] == [json.loads(out)["id"]]
+        assert [j.id for j in store.jobs.list()] == [json.loads(out)["id"]]
 
         # the same key from two calls of the client: one job, the second answer says so
         with Client(url, admin) as c:
             first = c.submit({"command": ["x"], "team": "cv"}, "key-1")
             again = c.submit({"command": ["x"], "team": "cv"}, "key-1")
-        assert first == again and len(store.list()) == 2
+        assert first == again and len(store.jobs.list()) == 2
 
 
 def test_a_lost_answer_tells_the_key_to_retry_with(
@@ -225,7 +225,7 @@ def test_a_lost_answer_tells_the_key_to_retry_with(
             proxy.close()
         assert code == 2
         assert "rerun with --idempotency-key k-7" in err and "try again" not in err
-        assert len(store.list()) == 1  # four tries, one job
+        assert len(store.jobs.list()) == 1  # four tries, one job
 
 
 # ---- control characters ---------------------------------------------------------------------

@@ -77,7 +77,7 @@ def dash(tmp_path: Path) -> Iterator[Dash]:
     app = create_app(service, store, auth=True)
 
     def bearer(name: str, team: str | None) -> dict[str, str]:
-        return {"authorization": f"Bearer {store.create_token(name, team, 0.0)}"}
+        return {"authorization": f"Bearer {store.auth.create_token(name, team, 0.0)}"}
 
     with TestClient(app) as client:
         yield Dash(

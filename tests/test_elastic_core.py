@@ -26,7 +26,8 @@ from gpupool.scheduler import (
     Submitted,
 )
 from gpupool.scheduler.config import ElasticConfig
-from gpupool.server.store import NewJob, _check_new
+from gpupool.server.store import NewJob
+from gpupool.server.store.checks import check_job
 
 
 def fleet(nodes: int = 1, gpus: int = 4) -> Cluster:
@@ -286,12 +287,12 @@ def test_elastic_ranges_are_checked_with_clear_errors() -> None:
         name="x", team="t", kind="online-inference", priority=0, gpu_count=4, command=("x",)
     )
     with pytest.raises(SpecError, match="only offline-inference"):
-        _check_new(dataclasses.replace(job, gpu_count_min=2))
+        check_job(dataclasses.replace(job, gpu_count_min=2))
     with pytest.raises(SpecError, match="whole GPUs"):
-        _check_new(
+        check_job(
             dataclasses.replace(job, kind="batch", gpu_count=1, gpu_count_min=1, gpu_milli=500)
         )
-    _check_new(dataclasses.replace(job, kind="batch", gpu_count_min=2))
+    check_job(dataclasses.replace(job, kind="batch", gpu_count_min=2))
 
 
 def test_workload_generators_make_elastic_jobs() -> None:

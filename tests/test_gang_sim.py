@@ -104,7 +104,7 @@ def live_run(tmp_path: Path, executor: FakeExecutor, victim: str | None) -> Live
         clock.t = float(t)
         for job_id, ts, gpus, _ in JOBS:
             if ts == t:
-                row, _ = store.submit(
+                row, _ = store.jobs.submit(
                     NewJob(f"j{job_id}", "ml", "training", 0, gpus, ("true",)), float(t)
                 )
                 assert str(row.id) == job_id
@@ -122,7 +122,9 @@ def live_run(tmp_path: Path, executor: FakeExecutor, victim: str | None) -> Live
             if at == t and action in ("start", "resume"):
                 started[job_id] = float(t)
         submitted = t >= max(ts for _, ts, _, _ in JOBS)
-        if submitted and all(store.get(int(j)).state in ("succeeded", "failed") for j, *_ in JOBS):
+        if submitted and all(
+            store.jobs.get(int(j)).state in ("succeeded", "failed") for j, *_ in JOBS
+        ):
             break
     return service
 
@@ -143,15 +145,15 @@ def test_the_live_loop_runs_the_gang_as_the_simulator_does(tmp_path: Path) -> No
         assert [len(m.gpu_indices) for m in gang.members] == [2, 2]
         assert {(m.node, i) for m in gang.members for i in m.gpu_indices} == set(where)
     assert victim not in {m.node for m in gangs[1].members}
-    row = service.store.get(3)
+    row = service.store.jobs.get(3)
     assert row.state == "succeeded" and row.attempts == 2
-    reasons = [e.message for e in service.store.events_after(0, job_id=3) if e.kind == "suspended"]
+    reasons = [e.message for e in service.store.events.after(0, job_id=3) if e.kind == "suspended"]
     assert reasons and victim in reasons[0]
 
 
 def test_the_local_executor_loop_refuses_a_job_across_nodes(tmp_path: Path) -> None:
     service = live_run(tmp_path, FakeExecutor(), None)
-    row = service.store.get(3)
+    row = service.store.jobs.get(3)
     assert row.state == "failed"
     assert MULTI_NODE_REFUSED in row.reason and "gpupool serve --ray" in row.reason
     assert "placed it on 2 nodes" in row.reason

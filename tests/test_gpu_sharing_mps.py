@@ -123,11 +123,11 @@ def test_the_live_service_gives_a_sharing_job_its_mps_limits(tmp_path: Path) -> 
     mps = FakeMps(tmp_path / "mps")
     store, service = sharing_service(tmp_path, executor, mps)
     try:
-        share = store.submit(
+        share = store.jobs.submit(
             NewJob("s", "ml", JobKind.ONLINE.value, 0, 1, ("true",), gpu_mem_mib=18 * 1024),
             1000.0,
         )[0]
-        whole = store.submit(NewJob("w", "ml", "training", 0, 1, ("true",)), 1000.0)[0]
+        whole = store.jobs.submit(NewJob("w", "ml", "training", 0, 1, ("true",)), 1000.0)[0]
         service.step()
         env = executor.specs[str(share.id)].env
         assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=18432M"
@@ -167,7 +167,7 @@ def serve_shares(tmp_path: Path, executor: RecordingExecutor, mps: Mps) -> list[
         names = {}
         for name, team in (("a", "ml"), ("b", "cv"), ("c", "ml")):
             job = NewJob(name, team, JobKind.ONLINE.value, 0, 1, ("true",), gpu_mem_mib=10240)
-            names[str(store.submit(job, 1000.0)[0].id)] = name
+            names[str(store.jobs.submit(job, 1000.0)[0].id)] = name
         service.step()
         service.step()
         return sorted(names[j] for j in executor.specs)

@@ -83,7 +83,7 @@ def api(url: str, open_store: Callable[[], Store], tmp_path: Path) -> Iterator[A
         clock,
     )
     tokens = {
-        name: {"Authorization": f"Bearer {store.create_token(name, team, T0)}"}
+        name: {"Authorization": f"Bearer {store.auth.create_token(name, team, T0)}"}
         for name, team in (("root", None), ("nlp-bot", "nlp"), ("cv-bot", "cv"))
     }
     with TestClient(create_app(service, store, auth=True)) as client:
@@ -111,7 +111,7 @@ def test_the_submit_rate_of_a_team_is_a_429_with_retry_after(api: Api) -> None:
     batch = {"jobs": [{"command": ["x"], "team": "nlp"}] * 4}
     r = api.post("/v1/jobs/batch", api.admin, json=batch)
     assert r.status_code == 429 and "batches of at most 3" in r.json()["detail"]
-    assert len(api.store.list(team="nlp")) == 3
+    assert len(api.store.jobs.list(team="nlp")) == 3
 
 
 def test_time_limits_are_stored_with_the_kinds_default(api: Api) -> None:
@@ -152,7 +152,7 @@ def test_hold_release_requeue_through_the_api(api: Api) -> None:
     api.step()  # it left with its checkpoint and, a GPU being free, resumed at once
     row = api.client.get(f"/v1/jobs/{job}", headers=api.cv).json()
     assert (row["state"], row["attempts"], row["preemptions"]) == ("running", 2, 1)
-    kinds = [e.kind for e in api.store.events_after(0, job_id=job)]
+    kinds = [e.kind for e in api.store.events.after(0, job_id=job)]
     assert kinds[-3:] == ["preempting", "suspended", "running"]
     r = api.post(f"/v1/jobs/{job + 1}/requeue", api.cv)
     assert r.status_code == 404
@@ -258,37 +258,37 @@ def test_store_purge_holds_and_drains(url: str, open_store: Callable[[], Store])
     store = open_store()
     store.migrate()
     job = NewJob("j", "cv", "training", 0, 1, ("true",), time_limit_s=60.0)
-    ids = [store.submit(job, T0)[0].id for _ in range(5)]
+    ids = [store.jobs.submit(job, T0)[0].id for _ in range(5)]
     for k, job_id in enumerate(ids):
-        store.transition(job_id, "running", T0 + 1)
+        store.jobs.transition(job_id, "running", T0 + 1)
         if k < 4:
-            store.transition(job_id, "succeeded", T0 + 2 if k < 3 else T0 + 100)
-    store.add_event("note", "old", T0)
-    store.add_event("note", "new", T0 + 100)
-    assert store.run_started_at(ids[4]) == T0 + 1
-    assert store.get(ids[4]).time_limit_s == 60.0
-    first = store.purge(T0 + 50, batch=2)
+            store.jobs.transition(job_id, "succeeded", T0 + 2 if k < 3 else T0 + 100)
+    store.events.add("note", "old", T0)
+    store.events.add("note", "new", T0 + 100)
+    assert store.jobs.run_started_at(ids[4]) == T0 + 1
+    assert store.jobs.get(ids[4]).time_limit_s == 60.0
+    first = store.jobs.purge(T0 + 50, batch=2)
     assert first.job_ids == tuple(ids[:2]) and first.more
-    second = store.purge(T0 + 50, batch=2)
+    second = store.jobs.purge(T0 + 50, batch=2)
     assert second.job_ids == (ids[2],) and not second.more
-    assert store.purge(T0 + 50, batch=2).job_ids == ()
-    left = [r.id for r in store.list()]
+    assert store.jobs.purge(T0 + 50, batch=2).job_ids == ()
+    left = [r.id for r in store.jobs.list()]
     assert left == ids[3:]  # recent and running jobs stay
-    messages = [e.message for e in store.events_after(0, limit=1000) if e.kind == "note"]
+    messages = [e.message for e in store.events.after(0, limit=1000) if e.kind == "note"]
     assert messages == ["new"]
-    assert all(e.job_id in (None, *ids[3:]) for e in store.events_after(0, limit=1000))
-    pending = store.submit(job, T0)[0].id
-    assert store.set_held(pending, True, T0, "held by x").held
+    assert all(e.job_id in (None, *ids[3:]) for e in store.events.after(0, limit=1000))
+    pending = store.jobs.submit(job, T0)[0].id
+    assert store.jobs.set_held(pending, True, T0, "held by x").held
     with pytest.raises(ConflictError, match="on hold already"):
-        store.set_held(pending, True, T0, "again")
+        store.jobs.set_held(pending, True, T0, "again")
     with pytest.raises(ConflictError, match="only a waiting"):
-        store.set_held(ids[4], True, T0, "running")
-    assert not store.set_held(pending, False, T0, "released").held
-    assert store.set_drain(NODE, True, T0, "root", "maintenance")
-    assert not store.set_drain(NODE, True, T0, "root", "again")
-    assert store.drains() == {NODE: (T0, "root", "maintenance")}
-    assert store.set_drain(NODE, False, T0, "root", "done")
-    assert store.drains() == {}
+        store.jobs.set_held(ids[4], True, T0, "running")
+    assert not store.jobs.set_held(pending, False, T0, "released").held
+    assert store.nodes.set_drain(NODE, True, T0, "root", "maintenance")
+    assert not store.nodes.set_drain(NODE, True, T0, "root", "again")
+    assert store.nodes.drains() == {NODE: (T0, "root", "maintenance")}
+    assert store.nodes.set_drain(NODE, False, T0, "root", "done")
+    assert store.nodes.drains() == {}
 
 
 def test_a_0003_database_upgrades_in_place_and_back(
@@ -324,9 +324,9 @@ def test_a_0003_database_upgrades_in_place_and_back(
                 )
             )
         store.migrate()
-        [old] = store.list()
+        [old] = store.jobs.list()
         assert (old.name, old.held, old.time_limit_s) == ("old", False, None)
-        assert store.drains() == {}
+        assert store.nodes.drains() == {}
         with engine.begin() as conn:
             command.downgrade(alembic(conn), "0003")
         engine.dispose()

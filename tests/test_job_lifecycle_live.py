@@ -37,7 +37,7 @@ class Live:
 
     def submit(self, team: str = "a", gpus: int = 1, **kw: Any) -> int:
         job = NewJob(f"{team}-job", team, kw.pop("kind", "training"), 0, gpus, ("true",), **kw)
-        row, _ = self.store.submit(job, self.clock.now())
+        row, _ = self.store.jobs.submit(job, self.clock.now())
         return row.id
 
     def step(self, dt_s: float = 1.0) -> None:
@@ -45,10 +45,10 @@ class Live:
         self.service.step()
 
     def state(self, job_id: int) -> str:
-        return self.store.get(job_id).state
+        return self.store.jobs.get(job_id).state
 
     def reason(self, job_id: int) -> str:
-        return self.store.get(job_id).reason
+        return self.store.jobs.get(job_id).reason
 
 
 @pytest.fixture
@@ -132,7 +132,7 @@ def test_a_job_past_its_time_limit_is_stopped_and_fails(make_live: Callable[...,
     assert live.reason(default) == "ran past its 2h time limit; stopping"
     assert ("cancel", str(default)) in live.executor.calls
     live.step(5.0)
-    row = live.store.get(default)
+    row = live.store.jobs.get(default)
     assert (row.state, row.reason) == ("failed", "ran past its 2h time limit")
     # a restart does not give the other job a fresh clock
     live.service.stop()
@@ -166,14 +166,14 @@ def test_hold_release_requeue_round_trip(make_live: Callable[..., Live]) -> None
     assert live.state(job) == "preempting"
     assert ("preempt", str(job)) in live.executor.calls
     live.step()
-    row = live.store.get(job)
+    row = live.store.jobs.get(job)
     assert row.state == "suspended" and row.held
     for _ in range(3):
         live.step()
     assert live.state(job) == "suspended"
     live.service.release(job, "alice")
     live.step()
-    row = live.store.get(job)
+    row = live.store.jobs.get(job)
     assert (row.state, row.attempts) == ("running", 2)
     with pytest.raises(ConflictError, match="is not on hold"):
         live.service.release(job, "alice")
@@ -221,7 +221,7 @@ def test_old_jobs_and_events_are_purged_recent_ones_kept(make_live: Callable[...
     assert all(live.state(j) == "succeeded" for j in old)
     for j in old:
         assert live.service.run_dir(j).is_dir()
-    live.store.add_event("note", "an old job-less event", live.clock.now())
+    live.store.events.add("note", "an old job-less event", live.clock.now())
     live.clock.advance(20 * DAY)
     recent = live.submit()
     pending = live.submit(gpu_model="H100")  # never runs here: fails as unplaceable
@@ -234,19 +234,19 @@ def test_old_jobs_and_events_are_purged_recent_ones_kept(make_live: Callable[...
         live.step()
     for j in old:
         with pytest.raises(NotFoundError):
-            live.store.get(j)
+            live.store.jobs.get(j)
         assert not live.service.run_dir(j).exists()
-        assert live.store.events_after(0, job_id=j) == []
+        assert live.store.events.after(0, job_id=j) == []
     assert live.state(recent) == "succeeded"
-    assert live.store.events_after(0, job_id=recent)
-    kinds = [e.kind for e in live.store.events_after(0, limit=10_000)]
+    assert live.store.events.after(0, job_id=recent)
+    kinds = [e.kind for e in live.store.events.after(0, limit=10_000)]
     assert "note" not in kinds
     # done: the next purge is an hour away; then the recent job goes too, once old enough
     assert live.clock.now() < live.service.next_purge <= live.clock.now() + 3600.0
     live.clock.advance(20 * DAY)
     live.step()
     with pytest.raises(NotFoundError):
-        live.store.get(recent)
+        live.store.jobs.get(recent)
 
 
 def test_a_real_process_past_its_time_limit_gets_sigterm_and_fails(tmp_path: Path) -> None:
@@ -264,20 +264,20 @@ def test_a_real_process_past_its_time_limit_gets_sigterm_and_fails(tmp_path: Pat
     try:
         argv = (sys.executable, "-c", "import time; time.sleep(120)")
         job = NewJob("sleeper", "a", "training", 0, 1, argv, grace_s=30.0, time_limit_s=5.0)
-        row, _ = store.submit(job, T0)
+        row, _ = store.jobs.submit(job, T0)
         service.step()
-        assert store.get(row.id).state == "running"
-        pid = store.get(row.id).pid
+        assert store.jobs.get(row.id).state == "running"
+        pid = store.jobs.get(row.id).pid
         assert pid is not None
         clock.advance(5.0)
         service.step()
-        assert store.get(row.id).state == "preempting"
+        assert store.jobs.get(row.id).state == "preempting"
         deadline = time.monotonic() + 20
-        while store.get(row.id).state == "preempting" and time.monotonic() < deadline:
+        while store.jobs.get(row.id).state == "preempting" and time.monotonic() < deadline:
             time.sleep(0.05)
             clock.advance(0.05)
             service.step()
-        done = store.get(row.id)
+        done = store.jobs.get(row.id)
         assert (done.state, done.reason) == ("failed", "ran past its 5s time limit")
         assert not Path(f"/proc/{pid}").exists() or _zombie(pid)
     finally:

@@ -88,32 +88,32 @@ def store(open_store: Callable[[], Store]) -> Store:
 # ---- store ------------------------------------------------------------------------------------
 def test_store_roundtrip_of_the_placement_fields(store: Store, url: str) -> None:
     spec = job(**PLACED)
-    row, created = store.submit(spec, T0, idempotency_key="k-1")
+    row, created = store.jobs.submit(spec, T0, idempotency_key="k-1")
     assert created
     assert placement_of(row) == PLACED
     assert row.spec() == spec
     again = Store(url)  # another process's view of the committed row
     try:
-        read = again.get(row.id)
+        read = again.jobs.get(row.id)
         assert read == row
         assert placement_of(read) == PLACED
-        assert [placement_of(r) for r in again.list()] == [PLACED]
-        assert [placement_of(r) for r in again.active()] == [PLACED]
+        assert [placement_of(r) for r in again.jobs.list()] == [PLACED]
+        assert [placement_of(r) for r in again.jobs.active()] == [PLACED]
     finally:
         again.close()
     # the other ways in, and a state change, keep them too
-    [many] = store.submit_many([job(name="m", **PLACED)], T0)
-    [(grouped, _)] = store.submit_group([(job(name="g", **PLACED), "k-2")], T0)  # type: ignore[misc]
-    moved = store.transition(grouped.id, "running", T0 + 1)
-    for r in (many, grouped, moved, store.get(many.id), store.get(moved.id)):
+    [many] = store.jobs.submit_many([job(name="m", **PLACED)], T0)
+    [(grouped, _)] = store.jobs.submit_group([(job(name="g", **PLACED), "k-2")], T0)  # type: ignore[misc]
+    moved = store.jobs.transition(grouped.id, "running", T0 + 1)
+    for r in (many, grouped, moved, store.jobs.get(many.id), store.jobs.get(moved.id)):
         assert placement_of(r) == PLACED
 
 
 def test_store_defaults_when_not_given(store: Store) -> None:
-    row, _ = store.submit(job(kind="training"), T0)
+    row, _ = store.jobs.submit(job(kind="training"), T0)
     assert placement_of(row) == NONE_PLACED
-    assert placement_of(store.get(row.id)) == NONE_PLACED
-    assert isinstance(store.get(row.id).dataset_gb, float)
+    assert placement_of(store.jobs.get(row.id)) == NONE_PLACED
+    assert isinstance(store.jobs.get(row.id).dataset_gb, float)
 
 
 @pytest.mark.parametrize(
@@ -133,13 +133,13 @@ def test_store_refuses_bad_placement_fields(
     store: Store, fields: dict[str, Any], message: str
 ) -> None:
     with pytest.raises(SpecError, match=message):
-        store.submit(job(**fields), T0)
-    assert store.list() == []
+        store.jobs.submit(job(**fields), T0)
+    assert store.jobs.list() == []
 
 
 def test_resubmission_with_another_dataset_is_a_conflict(store: Store) -> None:
-    first, _ = store.submit(job(**PLACED), T0, idempotency_key="k")
-    same, created = store.submit(job(**PLACED), T0 + 1, idempotency_key="k")
+    first, _ = store.jobs.submit(job(**PLACED), T0, idempotency_key="k")
+    same, created = store.jobs.submit(job(**PLACED), T0 + 1, idempotency_key="k")
     assert (same, created) == (first, False)
     for change in (
         {"dataset": "us-lake/imagenet"},
@@ -149,10 +149,10 @@ def test_resubmission_with_another_dataset_is_a_conflict(store: Store) -> None:
         {"latency_bound_ms": 51.0},
     ):
         with pytest.raises(ConflictError, match=f"job {first.id} was submitted"):
-            store.submit(job(**{**PLACED, **change}), T0 + 2, idempotency_key="k")
-        [err] = store.submit_group([(job(**{**PLACED, **change}), "k")], T0 + 2)
+            store.jobs.submit(job(**{**PLACED, **change}), T0 + 2, idempotency_key="k")
+        [err] = store.jobs.submit_group([(job(**{**PLACED, **change}), "k")], T0 + 2)
         assert isinstance(err, ConflictError)
-    assert len(store.list()) == 1
+    assert len(store.jobs.list()) == 1
 
 
 # ---- migration 0001 -> 0002 -----------------------------------------------------------------
@@ -230,7 +230,7 @@ def test_a_0001_database_upgrades_in_place(url: str, open_store: Callable[[], St
         store.migrate()
         assert _version(engine) == [schema_head()]  # the head
         assert set(PLACED) <= _columns(engine)
-        [old] = store.list()
+        [old] = store.jobs.list()
         assert (old.name, old.team, old.command, dict(old.env)) == (
             "old",
             "vision",
@@ -239,10 +239,10 @@ def test_a_0001_database_upgrades_in_place(url: str, open_store: Callable[[], St
         )
         assert placement_of(old) == NONE_PLACED
         # its idempotency key still answers a resubmission of the same spec with the old job
-        resubmitted, created = store.submit(old.spec(), T0 + 5, idempotency_key="old-key")
+        resubmitted, created = store.jobs.submit(old.spec(), T0 + 5, idempotency_key="old-key")
         assert (resubmitted.id, created) == (old.id, False)
-        new, _ = store.submit(job(**PLACED), T0 + 10)
-        assert placement_of(store.get(new.id)) == PLACED
+        new, _ = store.jobs.submit(job(**PLACED), T0 + 10)
+        assert placement_of(store.jobs.get(new.id)) == PLACED
 
         # the upgraded schema is exactly the models
         from alembic.autogenerate import compare_metadata
@@ -263,7 +263,7 @@ def test_a_0001_database_upgrades_in_place(url: str, open_store: Callable[[], St
         store.close()
         again = open_store()
         again.migrate()
-        assert placement_of(again.get(new.id)) == NONE_PLACED
+        assert placement_of(again.jobs.get(new.id)) == NONE_PLACED
     finally:
         engine.dispose()
 
@@ -303,7 +303,7 @@ def test_api_accepts_and_returns_the_fields(api: Api) -> None:
     assert api.client.get(f"/v1/jobs/{created['id']}").json() == created
     [listed] = api.client.get("/v1/jobs").json()["jobs"]
     assert listed == created
-    assert placement_of(api.store.get(created["id"])) == PLACED
+    assert placement_of(api.store.jobs.get(created["id"])) == PLACED
 
     plain = api.submit(kind="training")
     assert plain.status_code == 201, plain.text
@@ -355,7 +355,7 @@ def test_api_rejects_bad_values_with_422(
 ) -> None:
     problems = _problems(api.submit(**body))
     assert any(loc == ["body", field] and message in msg for loc, msg in problems), problems
-    assert api.store.list() == []
+    assert api.store.jobs.list() == []
 
 
 @pytest.mark.parametrize("field", ["dataset_gb", "deadline_at", "latency_bound_ms"])
@@ -366,7 +366,7 @@ def test_api_rejects_non_finite_numbers(api: Api, field: str, raw: str) -> None:
     r = api.client.post("/v1/jobs", content=body, headers={"content-type": "application/json"})
     problems = _problems(r)
     assert any(loc == ["body", field] for loc, _ in problems), problems
-    assert api.store.list() == []
+    assert api.store.jobs.list() == []
 
 
 def test_api_resubmission_with_another_dataset_is_a_409(api: Api) -> None:
@@ -383,7 +383,7 @@ def test_api_resubmission_with_another_dataset_is_a_409(api: Api) -> None:
     assert str(first.json()["id"]) in other.json()["detail"]
     no_deadline = api.submit(headers=key, **{**PLACED, "deadline_at": None})
     assert no_deadline.status_code == 409, no_deadline.text
-    assert len(api.store.list()) == 1
+    assert len(api.store.jobs.list()) == 1
 
 
 # ---- CLI --------------------------------------------------------------------------------------

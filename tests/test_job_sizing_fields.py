@@ -266,33 +266,33 @@ def test_a_sizing_that_is_not_a_mapping() -> None:
 # ---- store ------------------------------------------------------------------------------------
 def test_store_roundtrip_of_the_sizing_fields(store: Store, url: str) -> None:
     spec = job(**SIZED)
-    row, created = store.submit(spec, T0, idempotency_key="k-1")
+    row, created = store.jobs.submit(spec, T0, idempotency_key="k-1")
     assert created
     assert sizing_fields(row) == SIZED
     assert row.spec() == spec
     assert plan_request_of(row) == plan_request_from(LLAMA_8B)
     again = Store(url)  # another process's view of the committed row
     try:
-        read = again.get(row.id)
+        read = again.jobs.get(row.id)
         assert read == row
         assert plan_request_of(read) == PlanRequest(
             get_shape("llama-3-8b"), context=2048, batch=8, tokens=1e6
         )
-        assert [sizing_fields(r) for r in again.list()] == [SIZED]
-        assert [sizing_fields(r) for r in again.active()] == [SIZED]
+        assert [sizing_fields(r) for r in again.jobs.list()] == [SIZED]
+        assert [sizing_fields(r) for r in again.jobs.active()] == [SIZED]
     finally:
         again.close()
-    [many] = store.submit_many([job(name="m", **SIZED)], T0)
-    [(grouped, _)] = store.submit_group([(job(name="g", **SIZED), "k-2")], T0)  # type: ignore[misc]
-    moved = store.transition(grouped.id, "running", T0 + 1)
-    for r in (many, grouped, moved, store.get(many.id), store.get(moved.id)):
+    [many] = store.jobs.submit_many([job(name="m", **SIZED)], T0)
+    [(grouped, _)] = store.jobs.submit_group([(job(name="g", **SIZED), "k-2")], T0)  # type: ignore[misc]
+    moved = store.jobs.transition(grouped.id, "running", T0 + 1)
+    for r in (many, grouped, moved, store.jobs.get(many.id), store.jobs.get(moved.id)):
         assert sizing_fields(r) == SIZED
 
 
 def test_store_defaults_when_not_given(store: Store) -> None:
-    row, _ = store.submit(job(), T0)
+    row, _ = store.jobs.submit(job(), T0)
     assert sizing_fields(row) == UNSIZED
-    read = store.get(row.id)
+    read = store.jobs.get(row.id)
     assert sizing_fields(read) == UNSIZED
     assert isinstance(read.state_gib_per_gpu, float)
     assert plan_request_of(read) is None
@@ -302,11 +302,11 @@ def test_store_keeps_a_sizing_given_with_tuples_as_json_reads_it(store: Store) -
     """A NewJob's sizing is held as a JSON column gives it back (lists), so a resubmission
     with the same key and spec finds the same job rather than a conflict."""
     sizing = {"model": "llama-3-8b", "counts": (1, 2), "gpus": ("H100",)}
-    first, _ = store.submit(job(sizing=sizing), T0, idempotency_key="t")
+    first, _ = store.jobs.submit(job(sizing=sizing), T0, idempotency_key="t")
     assert first.sizing == {"model": "llama-3-8b", "counts": [1, 2], "gpus": ["H100"]}
-    again, created = store.submit(job(sizing=sizing), T0 + 1, idempotency_key="t")
+    again, created = store.jobs.submit(job(sizing=sizing), T0 + 1, idempotency_key="t")
     assert (again, created) == (first, False)
-    assert store.get(first.id) == first
+    assert store.jobs.get(first.id) == first
 
 
 @pytest.mark.parametrize(
@@ -325,31 +325,31 @@ def test_store_refuses_bad_sizing_fields(
     store: Store, fields: dict[str, Any], message: str
 ) -> None:
     with pytest.raises(SpecError, match=message.replace(".", r"\.")):
-        store.submit(job(**fields), T0)
-    [err] = store.submit_group([(job(**fields), None)], T0)
+        store.jobs.submit(job(**fields), T0)
+    [err] = store.jobs.submit_group([(job(**fields), None)], T0)
     assert isinstance(err, SpecError)
     with pytest.raises(SpecError):
-        store.submit_many([job(name="fine"), job(**fields)], T0)
-    assert store.list() == []
+        store.jobs.submit_many([job(name="fine"), job(**fields)], T0)
+    assert store.jobs.list() == []
 
 
 def test_resubmission_with_another_size_is_a_conflict(store: Store) -> None:
-    first, _ = store.submit(job(**SIZED), T0, idempotency_key="k")
-    assert store.submit(job(**SIZED), T0 + 1, idempotency_key="k") == (first, False)
+    first, _ = store.jobs.submit(job(**SIZED), T0, idempotency_key="k")
+    assert store.jobs.submit(job(**SIZED), T0 + 1, idempotency_key="k") == (first, False)
     for change in (
         {"state_gib_per_gpu": 41.0},
         {"sizing": {**LLAMA_8B, "batch": 16}},
         {"sizing": None},
     ):
         with pytest.raises(ConflictError, match=f"job {first.id} was submitted"):
-            store.submit(job(**{**SIZED, **change}), T0 + 2, idempotency_key="k")
-    assert len(store.list()) == 1
+            store.jobs.submit(job(**{**SIZED, **change}), T0 + 2, idempotency_key="k")
+    assert len(store.jobs.list()) == 1
 
 
 def test_spec_of_gives_the_core_the_checkpoint_size(store: Store) -> None:
-    row, _ = store.submit(job(**SIZED), T0)
+    row, _ = store.jobs.submit(job(**SIZED), T0)
     assert spec_of(row).state_gib_per_gpu == 40.0
-    plain, _ = store.submit(job(name="plain"), T0)
+    plain, _ = store.jobs.submit(job(name="plain"), T0)
     assert spec_of(plain).state_gib_per_gpu == 0.0
 
 
@@ -430,7 +430,7 @@ def test_a_0002_database_upgrades_in_place(url: str, open_store: Callable[[], St
         store.migrate()
         assert _version(engine) == [schema_head()]
         assert set(SIZED) <= _columns(engine)
-        [old] = store.list()
+        [old] = store.jobs.list()
         assert (old.name, old.team, old.command, dict(old.env), old.gpu_count) == (
             "old",
             "vision",
@@ -444,10 +444,10 @@ def test_a_0002_database_upgrades_in_place(url: str, open_store: Callable[[], St
         assert plan_request_of(old) is None
         assert spec_of(old).state_gib_per_gpu == 0.0
         # its idempotency key still answers a resubmission of the same spec with the old job
-        resubmitted, created = store.submit(old.spec(), T0 + 5, idempotency_key="old-key")
+        resubmitted, created = store.jobs.submit(old.spec(), T0 + 5, idempotency_key="old-key")
         assert (resubmitted.id, created) == (old.id, False)
-        new, _ = store.submit(job(**SIZED), T0 + 10)
-        assert sizing_fields(store.get(new.id)) == SIZED
+        new, _ = store.jobs.submit(job(**SIZED), T0 + 10)
+        assert sizing_fields(store.jobs.get(new.id)) == SIZED
 
         # the upgraded schema is exactly the models
         from alembic.autogenerate import compare_metadata
@@ -469,7 +469,7 @@ def test_a_0002_database_upgrades_in_place(url: str, open_store: Callable[[], St
         again = open_store()
         again.migrate()
         assert _version(engine) == [schema_head()]
-        assert sizing_fields(again.get(new.id)) == UNSIZED
+        assert sizing_fields(again.jobs.get(new.id)) == UNSIZED
     finally:
         engine.dispose()
 
@@ -526,7 +526,7 @@ def test_api_accepts_and_returns_the_fields(api: Api) -> None:
     assert api.client.get(f"/v1/jobs/{created['id']}").json() == created
     [listed] = api.client.get("/v1/jobs").json()["jobs"]
     assert listed == created
-    row = api.store.get(created["id"])
+    row = api.store.jobs.get(created["id"])
     assert sizing_fields(row) == SIZED
     assert plan_request_of(row) == plan_request_from(GIVEN)
 
@@ -543,7 +543,7 @@ def test_api_accepts_and_returns_the_fields(api: Api) -> None:
     }
     r = api.submit(sizing={"shape": shaped, "task": "training", "tokens": 1e9}, gpus=8)
     assert r.status_code == 201, r.text
-    stored = api.store.get(r.json()["id"])
+    stored = api.store.jobs.get(r.json()["id"])
     assert stored.gpu_count == 8
     assert plan_request_of(stored) == PlanRequest(
         ModelShape.custom(**shaped), task="training", tokens=1e9
@@ -576,7 +576,7 @@ def test_api_stores_any_valid_request_as_is(api: Api, request_: PlanRequest, gib
         return
     assert r.status_code == 201, r.text
     assert (r.json()["state_gib_per_gpu"], r.json()["sizing"]) == (gib, mapping)
-    row = api.store.get(r.json()["id"])
+    row = api.store.jobs.get(r.json()["id"])
     assert plan_request_of(row) == request_
     assert row.state_gib_per_gpu == gib
 
@@ -633,7 +633,7 @@ def test_api_rejects_bad_values_with_422_naming_the_field(
     batch = api.client.post("/v1/jobs/batch", json={"jobs": [{"command": ["x"], **body}]})
     problems = _problems(batch)
     assert any(p == ["body", "jobs", 0, *loc] for p, _ in problems), problems
-    assert api.store.list() == []
+    assert api.store.jobs.list() == []
 
 
 @pytest.mark.parametrize(
@@ -655,7 +655,7 @@ def test_api_rejects_non_finite_numbers(api: Api, field: str, raw: str) -> None:
     r = api.client.post("/v1/jobs", content=body, headers={"content-type": "application/json"})
     problems = _problems(r)
     assert any(loc == ["body", *field.split(".")] for loc, _ in problems), problems
-    assert api.store.list() == []
+    assert api.store.jobs.list() == []
 
 
 def test_api_resubmission_with_another_size_is_a_409(api: Api) -> None:
@@ -671,7 +671,7 @@ def test_api_resubmission_with_another_size_is_a_409(api: Api) -> None:
         other = api.submit(headers=key, **{"state_gib_per_gpu": 40, "sizing": GIVEN, **change})
         assert other.status_code == 409, other.text
         assert "idempotency key reused" in other.json()["detail"]
-    assert len(api.store.list()) == 1
+    assert len(api.store.jobs.list()) == 1
 
 
 def test_openapi_describes_the_fields(api: Api) -> None:
@@ -769,7 +769,7 @@ def test_cli_model_flags_reach_the_api(
         },
     }
     assert job["sizing"] == LLAMA_8B and job["kind"] == "offline-inference"
-    assert plan_request_of(api.store.get(job["id"])) == plan_request_from(GIVEN)
+    assert plan_request_of(api.store.jobs.get(job["id"])) == plan_request_from(GIVEN)
     code, out, _ = run(["show", str(job["id"])], capsys)
     assert code == 0
     assert "sized by    llama-3-8b inference bf16, context 2048, batch 8, 1,000,000 tokens" in out

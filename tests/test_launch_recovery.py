@@ -114,7 +114,7 @@ def sigkills_around_launches(base: Path, url: str, kills: int, seed: int) -> dic
                 grace_s=5.0,
                 max_retries=50,
             )
-            ids.append(store.submit(job, time.time())[0].id)
+            ids.append(store.jobs.submit(job, time.time())[0].id)
 
         for k in range(kills):
             known = _intents(state)
@@ -136,12 +136,12 @@ def sigkills_around_launches(base: Path, url: str, kills: int, seed: int) -> dic
         last = zygote.start()
 
         def all_ended() -> bool:
-            return all(store.get(i).state in TERMINAL for i in ids)
+            return all(store.jobs.get(i).state in TERMINAL for i in ids)
 
         wait_for(all_ended, 120, "every job to end after the last restart")
         _kill(last)
-        rows = [store.get(i) for i in ids]
-        events = store.events_after(0, limit=100_000)
+        rows = [store.jobs.get(i) for i in ids]
+        events = store.events.after(0, limit=100_000)
     finally:
         zygote.close()
         store.close()

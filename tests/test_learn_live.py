@@ -34,7 +34,7 @@ DAY = 86_400.0
 
 
 def new_job(store: Store, name: str, gpus: int, at_s: float, team: str = "ml") -> int:
-    row, _ = store.submit(NewJob(name, team, "training", 0, gpus, ("true",)), at_s)
+    row, _ = store.jobs.submit(NewJob(name, team, "training", 0, gpus, ("true",)), at_s)
     return row.id
 
 
@@ -50,28 +50,28 @@ def test_finished_runs_are_the_completed_jobs_of_the_window_with_their_gpu_time(
     store: Store,
 ) -> None:
     whole = new_job(store, "resnet", 2, T0)
-    store.transition(whole, "running", T0 + 10, gpus=(("h", 0), ("h", 1)))
-    store.transition(whole, "succeeded", T0 + 40)
+    store.jobs.transition(whole, "running", T0 + 10, gpus=(("h", 0), ("h", 1)))
+    store.jobs.transition(whole, "succeeded", T0 + 40)
     # preempted once: its GPU time is both runs, the checkpointing included, not the wait
     twice = new_job(store, "bert", 1, T0 + 1)
-    store.transition(twice, "running", T0 + 10, gpus=(("h", 2),))
-    store.transition(twice, "preempting", T0 + 20)
-    store.transition(twice, "suspended", T0 + 22)
-    store.transition(twice, "running", T0 + 50)
-    store.transition(twice, "succeeded", T0 + 60)
+    store.jobs.transition(twice, "running", T0 + 10, gpus=(("h", 2),))
+    store.jobs.transition(twice, "preempting", T0 + 20)
+    store.jobs.transition(twice, "suspended", T0 + 22)
+    store.jobs.transition(twice, "running", T0 + 50)
+    store.jobs.transition(twice, "succeeded", T0 + 60)
     cancelled = new_job(store, "gpt", 1, T0 + 2)
-    store.transition(cancelled, "running", T0 + 10)
-    store.transition(cancelled, "cancelled", T0 + 30)
+    store.jobs.transition(cancelled, "running", T0 + 10)
+    store.jobs.transition(cancelled, "cancelled", T0 + 30)
     running = new_job(store, "vit", 1, T0 + 3)
-    store.transition(running, "running", T0 + 10)
+    store.jobs.transition(running, "running", T0 + 10)
     old = new_job(store, "old", 1, T0 - 3 * DAY)
-    store.transition(old, "running", T0 - 3 * DAY + 1)
-    store.transition(old, "succeeded", T0 - 2 * DAY)
+    store.jobs.transition(old, "running", T0 - 3 * DAY + 1)
+    store.jobs.transition(old, "succeeded", T0 - 2 * DAY)
     cpu = new_job(store, "etl", 0, T0 + 4)
-    store.transition(cpu, "running", T0 + 10)
-    store.transition(cpu, "succeeded", T0 + 20)
+    store.jobs.transition(cpu, "running", T0 + 10)
+    store.jobs.transition(cpu, "succeeded", T0 + 20)
 
-    runs = store.finished_runs(T0 - DAY, T0 + 100)
+    runs = store.history.finished_runs(T0 - DAY, T0 + 100)
     assert [r.job_id for r in runs] == [whole, twice]  # in order of finish
     assert runs[0].gpu_time_s == pytest.approx(2 * 30.0)
     assert runs[1].gpu_time_s == pytest.approx(12.0 + 10.0)
@@ -81,7 +81,7 @@ def test_finished_runs_are_the_completed_jobs_of_the_window_with_their_gpu_time(
         T0 + 1,
         T0 + 60,
     )
-    assert [r.job_id for r in store.finished_runs(None, T0 + 100)] == [old, whole, twice]
+    assert [r.job_id for r in store.history.finished_runs(None, T0 + 100)] == [old, whole, twice]
     outcomes = outcomes_of(runs)
     assert [(o.facts.job_id, o.facts.name, o.gpu_time_s) for o in outcomes] == [
         (str(whole), "resnet", pytest.approx(60.0)),
@@ -95,23 +95,25 @@ def test_the_learning_mode_and_its_changes_survive_reopening_the_database(
     url = f"sqlite:///{tmp_path}/db.sqlite"
     with Store(url) as s:
         s.migrate()
-        assert s.learning_mode() is None
-        s.set_learning_mode("shadow", T0, "the configured mode, at first start")
+        assert s.settings.learning_mode() is None
+        s.settings.set_learning_mode("shadow", T0, "the configured mode, at first start")
         evidence = {"days": 14.0, "jobs": 300, "rule": "las", "rule_mean_jct_s": 9.0}
-        s.set_learning_mode("active", T0 + 5, "won", action="promote", by="ops", evidence=evidence)
-        s.set_learning_mode("shadow", T0 + 9, "drift", action="demote", by="ops")
+        s.settings.set_learning_mode(
+            "active", T0 + 5, "won", action="promote", by="ops", evidence=evidence
+        )
+        s.settings.set_learning_mode("shadow", T0 + 9, "drift", action="demote", by="ops")
     with Store(url) as s:
-        mode = s.learning_mode()
+        mode = s.settings.learning_mode()
         assert mode is not None
         assert (mode.mode, mode.set_at_s, mode.reason) == ("shadow", T0 + 9, "drift")
-        changes = s.learning_changes()
+        changes = s.settings.learning_changes()
         assert [(c.action, c.mode, c.by) for c in changes] == [
             ("demote", "shadow", "ops"),
             ("promote", "active", "ops"),
         ]
         assert changes[1].evidence == evidence
         with pytest.raises(Exception, match="learning mode must be one of"):
-            s.set_learning_mode("off", T0 + 10, "no such mode")
+            s.settings.set_learning_mode("off", T0 + 10, "no such mode")
 
 
 # ---- the shadow record -------------------------------------------------------------------
@@ -206,7 +208,7 @@ class Live:
         return service
 
     def submit(self, name: str, team: str, run_s: float) -> int:
-        row, _ = self.store.submit(
+        row, _ = self.store.jobs.submit(
             NewJob(name, team, "training", 0, 1, ("true",)), self.clock.now()
         )
         self.planned[str(row.id)] = run_s
@@ -232,7 +234,7 @@ class Live:
 
     def drain(self, limit_steps: int = 2_000) -> None:
         for _ in range(limit_steps):
-            if not self.store.active():
+            if not self.store.jobs.active():
                 return
             self.step()
         raise AssertionError("the queue did not drain")
@@ -241,7 +243,7 @@ class Live:
         return [job for verb, job in self.executor.calls if verb == "launch"]
 
     def events(self, kind: str) -> list[Any]:
-        return [e for e in self.store.events_after(0, limit=100_000) if e.kind == kind]
+        return [e for e in self.store.events.after(0, limit=100_000) if e.kind == kind]
 
     def close(self) -> None:
         for s in self.services:
@@ -279,7 +281,7 @@ def test_a_restart_keeps_the_mode_and_the_history(tmp_path: Path, lives: list[Li
     lives.append(live)
     live.waves(12)
     live.drain()
-    finished = len(live.store.finished_runs(None, live.clock.now()))
+    finished = len(live.store.history.finished_runs(None, live.clock.now()))
     win = {"days": 1.0, "jobs": finished, "rule": "las", "rule_mean_jct_s": 300.0}
     live.service.promote_learning({**win, "learned_mean_jct_s": 200.0}, "ops")
     assert live.service.learning_view()["mode"] == "active"
@@ -316,7 +318,7 @@ def test_after_promotion_the_decisions_are_the_learned_ones(
     short_job = live.submit("eval", "sweep", SHORT_S)
     live.step()
     assert live.launches()[-1] == str(blocker)
-    finished = len(live.store.finished_runs(None, live.clock.now()))
+    finished = len(live.store.history.finished_runs(None, live.clock.now()))
     live.service.promote_learning(
         {
             "days": 1.0,
@@ -342,8 +344,8 @@ def test_the_api_shows_refuses_a_losing_promotion_and_serves_the_window(
     cancelled = live.submit("finetune", "train", LONG_S)
     live.service.cancel(cancelled)
     live.waves(6)  # the queue still holds jobs: only the finished ones are history
-    admin = live.store.create_token("admin", None, T0)
-    team = live.store.create_token("ml", "train", T0)
+    admin = live.store.auth.create_token("admin", None, T0)
+    team = live.store.auth.create_token("ml", "train", T0)
     client = TestClient(create_app(live.service, live.store, auth=True))
     as_admin = {"Authorization": f"Bearer {admin}"}
     as_team = {"Authorization": f"Bearer {team}"}
@@ -357,13 +359,13 @@ def test_the_api_shows_refuses_a_losing_promotion_and_serves_the_window(
         got = client.get("/v1/learn/history", params={"days": days}, headers=as_team).json()
         expected = [
             r.id
-            for r in live.store.list(limit=10_000)
+            for r in live.store.jobs.list(limit=10_000)
             if r.state == "succeeded" and r.ended_at is not None and r.ended_at >= now - days * DAY
         ]
         assert sorted(j["id"] for j in got["jobs"]) == sorted(expected)
         assert got["fleet"] == {"nodes": 1, "gpus": 1, "gpus_per_node": [1]}
     assert cancelled not in [j["id"] for j in got["jobs"]]
-    assert 0 < len(got["jobs"]) < len(live.store.list(limit=10_000))
+    assert 0 < len(got["jobs"]) < len(live.store.jobs.list(limit=10_000))
     assert all(j["run_gpu_s"] > 0 for j in got["jobs"])
 
     jobs = len(got["jobs"])
@@ -378,7 +380,7 @@ def test_the_api_shows_refuses_a_losing_promotion_and_serves_the_window(
     refused = client.post("/v1/learn/promote", json=inflated, headers=as_admin)
     assert refused.status_code == 409 and "finished here" in refused.json()["detail"]
     assert client.get("/v1/learn", headers=as_team).json()["mode"] == "shadow"
-    assert not live.store.learning_changes()
+    assert not live.store.settings.learning_changes()
 
     won = client.post(
         "/v1/learn/promote",

@@ -34,7 +34,7 @@ class Live:
 
     def submit(self, team: str, kind: str = "training", gpus: int = 1, **kw: Any) -> int:
         job = NewJob(f"{team}-{kind}", team, kind, kw.pop("priority", 0), gpus, ("true",), **kw)
-        row, _ = self.store.submit(job, self.clock.now())
+        row, _ = self.store.jobs.submit(job, self.clock.now())
         return row.id
 
     def step(self, dt_s: float = 1.0) -> None:
@@ -42,10 +42,10 @@ class Live:
         self.service.step()
 
     def state(self, job_id: int) -> str:
-        return self.store.get(job_id).state
+        return self.store.jobs.get(job_id).state
 
     def events(self, kind: str) -> list[str]:
-        return [e.message for e in self.store.events_after(0, limit=10_000) if e.kind == kind]
+        return [e.message for e in self.store.events.after(0, limit=10_000) if e.kind == kind]
 
 
 @pytest.fixture
@@ -106,7 +106,7 @@ def test_a_deadline_job_waits_for_the_cheap_hour_and_starts_before_its_deadline(
     """At 22:00 (flat price) a 1-hour job due at 04:00 is held for the valley from 00:00."""
     job = live.submit("ml", duration_s=HOUR, deadline_at=28 * HOUR)
     live.step()
-    row = live.store.get(job)
+    row = live.store.jobs.get(job)
     assert row.state == "pending"
     assert row.reason.startswith("deferred until 00:00") and row.reason.endswith("(price)")
     assert any(m.startswith("deferred until 00:00") for m in live.events("deferred"))
@@ -115,7 +115,7 @@ def test_a_deadline_job_waits_for_the_cheap_hour_and_starts_before_its_deadline(
     assert live.state(job) == "pending"
     for _ in range(3):
         live.step(60.0)
-    row = live.store.get(job)
+    row = live.store.jobs.get(job)
     assert row.state == "running"
     assert row.started_at is not None and 24 * HOUR <= row.started_at <= 28 * HOUR - HOUR
 
@@ -129,7 +129,7 @@ def test_a_power_cap_is_applied_on_its_gpu_and_reset_when_the_job_leaves(live: L
     unlocked when it ends, on the GPU it ran on (not node 0's)."""
     job = live.submit("ml", "offline-inference", gpu_model="H100")
     live.step()
-    row = live.store.get(job)
+    row = live.store.jobs.get(job)
     assert row.state == "running" and row.node is not None and "H100" in row.node
     (device,) = [g for _, g in row.gpus]
     tele = live.service.tele_index[live.service.key_of[(row.node, device)]]
@@ -158,7 +158,7 @@ def test_gpus_reported_hot_are_avoided(live: Live) -> None:
     live.service.step()  # a first sample
     jobs = [live.submit("ml") for _ in range(2)]
     live.step()
-    gpus = sorted(g for j in jobs for _, g in live.store.get(j).gpus)
+    gpus = sorted(g for j in jobs for _, g in live.store.jobs.get(j).gpus)
     assert gpus == [2, 3]
 
 

@@ -43,8 +43,9 @@ from gpupool.server.loop.diskspace import MIB, DiskFloor, FakeDisk
 from gpupool.server.loop.driver import LiveConfig, LiveService
 from gpupool.server.loop.health import LoopHealth
 from gpupool.server.store import (
+    Database,
     NewJob,
-    RetryingStore,
+    Retry,
     RetryPolicy,
     Store,
     database_url,
@@ -95,17 +96,17 @@ class Rig:
             gpu_count=1,
             command=("python", "train.py"),
         )
-        return self.store.submit(job, self.clock.now())[0].id
+        return self.store.jobs.submit(job, self.clock.now())[0].id
 
     def step(self) -> None:
         self.clock.advance(1.0)
         self.service.step()
 
     def state(self, job_id: int) -> str:
-        return self.store.get(job_id).state
+        return self.store.jobs.get(job_id).state
 
     def events(self, kind: str) -> list[str]:
-        return [e.message for e in self.store.events_after(0, limit=10_000) if e.kind == kind]
+        return [e.message for e in self.store.events.after(0, limit=10_000) if e.kind == kind]
 
 
 @pytest.fixture
@@ -139,7 +140,7 @@ def test_a_job_that_cannot_be_scheduled_fails_alone(rig: Rig, monkeypatch: Any) 
     monkeypatch.setattr(rig.service.scheduler, "submit", picky)
     rig.step()
     assert rig.state(bad) == "failed"
-    assert "cannot be scheduled: ValueError" in rig.store.get(bad).reason
+    assert "cannot be scheduled: ValueError" in rig.store.jobs.get(bad).reason
     assert rig.state(good) == "running"
 
 
@@ -147,7 +148,7 @@ def test_a_launch_failing_for_the_machine_is_requeued_and_launches_back_off(rig:
     rig.executor.fail = [OSError(errno.EMFILE, "Too many open files")]
     job = rig.submit()
     rig.step()
-    row = rig.store.get(job)
+    row = rig.store.jobs.get(job)
     assert row.state == "suspended", row
     assert "could not start: OSError: [Errno 24] Too many open files" in row.reason
     rig.step()  # within the backoff: nothing is launched
@@ -166,7 +167,7 @@ def test_a_launch_failing_for_the_job_fails_it_with_the_reason(rig: Rig) -> None
     rig.executor.fail = [SpecError("working directory /nope does not exist; create it")]
     job = rig.submit()
     rig.step()
-    row = rig.store.get(job)
+    row = rig.store.jobs.get(job)
     assert row.state == "failed" and "could not start: working directory /nope" in row.reason
 
 
@@ -174,7 +175,7 @@ def test_disk_below_its_floor_holds_launches_with_reason_diskfull(rig: Rig) -> N
     rig.disk.free_bytes = 500 * MIB  # under the 1 GiB floor of a 200 GiB disk
     job = rig.submit()
     rig.step()
-    row = rig.store.get(job)
+    row = rig.store.jobs.get(job)
     assert row.state == "pending" and row.reason.startswith("DiskFull:"), row
     assert rig.executor.calls == []
     view = rig.service.health_view()
@@ -183,12 +184,14 @@ def test_disk_below_its_floor_holds_launches_with_reason_diskfull(rig: Rig) -> N
     assert rig.events("launches-waiting") and rig.events("waiting")
     later = rig.submit("later")  # arrives while the disk is full: told as well
     rig.step()
-    assert rig.store.get(later).reason.startswith("DiskFull:")
+    assert rig.store.jobs.get(later).reason.startswith("DiskFull:")
     rig.disk.free_bytes = 50 << 30
     rig.step()
     assert rig.state(job) == "running"
     # its own reason is given back: why it waits now that launches go on
-    assert rig.store.get(later).reason.startswith("Resources: needs 1 "), rig.store.get(later)
+    assert rig.store.jobs.get(later).reason.startswith("Resources: needs 1 "), rig.store.jobs.get(
+        later
+    )
     assert rig.events("launches-resumed")
     assert rig.service.health_view()["launches"]["waiting"] is None
 
@@ -197,7 +200,7 @@ def test_a_read_only_disk_holds_launches(rig: Rig) -> None:
     rig.disk.read_only = True
     job = rig.submit()
     rig.step()
-    assert rig.store.get(job).reason.startswith("ReadOnly:")
+    assert rig.store.jobs.get(job).reason.startswith("ReadOnly:")
     rig.disk.read_only = False
     rig.step()
     assert rig.state(job) == "running"
@@ -216,11 +219,11 @@ def test_a_job_lost_again_and_again_stops_at_its_limit(tmp_path: Path) -> None:
     for n in (1, 2):
         rig.executor.vanish(str(job))
         rig.step()  # reaped as lost, requeued and started again in the same step
-        row = rig.store.get(job)
+        row = rig.store.jobs.get(job)
         assert row.state == "running" and row.attempts == n + 1, row
     rig.executor.vanish(str(job))
     rig.step()
-    row = rig.store.get(job)
+    row = rig.store.jobs.get(job)
     assert row.state == "failed", row
     assert "lost 3 times, more than the limit of 2" in row.reason
     assert "--lost-retries" in row.reason
@@ -242,20 +245,51 @@ def test_database_calls_are_retried_with_backoff() -> None:
         def conflict(self) -> None:
             raise IntegrityError("INSERT", {}, sqlite3.IntegrityError("UNIQUE"))
 
-    store = RetryingStore(
-        Flaky(),  # type: ignore[arg-type]
+    flaky = Flaky()
+    retry = Retry(
         RetryPolicy(first_s=0.01, max_s=0.02, give_up_s=5),
         lambda err, n, delay: retries.append((n, delay)),
     )
-    assert store.write() == "done"
+    assert retry.call(flaky.write) == "done"
     assert retries == [(1, 0.01), (2, 0.02)]
     with pytest.raises(IntegrityError):  # not transient: raised at once
-        store.conflict()
+        retry.call(flaky.conflict)
     calls.clear()
-    quick = RetryingStore(Flaky(), RetryPolicy(first_s=0.05, max_s=0.05, give_up_s=0.01))  # type: ignore[arg-type]
+    quick = Retry(RetryPolicy(first_s=0.05, max_s=0.05, give_up_s=0.01))
     with pytest.raises(OperationalError):
-        quick.write()
+        quick.call(flaky.write)
     assert len(calls) == 1, "gave up: the next try would be past give_up_s"
+
+
+def test_the_loops_store_retries_a_whole_call_and_the_apis_does_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = Store(database_url(None, tmp_path))
+    store.migrate()
+    try:
+        row, _ = store.jobs.submit(NewJob("j", "t", "training", 50, 1, ("true",)), T0)
+        retries: list[int] = []
+        loops = store.retrying(
+            Retry(RetryPolicy(first_s=0.01, max_s=0.01), lambda err, n, delay: retries.append(n))
+        )
+        locked = OperationalError("BEGIN", {}, sqlite3.OperationalError("database is locked"))
+        fails = [locked, locked]
+        real = Database.read
+
+        def flaky(self: Database) -> Any:
+            if fails:
+                raise fails.pop()
+            return real(self)
+
+        monkeypatch.setattr(Database, "read", flaky)
+        assert loops.jobs.get(row.id) == row
+        assert retries == [1, 2]
+        fails.append(locked)
+        with pytest.raises(OperationalError):  # the API's store answers at once
+            store.jobs.get(row.id)
+        assert loops.url == store.url and loops.jobs.db.retry is not None
+    finally:
+        store.close()
 
 
 def test_health_is_late_then_dead() -> None:

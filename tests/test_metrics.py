@@ -174,7 +174,7 @@ def test_label_values_are_escaped(app: App) -> None:
     exposition escapes it and the parser gets it back whole."""
     team = 'ops "blue"\\night\nshift'
     job = NewJob("odd", team, "batch", 0, 1, ("true",))
-    app.store.submit(job, T0)
+    app.store.jobs.submit(job, T0)
     text = app.scrape()
     assert r'team="ops \"blue\"\\night\nshift"' in text
     assert value(text, "gpupool_jobs", team=team, kind="batch", state="pending") == 1

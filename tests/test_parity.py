@@ -91,7 +91,7 @@ def _live(tmp_path: Path) -> list[tuple[float, str, str]]:
         clock.t = float(t)
         for tj, job_id, team, kind, gpus, model, prio in JOBS:
             if tj == t:
-                row, _ = store.submit(
+                row, _ = store.jobs.submit(
                     NewJob(
                         name=f"job{job_id}",
                         team=team,
@@ -164,7 +164,7 @@ def _elastic_live(tmp_path: Path) -> list[tuple[float, str, str]]:
         clock.t = float(t)
         for tj, job_id, team, kind, gpus, low, model in ELASTIC_JOBS:
             if tj == t:
-                row, _ = store.submit(
+                row, _ = store.jobs.submit(
                     NewJob(
                         name=f"job{job_id}",
                         team=team,
@@ -183,8 +183,8 @@ def _elastic_live(tmp_path: Path) -> list[tuple[float, str, str]]:
                 executor.finish(job_id, 0)
         for _ in range(4):  # a resized job's exit comes back on the next poll
             service.step()
-    assert store.get(1).state == "running" and store.get(1).preemptions == 0
-    assert len(store.get(1).gpus) == 4 and store.get(1).resize_gpus is None
+    assert store.jobs.get(1).state == "running" and store.jobs.get(1).preemptions == 0
+    assert len(store.jobs.get(1).gpus) == 4 and store.jobs.get(1).resize_gpus is None
     return service.decisions
 
 
@@ -241,7 +241,7 @@ def test_an_executor_that_cannot_resize_keeps_elastic_jobs_whole(tmp_path: Path)
     assert service.scheduler.config.elastic.resize is False
     for t, job_id, team, kind, gpus, low, model in ELASTIC_JOBS[:2]:
         clock.t = float(t)
-        store.submit(
+        store.jobs.submit(
             NewJob(
                 name=f"job{job_id}",
                 team=team,

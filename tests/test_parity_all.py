@@ -216,7 +216,7 @@ def run_live(cfg: ScenarioConfig, wl: Workload, tmp: Path) -> tuple[list[Normal]
         clock.t = now
         while nxt < len(arrivals) and arrivals[nxt].submit_s <= now:
             job = arrivals[nxt]
-            row, _ = store.submit(new_job(job, wl.sized.get(job.job_id)), job.submit_s)
+            row, _ = store.jobs.submit(new_job(job, wl.sized.get(job.job_id)), job.submit_s)
             assert str(row.id) == job.job_id
             nxt += 1
         service.step()
@@ -254,7 +254,7 @@ def test_the_live_event_log_holds_an_event_per_command(
     legs: tuple[list[Normal], list[Normal], Store],
 ) -> None:
     _, live, store = legs
-    events = Counter(e.kind for e in store.events_after(0, limit=1_000_000))
+    events = Counter(e.kind for e in store.events.after(0, limit=1_000_000))
     commands = Counter(n[1] for n in live)
     launches = commands["launch"]
     assert events["running"] == launches

@@ -307,8 +307,8 @@ def test_runs_down_time_waits_and_lost_work_come_from_the_events(url: str, tmp_p
         clock,
         disk=FakeDisk(),
     )
-    store.submit(NewJob("a", "t", "training", 50, 1, ("x",), checkpoint_every_s=30.0), T0)
-    store.submit(NewJob("b", "u", "training", 50, 2, ("x",)), T0)
+    store.jobs.submit(NewJob("a", "t", "training", 50, 1, ("x",), checkpoint_every_s=30.0), T0)
+    store.jobs.submit(NewJob("b", "u", "training", 50, 2, ("x",)), T0)
 
     def run(seconds: int) -> None:
         for _ in range(seconds):  # bounded: one cycle a second of the manual clock

@@ -44,11 +44,11 @@ class Harness:
         self.client = TestClient(
             create_app(self.service, self.store, auth=True), raise_server_exceptions=False
         )
-        admin = self.store.create_token("admin", None, T0)
+        admin = self.store.auth.create_token("admin", None, T0)
         self.admin = {"Authorization": f"Bearer {admin}"}
-        web = self.store.create_token("web-bot", "web", T0)
+        web = self.store.auth.create_token("web-bot", "web", T0)
         self.web = {"Authorization": f"Bearer {web}"}
-        other = self.store.create_token("nlp-bot", "nlp", T0)
+        other = self.store.auth.create_token("nlp-bot", "nlp", T0)
         self.nlp = {"Authorization": f"Bearer {other}"}
 
     def _live(self) -> LiveService:
@@ -94,10 +94,10 @@ def test_create_show_scale_delete(h: Harness) -> None:
     replicas = s["replicas"]
     # the fake executor starts no process: running jobs, replicas not yet answering
     assert [x["state"] for x in replicas] == ["starting", "starting"]
-    assert [h.store.get(x["job_id"]).state for x in replicas] == ["running", "running"]
+    assert [h.store.jobs.get(x["job_id"]).state for x in replicas] == ["running", "running"]
     assert all(x["port"] and x["url"] == f"http://127.0.0.1:{x['port']}" for x in replicas)
     assert len({x["port"] for x in replicas}) == 2
-    job = h.store.get(replicas[0]["job_id"])
+    job = h.store.jobs.get(replicas[0]["job_id"])
     assert job.kind == "online-inference" and job.service == "chat"
     assert any("0 -> 2" in e["message"] for e in s["events"])
 
@@ -112,7 +112,7 @@ def test_create_show_scale_delete(h: Harness) -> None:
     assert r.status_code == 200, r.text
     h.step(3)
     assert h.client.get("/v1/services/chat", headers=h.web).status_code == 404
-    rows = h.store.replicas("chat", active_only=False)
+    rows = h.store.services.replicas("chat", active_only=False)
     assert len(rows) == 3 and {x.state for x in rows} == {"cancelled"}
     assert {x.reason for x in rows} == {"service deleted"}
     assert [c for c in h.executor.calls if c[0] == "cancel"]
@@ -153,7 +153,7 @@ def test_restart_adopts_running_replicas(h: Harness) -> None:
         again.step()
     assert sorted(again.scheduler.replicas["chat"]) == sorted(str(j) for j in before)
     assert sum(c[0] == "launch" for c in h.executor.calls) == launches
-    assert [r.id for r in h.store.replicas("chat")] == before
+    assert [r.id for r in h.store.services.replicas("chat")] == before
     again.scraper.close()
 
 
@@ -161,14 +161,17 @@ def test_store_keeps_services_and_frees_a_deleted_name(tmp_path: Path) -> None:
     store = Store(database_url(None, tmp_path / "db"))
     store.migrate()
     svc = NewService("chat", "web", ("python", "serve.py"), 1, 3)
-    first = store.create_service(svc, 1.0)
-    store.scale_service("chat", 2, 5, 2.0)
-    assert (store.service("chat").min_replicas, store.service("chat").max_replicas) == (2, 5)
-    store.delete_service("chat", 3.0)
-    assert store.services() == []
-    second = store.create_service(svc, 4.0)
-    assert second.id != first.id and len(store.services(include_deleted=True)) == 2
-    kinds = [e.kind for e in store.service_events("chat")]
+    first = store.services.create(svc, 1.0)
+    store.services.scale("chat", 2, 5, 2.0)
+    assert (store.services.get("chat").min_replicas, store.services.get("chat").max_replicas) == (
+        2,
+        5,
+    )
+    store.services.delete("chat", 3.0)
+    assert store.services.list() == []
+    second = store.services.create(svc, 4.0)
+    assert second.id != first.id and len(store.services.list(include_deleted=True)) == 2
+    kinds = [e.kind for e in store.services.events("chat")]
     assert kinds == ["service-created", "service-bounds", "service-deleted", "service-created"]
 
 
@@ -205,7 +208,7 @@ def test_cli(
         "2",
     )
     assert code == 0 and "service chat created for team web: replicas 1..8" in out
-    assert h.store.service("chat").command[-2:] == ("--slots", "2")
+    assert h.store.services.get("chat").command[-2:] == ("--slots", "2")
     h.step(2)
     code, out, _ = run("service", "ls", *base)
     assert code == 0 and "chat" in out and "0/1" in out

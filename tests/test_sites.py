@@ -301,7 +301,7 @@ def test_the_live_service_bursts_runs_work_on_the_cloud_and_reclaims(tmp_path: P
     assert [n.cluster for n in service.cluster.nodes] == ["east", "west", "cloud"]
 
     def submit(name: str) -> int:
-        row, _ = store.submit(
+        row, _ = store.jobs.submit(
             NewJob(name, "ml", "training", 0, 4, ("true",), duration_s=3600.0), clock.now()
         )
         return row.id
@@ -313,21 +313,21 @@ def test_the_live_service_bursts_runs_work_on_the_cloud_and_reclaims(tmp_path: P
 
     jobs = [submit(f"j{k}") for k in range(3)]
     step_to(1001.0)
-    nodes = {store.get(j).node for j in jobs}
+    nodes = {store.jobs.get(j).node for j in jobs}
     assert nodes == {"e1", "w1", None}  # two run, one waits: c1 is down
-    waiting = next(j for j in jobs if store.get(j).node is None)
+    waiting = next(j for j in jobs if store.jobs.get(j).node is None)
     step_to(1015.0)
     assert runner.calls == [["start-node", "c1", "H100", "4", "cloud"]]
     alive["c1"] = "id-c1"  # the node joins
     step_to(1017.0)
-    assert store.get(waiting).node == "c1" and store.get(waiting).state == "running"
+    assert store.jobs.get(waiting).node == "c1" and store.jobs.get(waiting).state == "running"
     executor.finish(str(waiting))
     step_to(1060.0)
-    kinds = [e.kind for e in store.events_after(0, limit=1000)]
+    kinds = [e.kind for e in store.events.after(0, limit=1000)]
     assert "cloud-reclaim" in kinds and runner.calls[-1] == ["stop-node", "c1"]
     del alive["c1"]
     step_to(1062.0)
-    events = {e.kind: e.message for e in store.events_after(0, limit=1000)}
+    events = {e.kind: e.message for e in store.events.after(0, limit=1000)}
     assert events["cloud-node-down"] == "cloud node c1 stopped (reclaimed)"
     assert "node-lost" not in events
     assert "on-prem utilisation" in events["cloud-burst"] or "pending" in events["cloud-burst"]
@@ -339,7 +339,7 @@ def test_a_live_job_runs_where_its_data_is(tmp_path: Path) -> None:
     clock = ManualClock(500.0)
     service, store = two_site_service(tmp_path, clock)
     rows = [
-        store.submit(
+        store.jobs.submit(
             NewJob(
                 f"far-{site}",
                 "ml",
@@ -356,7 +356,7 @@ def test_a_live_job_runs_where_its_data_is(tmp_path: Path) -> None:
         for site in ("west", "east", "west")
     ]
     service.step()
-    assert [store.get(r.id).node for r in rows] == ["w1", "e1", "w1"]
+    assert [store.jobs.get(r.id).node for r in rows] == ["w1", "e1", "w1"]
 
 
 def test_the_sites_file_in_docs_ray_md_is_valid() -> None:
@@ -406,19 +406,19 @@ def test_a_launch_the_executor_could_not_make_in_time_is_requeued(tmp_path: Path
         FakeTelemetry("2xA100-80GB"),
         clock,
     )
-    row, _ = store.submit(NewJob("j", "ml", "training", 0, 1, ("true",)), clock.now())
+    row, _ = store.jobs.submit(NewJob("j", "ml", "training", 0, 1, ("true",)), clock.now())
     service.step()
-    assert store.get(row.id).state == "suspended"
-    assert "could not start yet" in store.get(row.id).reason
+    assert store.jobs.get(row.id).state == "suspended"
+    assert "could not start yet" in store.jobs.get(row.id).reason
     clock.advance(1.0)
     service.step()
-    assert store.get(row.id).state == "running" and store.get(row.id).attempts == 2
+    assert store.jobs.get(row.id).state == "running" and store.jobs.get(row.id).attempts == 2
 
 
 def test_an_online_job_no_site_can_serve_in_time_fails_with_the_reason(tmp_path: Path) -> None:
     clock = ManualClock(0.0)
     service, store = two_site_service(tmp_path, clock)
-    row, _ = store.submit(
+    row, _ = store.jobs.submit(
         NewJob(
             "chat",
             "serving",
@@ -432,7 +432,7 @@ def test_an_online_job_no_site_can_serve_in_time_fails_with_the_reason(tmp_path:
         clock.now(),
     )
     service.step()
-    failed = store.get(row.id)
+    failed = store.jobs.get(row.id)
     assert failed.state == "failed" and "latency" in failed.reason, failed.reason
 
 

@@ -41,8 +41,8 @@ def _app(tmp: Path, direct: bool) -> tuple[TestClient, str]:
     assert len(fast) == 1, "the direct route should be registered once"
     if not direct:
         app.router.routes.remove(fast[0])
-    token = store.create_token("admin", None, T0)
-    store.create_token("nlp-user", "nlp", T0)
+    token = store.auth.create_token("admin", None, T0)
+    store.auth.create_token("nlp-user", "nlp", T0)
     return TestClient(app, raise_server_exceptions=False), token
 
 

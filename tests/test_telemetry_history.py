@@ -18,6 +18,8 @@ from gpupool.ports.telemetry.fake import FakeTelemetry
 from gpupool.server.loop.diskspace import FakeDisk
 from gpupool.server.loop.driver import LiveConfig, LiveService
 from gpupool.server.store import GpuMinute, NewJob, ServiceMinute, Store, database_url
+from gpupool.server.store.history import History
+from gpupool.server.store.nodes import Nodes
 from gpupool.server.telemetry.history import (
     HistoryConfig,
     MinuteMeans,
@@ -83,12 +85,12 @@ def test_history_round_trip_and_pruning_oldest_first(url: str) -> None:
     with Store(url) as store:
         store.migrate()
         for b in range(10):  # one batch per bucket, as the service writes them
-            store.add_history(
+            store.history.add(
                 [r for r in _rows(2, 10) if r.t_s == T0 + 60 * b],
                 [ServiceMinute("chat", T0 + 60 * b, 60.0, 50.0 + b, 10.0, 1)],
             )
-        assert store.history_rows() == (20, 10)
-        got = store.gpu_minutes(T0 + 120, T0 + 240)
+        assert store.history.rows() == (20, 10)
+        got = store.history.gpu_minutes(T0 + 120, T0 + 240)
         assert [(r.gpu_id, r.t_s) for r in got] == [
             ("n/0", T0 + 120),
             ("n/1", T0 + 120),
@@ -96,31 +98,43 @@ def test_history_round_trip_and_pruning_oldest_first(url: str) -> None:
             ("n/1", T0 + 180),
         ]
         assert got[0] == _rows(2, 10)[4]
-        assert [s.p99_ms for s in store.service_minutes(T0 + 540)] == [59.0]
+        assert [s.p99_ms for s in store.history.service_minutes(T0 + 540)] == [59.0]
         # retention: what began before T0+180 goes, 3 rows at a time
-        p = store.prune_history(T0 + 180, 1000, 1000, batch=3)
+        p = store.history.prune(T0 + 180, 1000, 1000, batch=3)
         assert (p.gpu_rows, p.service_rows, p.more) == (3, 3, True)
-        assert min(r.t_s for r in store.gpu_minutes()) == T0 + 60  # n/1 of the first left
-        p = store.prune_history(T0 + 180, 1000, 1000, batch=3)
+        assert min(r.t_s for r in store.history.gpu_minutes()) == T0 + 60  # n/1 of the first left
+        p = store.history.prune(T0 + 180, 1000, 1000, batch=3)
         assert (p.gpu_rows, p.service_rows, p.more) == (3, 0, False)
-        assert store.history_rows() == (14, 7)
-        assert min(r.t_s for r in store.gpu_minutes()) == T0 + 180
+        assert store.history.rows() == (14, 7)
+        assert min(r.t_s for r in store.history.gpu_minutes()) == T0 + 180
         # the row cap: the oldest beyond it go, whatever their age
-        p = store.prune_history(T0, 10, 5, batch=100)
+        p = store.history.prune(T0, 10, 5, batch=100)
         assert (p.gpu_rows, p.service_rows, p.more) == (4, 2, False)
-        assert [r.t_s for r in store.gpu_minutes()][:2] == [T0 + 300, T0 + 300]
-        assert [s.t_s for s in store.service_minutes()] == [T0 + 60 * b for b in range(5, 10)]
+        assert [r.t_s for r in store.history.gpu_minutes()][:2] == [T0 + 300, T0 + 300]
+        assert [s.t_s for s in store.history.service_minutes()] == [
+            T0 + 60 * b for b in range(5, 10)
+        ]
 
 
-class FailingStore(Store):
-    """A store whose history writes fail while `failing` (a disk I/O error, say)."""
+class FailingHistory(History):
+    """History whose writes fail while `failing` (a disk I/O error, say)."""
 
     failing = False
 
-    def add_history(self, *args: Any, **kwargs: Any) -> None:
+    def add(self, *args: Any, **kwargs: Any) -> None:
         if self.failing:
             raise OperationalError("INSERT", {}, Exception("disk I/O error"))
-        super().add_history(*args, **kwargs)
+        super().add(*args, **kwargs)
+
+
+class FailingStore(Store):
+    """A store whose history writes fail while `history.failing`."""
+
+    history: FailingHistory
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.history = FailingHistory(self.db)
 
 
 def _rig(url: str, tmp_path: Path) -> tuple[FailingStore, LiveService, ManualClock, FakeDisk]:
@@ -146,9 +160,9 @@ def test_a_failing_history_write_costs_its_bucket_and_not_the_loop(
 ) -> None:
     store, live, clock, disk = _rig(url, tmp_path)
     try:
-        assert [g.gpu_id for g in store.fleet()] == ["h/A100-80GB/0", "h/A100-80GB/1"]
+        assert [g.gpu_id for g in store.nodes.fleet()] == ["h/A100-80GB/0", "h/A100-80GB/1"]
         job = NewJob("train", "t", "training", 50, 1, ("python", "train.py"))
-        job_id = store.submit(job, clock.now())[0].id
+        job_id = store.jobs.submit(job, clock.now())[0].id
         cycles = 0
 
         def run(seconds: int) -> None:
@@ -159,11 +173,11 @@ def test_a_failing_history_write_costs_its_bucket_and_not_the_loop(
                 cycles += 1
 
         run(20)  # buckets T0 and T0+10 written
-        assert store.get(job_id).state == "running"
-        store.failing = True
+        assert store.jobs.get(job_id).state == "running"
+        store.history.failing = True
         run(10)  # the bucket T0+20 fails
         assert live.history.dropped == 1 and "disk I/O error" in (live.history.error or "")
-        store.failing = False
+        store.history.failing = False
         disk.free_bytes = 0  # then the disk fills: bucket T0+30 is not even tried
         run(10)
         assert live.history.dropped == 2 and "DiskFull" in (live.history.error or "")
@@ -171,21 +185,21 @@ def test_a_failing_history_write_costs_its_bucket_and_not_the_loop(
         run(20)
         assert live.health.errors == 0  # no stage of the loop failed for it
         assert cycles == 60 and live.history.error is None
-        starts = sorted({r.t_s for r in store.gpu_minutes()})
+        starts = sorted({r.t_s for r in store.history.gpu_minutes()})
         assert starts == [T0, T0 + 10, T0 + 40, T0 + 50]  # only the failed buckets are gone
-        busy = [r for r in store.gpu_minutes() if r.gpu_id == "h/A100-80GB/0"]
+        busy = [r for r in store.history.gpu_minutes() if r.gpu_id == "h/A100-80GB/0"]
         assert [r.samples for r in busy] == [9, 10, 10, 10]  # the loop began at T0+1
         # started in the cycle of T0+1, after its sample: busy in 8 of the 9
         assert busy[0].sm_util_pct == pytest.approx(800 / 9)
         assert busy[1].sm_util_pct == 100.0 and busy[1].mem_used_mib == 1024.0
-        assert store.get(job_id).state == "running"  # scheduling went on throughout
+        assert store.jobs.get(job_id).state == "running"  # scheduling went on throughout
     finally:
         live.stop()
         store.close()
 
 
-class FullAtStart(Store):
-    """A store whose first fleet record fails, as on a disk full when the service starts."""
+class FullAtStartNodes(Nodes):
+    """Nodes whose first fleet record fails, as on a disk full when the service starts."""
 
     refused = 0
 
@@ -194,6 +208,16 @@ class FullAtStart(Store):
             self.refused += 1
             raise OperationalError("INSERT", {}, Exception("database or disk is full"))
         super().record_fleet(*args, **kwargs)
+
+
+class FullAtStart(Store):
+    """A store whose first fleet record fails (`nodes.refused` counts it)."""
+
+    nodes: FullAtStartNodes
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.nodes = FullAtStartNodes(self.db)
 
 
 def test_a_fleet_not_recorded_at_start_is_recorded_with_the_first_bucket(
@@ -211,13 +235,13 @@ def test_a_fleet_not_recorded_at_start_is_recorded_with_the_first_bucket(
         disk=FakeDisk(),
     )
     try:
-        assert store.refused == 1 and store.fleet() == []
+        assert store.nodes.refused == 1 and store.nodes.fleet() == []
         for _ in range(6):
             clock.advance(1.0)
             live.step()
-        assert [g.gpu_id for g in store.fleet()] == ["h/A100-80GB/0"]
-        assert store.setting("review")["bucket_s"] == 5.0
-        assert len(store.gpu_minutes()) == 1
+        assert [g.gpu_id for g in store.nodes.fleet()] == ["h/A100-80GB/0"]
+        assert store.settings.get("review")["bucket_s"] == 5.0
+        assert len(store.history.gpu_minutes()) == 1
     finally:
         live.stop()
         store.close()
@@ -237,9 +261,9 @@ def test_the_writer_keeps_the_history_within_its_cap_and_retention(
         history = TelemetryHistory(cfg, store, {0: "n/0", 1: "n/1"})
         for t in range(40):  # bounded: 40 buckets
             history.step(T0 + t, telemetry.sample(T0 + t), {})
-            assert store.history_rows()[0] <= min(max_rows, 22)
+            assert store.history.rows()[0] <= min(max_rows, 22)
         assert history.written == 39 and history.dropped == 0
-        rows = store.gpu_minutes()
+        rows = store.history.gpu_minutes()
         assert len(rows) == kept
         newest = [(T0 + b, f"n/{g}") for b in range(38, 27, -1) for g in (1, 0)][:kept]
         assert sorted((r.t_s, r.gpu_id) for r in rows) == sorted(newest)

@@ -109,7 +109,7 @@ def test_a_held_job_says_held_and_gets_its_reason_back_once_released(api: Api) -
 
 def test_a_job_no_pool_can_run_ends_unplaceable(api: Api) -> None:
     # written to the store directly: the API may refuse such a request at submit
-    row, _ = api.service.store.submit(
+    row, _ = api.service.store.jobs.submit(
         NewJob(
             name="x",
             team="ml",

@@ -114,7 +114,7 @@ def drive(service: LiveService, done: Callable[[], bool], timeout_s: float, what
     end = time.monotonic() + timeout_s
     while not done():
         if time.monotonic() > end:
-            events = service.store.events_after(0, limit=1000)
+            events = service.store.events.after(0, limit=1000)
             raise AssertionError(f"timed out waiting for {what}: {events[-15:]}")
         service.step()
         time.sleep(0.1)
@@ -144,7 +144,7 @@ def test_burst_adds_a_cloud_node_and_reclaim_removes_it(burst: Any) -> None:
         return str(client.get(f"/v1/jobs/{job}").json()["state"])
 
     def kinds() -> list[str]:
-        return [e.kind for e in store.events_after(0, limit=10_000)]
+        return [e.kind for e in store.events.after(0, limit=10_000)]
 
     # Twelve on-prem GPUs, twelve jobs: full. Two more wait.
     onprem = [submit(f"fill-{k}") for k in range(12)]
@@ -174,7 +174,7 @@ def test_burst_adds_a_cloud_node_and_reclaim_removes_it(burst: Any) -> None:
     drive(service, lambda: "cloud-node-down" in kinds(), 90, "the cloud node to be reclaimed")
     assert "c1" not in {n.name for n in ray_nodes()}
 
-    events = {e.kind: e.message for e in store.events_after(0, limit=10_000)}
+    events = {e.kind: e.message for e in store.events.after(0, limit=10_000)}
     assert "start c1:" in events["cloud-burst"]
     assert "pending" in events["cloud-burst"] or "utilisation" in events["cloud-burst"]
     assert "stop c1: cloud utilisation 0% < 30%" in events["cloud-reclaim"], events

@@ -180,7 +180,7 @@ def _live_run(
             service.step()
             for when, _, job_id, _ in service.placed[launched:]:
                 since[job_id] = when
-                row = store.get(int(job_id))
+                row = store.jobs.get(int(job_id))
                 if row.pgid is not None:
                     pgids.append(row.pgid)
                 # wait until it runs its script (trap set) before anything can stop it
@@ -202,7 +202,7 @@ def _live_run(
         clock.t = t
         while k < len(arrivals) and arrivals[k].spec.submit_s <= t:
             job = arrivals[k]
-            row, _ = store.submit(job.new, t)
+            row, _ = store.jobs.submit(job.new, t)
             assert spec_of(row) == job.spec  # the simulator was given the same job
             left[job.spec.job_id] = float(job.spec.duration_s or 0.0)
             k += 1
@@ -273,7 +273,7 @@ def test_trace_slice_places_alike_in_simulator_and_on_ray(ray_cluster: Any, tmp_
         # ... and ended as the simulator assumed: finished, or preempted and resumed.
         preempted = {j for _, a, j, _ in live if a == "preempt"}
         for j in jobs:
-            row = store.get(int(j.spec.job_id))
+            row = store.jobs.get(int(j.spec.job_id))
             assert row.state == "succeeded", row
             assert row.preemptions == (1 if j.spec.job_id in preempted else 0), row
         outcomes = sorted((e.job_id, e.outcome) for e in executor.exits)

@@ -80,7 +80,7 @@ class Live:
 
     def track(self, job_id: int) -> None:
         """Kill the job's process group at teardown whatever happens."""
-        row = self.store.get(job_id)
+        row = self.store.jobs.get(job_id)
         if row.pgid is not None:
             self.cluster.pgids.append(row.pgid)
 
@@ -234,7 +234,7 @@ def test_node_death_requeues_and_nothing_is_lost(live: Live, ray_cluster: Any) -
     assert node in ("a1", "a2")
     ck = live.service.run_dir(victim) / "checkpoint" / "counter.json"
     live.drive(ck.exists, 30, "a periodic checkpoint")
-    pgid = live.store.get(victim).pgid
+    pgid = live.store.jobs.get(victim).pgid
     assert pgid is not None
     # A real node takes its processes with it. Here the raylet runs on this machine and
     # the job is in its own session, so it would live on as an orphan; the shim fences it:

@@ -257,7 +257,7 @@ DEMO_JOBS = (
 def submit_demo(store: Store) -> None:
     now = time.time()
     for name, team, kind, gpus, args in DEMO_JOBS:
-        store.submit(
+        store.jobs.submit(
             NewJob(
                 name=name,
                 team=team,
@@ -279,9 +279,9 @@ def bootstrap_admin(store: Store) -> str:
     named admin, or admin-<time> when a team or read-only token holds that name."""
     now = time.time()
     try:
-        return store.create_token("admin", None, now)
+        return store.auth.create_token("admin", None, now)
     except ConflictError:
-        return store.create_token(f"admin-{int(now)}", None, now)
+        return store.auth.create_token(f"admin-{int(now)}", None, now)
 
 
 def serve(opts: ServeOptions) -> int:
@@ -342,7 +342,7 @@ def serve(opts: ServeOptions) -> int:
             f"{lease.where}); stop it first, or drop --no-standby to stand by and take over "
             "when it ends"
         )
-    if auth and not store.has_admin():
+    if auth and not store.auth.has_admin():
         token = bootstrap_admin(store)
         print(f"admin token (shown once, keep it): {token}")
         print(f"  export GPUPOOL_URL={url} GPUPOOL_TOKEN={token}")

@@ -91,7 +91,7 @@ def _events(store: Store) -> list[EventRow]:
     out: list[EventRow] = []
     seq = 0
     while True:
-        page = store.events_after(seq, limit=EVENT_PAGE)
+        page = store.events.after(seq, limit=EVENT_PAGE)
         out.extend(page)
         if len(page) < EVENT_PAGE:
             return out
@@ -102,7 +102,7 @@ def _jobs(store: Store) -> list[JobRow]:
     out: list[JobRow] = []
     after = 0
     while True:
-        page = store.list(after_id=after, limit=1000)
+        page = store.jobs.list(after_id=after, limit=1000)
         out.extend(page)
         if len(page) < 1000:
             return out
@@ -268,12 +268,12 @@ def review_from_db(url: str, start_s: float | None, end_s: float | None) -> Revi
 
 
 def _read(store: Store, url: str, start_s: float | None, end_s: float | None) -> ReviewData:
-    fleet = store.fleet()
+    fleet = store.nodes.fleet()
     jobs = _jobs(store)
     events = _events(store)
-    settings = store.setting(REVIEW_SETTING) or {}
-    minutes = store.gpu_minutes(start_s, end_s)
-    served = store.service_minutes(start_s, end_s)
+    settings = store.settings.get(REVIEW_SETTING) or {}
+    minutes = store.history.gpu_minutes(start_s, end_s)
+    served = store.history.service_minutes(start_s, end_s)
     seen = [g.first_seen_s for g in fleet] + [r.submitted_at for r in jobs]
     seen += [e.at_s for e in events[:1]] + [m.t_s for m in minutes[:1]]
     last = [g.last_seen_s for g in fleet] + [e.at_s for e in events[-1:]]

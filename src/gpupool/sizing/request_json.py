@@ -29,7 +29,7 @@ from gpupool.sizing.planner import TASKS, PlanRequest
 from gpupool.sizing.shapes import ModelShape, load_shapes
 
 if TYPE_CHECKING:
-    from gpupool.server.store import JobRow
+    from gpupool.domain.job_fields import JobFields
 
 # Bounds: generous for any real model and job, finite so that the planner's arithmetic
 # stays finite (the scheduler sizes a job with them on every cycle it waits).
@@ -173,9 +173,10 @@ def sizing_of(request: PlanRequest) -> dict[str, Any]:
     return out
 
 
-def plan_request_of(row: JobRow) -> PlanRequest | None:
-    """The PlanRequest a stored job was submitted with; None for a job given by GPU count."""
-    return None if row.sizing is None else plan_request_from(row.sizing)
+def plan_request_of(job: JobFields) -> PlanRequest | None:
+    """The PlanRequest a job (a stored one: a JobRow) was submitted with; None for a job
+    given by GPU count."""
+    return None if job.sizing is None else plan_request_from(job.sizing)
 
 
 def plan_request_from(sizing: Mapping[str, Any]) -> PlanRequest:

@@ -17,6 +17,7 @@ import asyncio
 import email.message
 import json
 import math
+import operator
 import re
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -44,6 +45,7 @@ from pydantic import (
 )
 from starlette.routing import Route
 
+from gpupool.domain.job_fields import JOB_FIELDS
 from gpupool.errors import ConflictError, GpupoolError, NotFoundError, SpecError, Unavailable
 from gpupool.scheduler.cycle.wait_reasons import reason_code
 from gpupool.server.api.admission import Fleet, admit
@@ -570,48 +572,51 @@ def audit_json(row: AuditRow) -> dict[str, Any]:
     return {"id": row.id, **audit_values(row.entry)}
 
 
+JOB_IN_NAME: dict[str, str] = {
+    "gpu_count": "gpus",
+    "gpu_count_min": "gpus_min",
+    "gpu_milli": "gpu_share",
+}
+"""JobFields that JobIn takes under another name (the rest keep theirs); gpu_share is in
+GPUs where gpu_milli is in thousandths of one (new_job converts it)."""
+JOB_IN_OMITS: frozenset[str] = frozenset({"owner", "service"})
+"""JobFields a client does not give: its token's name is the owner, and only the core
+makes a service's replicas."""
+JOB_JSON_OMITS: frozenset[str] = frozenset({"env", "cwd", "max_retries", "duration_s", "owner"})
+"""JobFields a job's JSON leaves out (its environment may hold secrets)."""
+_JOB_JSON_ORDER = (
+    "id", "name", "team", "kind", "priority", "gpu_count", "gpu_model", "gpu_milli",
+    "gpu_mem_mib", "gpu_count_min", "gpus", "state", "preempting", "reason", "reason_code",
+    "command", "attempts", "preemptions", "retries", "exit_code", "submitted_at",
+    "started_at", "ended_at", "checkpoint_every_s", "grace_s", "dataset", "dataset_gb",
+    "deadline_at", "user_region", "latency_bound_ms", "state_gib_per_gpu", "sizing",
+    "time_limit_s", "held", "service", "port",
+)  # fmt: skip
+"""The order of a job's keys in the API's answers (and `gpupool show --json`)."""
+_JOB_JSON_KEYS = _JOB_JSON_ORDER + tuple(
+    name for name in JOB_FIELDS if name not in JOB_JSON_OMITS and name not in _JOB_JSON_ORDER
+)
+"""Every key of a job's JSON: a field added to JobFields comes last unless placed above."""
+_JOB_JSON_VALUES = operator.attrgetter(
+    *({"preempting": "state", "reason_code": "reason"}.get(k, k) for k in _JOB_JSON_KEYS)
+)
+"""The row's attributes under those keys (job_json then fixes the few it derives)."""
+
+
 def job_json(row: JobRow) -> dict[str, Any]:
-    state = "running" if row.state == "preempting" else row.state
-    return {
-        "id": row.id,
-        "name": row.name,
-        "team": row.team,
-        "kind": row.kind,
-        "priority": row.priority,
-        "gpu_count": row.gpu_count,
-        "gpu_model": row.gpu_model,
-        "gpu_milli": row.gpu_milli,
-        "gpu_mem_mib": row.gpu_mem_mib,
-        "gpu_count_min": row.gpu_count_min,
-        "gpus": [{"node": node, "index": index} for node, index in row.gpus],
-        "state": state,
-        "preempting": row.state == "preempting",
-        "reason": row.reason,
-        "reason_code": reason_code(
-            row.reason, row.state in ("pending", "suspended"), row.held and not row.terminal
-        ),
-        "command": list(row.command),
-        "attempts": row.attempts,
-        "preemptions": row.preemptions,
-        "retries": row.retries,
-        "exit_code": row.exit_code,
-        "submitted_at": row.submitted_at,
-        "started_at": row.started_at,
-        "ended_at": row.ended_at,
-        "checkpoint_every_s": row.checkpoint_every_s,
-        "grace_s": row.grace_s,
-        "dataset": row.dataset,
-        "dataset_gb": row.dataset_gb,
-        "deadline_at": row.deadline_at,
-        "user_region": row.user_region,
-        "latency_bound_ms": row.latency_bound_ms,
-        "state_gib_per_gpu": row.state_gib_per_gpu,
-        "sizing": None if row.sizing is None else dict(row.sizing),
-        "time_limit_s": row.time_limit_s,
-        "held": row.held and not row.terminal,
-        "service": row.service,
-        "port": row.port,
-    }
+    """A job as the API answers with it: its JobFields (but JOB_JSON_OMITS) and what the
+    scheduler made of it."""
+    out = dict(zip(_JOB_JSON_KEYS, _JOB_JSON_VALUES(row), strict=True))
+    out["command"] = list(row.command)
+    out["sizing"] = None if row.sizing is None else dict(row.sizing)
+    out["gpus"] = [{"node": node, "index": index} for node, index in row.gpus]
+    out["state"] = "running" if row.state == "preempting" else row.state
+    out["preempting"] = row.state == "preempting"
+    out["reason_code"] = reason_code(
+        row.reason, row.state in ("pending", "suspended"), row.held and not row.terminal
+    )
+    out["held"] = row.held and not row.terminal
+    return out
 
 
 _T = TypeVar("_T")
@@ -664,13 +669,13 @@ class SubmitBatcher:
                 del self.pending[: self.MAX_BATCH]
                 try:
                     results = await self._off_loop(
-                        self.store.submit_group, [(j, k) for j, k, _ in batch], self.now()
+                        self.store.jobs.submit_group, [(j, k) for j, k, _ in batch], self.now()
                     )
                 except Exception:
                     # each on its own, so only that one hears of its error
                     for job, key, future in batch:
                         try:
-                            one = await self._off_loop(self.store.submit, job, self.now(), key)
+                            one = await self._off_loop(self.store.jobs.submit, job, self.now(), key)
                         except Exception as err:
                             if not future.done():
                                 future.set_exception(err)
@@ -789,7 +794,7 @@ async def current_principal(
     who = cache.get(token)
     if who is None:
         # off the event loop: an unknown token reaches the database every time
-        who = await run_in_threadpool(request.app.state.store.principal, token, now)
+        who = await run_in_threadpool(request.app.state.store.auth.principal, token, now)
         if who is None:
             raise HTTPException(
                 401, "unknown token, or one revoked or expired; ask an admin for one"
@@ -927,35 +932,23 @@ def create_app(
             sizing=sizing,
             gangs=gangs,
         )
-        job = NewJob(
+        given = {
+            name: getattr(body, JOB_IN_NAME.get(name, name))
+            for name in JOB_FIELDS
+            if name not in JOB_IN_OMITS
+        }
+        given.update(  # the fields JobIn holds in another form
             name=body.name or body.command[0].rsplit("/", 1)[-1][:128],
             team=team,
-            kind=body.kind,
             priority=priority,
-            gpu_count=body.gpus,
-            command=tuple(body.command),
-            env=dict(body.env),
-            cwd=body.cwd,
-            gpu_model=body.gpu_model,
-            checkpoint_every_s=body.checkpoint_every_s,
-            grace_s=body.grace_s,
-            max_retries=body.max_retries,
-            duration_s=body.duration_s,
-            owner=who.name,
-            dataset=body.dataset,
-            dataset_gb=body.dataset_gb,
-            deadline_at=body.deadline_at,
-            user_region=body.user_region,
-            latency_bound_ms=body.latency_bound_ms,
-            state_gib_per_gpu=body.state_gib_per_gpu,
             sizing=sizing,
             time_limit_s=body.time_limit_s
             if body.time_limit_s is not None
             else scheduling.time_limit_s.get(body.kind),
             gpu_milli=1000 if body.gpu_share is None else max(1, round(body.gpu_share * 1000)),
-            gpu_mem_mib=body.gpu_mem_mib,
-            gpu_count_min=body.gpus_min,
+            owner=who.name,
         )
+        job = NewJob(**given)
         check_share(job, fleet_models, catalog)
         return job
 
@@ -1045,7 +1038,7 @@ def create_app(
         new = [new_job(j, who) for j in body.jobs]
         for team in sorted({j.team for j in new}):
             rate.take(team, sum(j.team == team for j in new))
-        rows = store.submit_many(new, service.clock.now())
+        rows = store.jobs.submit_many(new, service.clock.now())
         service.wake.set()
         return {"jobs": [job_json(r) for r in rows]}
 
@@ -1073,7 +1066,7 @@ def create_app(
             raise HTTPException(422, [{"loc": ["query", "state"], "msg": f"unknown state {state}"}])
 
         def page(db_state: str | None) -> list[JobRow]:
-            return store.list(
+            return store.jobs.list(
                 state=db_state,
                 team=team,
                 limit=limit,
@@ -1091,11 +1084,11 @@ def create_app(
 
     @app.get("/v1/jobs/{job_id}", summary="One job")
     def job(job_id: JobId, who: Who) -> dict[str, Any]:
-        return job_json(store.get(job_id))
+        return job_json(store.jobs.get(job_id))
 
     @app.post("/v1/jobs/{job_id}/cancel", summary="Cancel a job")
     def cancel(job_id: JobId, who: Who) -> dict[str, Any]:
-        own(who, store.get(job_id))
+        own(who, store.jobs.get(job_id))
         return job_json(service.cancel(job_id))
 
     @app.get("/v1/jobs/{job_id}/logs", summary="A job's output", response_class=PlainTextResponse)
@@ -1107,7 +1100,7 @@ def create_app(
         limit: Annotated[int, Query(ge=1, le=1 << 22)] = 1 << 20,
         rank: Annotated[int, Query(ge=0, le=1 << 16)] = 0,
     ) -> Response:
-        row = store.get(job_id)
+        row = store.jobs.get(job_id)
         own(who, row)
         data = service.read_log(job_id, stream, offset, limit, rank=rank)
         state = "running" if row.state == "preempting" else row.state
@@ -1129,7 +1122,7 @@ def create_app(
     ) -> dict[str, Any]:
         deadline = time.monotonic() + wait
         while True:
-            rows = await run_in_threadpool(store.events_after, after, 500)
+            rows = await run_in_threadpool(store.events.after, after, 500)
             if rows or time.monotonic() >= deadline:
                 break
             await asyncio.sleep(0.2)
@@ -1152,7 +1145,7 @@ def create_app(
         admin_only(who, "creates tokens")
         trail.flush()  # the requests before it stay before it in the trail
         now = wall()
-        token, row = store.issue_token(
+        token, row = store.auth.issue_token(
             body.name,
             body.team,
             now,
@@ -1167,7 +1160,7 @@ def create_app(
     def list_tokens(who: Who) -> dict[str, Any]:
         admin_only(who, "lists tokens")
         now = wall()
-        return {"tokens": [token_json(r, now) for r in store.tokens()]}
+        return {"tokens": [token_json(r, now) for r in store.auth.tokens()]}
 
     @app.post("/v1/tokens/{ref}/revoke", summary="Revoke a token by name or id (admin)")
     def revoke_token(
@@ -1178,7 +1171,7 @@ def create_app(
         admin_only(who, "revokes tokens")
         trail.flush()
         now = wall()
-        row = store.revoke_token(ref, now, by=who, client=peer(request))
+        row = store.auth.revoke_token(ref, now, by=who, client=peer(request))
         app.state.tokens.forget(name=row.name, token_id=row.id)  # refused from the next request
         return token_json(row, now)
 
@@ -1194,18 +1187,18 @@ def create_app(
         reads of tokens and of this trail: page on with before=the last id."""
         admin_only(who, "reads the audit trail")
         trail.flush()
-        rows = store.audit(limit=limit, before_id=before, since_s=since, token=token)
+        rows = store.auth.audit(limit=limit, before_id=before, since_s=since, token=token)
         return {"audit": [audit_json(r) for r in rows]}
 
     # ---- lifecycle: hold, release, requeue (the job's team or an admin), drain (admin) ----
     @app.post("/v1/jobs/{job_id}/hold", summary="Hold a waiting job: it starts once released")
     def hold(job_id: JobId, who: Who) -> dict[str, Any]:
-        own(who, store.get(job_id))
+        own(who, store.jobs.get(job_id))
         return job_json(service.hold(job_id, who.name))
 
     @app.post("/v1/jobs/{job_id}/release", summary="Release a held job")
     def release(job_id: JobId, who: Who) -> dict[str, Any]:
-        own(who, store.get(job_id))
+        own(who, store.jobs.get(job_id))
         return job_json(service.release(job_id, who.name))
 
     @app.post(
@@ -1213,12 +1206,12 @@ def create_app(
         summary="Stop a running job with its checkpoint and put it back in the queue",
     )
     def requeue(job_id: JobId, who: Who, hold: bool = False) -> dict[str, Any]:
-        own(who, store.get(job_id))
+        own(who, store.jobs.get(job_id))
         return job_json(service.requeue(job_id, who.name, hold=hold))
 
     # ---- services: created by a team member (or an admin), seen by every token ----------
     def own_service(who: Principal, name: str) -> None:
-        row = store.service(name)
+        row = store.services.get(name)
         if not who.is_admin and who.team != row.team:
             raise HTTPException(403, f"service {name} belongs to team {row.team}, not {who.team}")
 
@@ -1255,7 +1248,7 @@ def create_app(
 
     @app.get("/v1/services", summary="List the online services")
     def list_services(who: Who) -> dict[str, Any]:
-        return {"services": [service.service_view(r.name) for r in store.services()]}
+        return {"services": [service.service_view(r.name) for r in store.services.list()]}
 
     @app.get("/v1/services/{name}", summary="One service with its replicas, rps and p99")
     def show_service(
@@ -1352,8 +1345,8 @@ def create_app(
         after: Annotated[int, Query(ge=0, le=MAX_ID)] = 0,
         limit: Annotated[int, Query(ge=1, le=1000)] = 500,
     ) -> dict[str, Any]:
-        store.get(job_id)  # a 404 for a job that is not there
-        rows = store.events_after(after, limit, job_id=job_id)
+        store.jobs.get(job_id)  # a 404 for a job that is not there
+        rows = store.events.after(after, limit, job_id=job_id)
         return {
             "job_id": job_id,
             "events": [

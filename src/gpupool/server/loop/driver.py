@@ -25,7 +25,7 @@ from collections import defaultdict, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
@@ -105,11 +105,10 @@ from gpupool.server.store import (
     JobRow,
     NewJob,
     NewService,
-    RetryingStore,
+    Retry,
     RetryPolicy,
     ServiceRow,
     Store,
-    count_events,
     transient,
 )
 from gpupool.server.telemetry.history import HistoryConfig, attach, running_replicas
@@ -327,9 +326,7 @@ class LiveService:
         """What the loop is doing now, for errors reported from deep inside (retries)."""
         self.raw_store = store
         """The store without retries: for best-effort writes that must not hold the loop."""
-        self.store = cast(
-            Store, RetryingStore(store, config.db_retry, self._db_retry, self.stopping)
-        )
+        self.store = store.retrying(Retry(config.db_retry, self._db_retry, self.stopping))
         self.executor = executor
         self.telemetry = telemetry
         self.clock = clock
@@ -489,17 +486,18 @@ class LiveService:
         """Shadow cycles of the learned policy since start (counts; events are bounded)."""
         self.learning = sched.policy == "learned"
         """Whether the core runs the learned policy (shadow or active)."""
-        for svc in self.store.services():
+        for svc in self.store.services.list():
             self._load_service(svc)
-            self.scheduler.restore_service(svc.name, len(self.store.replicas(svc.name, False)))
+            made = len(self.store.services.replicas(svc.name, False))
+            self.scheduler.restore_service(svc.name, made)
         now = clock.now()
         if self.learning:  # what finished before this start is the learner's first history
-            self.scheduler.learning_seed(outcomes_of(self.store.finished_runs(None, now)))
+            self.scheduler.learning_seed(outcomes_of(self.store.history.finished_runs(None, now)))
         self.recover()
         self._recover_lifecycle()
         if self.learning:
             self._restore_learning_mode(now)
-        for row in self.store.active():  # replicas of a service deleted while we were down
+        for row in self.store.jobs.active():  # replicas of a service deleted while we were down
             if row.service is not None and row.service not in self.service_rows:
                 self.cancel(row.id)
 
@@ -508,7 +506,7 @@ class LiveService:
         """Rebuild the scheduler from the database; re-adopt processes that still run."""
         now = self.clock.now()
         node_of = {n.name: i for i, n in enumerate(self.cluster.nodes)}
-        for row in self.store.active():
+        for row in self.store.jobs.active():
             self.seen_id = max(self.seen_id, row.id)
             spec = spec_of(row)
             if row.state in ("running", "preempting"):
@@ -529,10 +527,10 @@ class LiveService:
                     how = ""
                     if found.pid != handle.pid:  # the crash came before its pid was stored
                         how = " (found by its launch intent)"
-                        self.store.set_process(
+                        self.store.jobs.set_process(
                             row.id, found.pid, found.pgid, found.start_ticks, now
                         )
-                    self.store.add_event(
+                    self.store.events.add(
                         "adopted",
                         f"pid {found.pid} still runs: re-adopted{how}",
                         now,
@@ -612,22 +610,23 @@ class LiveService:
             gpu_milli=gpu_milli,
             service=service,
         )
-        row, _ = self.store.submit(job, self.clock.now())
+        row, _ = self.store.jobs.submit(job, self.clock.now())
         return str(row.id)
 
     def create_service(self, svc: NewService) -> ServiceRow:
         """Called by the API: the service is stored and its replicas follow at once."""
         with self.lock:
             self._template(svc)  # refused before anything is stored
-            row = self.store.create_service(svc, self.clock.now())
+            row = self.store.services.create(svc, self.clock.now())
             self._load_service(row)
-            self.scheduler.restore_service(row.name, len(self.store.replicas(row.name, False)))
+            made = len(self.store.services.replicas(row.name, False))
+            self.scheduler.restore_service(row.name, made)
             self.wake.set()
             return row
 
     def scale_service(self, name: str, low: int, high: int) -> ServiceRow:
         with self.lock:
-            row = self.store.scale_service(name, low, high, self.clock.now())
+            row = self.store.services.scale(name, low, high, self.clock.now())
             self._load_service(row)
             self.wake.set()
             return row
@@ -636,7 +635,7 @@ class LiveService:
         """Called by the API: the service is gone; its replicas stop with their grace."""
         with self.lock:
             now = self.clock.now()
-            row = self.store.delete_service(name, now)
+            row = self.store.services.delete(name, now)
             if name in self.scheduler.services:
                 self._carry_out(self.scheduler.remove_service(name, now), now)
             self.service_rows.pop(name, None)
@@ -647,8 +646,8 @@ class LiveService:
 
     def service_view(self, name: str) -> dict[str, Any]:
         """A service with its replicas and what they measured (GET /v1/services/NAME)."""
-        row = self.store.service(name)
-        replicas = self.store.replicas(name)
+        row = self.store.services.get(name)
+        replicas = self.store.services.replicas(name)
         # Without the loop's lock (a launch may hold it a while): a load balancer polls
         # this every second. Each read is of a value the loop replaces whole, or a copy.
         load = self.service_load.get(name)
@@ -685,7 +684,7 @@ class LiveService:
             )
         out["events"] = [
             {"at": e.at_s, "kind": e.kind, "message": e.message}
-            for e in self.store.service_events(name, limit=50)
+            for e in self.store.services.events(name, limit=50)
         ]
         return out
 
@@ -740,7 +739,7 @@ class LiveService:
         key = str(row.id)
         self.scheduler.recover_resize(key, target, now)
         self.resizing[key] = target
-        self.store.add_event(
+        self.store.events.add(
             "resizing", "the server restarted mid-resize: resuming the resize", now, job_id=row.id
         )
         if adopted:
@@ -913,12 +912,12 @@ class LiveService:
         self.reported[key] = now_mono
         log.error("scheduler %s failed: %s", where, what, exc_info=err)
         with contextlib.suppress(Exception):  # the database may be what failed; logged
-            self.raw_store.add_event(
+            self.raw_store.events.add(
                 "loop-error", f"{stage}: {what}"[:2000], self.clock.now(), job_id=job_id
             )
 
     def _db_retry(self, err: BaseException, attempt: int, delay_s: float) -> None:
-        """A database call of the loop failed and is retried (RetryingStore)."""
+        """A database call of the loop failed and is retried (its store's Retry)."""
         message = f"database unavailable, retry {attempt} in {delay_s:g} s: {_describe(err)}"
         if attempt == 1 or attempt % 10 == 0:
             log.warning("scheduler %s: %s", self.stage, message)
@@ -983,7 +982,7 @@ class LiveService:
 
     def _best_effort_event(self, kind: str, message: str, now: float) -> None:
         try:
-            self.raw_store.add_event(kind, message, now)
+            self.raw_store.events.add(kind, message, now)
         except Exception as err:
             log.warning("could not record event %s: %s", kind, err)
 
@@ -1002,11 +1001,11 @@ class LiveService:
             if job_id in self.told and self.told_kind.get(job_id) == kind:
                 continue
             try:
-                row = self.raw_store.get(job_id)
+                row = self.raw_store.jobs.get(job_id)
                 if row.state not in ("pending", "suspended"):
                     continue
                 before = self.told.get(job_id, row.reason)
-                self.raw_store.update(
+                self.raw_store.jobs.update(
                     job_id, now, expect=("pending", "suspended"), event="waiting", reason=gate
                 )
             except Exception:
@@ -1018,7 +1017,9 @@ class LiveService:
         """Gate open: jobs still waiting get their reason back."""
         for job_id, before in list(self.told.items()):
             try:
-                self.raw_store.update(job_id, now, expect=("pending", "suspended"), reason=before)
+                self.raw_store.jobs.update(
+                    job_id, now, expect=("pending", "suspended"), reason=before
+                )
             except IllegalTransition:
                 pass  # it started or ended meanwhile: its reason says so already
             except Exception:
@@ -1095,7 +1096,7 @@ class LiveService:
                     del self.gone[name]
                     self._node_joined(name, now_id)
                     self.scheduler.node_up(name, now)
-                    self.store.add_event(
+                    self.store.events.add(
                         "node-healthy", f"node {name} is back", now, data={"node": name}
                     )
 
@@ -1107,7 +1108,7 @@ class LiveService:
             if name in self.gone:  # reclaimed: already out of the pool, nothing ran there
                 self.gone[name] = (None, now)
                 self.scheduler.node_down(name, now, why)
-                self.store.add_event("cloud-node-down", why, now)
+                self.store.events.add("cloud-node-down", why, now)
             else:
                 self._node_down(name, None, now, why)
         elif now_id is not None and state in (DOWN, STARTING):
@@ -1115,7 +1116,7 @@ class LiveService:
             self._node_joined(name, now_id)
             self.gone.pop(name, None)
             self.scheduler.node_up(name, now)
-            self.store.add_event("cloud-node-up", why, now)
+            self.store.events.add("cloud-node-up", why, now)
 
     def _node_joined(self, name: str, node_id: str) -> None:
         remember = getattr(self.executor, "remember_node", None)
@@ -1126,7 +1127,7 @@ class LiveService:
         """Start and stop commands that ended, and started nodes that never joined."""
         assert self.cloud is not None
         for kind, message, gave_up in self.cloud.check(now):
-            self.store.add_event(kind, message, now)
+            self.store.events.add(kind, message, now)
             for name in gave_up:  # it will not join: the core counts it down again
                 self.scheduler.node_down(name, now, message)
                 self.gone[name] = (None, now)
@@ -1137,16 +1138,16 @@ class LiveService:
         if not first:
             return
         self.nodes_lost[name] += 1
-        self.store.add_event("node-lost", why, now, data={"node": name})
+        self.store.events.add("node-lost", why, now, data={"node": name})
         for job_id in self.scheduler.node_down(name, now, why):
-            row = self.store.get(int(job_id))
+            row = self.store.jobs.get(int(job_id))
             self.evicting[job_id] = f"{why}; requeued from its checkpoint"
             if job_id in self.executor.handles():
                 self.executor.preempt(job_id, row.grace_s, now)
 
     # ---- inputs -----------------------------------------------------------------------------
     def _ingest(self, now: float) -> None:
-        for row in self.store.list(state="pending", after_id=self.seen_id, limit=10_000):
+        for row in self.store.jobs.list(state="pending", after_id=self.seen_id, limit=10_000):
             self.seen_id = max(self.seen_id, row.id)
             if str(row.id) not in self.scheduler.records:
                 try:
@@ -1177,7 +1178,7 @@ class LiveService:
         """Called by the API: pending jobs end at once, running ones get SIGTERM + grace."""
         with self.lock:
             now = self.clock.now()
-            row = self.store.request_cancel(job_id, now)
+            row = self.store.jobs.request_cancel(job_id, now)
             key = str(job_id)
             record = self.scheduler.records.get(key)
             if row.state == "cancelled":
@@ -1197,7 +1198,7 @@ class LiveService:
 
     def _exited(self, ex: Exit, now: float) -> None:
         job_id = int(ex.job_id)
-        row = self.store.get(job_id)
+        row = self.store.jobs.get(job_id)
         if row.state in TERMINAL:
             return
         key = ex.job_id
@@ -1235,7 +1236,7 @@ class LiveService:
             why = self.cancel_why.pop(key, "cancelled on request")
             self._transition(job_id, "cancelled", now, running, reason=why, ended_at=now)
         elif ex.outcome == "lost":
-            lost = count_events(self.raw_store, job_id, "suspended", LOST_PREFIX)
+            lost = self.raw_store.events.count(job_id, "suspended", LOST_PREFIX)
             limit = self.config.lost_retries
             if lost >= limit:
                 self.scheduler.finished(key, now, JobState.FAILED)
@@ -1304,7 +1305,7 @@ class LiveService:
             self.signals = self.monitor.evaluate(now)
             self.signals_at = now
             if self.signals.reclaimable or self.signals.scale_out:
-                self.store.add_event(
+                self.store.events.add(
                     "monitor",
                     f"reclaimable GPUs {list(self.signals.reclaimable)}; "
                     f"scale-out {'yes' if self.signals.scale_out else 'no'} "
@@ -1319,7 +1320,7 @@ class LiveService:
                 self.bad_nodes.discard(name)
                 if name not in self.gone:
                     self.scheduler.node_up(name, now)
-                self.store.add_event(
+                self.store.events.add(
                     "node-healthy", f"node {name} is healthy again", now, data={"node": name}
                 )
         for s in self.samples:
@@ -1335,9 +1336,9 @@ class LiveService:
             if name in self.gone:
                 continue
             why = f"node {name} unhealthy: GPU {s.index} {s.problem}"
-            self.store.add_event("node-unhealthy", why, now, data={"node": name})
+            self.store.events.add("node-unhealthy", why, now, data={"node": name})
             for job_id in self.scheduler.node_down(name, now, why):
-                row = self.store.get(int(job_id))
+                row = self.store.jobs.get(int(job_id))
                 self.evicting[job_id] = f"{why}; requeued from its checkpoint"
                 self.executor.preempt(job_id, row.grace_s, now)
 
@@ -1406,7 +1407,7 @@ class LiveService:
 
     def _command(self, c: Command, now: float) -> None:
         if isinstance(c, Stop):
-            row = self.store.get(int(c.job_id))
+            row = self.store.jobs.get(int(c.job_id))
             self._transition(
                 row.id,
                 "preempting",
@@ -1418,7 +1419,7 @@ class LiveService:
             self.executor.preempt(c.job_id, row.grace_s, now)
             self._decided(now, "preempt", c.job_id)
         elif isinstance(c, Scale):
-            self.store.add_event(
+            self.store.events.add(
                 "service-scaled",
                 f"service {c.service}: {c.text}",
                 now,
@@ -1443,7 +1444,7 @@ class LiveService:
         elif isinstance(c, Cancel):
             self.cancel_why[c.job_id] = c.reason
             if c.job_id in self.executor.handles():
-                self.executor.cancel(c.job_id, self.store.get(int(c.job_id)).grace_s, now)
+                self.executor.cancel(c.job_id, self.store.jobs.get(int(c.job_id)).grace_s, now)
         elif isinstance(c, SetPowerCap):
             self._power_cap(c, now)
         elif isinstance(c, Defer):
@@ -1462,18 +1463,18 @@ class LiveService:
         elif isinstance(c, Burst):
             assert self.cloud is not None
             for name in c.nodes:
-                self.store.add_event("cloud-burst", self.cloud.start(name, c.reason, now), now)
+                self.store.events.add("cloud-burst", self.cloud.start(name, c.reason, now), now)
         elif isinstance(c, Reclaim):
             assert self.cloud is not None
             for name in c.nodes:  # out of the pool already: nothing starts there
                 self.gone[name] = (None, now)
-                self.store.add_event("cloud-reclaim", self.cloud.stop(name, c.reason, now), now)
+                self.store.events.add("cloud-reclaim", self.cloud.stop(name, c.reason, now), now)
         elif isinstance(c, LearnShadow):  # a record only: nothing is carried out
             due = self.shadow.record(c)
             if due is not None:
-                self.store.add_event("learn-shadow", due[0], now, data=due[1])
+                self.store.events.add("learn-shadow", due[0], now, data=due[1])
         elif isinstance(c, LearnGuard):
-            self.store.add_event(
+            self.store.events.add(
                 "learn-guard",
                 f"learned policy {c.state}: {c.reason}",
                 now,
@@ -1484,7 +1485,7 @@ class LiveService:
     def _restore_learning_mode(self, now: float) -> None:
         """A promotion or demotion survives a restart: the mode it stored wins over the
         config's (until one was made, the config's mode applies)."""
-        stored = self.store.learning_mode()
+        stored = self.store.settings.learning_mode()
         if stored is None:
             return
         reason = f"restored at start: {stored.reason}"
@@ -1512,8 +1513,8 @@ class LiveService:
             status = self.scheduler.learning_status()
             shadow = self.shadow.view()
         cfg = self.config.scheduling.learning
-        stored = self.store.learning_mode()
-        changes = self.store.learning_changes(limit=1)
+        stored = self.store.settings.learning_mode()
+        changes = self.store.settings.learning_changes(limit=1)
         return {
             "policy": self.config.scheduling.policy,
             "mode": (status or {}).get("mode", cfg.mode),
@@ -1532,7 +1533,7 @@ class LiveService:
         self._require_learning()
         now = self.clock.now()
         since = now - days * 86_400.0
-        runs = self.store.finished_runs(since, now)
+        runs = self.store.history.finished_runs(since, now)
         per_node = [n.gpu_count for n in self.cluster.nodes if n.gpu_count > 0]
         return {
             "now_s": now,
@@ -1566,14 +1567,14 @@ class LiveService:
                 )
             ev = Evidence.of(evidence)
             cfg = self.config.scheduling.learning
-            finished = len(self.store.finished_runs(now - ev.days * 86_400.0, now))
+            finished = len(self.store.history.finished_runs(now - ev.days * 86_400.0, now))
             check_evidence(ev, cfg.rule, cfg.guard.min_finished, finished)
             reason = (
                 f"promoted by {by}: a replay of the last {ev.days:g} days ({ev.jobs} jobs) gave "
                 f"a mean JCT of {ev.learned_mean_jct_s:.1f} s learned against "
                 f"{ev.rule_mean_jct_s:.1f} s {ev.rule} ({ev.gain:.1%} less)"
             )
-            self.store.set_learning_mode(
+            self.store.settings.set_learning_mode(
                 "active", now, reason, action="promote", by=by, evidence=evidence
             )
             self._carry_out([self.scheduler.set_learning_mode("active", now, reason)], now)
@@ -1588,7 +1589,7 @@ class LiveService:
             if self._learning_mode() == "shadow":
                 raise ConflictError("the learned policy is in shadow already: nothing to demote")
             reason = f"demoted by {by}" + (f": {why}" if why else "")
-            self.store.set_learning_mode("shadow", now, reason, action="demote", by=by)
+            self.store.settings.set_learning_mode("shadow", now, reason, action="demote", by=by)
             self._carry_out([self.scheduler.set_learning_mode("shadow", now, reason)], now)
             self.wake.set()
         return self.learning_view()
@@ -1596,7 +1597,7 @@ class LiveService:
     def _resize(self, c: Resize, now: float) -> None:
         """Checkpoint and stop an elastic job's processes (SIGTERM, its grace) to restart
         it on the GPUs the core gives it; recorded first, so a restart finishes it."""
-        row = self.store.get(int(c.job_id))
+        row = self.store.jobs.get(int(c.job_id))
         gpus = [
             (self.cluster.nodes[s.node].name, self.devices[(s.node, g)])
             for s in c.placement.shares
@@ -1631,7 +1632,7 @@ class LiveService:
             ),
             None,
         )
-        self.store.add_event(
+        self.store.events.add(
             "power-cap",
             f"node {node} GPU {self.devices[(c.node, c.gpu)]}: {c.reason}: {message}",
             now,
@@ -1644,7 +1645,7 @@ class LiveService:
         self.stage = "launch"
         if self.gate is not None:  # e.g. a claimant of a vacated job: it waits too
             for d in batch:
-                if self.store.get(int(d.job_id)).state == "running":  # a resized job
+                if self.store.jobs.get(int(d.job_id)).state == "running":  # a resized job
                     self._requeue(int(d.job_id), now, self.gate)
                 else:
                     self.scheduler.lost(d.job_id, now, self.gate)
@@ -1683,7 +1684,7 @@ class LiveService:
     def _prepare(self, d: Launch, now: float) -> _Prepared | None:
         """Record the job as running (before its process exists, so a restart finds it)
         and build what the executor needs."""
-        row = self.store.get(int(d.job_id))
+        row = self.store.jobs.get(int(d.job_id))
         self.wait_codes.pop(row.id, None)  # its next wait's first code is an event again
         shares = d.placement.shares
         devices = tuple(self.devices[(s.node, g)] for s in shares for g in s.gpus)
@@ -1808,7 +1809,7 @@ class LiveService:
         try:
             return share_env(share, self.mps if info is not None and info.uuid else None)
         except MpsError as err:
-            self.store.add_event(
+            self.store.events.add(
                 "mps", f"MPS not started ({err}); its GPU share is advisory", now, job_id=job_id
             )
             return share_env(share, None)
@@ -1828,7 +1829,7 @@ class LiveService:
         directory): requeued when the machine is at fault, else failed with the reason."""
         job_id = int(d.job_id)
         self._fault("launch", err, job_id)
-        row = self.store.get(job_id)
+        row = self.store.jobs.get(job_id)
         if _environmental(err) or row.state == "suspended":
             self._launch_trouble(err)
             why = f"could not start: {_describe(err)}; requeued, launches retry shortly"
@@ -1884,7 +1885,7 @@ class LiveService:
             )
         except OSError as err:  # a full or read-only disk: the database still records it
             self._fault("launch", err, row.id)
-        self.store.set_process(row.id, handle.pid, handle.pgid, handle.start_ticks, now)
+        self.store.jobs.set_process(row.id, handle.pid, handle.pgid, handle.start_ticks, now)
         shares = d.placement.shares
         tele = tuple(
             self.tele_index[(s.node, g)]
@@ -1971,17 +1972,17 @@ class LiveService:
         self, job_id: int, to: str, now: float, expect: tuple[str, ...], **fields: Any
     ) -> None:
         try:
-            self.store.transition(job_id, to, now, expect=expect, **fields)
+            self.store.jobs.transition(job_id, to, now, expect=expect, **fields)
         except IllegalTransition as err:
-            self.store.add_event("error", str(err), now, job_id=job_id)
+            self.store.events.add("error", str(err), now, job_id=job_id)
 
     def _update(
         self, job_id: int, now: float, expect: tuple[str, ...], event: str, **fields: Any
     ) -> None:
         try:
-            self.store.update(job_id, now, expect=expect, event=event, **fields)
+            self.store.jobs.update(job_id, now, expect=expect, event=event, **fields)
         except IllegalTransition as err:
-            self.store.add_event("error", str(err), now, job_id=job_id)
+            self.store.events.add("error", str(err), now, job_id=job_id)
 
     def _decided(self, now: float, action: str, job_id: str) -> None:
         self.decisions.append((now, action, job_id))
@@ -1995,7 +1996,7 @@ class LiveService:
         with self.lock:
             now = self.clock.now()
             self._ingest(now)  # a job submitted a moment ago is known to the core first
-            row = self.store.get(job_id)
+            row = self.store.jobs.get(job_id)
             if row.state in ("pending", "suspended") and str(job_id) not in self.scheduler.records:
                 raise ConflictError(f"job {job_id} is not read in yet; hold it in a moment")
             if row.state == "running":
@@ -2005,7 +2006,7 @@ class LiveService:
                 )
             if row.terminal:
                 raise ConflictError(f"job {job_id} has ended ({row.state}); nothing to hold")
-            row = self.store.set_held(
+            row = self.store.jobs.set_held(
                 job_id, True, now, f"held by {by}; `gpupool release {job_id}` lets it start"
             )
             self.scheduler.observe(Hold(now, str(job_id)))
@@ -2015,12 +2016,12 @@ class LiveService:
         """Called by the API: a held job may start again, in its old place in the queue."""
         with self.lock:
             now = self.clock.now()
-            row = self.store.get(job_id)
+            row = self.store.jobs.get(job_id)
             if not row.held or row.terminal:
                 raise ConflictError(
                     f"job {job_id} is not on hold ({row.state}); `gpupool hold {job_id}` holds it"
                 )
-            row = self.store.set_held(job_id, False, now, f"released by {by}")
+            row = self.store.jobs.set_held(job_id, False, now, f"released by {by}")
             key = str(job_id)
             if key in self.scheduler.book.on_hold:
                 self.scheduler.observe(Release(now, key))
@@ -2032,7 +2033,7 @@ class LiveService:
         to checkpoint) and put it back in the queue; with hold, held once it has left."""
         with self.lock:
             now = self.clock.now()
-            row = self.store.get(job_id)
+            row = self.store.jobs.get(job_id)
             key = str(job_id)
             if row.state != "running":
                 waits = f"it waits in the queue already (`gpupool hold {job_id}` holds it)"
@@ -2047,12 +2048,12 @@ class LiveService:
             commands = self.scheduler.observe(Requeue(now, key, f"requeued by {by}"))
             self._carry_out(commands, now)
             if hold:
-                self.store.set_held(
+                self.store.jobs.set_held(
                     job_id, True, now, f"held by {by}; `gpupool release {job_id}` lets it start"
                 )
                 self.scheduler.observe(Hold(now, key))
             self.wake.set()
-            return self.store.get(job_id)
+            return self.store.jobs.get(job_id)
 
     def drain(self, node: str, by: str, undo: bool = False, reason: str = "") -> dict[str, Any]:
         """Called by the API (admin): no new job goes to the node, its jobs run on; undo
@@ -2063,7 +2064,7 @@ class LiveService:
                 raise NotFoundError(f"node {node} is not in this cluster (it has {have})")
             now = self.clock.now()
             why = reason or (f"undrained by {by}" if undo else f"drained by {by}")
-            changed = self.store.set_drain(node, not undo, now, by, why)
+            changed = self.store.nodes.set_drain(node, not undo, now, by, why)
             self.scheduler.observe(Drain(now, node, undo))
             self.wake.set()
             return {"node": node, "state": self._node_state(node), "changed": changed}
@@ -2072,10 +2073,10 @@ class LiveService:
         """After recover(): drains, holds, stops at a time limit and run start times from
         the database, so a restart keeps them."""
         now = self.clock.now()
-        for node in self.store.drains():
+        for node in self.store.nodes.drains():
             if node in self.key_nodes():
                 self.scheduler.drain(node, now)
-        for row in self.store.active():
+        for row in self.store.jobs.active():
             key = str(row.id)
             r = self.scheduler.records.get(key)
             if r is None:
@@ -2085,7 +2086,7 @@ class LiveService:
             if row.state == "preempting" and row.reason.startswith(TIME_LIMIT_REASON):
                 self.scheduler.restored_expiry(key, row.reason)
             if row.state == "running":  # a time limit counts from the run's real start
-                started = self.store.run_started_at(row.id)
+                started = self.store.jobs.run_started_at(row.id)
                 if started is not None:
                     self.scheduler.restored_run_start(key, started)
 
@@ -2113,7 +2114,7 @@ class LiveService:
             codes[job_id] = c.code
         if not told:
             return
-        left = self.store.set_reasons(told, now)
+        left = self.store.jobs.set_reasons(told, now)
         if len(self.wait_codes) + len(codes) > 100_000:  # bounded: at worst told twice
             self.wait_codes.clear()
         for job_id, code in codes.items():
@@ -2122,7 +2123,7 @@ class LiveService:
         for job_id, state in left.items():
             if state is None:
                 continue  # gone: nothing to tell it
-            self.store.add_event(
+            self.store.events.add(
                 "error",
                 f"job {job_id} is {state}, not pending or suspended; it changed meanwhile: "
                 "read it again and decide anew",
@@ -2132,7 +2133,7 @@ class LiveService:
 
     def _expire(self, c: Expire, now: float) -> None:
         """A job past its time limit: SIGTERM, its grace, SIGKILL; failed once it left."""
-        row = self.store.get(int(c.job_id))
+        row = self.store.jobs.get(int(c.job_id))
         self._transition(row.id, "preempting", now, ("running",), reason=f"{c.reason}; stopping")
         if c.job_id in self.executor.handles():
             self.executor.cancel(c.job_id, row.grace_s, now)
@@ -2162,7 +2163,7 @@ class LiveService:
         cfg = self.config
         if cfg.retention_s is None or now < self.next_purge:
             return
-        purged = self.store.purge(now - cfg.retention_s, cfg.purge_batch)
+        purged = self.store.jobs.purge(now - cfg.retention_s, cfg.purge_batch)
         for job_id in purged.job_ids:
             shutil.rmtree(self.run_dir(job_id), ignore_errors=True)
             self.scheduler.forget(str(job_id))

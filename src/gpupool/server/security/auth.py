@@ -146,7 +146,7 @@ class AuditTrail:
     def purge(self) -> int:
         """Apply the retention now; returns the rows deleted."""
         self._last_purge = time.monotonic()
-        return self.store.purge_audit(self.wall() - self.keep_days * 86400.0, self.keep_rows)
+        return self.store.auth.purge_audit(self.wall() - self.keep_days * 86400.0, self.keep_rows)
 
     def _drain(self) -> None:
         delay_s = self.retry_first_s
@@ -160,7 +160,7 @@ class AuditTrail:
                     self._cond.notify_all()
                     return
             try:
-                self.store.add_audit(batch)
+                self.store.auth.add_audit(batch)
             except Exception as err:
                 if not transient(err):
                     self.dropped += len(batch)

@@ -265,7 +265,7 @@ class TelemetryHistory:
             if self.record is not None:
                 self.record(max([r.t_s for r in rows] + [r.t_s for r in served]))
                 self.record = None
-            self.store.add_history(rows, served)
+            self.store.history.add(rows, served)
         except Exception as err:  # the loop goes on; only this bucket is lost
             self.dropped += 1
             first = self.error is None
@@ -281,7 +281,7 @@ class TelemetryHistory:
     def prune(self, now_s: float) -> None:
         cfg = self.config
         try:
-            self.store.prune_history(
+            self.store.history.prune(
                 now_s - cfg.retention_s,
                 cfg.row_cap(len(self.gpu_of)),
                 cfg.row_cap(self.services),
@@ -392,8 +392,8 @@ def attach(live: LiveSource) -> TelemetryHistory:
     settings = review_settings(live)
 
     def record(now_s: float) -> None:
-        live.raw_store.record_fleet(fleet, now_s)
-        live.raw_store.put_setting(REVIEW_SETTING, settings, now_s)
+        live.raw_store.nodes.record_fleet(fleet, now_s)
+        live.raw_store.settings.put(REVIEW_SETTING, settings, now_s)
 
     pending: Callable[[float], None] | None = record
     try:

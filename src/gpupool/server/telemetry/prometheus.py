@@ -150,7 +150,7 @@ class ServiceCollector(Collector):
         jobs = GaugeMetricFamily(
             "gpupool_jobs", "Jobs by team, kind and state.", labels=("team", "kind", "state")
         )
-        for (team, kind, state), n in sorted(self.store.counts().items()):
+        for (team, kind, state), n in sorted(self.store.jobs.counts().items()):
             jobs.add_metric((team, kind, state), n)
         yield jobs
         signals = view["signals"]

@@ -13,7 +13,7 @@ from alembic import context
 from sqlalchemy import create_engine
 from sqlalchemy.engine import Connection
 
-from gpupool.server.store import Base
+from gpupool.server.store.tables import Base
 
 config = context.config
 target_metadata = Base.metadata
