@@ -15,6 +15,8 @@ from fastapi.testclient import TestClient
 
 from gpupool.domain.job_fields import JOB_FIELDS, JobFields
 from gpupool.ports.clock.fake import ManualClock
+from gpupool.ports.executor.fake import FakeExecutor
+from gpupool.ports.telemetry.fake import FakeTelemetry
 from gpupool.server.api.app import (
     JOB_IN_NAME,
     JOB_IN_OMITS,
@@ -23,12 +25,10 @@ from gpupool.server.api.app import (
     create_app,
     job_json,
 )
-from gpupool.server.executors.local import FakeExecutor
 from gpupool.server.loop.driver import LiveConfig, LiveService
 from gpupool.server.store import NewJob, Store, database_url
 from gpupool.server.store.jobs import COLUMN_OF
 from gpupool.server.store.tables import JobModel
-from gpupool.server.telemetry.nvml import FakeTelemetry
 from gpupool.sizing.request_json import plan_request_from, sizing_of
 
 OWNER = "ops-bot"
