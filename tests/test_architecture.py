@@ -63,7 +63,7 @@ KNOWN: dict[str, set[tuple[str, ...]]] = {
     "private": {
         ("gpupool.sim.replay.ordered", "uses another module's ._gittins"),
     },
-    "layers": {},
+    "layers": set(),
 }
 
 
