@@ -50,7 +50,9 @@ def one(item: tuple[str, str | None]) -> dict[str, object]:
     name, policy = item
     cfg = load_scenario(ROOT / "scenarios" / name)
     if policy is not None:
-        cfg = replace(cfg, policy=policy, name=f"{cfg.name}/{policy}")
+        cfg = replace(
+            cfg, scheduling=replace(cfg.scheduling, policy=policy), name=f"{cfg.name}/{policy}"
+        )
     result = run_scenario(cfg)
     return result.summary
 

@@ -80,7 +80,8 @@ def test_the_core_view_equals_one_built_per_running_job(
     monkeypatch.setattr(Scheduler, "view", checked)
     scenario = load_scenario(SCENARIOS / f"{name}.yaml")
     # an online reserve beside the elastic resizes: the reserve rules read both
-    run_scenario(dataclasses.replace(scenario, online_reserve=0.2))
+    scheduling = dataclasses.replace(scenario.scheduling, online_reserve=0.2)
+    run_scenario(dataclasses.replace(scenario, scheduling=scheduling))
     assert seen["views"] > 50, seen
     assert seen["online"], seen
     assert seen["victims"], seen

@@ -79,7 +79,7 @@ def run_checked(
 ) -> tuple[CheckedSim, dict[str, Any]]:
     sim = CheckedSim(cfg, wl, check)
     sim.run()
-    assert sim.cycles == int(cfg.horizon_s // cfg.cycle_s)
+    assert sim.cycles == int(cfg.horizon_s // cfg.scheduling.cycle_s)
     return sim, sim.summary(0.0)
 
 

@@ -207,7 +207,7 @@ class ScenarioSim:
     def __init__(self, cfg: ScenarioConfig, workload: Workload) -> None:
         self.cfg = cfg
         self.cluster, _, self.node_pool = _cluster(cfg)
-        self.known_teams = {t.team for t in cfg.teams}
+        self.known_teams = {t.team for t in cfg.scheduling.teams}
         for team in {j.team for j in workload.jobs} | {s.team for s in workload.services}:
             if team not in self.known_teams:
                 raise SpecError(f"{cfg.path}: the workload uses team {team!r}, not under teams:")
@@ -296,7 +296,7 @@ class ScenarioSim:
         parity test replays the recorded events into one)."""
         return Scheduler(
             self.cluster,
-            self.cfg.scheduler_config(),
+            self.cfg.scheduling,
             node_pool=self.node_pool,
             pool_price=self.pool_price,
             topology=self.topology,
@@ -308,7 +308,7 @@ class ScenarioSim:
         )
 
     def _tariffs(self) -> dict[str, Tariff | None]:
-        e = self.cfg.energy
+        e = self.cfg.scheduling.energy
         base = Path(self.cfg.path).parent if self.cfg.path else Path.cwd()
 
         def tariff(name: str | None) -> Tariff | None:
@@ -326,7 +326,7 @@ class ScenarioSim:
 
     def _setup_energy(self) -> None:
         cfg = self.cfg
-        e = cfg.energy
+        e = cfg.scheduling.energy
         tdp = np.array(
             [
                 self.catalog[n.gpu_model].tdp_w if n.gpu_model in self.catalog else 0.0
@@ -451,9 +451,9 @@ class ScenarioSim:
         run.speed = self.core.speed_of(run.rec, run.cap_speed)
         run.since_snapshot_s = 0.0
         run.overhead_s = (
-            self.cfg.checkpoint.resume_s(job.state_gib_per_gpu)
+            self.cfg.scheduling.checkpoint.resume_s(job.state_gib_per_gpu)
             if resumed
-            else self.cfg.checkpoint.process_start_s
+            else self.cfg.scheduling.checkpoint.process_start_s
         )
         if not run.started:
             run.started = True
@@ -472,14 +472,14 @@ class ScenarioSim:
         lost = run.done_s - run.saved_s
         run.lost_work_s += lost
         run.done_s = run.saved_s
-        run.vacate_at = now + self.cfg.checkpoint.write_s(run.spec.state_gib_per_gpu)
+        run.vacate_at = now + self.cfg.scheduling.checkpoint.write_s(run.spec.state_gib_per_gpu)
         heapq.heappush(self.vacates, (run.vacate_at, run.spec.job_id))
 
     def resize(self, run: Run, c: Resize, now: float) -> None:
         """An elastic job checkpoints on demand (nothing lost), its processes leave
         (Resized after the write) and restart on the new GPUs (the resume time): no work
         meanwhile, its GPUs held."""
-        ck = self.cfg.checkpoint
+        ck = self.cfg.scheduling.checkpoint
         gib = run.spec.state_gib_per_gpu
         write, resume = ck.write_s(gib), ck.resume_s(gib)
         pending = self.core.elastic.pending.get(c.job_id)
@@ -616,7 +616,7 @@ class ScenarioSim:
                 r = self.job(rec.job_id)
                 ready = max(0.0, dt - r.overhead_s) if r.run_started_s >= now - 1e-9 else dt
                 neighbours = self.neighbour_kinds(r)
-                p99 = base * self.cfg.colocation.online_p99_factor(neighbours)
+                p99 = base * self.cfg.scheduling.colocation.online_p99_factor(neighbours)
                 p99 += self.network_ms(svc, r)
                 if p99 > svc.slo_p99_ms:
                     continue
@@ -674,7 +674,7 @@ class ScenarioSim:
                         r.ready_s, core.room_since.get((team, gpu_type), 0.0), core.window_since
                     )
                 self.owed_since[job_id] = since
-                grace = self.cfg.cycle_s + core.claim_grace.get(job_id, 0.0)
+                grace = self.cfg.scheduling.cycle_s + core.claim_grace.get(job_id, 0.0)
                 owed[team].append((since + grace, self.job(job_id)))
         return owed
 
@@ -712,17 +712,17 @@ class ScenarioSim:
                 },
             )
         )
-        if self.heat is not None and self.cfg.energy.thermal.aware:
+        if self.heat is not None and self.cfg.scheduling.energy.thermal.aware:
             self.feed(GpuTemps(now, self.heat.temps_c.copy(), self.heat.inlet_c.copy()))
 
     def run(self, progress: ProgressFn | None = None) -> None:
         cfg = self.cfg
         now = 0.0
         nxt = 0
-        cycles = math.ceil(cfg.horizon_s / cfg.cycle_s)
+        cycles = math.ceil(cfg.horizon_s / cfg.scheduling.cycle_s)
         for k in range(cycles):
-            now = k * cfg.cycle_s
-            self.cycle_end = min(now + cfg.cycle_s, cfg.horizon_s)
+            now = k * cfg.scheduling.cycle_s
+            self.cycle_end = min(now + cfg.scheduling.cycle_s, cfg.horizon_s)
             self.observe_into_core(now)
             while nxt < len(self.arrivals) and self.arrivals[nxt].submit_s <= now:
                 job = self.arrivals[nxt]
@@ -735,7 +735,9 @@ class ScenarioSim:
                     if self.recorder is not None:
                         self.recorder.node_status.append((now, n, True))
             for svc in self.services.values():
-                peak = svc.load.peak(now, now + cfg.autoscale_lookahead_s, cfg.cycle_s)
+                peak = svc.load.peak(
+                    now, now + cfg.scheduling.autoscale_lookahead_s, cfg.scheduling.cycle_s
+                )
                 self.feed(ServiceDemand(now, svc.name, peak))
             self.carry_out(self.cycle(now), now)
             self.bill_cloud()
@@ -807,7 +809,7 @@ class ScenarioSim:
             if self.cloud_status[n] != DOWN:
                 gpus = int(self.state.gpu_count[n])
                 self.cloud_billed_usd += (
-                    gpus * self.cfg.cycle_s * self.pool_price[self.node_pool[n]] / 3600.0
+                    gpus * self.cfg.scheduling.cycle_s * self.pool_price[self.node_pool[n]] / 3600.0
                 )
 
     def up_nodes(self) -> BoolArray:
@@ -909,8 +911,8 @@ class ScenarioSim:
             teams[team].update(self.meter.teams[team].rounded())
         return self.resource_summary(jobs) | {
             "scenario": cfg.name,
-            "mode": cfg.mode,
-            "policy": cfg.policy,
+            "mode": cfg.scheduling.mode,
+            "policy": cfg.scheduling.policy,
             "jobs_submitted": len(jobs),
             "jobs_finished": ended[JobState.FINISHED],
             "jobs_cancelled": ended[JobState.CANCELLED],
@@ -1085,7 +1087,7 @@ class ScenarioSim:
             if life <= 0:
                 continue
             wanted += life
-            allowed = self.cfg.cycle_s + self.core.claim_grace.get(r.spec.job_id, 0.0)
+            allowed = self.cfg.scheduling.cycle_s + self.core.claim_grace.get(r.spec.job_id, 0.0)
             served += min(life, r.held_s + allowed)
         return served / wanted if wanted else None
 
