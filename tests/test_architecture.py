@@ -69,7 +69,6 @@ KNOWN: dict[str, set[tuple[str, ...]]] = {
             "gpupool.server.telemetry.prometheus",
         ),
         ("gpupool.server.store", "gpupool.sizing.request_json"),
-        ("gpupool.sim.replay.ordered", "gpupool.sim.replay.run"),
         ("gpupool.sim.scenario.review_source", "gpupool.sim.scenario.world"),
     },
     "size": {
@@ -101,7 +100,6 @@ KNOWN: dict[str, set[tuple[str, ...]]] = {
             "imports _write_json from gpupool.server.executors.local",
         ),
         ("gpupool.server.telemetry.ray", "imports _lost_sample from gpupool.server.telemetry.nvml"),
-        ("gpupool.sim.replay.ordered", "uses another module's ._gittins"),
     },
     "layers": {
         (
