@@ -18,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from gpupool.sim.scenario.config import load_scenario
-from gpupool.sim.scenario.world import run_scenario
+from gpupool.sim.scenario.runner import run_scenario
 from machine import describe
 
 ROOT = Path(__file__).resolve().parents[1]

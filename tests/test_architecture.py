@@ -69,7 +69,6 @@ KNOWN: dict[str, set[tuple[str, ...]]] = {
             "gpupool.server.telemetry.prometheus",
         ),
         ("gpupool.server.store", "gpupool.sizing.request_json"),
-        ("gpupool.sim.scenario.review_source", "gpupool.sim.scenario.world"),
     },
     "size": {
         ("gpupool.cli.jobs",),
@@ -83,7 +82,6 @@ KNOWN: dict[str, set[tuple[str, ...]]] = {
         ("gpupool.server.store",),
         ("gpupool.server.telemetry.nvml",),
         ("gpupool.sim.scenario.generators",),
-        ("gpupool.sim.scenario.world",),
     },
     "private": {
         ("gpupool.cli.loadgen", "uses another module's ._request"),

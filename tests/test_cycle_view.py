@@ -17,7 +17,7 @@ from gpupool.policies.cycle.priority_quota import CycleView, victim_table
 from gpupool.scheduler import Scheduler
 from gpupool.sim.scenario.config import load_scenario
 from gpupool.sim.scenario.generators import find_traces_dir
-from gpupool.sim.scenario.world import run_scenario
+from gpupool.sim.scenario.runner import run_scenario
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
 

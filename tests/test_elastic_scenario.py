@@ -15,7 +15,7 @@ import pytest
 
 from gpupool.sim.scenario.config import load_scenario
 from gpupool.sim.scenario.generators import find_traces_dir
-from gpupool.sim.scenario.world import run_scenario
+from gpupool.sim.scenario.runner import run_scenario
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
 

@@ -22,7 +22,7 @@ from gpupool.reports.review_data import ReviewData
 from gpupool.sim.scenario.config import parse_scenario
 from gpupool.sim.scenario.generators import find_traces_dir
 from gpupool.sim.scenario.review_source import ORIGIN_S
-from gpupool.sim.scenario.world import ScenarioResult, run_scenario
+from gpupool.sim.scenario.runner import ScenarioResult, run_scenario
 
 pytestmark = pytest.mark.slow
 

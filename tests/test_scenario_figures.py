@@ -31,7 +31,7 @@ import pytest
 
 from gpupool.sim.scenario.config import load_scenario
 from gpupool.sim.scenario.generators import find_traces_dir
-from gpupool.sim.scenario.world import run_scenario
+from gpupool.sim.scenario.runner import run_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ROOT / "scenarios"

@@ -415,7 +415,7 @@ def cmd_scenario(args: argparse.Namespace) -> int:
 
     from gpupool.policies.cycle.priority_quota import CYCLE_POLICIES
     from gpupool.sim.scenario.config import load_scenario
-    from gpupool.sim.scenario.world import run_scenario
+    from gpupool.sim.scenario.runner import run_scenario
 
     overrides = [p.strip() for p in args.policies.split(",")] if args.policies else [None]
     for name in overrides:

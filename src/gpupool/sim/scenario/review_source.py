@@ -43,7 +43,8 @@ from gpupool.sim.scenario.usage import (
 )
 
 if TYPE_CHECKING:
-    from gpupool.sim.scenario.world import Run, ScenarioSim
+    from gpupool.sim.scenario.runs import Run
+    from gpupool.sim.scenario.world import ScenarioSim
 
 ORIGIN_S = datetime(2026, 11, 1, tzinfo=UTC).timestamp()
 """Unix time of scenario time 0 (scenarios carry no date of their own)."""
