@@ -81,7 +81,6 @@ KNOWN: dict[str, set[tuple[str, ...]]] = {
         ("gpupool.server.loop.driver",),
         ("gpupool.server.store",),
         ("gpupool.server.telemetry.nvml",),
-        ("gpupool.sim.scenario.generators",),
     },
     "private": {
         ("gpupool.cli.loadgen", "uses another module's ._request"),
