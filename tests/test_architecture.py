@@ -73,7 +73,6 @@ KNOWN: dict[str, set[tuple[str, ...]]] = {
     "size": {
         ("gpupool.cli.jobs",),
         ("gpupool.policies.cycle.priority_quota",),
-        ("gpupool.reports.review",),
         ("gpupool.scheduler.scheduler",),
         ("gpupool.server.api.app",),
         ("gpupool.server.executors.local",),

@@ -28,8 +28,8 @@ from gpupool.reports.review_data import (
     JobReview,
     LatencySample,
     ReviewData,
-    Tariff,
-    TeamQuota,
+    ReviewQuota,
+    ReviewTariff,
     UsageSample,
 )
 from gpupool.sim.scenario.usage import (
@@ -127,7 +127,7 @@ def review_data(sim: ScenarioSim, origin_s: float = ORIGIN_S) -> ReviewData:
         for b in range(rec.buckets)
         if row[b, 0] > 0
     ]
-    teams = [TeamQuota(t.team, dict(t.guaranteed), dict(t.maximum)) for t in cfg.scheduling.teams]
+    teams = [ReviewQuota(t.team, dict(t.guaranteed), dict(t.maximum)) for t in cfg.scheduling.teams]
     return ReviewData(
         source=f"simulation {cfg.name} (seed {cfg.seed}, policy {cfg.scheduling.policy})",
         start_s=0.0,
@@ -378,7 +378,7 @@ def _usage(
     return out
 
 
-def _tariff(sim: ScenarioSim) -> Tariff | None:
+def _tariff(sim: ScenarioSim) -> ReviewTariff | None:
     """The scenario's energy tariff as 24 prices by scenario (= review local) hour of its
     first day; the default tariff, else the first site's."""
     found = [t for _, t in sorted(sim.tariff_of.items()) if t is not None]
@@ -390,4 +390,4 @@ def _tariff(sim: ScenarioSim) -> Tariff | None:
     carbon: tuple[float, ...] = ()
     if t.carbon_g_per_kwh is not None:
         carbon = tuple(float(t.carbon_at(h * 3600.0) or 0.0) for h in range(24))
-    return Tariff(t.name, prices, t.currency, carbon, sim.cfg.scheduling.energy.pue)
+    return ReviewTariff(t.name, prices, t.currency, carbon, sim.cfg.scheduling.energy.pue)
