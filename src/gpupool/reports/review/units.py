@@ -12,10 +12,12 @@ from gpupool.reports.review.rules import MILLI, MS_PER_HOUR
 
 
 def to_ms(t_s: float) -> int:
+    """Seconds to whole milliseconds, the unit the exact split counts in."""
     return round(t_s * 1000)
 
 
 def gpu_h(mgpu_ms: int) -> float:
+    """Milli-GPU x milliseconds as GPU-hours, rounded for display."""
     return round(mgpu_ms / (MILLI * MS_PER_HOUR), 6)
 
 
@@ -24,6 +26,7 @@ def rounded(x: float, digits: int = 4) -> float:
 
 
 def pct(part: float, whole: float) -> float:
+    """Percent to 3 decimals; 0 of nothing."""
     return round(100.0 * part / whole, 3) if whole > 0 else 0.0
 
 

@@ -27,6 +27,9 @@ class JobUse:
 
 @dataclass
 class CardUse:
+    """Running sums of one card's measurements: SM-weighted GPU-seconds, time sampled,
+    and both by local hour of the day."""
+
     used_gpu_s: float = 0.0
     sampled_s: float = 0.0
     by_hour: dict[int, float] = field(default_factory=lambda: defaultdict(float))
