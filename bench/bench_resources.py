@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from gpupool.sim.scenario.config import load_scenario
-from gpupool.sim.scenario.world import run_scenario
+from gpupool.sim.scenario.runner import run_scenario
 from gpupool.sizing.catalog import load_catalog
 from gpupool.sizing.planner import PlanRequest, plan
 from gpupool.sizing.shapes import get_shape, shape_names

@@ -18,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from gpupool.sim.scenario.config import load_scenario
-from gpupool.sim.scenario.world import run_scenario
+from gpupool.sim.scenario.runner import run_scenario
 from machine import describe
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,7 +50,9 @@ def one(item: tuple[str, str | None]) -> dict[str, object]:
     name, policy = item
     cfg = load_scenario(ROOT / "scenarios" / name)
     if policy is not None:
-        cfg = replace(cfg, policy=policy, name=f"{cfg.name}/{policy}")
+        cfg = replace(
+            cfg, scheduling=replace(cfg.scheduling, policy=policy), name=f"{cfg.name}/{policy}"
+        )
     result = run_scenario(cfg)
     return result.summary
 

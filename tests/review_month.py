@@ -18,8 +18,8 @@ from gpupool.reports.review_data import (
     JobReview,
     LatencySample,
     ReviewData,
-    Tariff,
-    TeamQuota,
+    ReviewQuota,
+    ReviewTariff,
     UsageSample,
 )
 
@@ -142,8 +142,8 @@ def month(seed: int = 7, days: int = 30) -> ReviewData:
         jobs=tuple(jobs),
         usage=tuple(usage),
         latency=tuple(latency),
-        teams=tuple(TeamQuota(t, {"A100-80GB": 3}, {"A100-80GB": 8}) for t in TEAMS),
-        tariff=Tariff("caiso-2024", CAISO_PRICE, "USD", tuple(map(float, CAISO_CARBON)), 1.3),
+        teams=tuple(ReviewQuota(t, {"A100-80GB": 3}, {"A100-80GB": 8}) for t in TEAMS),
+        tariff=ReviewTariff("caiso-2024", CAISO_PRICE, "USD", tuple(map(float, CAISO_CARBON)), 1.3),
         gpu_price_per_hour={"A100-80GB": 1.79, "L4": 0.44},
         day_window=(8, 20),
         utc_offset_h=-8.0,

@@ -6,8 +6,8 @@ import pytest
 
 from gpupool.domain.model import JobSpec
 from gpupool.sim.scenario.config import parse_scenario
+from gpupool.sim.scenario.runner import run_scenario
 from gpupool.sim.scenario.workload import Workload
-from gpupool.sim.scenario.world import run_scenario
 
 
 @pytest.mark.parametrize("policy", ["fifo", "backfill", "priority-quota"])

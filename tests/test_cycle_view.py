@@ -20,7 +20,7 @@ from gpupool.scheduler import Scheduler
 from gpupool.scheduler.book import JobBook
 from gpupool.scheduler.cycle import plan as plan_stage
 from gpupool.sim.scenario.config import load_scenario
-from gpupool.sim.scenario.world import run_scenario
+from gpupool.sim.scenario.runner import run_scenario
 from gpupool.traces.location import find_traces_dir
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
@@ -84,7 +84,8 @@ def test_the_core_view_equals_one_built_per_running_job(
     monkeypatch.setattr(plan_stage, "cycle_view", checked)
     scenario = load_scenario(SCENARIOS / f"{name}.yaml")
     # an online reserve beside the elastic resizes: the reserve rules read both
-    run_scenario(dataclasses.replace(scenario, online_reserve=0.2))
+    scheduling = dataclasses.replace(scenario.scheduling, online_reserve=0.2)
+    run_scenario(dataclasses.replace(scenario, scheduling=scheduling))
     assert seen["views"] > 50, seen
     assert seen["online"], seen
     assert seen["victims"], seen

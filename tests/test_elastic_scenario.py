@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from gpupool.sim.scenario.config import load_scenario
-from gpupool.sim.scenario.world import run_scenario
+from gpupool.sim.scenario.runner import run_scenario
 from gpupool.traces.location import find_traces_dir
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"

@@ -12,8 +12,9 @@ from gpupool.domain.model import JobKind, JobSpec
 from gpupool.domain.quota import TeamQuota
 from gpupool.errors import SpecError
 from gpupool.policies.preemption import PreemptionRules
+from gpupool.scheduler import Finished, Submitted
 from gpupool.server.loop.driver import build_fleet
-from gpupool.sim.eventsim import Complete, Submit, run_events, run_trace
+from gpupool.sim.eventsim import run_events, run_trace
 
 TEAMS = (
     TeamQuota("serving", {"A100-80GB": 2}, {}),  # research is guaranteed nothing: it borrows
@@ -66,9 +67,9 @@ def test_trace_agrees_with_the_event_driver() -> None:
     service."""
     cluster, _ = build_fleet([("n1", "A100-80GB", 2), ("n2", "A100-80GB", 2)], "c")
     traced = run_trace(cluster, JOBS, TEAMS, "priority-quota", RULES)
-    events: list[Submit | Complete] = [Submit(j.submit_s, j) for j in JOBS]
-    events += [Complete(t, job_id) for t, job_id in ((50.0, "3"), (90.0, "2"), (100.0, "4"))]
-    events.append(Complete(200.0, "1"))
+    events: list[Submitted | Finished] = [Submitted(j.submit_s, j) for j in JOBS]
+    events += [Finished(t, job_id) for t, job_id in ((50.0, "3"), (90.0, "2"), (100.0, "4"))]
+    events.append(Finished(200.0, "1"))
     assert run_events(cluster, events, TEAMS, "priority-quota", RULES) == [
         (t, action, job_id) for t, action, job_id, _ in traced
     ]

@@ -19,10 +19,11 @@ from gpupool.ports.clock.fake import ManualClock
 from gpupool.ports.executor.base import MULTI_NODE_REFUSED, Gang, GangMember, LaunchSpec
 from gpupool.ports.executor.fake import FakeExecutor
 from gpupool.ports.telemetry.fake import FakeTelemetry
+from gpupool.scheduler import NodeDown
 from gpupool.server.executors.local import LocalExecutor
 from gpupool.server.loop.driver import LiveConfig, LiveService
 from gpupool.server.store import NewJob, Store
-from gpupool.sim.eventsim import NodeLoss, Placed, run_trace
+from gpupool.sim.eventsim import Placed, run_trace
 
 NODES = (("g1", "A100-80GB", 2), ("g2", "A100-80GB", 2), ("g3", "A100-80GB", 2))
 # (job id, submit s, GPUs, run time s): the two small jobs hold two nodes; job 4 can start
@@ -65,7 +66,7 @@ def gang_node(placed: list[Placed]) -> str:
 def test_the_simulator_starts_a_gang_whole_and_requeues_it_whole_from_its_checkpoint() -> None:
     dry = run_trace(cluster(), specs())
     victim = gang_node(dry)
-    placed = run_trace(cluster(), specs(), losses=[NodeLoss(LOSS_S, victim)])
+    placed = run_trace(cluster(), specs(), losses=[NodeDown(LOSS_S, victim)])
     by_job = [(t, what, job) for t, what, job, _ in placed]
     # job 3 waits for 4 free GPUs: nothing of it runs before job 1 ends at 100 s
     assert by_job[:3] == [(0.0, "start", "1"), (0.0, "start", "2"), (100.0, "start", "3")]
@@ -132,7 +133,7 @@ def live_run(tmp_path: Path, executor: FakeExecutor, victim: str | None) -> Live
 def test_the_live_loop_runs_the_gang_as_the_simulator_does(tmp_path: Path) -> None:
     dry = run_trace(cluster(), specs())
     victim = gang_node(dry)
-    simulated = run_trace(cluster(), specs(), losses=[NodeLoss(LOSS_S, victim)])
+    simulated = run_trace(cluster(), specs(), losses=[NodeDown(LOSS_S, victim)])
     executor = FakeExecutor(runs_gangs=True)
     service = live_run(tmp_path, executor, victim)
     live = [(t, a, j, tuple(sorted(w))) for t, a, j, w in service.placed]

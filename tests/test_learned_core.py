@@ -592,8 +592,9 @@ def scenario_run(policy: str, mode: str) -> ScenarioSim:
     """scenarios/learned-shadow.yaml under a policy and learning mode, recorded (cached)."""
     if (policy, mode) not in _RUNS:
         cfg = load_scenario(SCENARIO)
-        learn = dataclasses.replace(cfg.learning, mode=mode)
-        cfg = dataclasses.replace(cfg, policy=policy, learning=learn)
+        learn = dataclasses.replace(cfg.scheduling.learning, mode=mode)
+        scheduling = dataclasses.replace(cfg.scheduling, policy=policy, learning=learn)
+        cfg = dataclasses.replace(cfg, scheduling=scheduling)
         wl = build_workload(cfg.workload, cfg.seed, GenContext(cfg.horizon_s, None))
         sim = ScenarioSim(cfg, wl)
         sim.recorded, sim.commands = [], []

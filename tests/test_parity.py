@@ -18,10 +18,11 @@ from gpupool.policies.preemption import PreemptionRules
 from gpupool.ports.clock.fake import ManualClock
 from gpupool.ports.executor.fake import FakeExecutor
 from gpupool.ports.telemetry.fake import FakeTelemetry
+from gpupool.scheduler import Finished, NodeDown, Submitted
 from gpupool.scheduler.config import ElasticConfig
 from gpupool.server.loop.driver import LIVE_DEFAULTS, LiveConfig, LiveService, build_cluster
 from gpupool.server.store import NewJob, Store
-from gpupool.sim.eventsim import Complete, NodeLoss, Submit, run_events
+from gpupool.sim.eventsim import run_events
 
 FLEET = "4xA100-80GB,2xH100"
 TEAMS = (
@@ -45,9 +46,9 @@ DONE = [(150, "3"), (200, "5"), (230, "6"), (260, "4"), (280, "7")]
 LOSS = (300, 1)  # at 300 s the H100 node loses a GPU (device index 4 or 5): node down
 
 
-def _events(node_of_h100: str) -> list[Submit | Complete | NodeLoss]:
-    events: list[Submit | Complete | NodeLoss] = [
-        Submit(
+def _events(node_of_h100: str) -> list[Submitted | Finished | NodeDown]:
+    events: list[Submitted | Finished | NodeDown] = [
+        Submitted(
             float(t),
             JobSpec(
                 job_id,
@@ -61,8 +62,8 @@ def _events(node_of_h100: str) -> list[Submit | Complete | NodeLoss]:
         )
         for t, job_id, team, kind, gpus, model, prio in JOBS
     ]
-    events += [Complete(float(t), job_id) for t, job_id in DONE]
-    events.append(NodeLoss(float(LOSS[0]), node_of_h100))
+    events += [Finished(float(t), job_id) for t, job_id in DONE]
+    events.append(NodeDown(float(LOSS[0]), node_of_h100))
     return events
 
 
@@ -132,7 +133,7 @@ def test_event_driver_refuses_an_unknown_node(bad_node: str) -> None:
 
     cluster, _ = build_cluster(FakeTelemetry(FLEET).inventory(), "h")
     with pytest.raises(NotFoundError):
-        run_events(cluster, [NodeLoss(1.0, bad_node)])
+        run_events(cluster, [NodeDown(1.0, bad_node)])
 
 
 ELASTIC = ElasticConfig(resize=True, grow_after_s=5.0)
@@ -190,8 +191,8 @@ def _elastic_live(tmp_path: Path) -> list[tuple[float, str, str]]:
 
 def test_live_and_simulated_drivers_resize_elastic_jobs_alike(tmp_path: Path) -> None:
     cluster, _ = build_cluster(FakeTelemetry(FLEET).inventory(), "h")
-    events: list[Submit | Complete | NodeLoss] = [
-        Submit(
+    events: list[Submitted | Finished | NodeDown] = [
+        Submitted(
             float(t),
             JobSpec(
                 job_id,
@@ -205,7 +206,7 @@ def test_live_and_simulated_drivers_resize_elastic_jobs_alike(tmp_path: Path) ->
         )
         for t, job_id, team, kind, gpus, low, model in ELASTIC_JOBS
     ]
-    events += [Complete(float(t), job_id) for t, job_id in ELASTIC_DONE]
+    events += [Finished(float(t), job_id) for t, job_id in ELASTIC_DONE]
     simulated = run_events(cluster, events, TEAMS, "priority-quota", RULES, ELASTIC)
     live = _elastic_live(tmp_path)
     assert live == simulated

@@ -188,18 +188,18 @@ def run_live(cfg: ScenarioConfig, wl: Workload, tmp: Path) -> tuple[list[Normal]
             n: world.cluster.nodes[world.core.fleet.node_index[n]].cluster
             for n, _, _ in fleet.onprem_nodes()
         },
-        placement=cfg.placement.site,
-        value_of_time_usd_per_h=cfg.placement.value_of_time_usd_per_h,
-        burst=burst_rules(cfg.burst, len(world.cloud_nodes)),
+        placement=cfg.scheduling.placement.site,
+        value_of_time_usd_per_h=cfg.scheduling.placement.value_of_time_usd_per_h,
+        burst=burst_rules(cfg.scheduling.burst, len(world.cloud_nodes)),
         cloud_nodes=fleet.cloud_nodes(),
         start_command=("start", "{node}"),
         stop_command=("stop", "{node}"),
-        check_s=cfg.cycle_s,
+        check_s=cfg.scheduling.cycle_s,
         join_timeout_s=1e9,
     )
     config = LiveConfig(
         tmp / "state",
-        cfg.scheduler_config(),
+        cfg.scheduling,
         sample_s=0.0,
         host=cfg.name,
         nodes=fleet.onprem_nodes(),
@@ -211,8 +211,8 @@ def run_live(cfg: ScenarioConfig, wl: Workload, tmp: Path) -> tuple[list[Normal]
     service.commands = []
     arrivals = sorted(wl.jobs, key=lambda j: (j.submit_s, j.job_id))
     nxt = 0
-    for k in range(math.ceil(cfg.horizon_s / cfg.cycle_s)):
-        now = k * cfg.cycle_s
+    for k in range(math.ceil(cfg.horizon_s / cfg.scheduling.cycle_s)):
+        now = k * cfg.scheduling.cycle_s
         clock.t = now
         while nxt < len(arrivals) and arrivals[nxt].submit_s <= now:
             job = arrivals[nxt]
@@ -220,7 +220,7 @@ def run_live(cfg: ScenarioConfig, wl: Workload, tmp: Path) -> tuple[list[Normal]
             assert str(row.id) == job.job_id
             nxt += 1
         service.step()
-        for t in fleet.events_before(min(now + cfg.cycle_s, cfg.horizon_s)):
+        for t in fleet.events_before(min(now + cfg.scheduling.cycle_s, cfg.horizon_s)):
             clock.t = t
             service.step()
     return [normal(t, c) for t, c in service.commands], store

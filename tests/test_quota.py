@@ -163,7 +163,7 @@ def test_parse_scenario_builds_the_same_windows() -> None:
             "workload": [],
         }
     )
-    book = QuotaBook(cfg.teams, {"H200": 10}, cfg.windows)
+    book = QuotaBook(cfg.scheduling.teams, {"H200": 10}, cfg.scheduling.windows)
     assert [book.guaranteed("infer", "H200", hm(c)) for c in ("23:00", "05:29", "05:30")] == [
         2,
         2,

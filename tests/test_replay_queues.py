@@ -16,7 +16,8 @@ from gpupool.learning.config import LearningConfig
 from gpupool.learning.guard import GuardConfig
 from gpupool.learning.ordering import LasQueues
 from gpupool.sim.replay import ordered as ordered_replay
-from gpupool.sim.replay.run import ReplayResult, run_replay
+from gpupool.sim.replay.common import ReplayResult
+from gpupool.sim.replay.run import run_replay
 
 
 def j(name: str, gpus: int, submit: float, duration: float, team: str = "default") -> JobSpec:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from gpupool.sim.scenario.config import load_scenario
-from gpupool.sim.scenario.world import ScenarioResult, run_scenario
+from gpupool.sim.scenario.runner import ScenarioResult, run_scenario
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
 

@@ -44,7 +44,7 @@ from gpupool.scheduler import Burst, NodeDown, NodeUp, Reclaim, Scheduler, Sched
 from gpupool.scheduler.fleet import DOWN, STARTING, STOPPING, UP
 from gpupool.sim.scenario.config import load_scenario
 from gpupool.sim.scenario.generators import GenContext, build_workload
-from gpupool.sim.scenario.world import run_scenario
+from gpupool.sim.scenario.runner import run_scenario
 from gpupool.sizing.shapes import get_shape
 
 HOUR = 3600.0

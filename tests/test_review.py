@@ -25,7 +25,7 @@ from gpupool.reports.review_data import (
     JobReview,
     LatencySample,
     ReviewData,
-    Tariff,
+    ReviewTariff,
     UsageSample,
 )
 from gpupool.reports.review_html import SECTIONS, render_html
@@ -420,7 +420,7 @@ def test_cost_and_energy_from_samples_at_the_hourly_tariff() -> None:
         allocations=(Allocation("a", "n1/0", T0, T0 + 6 * H),),
         usage=tuple(samples("n1/0", T0, T0 + DAY, 50.0, 1000.0, power=400.0)),
         jobs=(job("a", energy_kwh=99.0),),  # ignored: samples have power
-        tariff=Tariff("flat-ish", prices, "EUR", carbon, pue=1.5),
+        tariff=ReviewTariff("flat-ish", prices, "EUR", carbon, pue=1.5),
         gpu_price_per_hour={"A100-80GB": 2.0},
     )
     review = build_review(d)
@@ -446,7 +446,7 @@ def test_energy_from_jobs_when_samples_have_no_power() -> None:
         allocations=(Allocation("a", "n1/0", T0 + 10 * H, T0 + 12 * H),),
         usage=tuple(samples("n1/0", T0, T0 + DAY, 50.0, 1000.0)),
         jobs=(job("a", energy_kwh=3.0),),
-        tariff=Tariff("hourly", tuple(float(h) for h in range(24))),
+        tariff=ReviewTariff("hourly", tuple(float(h) for h in range(24))),
     )
     review = build_review(d)
     assert review.summary.energy_source == "jobs"
@@ -492,7 +492,7 @@ def _small_month() -> ReviewData:
             job("svc-0", team="nlp", kind="online-inference", service="drifty",
                 first_start_s=T0),
         ),
-        tariff=Tariff("tou", tuple(0.1 + 0.01 * h for h in range(24)), "USD",
+        tariff=ReviewTariff("tou", tuple(0.1 + 0.01 * h for h in range(24)), "USD",
                       tuple(200.0 for _ in range(24)), 1.2),
         gpu_price_per_hour={"A100-80GB": 1.79, "L4": 0.44},
         utc_offset_h=1.0,

@@ -21,7 +21,7 @@ from gpupool.reports.review import Reconciliation, build_review
 from gpupool.reports.review_data import ReviewData
 from gpupool.sim.scenario.config import parse_scenario
 from gpupool.sim.scenario.review_source import ORIGIN_S
-from gpupool.sim.scenario.world import ScenarioResult, run_scenario
+from gpupool.sim.scenario.runner import ScenarioResult, run_scenario
 from gpupool.traces.location import find_traces_dir
 
 pytestmark = pytest.mark.slow

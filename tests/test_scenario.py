@@ -25,8 +25,10 @@ from gpupool.domain.model import Cluster, JobKind, JobSpec, Node, NodeShare, Pla
 from gpupool.domain.state import ClusterState
 from gpupool.errors import PlanRejected
 from gpupool.sim.scenario.config import ScenarioConfig, parse_scenario
+from gpupool.sim.scenario.runner import ScenarioResult, run_scenario
+from gpupool.sim.scenario.summary import scenario_summary
 from gpupool.sim.scenario.workload import LoadCurve, ServiceSpec, Workload
-from gpupool.sim.scenario.world import ScenarioResult, ScenarioSim, run_scenario
+from gpupool.sim.scenario.world import ScenarioSim
 
 GOLDEN = Path(__file__).parent / "golden"
 H = 3600.0
@@ -79,8 +81,8 @@ def run_checked(
 ) -> tuple[CheckedSim, dict[str, Any]]:
     sim = CheckedSim(cfg, wl, check)
     sim.run()
-    assert sim.cycles == int(cfg.horizon_s // cfg.cycle_s)
-    return sim, sim.summary(0.0)
+    assert sim.cycles == int(cfg.horizon_s // cfg.scheduling.cycle_s)
+    return sim, scenario_summary(sim, 0.0)
 
 
 def decisions(result: ScenarioResult | ScenarioSim) -> list[Decision]:

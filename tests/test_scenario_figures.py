@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 
 from gpupool.sim.scenario.config import load_scenario
-from gpupool.sim.scenario.world import run_scenario
+from gpupool.sim.scenario.runner import run_scenario
 from gpupool.traces.location import find_traces_dir
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -102,7 +102,8 @@ def rerun(case: Recorded) -> dict[str, Any]:
     is written to the results file)."""
     cfg = load_scenario(SCENARIOS / f"{case.scenario}.yaml")
     if case.policy is not None:  # bench_scenarios.one
-        cfg = replace(cfg, policy=case.policy, name=f"{cfg.name}/{case.policy}")
+        scheduling = replace(cfg.scheduling, policy=case.policy)
+        cfg = replace(cfg, scheduling=scheduling, name=f"{cfg.name}/{case.policy}")
     result = run_scenario(cfg)
     out = dict(result.summary)
     if case.results == "resources.json" and case.scenario.startswith("multicluster"):

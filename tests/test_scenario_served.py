@@ -16,8 +16,8 @@ import pytest
 from gpupool.cli.main import main
 from gpupool.domain.model import JobSpec
 from gpupool.sim.scenario.config import parse_scenario
+from gpupool.sim.scenario.runner import run_scenario
 from gpupool.sim.scenario.workload import Workload
-from gpupool.sim.scenario.world import run_scenario
 
 H = 3600.0
 START_S = 5.0  # process start, charged on the GPUs (CheckpointModel.calibrated)

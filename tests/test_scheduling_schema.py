@@ -97,7 +97,7 @@ def serve_args(*argv: str) -> ServeOptions:
 
 # ---- one section, two drivers ---------------------------------------------------------------
 def test_full_section_parses_alike_as_scenario_and_as_service_config(tmp_path: Path) -> None:
-    scenario = parse_scenario(as_scenario(yaml.safe_load(FULL))).scheduler_config()
+    scenario = parse_scenario(as_scenario(yaml.safe_load(FULL))).scheduling
     service = load_service_config(write(tmp_path, FULL), LIVE_DEFAULTS)
     assert fields(service) == fields(scenario)
     assert service.cycle_s == 30.0 and service.online_reserve == 0.1
@@ -116,7 +116,7 @@ def test_full_section_parses_alike_as_scenario_and_as_service_config(tmp_path: P
 
 
 def test_partial_section_agrees_on_the_keys_given(tmp_path: Path) -> None:
-    scenario = parse_scenario(as_scenario(yaml.safe_load(PARTIAL))).scheduler_config()
+    scenario = parse_scenario(as_scenario(yaml.safe_load(PARTIAL))).scheduling
     service = load_service_config(write(tmp_path, PARTIAL), LIVE_DEFAULTS)
     for name in ("teams", "policy"):
         assert getattr(service, name) == getattr(scenario, name), name
@@ -146,7 +146,7 @@ def test_service_defaults_apply_when_keys_are_absent(tmp_path: Path) -> None:
 
 def test_scenario_defaults_are_unchanged() -> None:
     cfg = parse_scenario(as_scenario({"teams": []}))
-    assert cfg.scheduler_config() == SchedulerConfig()
+    assert cfg.scheduling == SchedulerConfig()
     assert parse_scheduling({}, "x.yaml") == SchedulerConfig()
 
 

@@ -79,7 +79,7 @@ class Replicas:
 
 def test_live_and_simulated_drivers_scale_alike(tmp_path: Path) -> None:
     cfg = parse_scenario(SCENARIO)
-    sched = cfg.scheduler_config()
+    sched = cfg.scheduling
     store = Store(database_url(None, tmp_path / "db"))
     store.migrate()
     clock = ManualClock(0.0)

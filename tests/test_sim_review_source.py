@@ -21,8 +21,10 @@ from gpupool.reports.review_data import ReviewData
 from gpupool.sim.scenario.config import ScenarioConfig, parse_scenario
 from gpupool.sim.scenario.generators import GenContext, build_workload
 from gpupool.sim.scenario.review_source import ORIGIN_S, review_data, wait_by_reason
+from gpupool.sim.scenario.runner import run_scenario
+from gpupool.sim.scenario.summary import scenario_summary
 from gpupool.sim.scenario.usage import IDLE_MEM_FRACTION
-from gpupool.sim.scenario.world import ScenarioSim, run_scenario
+from gpupool.sim.scenario.world import ScenarioSim
 from gpupool.traces.location import find_traces_dir
 
 H = 3600.0
@@ -89,7 +91,7 @@ def test_allocations_are_exactly_the_gpu_time_the_run_counted(
     assert replicas, "service replicas are allocations too"
     total = sum(held.values())
     capacity = len(data.gpus) * sim.cfg.horizon_s
-    summary = sim.summary(0.0)
+    summary = scenario_summary(sim, 0.0)
     assert round(total / capacity, 4) == summary["gpu_hours_utilization"]
     for team, t in summary["teams"].items():
         mine = sum(h for j, h in held.items() if runs[j].spec.team == team)

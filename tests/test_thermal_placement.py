@@ -11,7 +11,7 @@ from gpupool.domain.model import Cluster, JobSpec, Node
 from gpupool.domain.state import ClusterState
 from gpupool.policies.placement.coolest_first import CoolestFirstPolicy
 from gpupool.sim.scenario.config import parse_scenario
-from gpupool.sim.scenario.world import run_scenario
+from gpupool.sim.scenario.runner import run_scenario
 
 
 def _scenario(aware: bool) -> dict[str, Any]:

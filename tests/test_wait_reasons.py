@@ -28,6 +28,7 @@ from gpupool.scheduler.config import EnergyConfig, TeamLimits
 from gpupool.scheduler.cycle.wait_reasons import REFRESH_S, reason_code, split_reason
 from gpupool.sim.scenario.config import load_scenario
 from gpupool.sim.scenario.generators import GenContext, build_workload
+from gpupool.sim.scenario.summary import scenario_summary
 from gpupool.sim.scenario.world import ScenarioSim
 
 HOUR = 3600.0
@@ -304,7 +305,7 @@ def test_the_scenario_report_counts_the_jobs_that_waited_with_each_reason(
     sim = ScenarioSim(cfg, build_workload(cfg.workload, cfg.seed, GenContext(cfg.horizon_s, None)))
     sim.commands = []
     sim.run()
-    waited = sim.summary(0.0)["waited_with"]
+    waited = scenario_summary(sim, 0.0)["waited_with"]
     told: dict[str, set[str]] = {}
     for _, c in sim.commands:
         if isinstance(c, Wait):

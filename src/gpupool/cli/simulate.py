@@ -415,7 +415,7 @@ def cmd_scenario(args: argparse.Namespace) -> int:
 
     from gpupool.policies.registry import cycle_names
     from gpupool.sim.scenario.config import load_scenario
-    from gpupool.sim.scenario.world import run_scenario
+    from gpupool.sim.scenario.runner import run_scenario
 
     overrides = [p.strip() for p in args.policies.split(",")] if args.policies else [None]
     for name in overrides:
@@ -432,9 +432,12 @@ def cmd_scenario(args: argparse.Namespace) -> int:
                 if name is None
                 else replace(
                     base,
-                    policy=name,
                     name=f"{base.name}/{name}",
-                    learning=_learning_for(base.learning, name),
+                    scheduling=replace(
+                        base.scheduling,
+                        policy=name,
+                        learning=_learning_for(base.scheduling.learning, name),
+                    ),
                 )
             )
     if (args.log or args.jobs_csv) and len(configs) > 1:
@@ -482,7 +485,8 @@ def cmd_scenario(args: argparse.Namespace) -> int:
                     "below guar. s",
                 ],
                 rows,
-                title=f"{cfg.name} ({cfg.mode}, {cfg.policy}): GPU-hours used "
+                title=f"{cfg.name} ({cfg.scheduling.mode}, {cfg.scheduling.policy}): "
+                f"GPU-hours used "
                 f"{100 * s['gpu_hours_utilization']:.1f}%, online SLO "
                 f"{'-' if slo is None else f'{100 * slo:.3f}%'}, jobs {s['jobs_finished']}/"
                 f"{s['jobs_submitted']} finished, {s['jobs_lost']} lost",

@@ -132,6 +132,12 @@ class LearnedOrdering:
         q, arrival, job_id = self.config.las.key(c.attained_gpu_s, c.arrival_s, c.job_id)
         return (float(q), arrival, job_id)
 
+    @property
+    def gittins_index(self) -> GittinsIndex:
+        """The index the `gittins` rule ranks with now; a new object whenever it is
+        rebuilt, so a caller caching rule keys can tell when they went stale."""
+        return self._gittins
+
     def _refresh_gittins(self) -> None:
         n = len(self.history.outcomes)
         if n - self._gittins_at >= GITTINS_REFRESH or (n and not len(self._gittins)):

@@ -107,7 +107,7 @@ class LatencySample:
 
 
 @dataclass(frozen=True)
-class TeamQuota:
+class ReviewQuota:
     """A team's guarantee and maximum per GPU type (cards)."""
 
     team: str
@@ -116,7 +116,7 @@ class TeamQuota:
 
 
 @dataclass(frozen=True)
-class Tariff:
+class ReviewTariff:
     """The electricity price and carbon intensity the review charges energy at. Hourly
     lists (24 entries, local hour of day) where the tariff varies by hour, else one value."""
 
@@ -140,8 +140,8 @@ class ReviewData:
     jobs: tuple[JobReview, ...] = ()
     usage: tuple[UsageSample, ...] = ()
     latency: tuple[LatencySample, ...] = ()
-    teams: tuple[TeamQuota, ...] = ()
-    tariff: Tariff | None = None
+    teams: tuple[ReviewQuota, ...] = ()
+    tariff: ReviewTariff | None = None
     gpu_price_per_hour: dict[str, float] = field(default_factory=dict)
     day_window: tuple[int, int] = (8, 20)
     """Local hours [from, to) counted as day; the rest of the day is night."""
@@ -177,7 +177,7 @@ class ReviewData:
             "jobs": JobReview,
             "usage": UsageSample,
             "latency": LatencySample,
-            "teams": TeamQuota,
+            "teams": ReviewQuota,
         }
         names = {f.name for f in fields(cls)}
         for key, value in body.items():
@@ -186,7 +186,7 @@ class ReviewData:
             if key in kinds:
                 parts[key] = tuple(kinds[key](**row) for row in value)
             elif key == "tariff" and value is not None:
-                parts[key] = Tariff(
+                parts[key] = ReviewTariff(
                     **{
                         **value,
                         "price_per_kwh": tuple(value["price_per_kwh"]),

@@ -32,8 +32,8 @@ from gpupool.reports.review_data import (
     JobReview,
     LatencySample,
     ReviewData,
-    Tariff,
-    TeamQuota,
+    ReviewQuota,
+    ReviewTariff,
     UsageSample,
 )
 from gpupool.server.store import EventRow, JobRow, Store, database_url
@@ -245,10 +245,10 @@ def _down(
     return sorted(out, key=lambda d: (d.gpu_id, d.start_s))
 
 
-def _tariff(raw: Any, pue: float) -> Tariff | None:
+def _tariff(raw: Any, pue: float) -> ReviewTariff | None:
     if not isinstance(raw, Mapping):
         return None
-    return Tariff(
+    return ReviewTariff(
         name=str(raw["name"]),
         price_per_kwh=tuple(float(p) for p in raw["price_per_kwh"]),
         currency=str(raw.get("currency", "USD")),
@@ -344,7 +344,7 @@ def _read(store: Store, url: str, start_s: float | None, end_s: float | None) ->
     for g in fleet:
         gpus_of_node[g.node].append(g.gpu_id)
     teams = tuple(
-        TeamQuota(str(t["team"]), dict(t.get("guaranteed", {})), dict(t.get("max", {})))
+        ReviewQuota(str(t["team"]), dict(t.get("guaranteed", {})), dict(t.get("max", {})))
         for t in settings.get("teams", ())
     )
     raw_tariff = settings.get("tariff")

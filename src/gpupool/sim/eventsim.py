@@ -13,7 +13,6 @@ service on Ray is compared with (tests/ray/test_ray_parity.py).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from gpupool.domain.lifecycle import JobState
 from gpupool.domain.model import Cluster, JobSpec
@@ -23,38 +22,23 @@ from gpupool.policies.preemption import PreemptionRules
 from gpupool.scheduler import (
     Command,
     Expire,
+    Finished,
     Launch,
+    NodeDown,
     Resize,
     Resized,
     Scheduler,
     SchedulerConfig,
     Stop,
+    Submitted,
 )
 from gpupool.scheduler import Event as CoreEvent
 from gpupool.scheduler.config import ElasticConfig
 from gpupool.scheduler.events import CycleAt
 
-
-@dataclass(frozen=True)
-class Submit:
-    t_s: float
-    job: JobSpec
-
-
-@dataclass(frozen=True)
-class Complete:
-    t_s: float
-    job_id: str
-    ok: bool = True
-
-
-@dataclass(frozen=True)
-class NodeLoss:
-    t_s: float
-    node: str
-
-
-Event = Submit | Complete | NodeLoss
+RunEvent = Submitted | Finished | NodeDown
+"""What `run_events` feeds the core: the core's own events, each handed to the call the
+live driver makes for it (submit, finished, node_down then lost)."""
 
 
 def _core(
@@ -80,7 +64,7 @@ def _core(
 
 def run_events(
     cluster: Cluster,
-    events: Sequence[Event],
+    events: Sequence[RunEvent],
     teams: Sequence[TeamQuota] = (),
     policy: str = "priority-quota",
     rules: PreemptionRules | None = None,
@@ -107,13 +91,12 @@ def run_events(
 
     for ev in sorted(events, key=lambda e: e.t_s):
         t = ev.t_s
-        if isinstance(ev, Submit):
-            scheduler.submit(ev.job, t)
-        elif isinstance(ev, Complete):
-            state = JobState.FINISHED if ev.ok else JobState.FAILED
-            scheduler.finished(ev.job_id, t, state)
+        if isinstance(ev, Submitted):
+            scheduler.submit(ev.job, t, sized=ev.sized)
+        elif isinstance(ev, Finished):
+            scheduler.finished(ev.job_id, t, ev.state, ev.reason)
         else:
-            for job_id in scheduler.node_down(ev.node, t):
+            for job_id in scheduler.node_down(ev.node, t, ev.reason):
                 scheduler.lost(job_id, t, f"node {ev.node} lost")
         record(t, scheduler.cycle(t))
     return out
@@ -130,7 +113,7 @@ def run_trace(
     teams: Sequence[TeamQuota] = (),
     policy: str = "priority-quota",
     rules: PreemptionRules | None = None,
-    losses: Sequence[NodeLoss] = (),
+    losses: Sequence[NodeDown] = (),
 ) -> list[Placed]:
     """Run a trace of jobs to the end on the live scheduler core; every launch with its
     placement, every preemption, and every job lost with a node, in order.

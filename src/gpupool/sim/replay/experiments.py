@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache
@@ -12,6 +12,7 @@ from importlib import resources
 from pathlib import Path
 
 from gpupool.domain.model import Cluster, JobSpec
+from gpupool.sim.replay.common import ProgressFn
 from gpupool.sim.replay.fill import run_fill
 from gpupool.traces.openb import read_nodes, read_pods
 
@@ -72,7 +73,7 @@ def fill_batch(
     seeds: Sequence[int],
     tune: float,
     workers: int | None = None,
-    progress: Callable[[int, int], None] | None = None,
+    progress: ProgressFn | None = None,
 ) -> list[FillRun]:
     tasks = [(str(nodes), str(pods), p, s, tune) for p in policies for s in seeds]
     workers = max(1, min(workers or os.cpu_count() or 1, len(tasks)))

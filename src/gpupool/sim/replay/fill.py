@@ -10,7 +10,7 @@ authors' analysis does: the mean over all arrivals that round to that percentage
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -21,10 +21,9 @@ from gpupool.domain.fragmentation import FragmentationMeter, typical_tasks
 from gpupool.domain.model import Cluster, JobSpec
 from gpupool.domain.state import ClusterState
 from gpupool.policies import PolicyContext, placement_policy
+from gpupool.sim.replay.common import ProgressFn
 
 ARRIVED_PCT_MAX = 130
-
-Progress = Callable[[int, int], None]
 
 
 @dataclass
@@ -97,7 +96,7 @@ def run_fill(
     policy: str,
     seed: int,
     tune: float = 1.3,
-    progress: Progress | None = None,
+    progress: ProgressFn | None = None,
     keep_log: bool = True,
 ) -> FillResult:
     started = time.perf_counter()

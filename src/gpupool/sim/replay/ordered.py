@@ -33,8 +33,8 @@ from gpupool.learning.ordering import (
 )
 from gpupool.learning.predictor import Predictor
 from gpupool.policies import placement_policy, queue_policy
+from gpupool.sim.replay.common import RULE_QUEUES, ProgressFn, ReplayResult, homogeneous_cluster
 from gpupool.sim.replay.metrics import replay_metrics
-from gpupool.sim.replay.run import RULE_QUEUES, Progress, ReplayResult, homogeneous_cluster
 
 GITTINS_PER_DECADE = GittinsIndex(()).per_decade
 """Grid steps per decade of attained service the ordering's Gittins index uses."""
@@ -114,7 +114,7 @@ def run_ordered(
     policy: str,
     seed: int,
     name: str,
-    progress: Progress | None,
+    progress: ProgressFn | None,
     learning: LearningConfig | None,
     predictor: Predictor | None,
     origin_s: float,
@@ -257,7 +257,7 @@ def run_ordered(
 
     def gittins_index() -> object:
         assert ordering is not None
-        return ordering._gittins  # identity only: was the index rebuilt?
+        return ordering.gittins_index  # identity only: was the index rebuilt?
 
     def rule_order(now: float) -> list[str]:
         nonlocal index_in_use, rebuilt

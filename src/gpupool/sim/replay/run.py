@@ -7,7 +7,7 @@ running and waiting jobs by remaining time and preempts the longer ones (checkpo
 restore are free here; their cost is modelled with preemption in the simulator's
 checkpoint model).
 
-`backfill`, `las`, `gittins` and `learned` replay in ordered_replay.py, loaded only when
+`backfill`, `las`, `gittins` and `learned` replay in ordered.py, loaded only when
 one of them is asked for.
 """
 
@@ -16,54 +16,28 @@ from __future__ import annotations
 import heapq
 import math
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from gpupool.domain.engine import DecisionLog, Engine
+from gpupool.domain.engine import Engine
 from gpupool.domain.lifecycle import JobState, check_transition
-from gpupool.domain.model import Cluster, JobSpec, Node
+from gpupool.domain.model import JobSpec
 from gpupool.domain.state import ClusterState
 from gpupool.errors import SpecError
 from gpupool.policies import placement_policy, queue_policy
+from gpupool.sim.replay.common import RULE_QUEUES, ProgressFn, ReplayResult, homogeneous_cluster
 from gpupool.sim.replay.events import EventKind, EventQueue
-from gpupool.sim.replay.metrics import ReplayMetrics, replay_metrics
+from gpupool.sim.replay.metrics import replay_metrics
 
 if TYPE_CHECKING:
     from gpupool.learning.config import LearningConfig
-    from gpupool.learning.guard import GuardChange
-    from gpupool.learning.predictor import ModelInfo, Predictor
-
-Progress = Callable[[int, int], None]
-
-RULE_QUEUES = ("las", "gittins", "learned")
-"""Queues ranked by the core's LearnedOrdering (preemptive; ordered_replay.py)."""
+    from gpupool.learning.predictor import Predictor
 
 AUTO_TARGET_LOAD = 0.70
 """--nodes auto sizes the cluster so the trace's mean GPU demand is 70% of capacity."""
-
-
-@dataclass
-class ReplayResult:
-    name: str
-    nodes: int
-    gpus_per_node: int
-    queue: str
-    policy: str
-    metrics: ReplayMetrics
-    log: DecisionLog
-    node_names: tuple[str, ...]
-    wall_s: float
-    guard_changes: tuple[GuardChange, ...] = ()
-    """learned: each change of the guard (cold, trusted, fallback), in time order."""
-    retrains: tuple[ModelInfo, ...] = ()
-    """learned: each model the predictor trained, in time order."""
-    reservations: dict[str, float] = field(default_factory=dict)
-    """backfill: the first reservation (start time) each blocked head was given."""
-    trusted_s: float = 0.0
-    """learned: seconds of the replay during which the guard let the model order jobs."""
 
 
 def auto_nodes(
@@ -83,19 +57,6 @@ def auto_nodes(
     return max(1, by_load, math.ceil(biggest / gpus_per_node))
 
 
-def homogeneous_cluster(name: str, nodes: int, gpus_per_node: int, model: str = "gpu") -> Cluster:
-    if nodes <= 0:
-        raise SpecError(f"--nodes must be at least 1, got {nodes}")
-    width = len(str(nodes - 1))
-    return Cluster(
-        name,
-        tuple(
-            Node(f"{name}-n{i:0{width}d}", model, gpus_per_node, 0, 0, cluster=name)
-            for i in range(nodes)
-        ),
-    )
-
-
 @dataclass(slots=True)
 class _Run:
     job: JobSpec
@@ -113,7 +74,7 @@ def run_replay(
     policy: str = "consolidate",
     seed: int = 0,
     name: str = "replay",
-    progress: Progress | None = None,
+    progress: ProgressFn | None = None,
     *,
     learning: LearningConfig | None = None,
     predictor: Predictor | None = None,

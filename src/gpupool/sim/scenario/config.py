@@ -12,22 +12,9 @@ from typing import Any
 
 import yaml
 
-from gpupool.domain.calibration import CheckpointModel, ColocationModel
-from gpupool.domain.quota import QuotaWindow, TeamQuota
 from gpupool.errors import NotFoundError, SpecError
 from gpupool.federation import TOPOLOGY_KEYS
-from gpupool.federation.burst import BurstRules
-from gpupool.learning.config import LearningConfig
-from gpupool.policies.preemption import PreemptionRules
-from gpupool.scheduler.config import (
-    ElasticConfig,
-    EnergyConfig,
-    PlacementConfig,
-    SchedulerConfig,
-    SharingConfig,
-    TeamLimits,
-    ThermalConfig,
-)
+from gpupool.scheduler.config import SchedulerConfig
 from gpupool.scheduler.config_schema import (
     SCHEDULING_KEYS,
     ConfigReader,
@@ -35,15 +22,7 @@ from gpupool.scheduler.config_schema import (
     parse_scheduling,
 )
 
-__all__ = [
-    "EnergyConfig",
-    "PlacementConfig",
-    "PoolSpec",
-    "ScenarioConfig",
-    "ThermalConfig",
-    "load_scenario",
-    "parse_scenario",
-]
+__all__ = ["PoolSpec", "ScenarioConfig", "load_scenario", "parse_scenario"]
 
 
 @dataclass(frozen=True)
@@ -66,72 +45,23 @@ class PoolSpec:
 
 @dataclass(frozen=True)
 class ScenarioConfig:
+    """A scenario: its fleet, its workload and the scheduling section the core reads.
+
+    The scheduling keys of the file fill `scheduling`, the same `SchedulerConfig` the
+    live service runs, so its defaults are written once (gpupool.scheduler.config)."""
+
     name: str
     seed: int
     horizon_s: float
-    cycle_s: float
     pools: tuple[PoolSpec, ...]
-    teams: tuple[TeamQuota, ...]
     workload: tuple[Mapping[str, Any], ...]
-    mode: str = "pool"
-    policy: str = "priority-quota"
+    scheduling: SchedulerConfig = field(default_factory=SchedulerConfig)
     description: str = ""
-    windows: tuple[QuotaWindow, ...] = ()
-    online_reserve: float = 0.2
-    online_reserve_on: str = "always"
-    share_cap: int | None = 2
-    sharing: SharingConfig = field(default_factory=SharingConfig)
-    queue_depth: int = 32
-    """The policy sees the first this-many waiting jobs of each team per cycle."""
-    autoscale_lookahead_s: float = 600.0
-    autoscale_headroom: float = 1.1
-    autoscale_down_stable_s: float = 0.0
-    autoscale_load_window_s: float = 120.0
-    preemption: PreemptionRules = field(default_factory=PreemptionRules)
-    checkpoint: CheckpointModel = field(default_factory=CheckpointModel.calibrated)
-    colocation: ColocationModel = field(default_factory=ColocationModel.calibrated)
-    placement: PlacementConfig = field(default_factory=PlacementConfig)
-    energy: EnergyConfig = field(default_factory=EnergyConfig)
     catalog: str | None = None
     """An operator's GPU catalogue file overriding or extending the shipped one."""
     federation: Mapping[str, Any] | None = None
     """Sites, data locations and links (gpupool.federation.parse_topology)."""
-    burst: Mapping[str, Any] | BurstRules | None = None
-    """The `burst:` section as written (minutes; gpupool.scheduler.config_schema checks it)."""
-    team_limits: Mapping[str, TeamLimits] = field(default_factory=dict)
-    time_limit_s: Mapping[str, float] = field(default_factory=dict)
-    elastic: ElasticConfig = field(default_factory=ElasticConfig)
     path: str = ""
-    learning: LearningConfig = field(default_factory=LearningConfig)
-
-    def scheduler_config(self) -> SchedulerConfig:
-        """The scheduling section: what the decision core reads."""
-        return SchedulerConfig(
-            policy=self.policy,
-            teams=self.teams,
-            windows=self.windows,
-            mode=self.mode,
-            cycle_s=self.cycle_s,
-            online_reserve=self.online_reserve,
-            online_reserve_on=self.online_reserve_on,
-            share_cap=self.share_cap,
-            sharing=self.sharing,
-            queue_depth=self.queue_depth,
-            autoscale_lookahead_s=self.autoscale_lookahead_s,
-            autoscale_headroom=self.autoscale_headroom,
-            autoscale_down_stable_s=self.autoscale_down_stable_s,
-            autoscale_load_window_s=self.autoscale_load_window_s,
-            preemption=self.preemption,
-            checkpoint=self.checkpoint,
-            colocation=self.colocation,
-            placement=self.placement,
-            energy=self.energy,
-            burst=self.burst,
-            team_limits=self.team_limits,
-            time_limit_s=self.time_limit_s,
-            elastic=self.elastic,
-            learning=self.learning,
-        )
 
     def pool(self, key: str) -> PoolSpec:
         for p in self.pools:
@@ -215,33 +145,10 @@ def parse_scenario(raw: Any, path: str = "<scenario>") -> ScenarioConfig:
         description=str(top.get("description", "")),
         seed=r.integer(top.get("seed", 0), "seed"),
         horizon_s=r.number(top["horizon_h"], "horizon_h", positive=True) * 3600.0,
-        cycle_s=sched.cycle_s,
         pools=tuple(pools),
-        teams=sched.teams,
         workload=tuple(workload),
-        mode=sched.mode,
-        policy=sched.policy,
-        windows=sched.windows,
-        online_reserve=sched.online_reserve,
-        online_reserve_on=sched.online_reserve_on,
-        share_cap=sched.share_cap,
-        sharing=sched.sharing,
-        queue_depth=sched.queue_depth,
-        autoscale_lookahead_s=sched.autoscale_lookahead_s,
-        autoscale_headroom=sched.autoscale_headroom,
-        autoscale_down_stable_s=sched.autoscale_down_stable_s,
-        autoscale_load_window_s=sched.autoscale_load_window_s,
-        preemption=sched.preemption,
-        checkpoint=sched.checkpoint,
-        colocation=sched.colocation,
-        placement=sched.placement,
-        energy=sched.energy,
+        scheduling=sched,
         catalog=None if top.get("catalog") is None else str(top["catalog"]),
         federation=federation,
-        burst=sched.burst,
-        team_limits=sched.team_limits,
-        time_limit_s=sched.time_limit_s,
-        elastic=sched.elastic,
         path=path,
-        learning=sched.learning,
     )

@@ -37,7 +37,7 @@ class SimulatedFleet:
     def __init__(self, world: ScenarioSim, clock: ManualClock) -> None:
         self.world = world
         self.clock = clock
-        self.cycle_s = world.cfg.cycle_s
+        self.cycle_s = world.cfg.scheduling.cycle_s
         nodes = world.cluster.nodes
         self.slots = sorted((k, g) for k, n in enumerate(nodes) for g in range(n.gpu_count))
         """Telemetry index -> (node, GPU): the live service's fleet order."""

@@ -28,8 +28,8 @@ from gpupool.reports.review_data import (
     JobReview,
     LatencySample,
     ReviewData,
-    Tariff,
-    TeamQuota,
+    ReviewQuota,
+    ReviewTariff,
     UsageSample,
 )
 from gpupool.sim.scenario.usage import (
@@ -43,7 +43,8 @@ from gpupool.sim.scenario.usage import (
 )
 
 if TYPE_CHECKING:
-    from gpupool.sim.scenario.world import Run, ScenarioSim
+    from gpupool.sim.scenario.runs import Run
+    from gpupool.sim.scenario.world import ScenarioSim
 
 ORIGIN_S = datetime(2026, 11, 1, tzinfo=UTC).timestamp()
 """Unix time of scenario time 0 (scenarios carry no date of their own)."""
@@ -126,9 +127,9 @@ def review_data(sim: ScenarioSim, origin_s: float = ORIGIN_S) -> ReviewData:
         for b in range(rec.buckets)
         if row[b, 0] > 0
     ]
-    teams = [TeamQuota(t.team, dict(t.guaranteed), dict(t.maximum)) for t in cfg.teams]
+    teams = [ReviewQuota(t.team, dict(t.guaranteed), dict(t.maximum)) for t in cfg.scheduling.teams]
     return ReviewData(
-        source=f"simulation {cfg.name} (seed {cfg.seed}, policy {cfg.policy})",
+        source=f"simulation {cfg.name} (seed {cfg.seed}, policy {cfg.scheduling.policy})",
         start_s=0.0,
         end_s=horizon,
         gpus=tuple(gpus),
@@ -377,11 +378,11 @@ def _usage(
     return out
 
 
-def _tariff(sim: ScenarioSim) -> Tariff | None:
+def _tariff(sim: ScenarioSim) -> ReviewTariff | None:
     """The scenario's energy tariff as 24 prices by scenario (= review local) hour of its
     first day; the default tariff, else the first site's."""
     found = [t for _, t in sorted(sim.tariff_of.items()) if t is not None]
-    default = sim.cfg.energy.tariff
+    default = sim.cfg.scheduling.energy.tariff
     t = next((x for x in found if x.name == default), found[0] if found else None)
     if t is None:
         return None
@@ -389,4 +390,4 @@ def _tariff(sim: ScenarioSim) -> Tariff | None:
     carbon: tuple[float, ...] = ()
     if t.carbon_g_per_kwh is not None:
         carbon = tuple(float(t.carbon_at(h * 3600.0) or 0.0) for h in range(24))
-    return Tariff(t.name, prices, t.currency, carbon, sim.cfg.energy.pue)
+    return ReviewTariff(t.name, prices, t.currency, carbon, sim.cfg.scheduling.energy.pue)

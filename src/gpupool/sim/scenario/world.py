@@ -18,18 +18,14 @@ from __future__ import annotations
 
 import heapq
 import math
-import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from gpupool.domain.engine import DecisionLog
 from gpupool.domain.lifecycle import TERMINAL, JobState
-from gpupool.domain.model import MILLI_PER_GPU, Cluster, JobKind, JobSpec, Node, Placement
+from gpupool.domain.model import MILLI_PER_GPU, Cluster, JobKind, Node, Placement
 from gpupool.domain.state import BoolArray
 from gpupool.energy.power import Load, load_of
 from gpupool.energy.powercap import SetPowerCap, speed_at
@@ -68,112 +64,13 @@ from gpupool.scheduler.commands import LearnGuard, LearnShadow
 from gpupool.scheduler.events import CycleAt
 from gpupool.sim.scenario.config import ScenarioConfig
 from gpupool.sim.scenario.energy_meter import EnergyMeter, HeatMap
-from gpupool.sim.scenario.generators import GenContext, build_workload
+from gpupool.sim.scenario.runs import CloudEvent, Run, ServiceStats
 from gpupool.sim.scenario.usage import Recorder, base_p99_at
 from gpupool.sim.scenario.workload import ServiceSpec, Workload
 from gpupool.sizing.catalog import load_catalog
-from gpupool.traces.location import find_traces_dir
-
-if TYPE_CHECKING:
-    from gpupool.reports.review_data import ReviewData
 
 ProgressFn = Callable[[int, int], None]
-
-
-@dataclass
-class Run:
-    """A job as the world sees it: the core's record (state, pool, spec) and the world's
-    measurements (work done, checkpoints, time held, GPU-seconds, power cap)."""
-
-    rec: JobRecord
-    done_s: float = 0.0
-    saved_s: float = 0.0
-    since_snapshot_s: float = 0.0
-    overhead_s: float = 0.0
-    lost_work_s: float = 0.0
-    run_time_s: float = 0.0
-    held_s: float = 0.0
-    gpu_s: float = 0.0
-    vacate_at: float | None = None
-    speed: float = 1.0
-    """Work done per second: co-location slowdown times the power cap's."""
-    cap_frac: float | None = None
-    """Power cap as a fraction of TDP while it runs; None: uncapped."""
-    cap_speed: float = 1.0
-    transfer_s: float = 0.0
-    """Time spent moving its dataset to the site it ran at."""
-    lent_gpu_s: float = 0.0
-    """An elastic job's GPU-seconds below its declared size (lent to online work)."""
-    resize_gpu_s: float = 0.0
-    """GPU-seconds it held without working while checkpointing and restarting to resize."""
-    started: bool = False
-
-    @property
-    def spec(self) -> JobSpec:
-        return self.rec.spec
-
-    @property
-    def state(self) -> JobState:
-        return self.rec.state
-
-    @property
-    def gpu_type(self) -> str:
-        return self.rec.gpu_type
-
-    @property
-    def service(self) -> str | None:
-        return self.rec.service
-
-    @property
-    def preemptions(self) -> int:
-        return self.rec.preemptions
-
-    @property
-    def run_started_s(self) -> float:
-        return self.rec.run_started_s
-
-    @property
-    def first_start_s(self) -> float | None:
-        return self.rec.first_start_s
-
-    @property
-    def end_s(self) -> float | None:
-        return self.rec.end_s
-
-    @property
-    def end_reason(self) -> str:
-        return self.rec.end_reason
-
-    @property
-    def ready_s(self) -> float:
-        return self.rec.ready_s
-
-
-@dataclass
-class ServiceStats:
-    requests: float = 0.0
-    ok: float = 0.0
-
-
-@dataclass(frozen=True)
-class CloudEvent:
-    t_s: float
-    action: str
-    nodes: int
-    reason: str
-
-
-@dataclass
-class ScenarioResult:
-    name: str
-    summary: dict[str, Any]
-    log: DecisionLog
-    node_names: tuple[str, ...]
-    wall_s: float
-    utilization_by_hour: list[float] = field(default_factory=list)
-    jobs: list[dict[str, Any]] = field(default_factory=list)
-    review: ReviewData | None = None
-    """The monthly review's record of this run (run_scenario(review=True))."""
+"""Told (cycles done, cycles in all) as the world runs, for a progress bar."""
 
 
 def _cluster(cfg: ScenarioConfig) -> tuple[Cluster, dict[str, BoolArray], list[str]]:
@@ -208,7 +105,7 @@ class ScenarioSim:
     def __init__(self, cfg: ScenarioConfig, workload: Workload) -> None:
         self.cfg = cfg
         self.cluster, _, self.node_pool = _cluster(cfg)
-        self.known_teams = {t.team for t in cfg.teams}
+        self.known_teams = {t.team for t in cfg.scheduling.teams}
         for team in {j.team for j in workload.jobs} | {s.team for s in workload.services}:
             if team not in self.known_teams:
                 raise SpecError(f"{cfg.path}: the workload uses team {team!r}, not under teams:")
@@ -297,7 +194,7 @@ class ScenarioSim:
         parity test replays the recorded events into one)."""
         return Scheduler(
             self.cluster,
-            self.cfg.scheduler_config(),
+            self.cfg.scheduling,
             node_pool=self.node_pool,
             pool_price=self.pool_price,
             topology=self.topology,
@@ -309,7 +206,7 @@ class ScenarioSim:
         )
 
     def _tariffs(self) -> dict[str, Tariff | None]:
-        e = self.cfg.energy
+        e = self.cfg.scheduling.energy
         base = Path(self.cfg.path).parent if self.cfg.path else Path.cwd()
 
         def tariff(name: str | None) -> Tariff | None:
@@ -327,7 +224,7 @@ class ScenarioSim:
 
     def _setup_energy(self) -> None:
         cfg = self.cfg
-        e = cfg.energy
+        e = cfg.scheduling.energy
         tdp = np.array(
             [
                 self.catalog[n.gpu_model].tdp_w if n.gpu_model in self.catalog else 0.0
@@ -454,9 +351,9 @@ class ScenarioSim:
         run.speed = self.core.speed_of(run.rec, run.cap_speed)
         run.since_snapshot_s = 0.0
         run.overhead_s = (
-            self.cfg.checkpoint.resume_s(job.state_gib_per_gpu)
+            self.cfg.scheduling.checkpoint.resume_s(job.state_gib_per_gpu)
             if resumed
-            else self.cfg.checkpoint.process_start_s
+            else self.cfg.scheduling.checkpoint.process_start_s
         )
         if not run.started:
             run.started = True
@@ -475,14 +372,14 @@ class ScenarioSim:
         lost = run.done_s - run.saved_s
         run.lost_work_s += lost
         run.done_s = run.saved_s
-        run.vacate_at = now + self.cfg.checkpoint.write_s(run.spec.state_gib_per_gpu)
+        run.vacate_at = now + self.cfg.scheduling.checkpoint.write_s(run.spec.state_gib_per_gpu)
         heapq.heappush(self.vacates, (run.vacate_at, run.spec.job_id))
 
     def resize(self, run: Run, c: Resize, now: float) -> None:
         """An elastic job checkpoints on demand (nothing lost), its processes leave
         (Resized after the write) and restart on the new GPUs (the resume time): no work
         meanwhile, its GPUs held."""
-        ck = self.cfg.checkpoint
+        ck = self.cfg.scheduling.checkpoint
         gib = run.spec.state_gib_per_gpu
         write, resume = ck.write_s(gib), ck.resume_s(gib)
         pending = self.core.book.elastic.pending.get(c.job_id)
@@ -619,7 +516,7 @@ class ScenarioSim:
                 r = self.job(rec.job_id)
                 ready = max(0.0, dt - r.overhead_s) if r.run_started_s >= now - 1e-9 else dt
                 neighbours = self.neighbour_kinds(r)
-                p99 = base * self.cfg.colocation.online_p99_factor(neighbours)
+                p99 = base * self.cfg.scheduling.colocation.online_p99_factor(neighbours)
                 p99 += self.network_ms(svc, r)
                 if p99 > svc.slo_p99_ms:
                     continue
@@ -679,7 +576,7 @@ class ScenarioSim:
                         core.quota_window.since_s,
                     )
                 self.owed_since[job_id] = since
-                grace = self.cfg.cycle_s + core.book.claim_grace.get(job_id, 0.0)
+                grace = self.cfg.scheduling.cycle_s + core.book.claim_grace.get(job_id, 0.0)
                 owed[team].append((since + grace, self.job(job_id)))
         return owed
 
@@ -717,17 +614,17 @@ class ScenarioSim:
                 },
             )
         )
-        if self.heat is not None and self.cfg.energy.thermal.aware:
+        if self.heat is not None and self.cfg.scheduling.energy.thermal.aware:
             self.feed(GpuTemps(now, self.heat.temps_c.copy(), self.heat.inlet_c.copy()))
 
     def run(self, progress: ProgressFn | None = None) -> None:
         cfg = self.cfg
         now = 0.0
         nxt = 0
-        cycles = math.ceil(cfg.horizon_s / cfg.cycle_s)
+        cycles = math.ceil(cfg.horizon_s / cfg.scheduling.cycle_s)
         for k in range(cycles):
-            now = k * cfg.cycle_s
-            self.cycle_end = min(now + cfg.cycle_s, cfg.horizon_s)
+            now = k * cfg.scheduling.cycle_s
+            self.cycle_end = min(now + cfg.scheduling.cycle_s, cfg.horizon_s)
             self.observe_into_core(now)
             while nxt < len(self.arrivals) and self.arrivals[nxt].submit_s <= now:
                 job = self.arrivals[nxt]
@@ -740,7 +637,9 @@ class ScenarioSim:
                     if self.recorder is not None:
                         self.recorder.node_status.append((now, n, True))
             for svc in self.services.values():
-                peak = svc.load.peak(now, now + cfg.autoscale_lookahead_s, cfg.cycle_s)
+                peak = svc.load.peak(
+                    now, now + cfg.scheduling.autoscale_lookahead_s, cfg.scheduling.cycle_s
+                )
                 self.feed(ServiceDemand(now, svc.name, peak))
             self.carry_out(self.cycle(now), now)
             self.bill_cloud()
@@ -812,7 +711,7 @@ class ScenarioSim:
             if self.cloud_status[n] != DOWN:
                 gpus = int(self.state.gpu_count[n])
                 self.cloud_billed_usd += (
-                    gpus * self.cfg.cycle_s * self.pool_price[self.node_pool[n]] / 3600.0
+                    gpus * self.cfg.scheduling.cycle_s * self.pool_price[self.node_pool[n]] / 3600.0
                 )
 
     def up_nodes(self) -> BoolArray:
@@ -856,329 +755,3 @@ class ScenarioSim:
         self.heat.step(power, dt, idle, self.state.model_id)
         if rec is not None:
             rec.temperature(now, self.heat.temps_c, dt)
-
-    # ---- results ------------------------------------------------------------------------------
-    def summary(self, wall_s: float) -> dict[str, Any]:
-        cfg = self.cfg
-        runs = self.runs  # one join of core and world records for the whole report
-        jobs = [r for r in runs.values() if r.service is None]
-        total_gpu_s = sum(self.pool_gpus.values()) * cfg.horizon_s
-        used = sum(r.gpu_s for r in runs.values())
-
-        def stats(rs: list[Run]) -> dict[str, Any]:
-            fin = [r for r in rs if r.state is JobState.FINISHED]
-            jct = np.array([r.end_s - r.spec.submit_s for r in fin if r.end_s is not None])
-            queue = np.array(
-                [(r.end_s - r.spec.submit_s) - r.held_s for r in fin if r.end_s is not None]
-            )
-            return {
-                "jobs": len(rs),
-                "finished": len(fin),
-                "gpu_hours": round(sum(r.gpu_s for r in rs) / 3600, 1),
-                "avg_jct_h": round(float(jct.mean()) / 3600, 3) if jct.size else None,
-                "p99_jct_h": round(float(np.percentile(jct, 99)) / 3600, 3) if jct.size else None,
-                "avg_queue_h": round(float(queue.mean()) / 3600, 3) if queue.size else None,
-                "preemptions": sum(r.preemptions for r in rs),
-                "lost_work_gpu_h": round(
-                    sum(r.lost_work_s * r.spec.gpu_count for r in rs) / 3600, 2
-                ),
-            }
-
-        requests = sum(s.requests for s in self.service_stats.values())
-        ok = sum(s.ok for s in self.service_stats.values())
-        online_jobs = [r for r in jobs if r.spec.kind is JobKind.ONLINE]
-        job_slo = self.online_job_slo(online_jobs)
-        parts = [x for x in ((ok / requests) if requests else None, job_slo) if x is not None]
-        teams: dict[str, Any] = {}
-        for team in sorted(self.known_teams):
-            mine = [r for r in jobs if r.spec.team == team]
-            svc = [s for s in self.services.values() if s.team == team]
-            t_req = sum(self.service_stats[s.name].requests for s in svc)
-            t_ok = sum(self.service_stats[s.name].ok for s in svc)
-            replicas_gpu_s = sum(
-                r.gpu_s for r in runs.values() if r.service is not None and r.spec.team == team
-            )
-            entry = stats(mine)
-            entry["gpu_hours"] = round((sum(r.gpu_s for r in mine) + replicas_gpu_s) / 3600, 1)
-            entry["utilization"] = round(entry["gpu_hours"] * 3600 / total_gpu_s, 4)
-            entry["online_slo_attainment"] = round(t_ok / t_req, 5) if t_req else None
-            entry["guarantee_violation_s"] = round(self.violation_s.get(team, 0.0), 1)
-            entry["by_kind"] = {
-                kind.value: stats([r for r in mine if r.spec.kind is kind])
-                for kind in JobKind
-                if any(r.spec.kind is kind for r in mine)
-            }
-            teams[team] = entry
-        ended = {s: sum(1 for r in jobs if r.state is s) for s in JobState}
-        for team in teams:
-            teams[team].update(self.meter.teams[team].rounded())
-        return self.resource_summary(jobs) | {
-            "scenario": cfg.name,
-            "mode": cfg.mode,
-            "policy": cfg.policy,
-            "jobs_submitted": len(jobs),
-            "jobs_finished": ended[JobState.FINISHED],
-            "jobs_cancelled": ended[JobState.CANCELLED],
-            "jobs_failed": ended[JobState.FAILED] + ended[JobState.UNPLACEABLE],
-            "jobs_lost": sum(1 for r in jobs if r.state not in TERMINAL or not r.end_reason),
-            "gpu_hours_utilization": round(used / total_gpu_s, 4),
-            "online_slo_attainment": round(min(parts), 5) if parts else None,
-            "guarantee_violation_s": round(sum(self.violation_s.values()), 1),
-            "preemptions": sum(r.preemptions for r in jobs),
-            "training_gpu_hours": round(
-                sum(r.gpu_s for r in jobs if r.spec.kind is JobKind.TRAINING) / 3600, 1
-            ),
-            "lost_work_gpu_hours": round(
-                sum(r.lost_work_s * r.spec.gpu_count for r in jobs) / 3600, 2
-            ),
-            "replicas_started": sum(
-                1 for r in runs.values() if r.service is not None and r.first_start_s is not None
-            ),
-            "scale_events": len(self.scale_events),
-            "kinds": {
-                kind.value: stats([r for r in jobs if r.spec.kind is kind])
-                for kind in JobKind
-                if any(r.spec.kind is kind for r in jobs)
-            },
-            "teams": teams,
-            "end_reasons": dict(sorted(_count(r.end_reason for r in jobs).items())),
-            "waited_with": {code: len(ids) for code, ids in sorted(self.waited_with.items())},
-            **served_summary(jobs, cfg.horizon_s),
-            **self.borrowing(jobs),
-            "wall_s": round(wall_s, 2),
-        }
-
-    def borrowing(self, jobs: list[Run]) -> dict[str, Any]:
-        """Elastic jobs: their resizes and the offline GPU-hours lost to borrowing (what
-        they lent to online work, plus the GPU time their checkpoints and restarts for a
-        resize held idle), per team. Empty where no job is elastic."""
-        declared = self.core.book.elastic.declared
-        elastic = [r for r in jobs if r.spec.job_id in declared or r.spec.gpu_count_min]
-        if not elastic:
-            return {}
-        by_team: dict[str, float] = defaultdict(float)
-        for r in elastic:
-            by_team[r.spec.team] += (r.lent_gpu_s + r.resize_gpu_s) / 3600
-        lent = sum(r.lent_gpu_s for r in elastic) / 3600
-        restart = sum(r.resize_gpu_s for r in elastic) / 3600
-        return {
-            "borrowing": {
-                "elastic_jobs": len(elastic),
-                "resizes": self.core.book.elastic.resizes,
-                "resize_enabled": self.core.book.elastic.enabled,
-                "lent_gpu_hours": round(lent, 2),
-                "restart_gpu_hours": round(restart, 2),
-                "offline_gpu_hours_lost_to_borrowing": round(lent + restart, 2),
-                "by_team": {t: round(h, 2) for t, h in sorted(by_team.items())},
-            }
-        }
-
-    def site_of(self, pool: str) -> str:
-        return self.cfg.pool(pool).site or self.cfg.name
-
-    def run_cost_usd(self, run: Run) -> float:
-        """What the GPU time costs where it ran; cloud time is billed per node instead."""
-        if not run.gpu_type or (
-            self.cloud_nodes and run.gpu_type in {self.node_pool[n] for n in self.cloud_nodes}
-        ):
-            return 0.0
-        return run.gpu_s * self.pool_price.get(run.gpu_type, 0.0) / 3600.0
-
-    def missed_deadline(self, run: Run) -> bool:
-        deadline = run.spec.deadline_s
-        if deadline is None:
-            return False
-        if run.state is JobState.FINISHED and run.end_s is not None:
-            return run.end_s > deadline + 1e-6
-        return deadline < self.cfg.horizon_s
-
-    def resource_summary(self, jobs: list[Run]) -> dict[str, Any]:
-        """Cost, energy, deadlines, clouds and heat: the keys of the right-sizing issue."""
-        total = self.meter.total()
-        finished = [r for r in jobs if r.state is JobState.FINISHED and r.end_s is not None]
-        jct = [r.end_s - r.spec.submit_s for r in finished if r.end_s is not None]
-        cloud_usd = self.cloud_billed_usd
-        events = self.cloud_events
-        currencies = sorted({t.currency for t in self.tariff_of.values() if t is not None})
-        clusters: dict[str, Any] = {}
-        for site in sorted(set(self.node_site)):
-            entry: dict[str, Any] = self.meter.sites[site].rounded()
-            entry["idle_energy_kwh"] = round(self.meter.idle[site].energy_kwh, 2)
-            held = [
-                r for r in self.runs.values() if r.gpu_type and self.site_of(r.gpu_type) == site
-            ]
-            entry["gpu_hours"] = round(sum(r.gpu_s for r in held) / 3600, 1)
-            clusters[site] = entry
-        by_type: dict[str, float] = defaultdict(float)
-        for r in self.runs.values():
-            if r.gpu_type:
-                by_type[self.cfg.pool(r.gpu_type).gpu_type] += r.gpu_s / 3600
-        out: dict[str, Any] = {
-            "cost_usd": round(sum(self.run_cost_usd(r) for r in self.runs.values()) + cloud_usd, 2),
-            "cloud_cost_usd": round(cloud_usd, 2),
-            "energy_kwh": round(total.energy_kwh, 2),
-            "electricity_cost": round(total.electricity_cost, 2),
-            "electricity_currency": currencies[0] if len(currencies) == 1 else ",".join(currencies),
-            "carbon_kg": round(total.carbon_kg, 2)
-            if any(t is not None and t.carbon_g_per_kwh for t in self.tariff_of.values())
-            else None,
-            "deadline_misses": sum(1 for r in jobs if self.missed_deadline(r)),
-            "jobs_with_deadline": sum(1 for r in jobs if r.spec.deadline_s is not None),
-            "avg_jct_s": round(float(np.mean(jct)), 1) if jct else None,
-            "bursts": sum(1 for e in events if e.action == "burst"),
-            "reclaims": sum(1 for e in events if e.action == "reclaim"),
-            "burst_log": [
-                {
-                    "t_h": round(e.t_s / 3600, 3),
-                    "action": e.action,
-                    "nodes": e.nodes,
-                    "reason": e.reason,
-                }
-                for e in events
-            ],
-            "rejected_remote_placements": len(self.core.pool_choice.rejected_remote),
-            "transfer_hours": round(sum(r.transfer_s for r in jobs) / 3600, 2),
-            "gpu_hours_by_type": {k: round(v, 1) for k, v in sorted(by_type.items())},
-            "power_cap_commands": self.cap_commands,
-            "clusters": clusters,
-        }
-        if self.heat is not None:
-            out["thermal"] = {
-                "max_temp_c": round(self.heat.max_c, 1),
-                "gpu_hours_above_threshold": round(self.heat.above_s / 3600, 2),
-                "gpu_hours_hot_while_cooler_idle": round(self.heat.hot_while_cool_idle_s / 3600, 2),
-            }
-        return out
-
-    def job_rows(self) -> list[dict[str, Any]]:
-        """Per job: where it ran, when, and its energy, electricity cost and carbon."""
-        rows = []
-        for job_id in sorted(self.runs):
-            r = self.runs[job_id]
-            if r.service is not None:
-                continue
-            ledger = self.meter.jobs.get(job_id)
-            rows.append(
-                {
-                    "job_id": job_id,
-                    "team": r.spec.team,
-                    "kind": r.spec.kind.value,
-                    "pool": r.gpu_type,
-                    "gpus": r.spec.gpu_count,
-                    "state": r.state.value,
-                    "submit_s": r.spec.submit_s,
-                    "start_s": r.first_start_s,
-                    "end_s": r.end_s,
-                    "deadline_s": r.spec.deadline_s,
-                    "transfer_s": round(r.transfer_s, 1),
-                    "gpu_hours": round(r.gpu_s / 3600, 3),
-                    "cost_usd": round(self.run_cost_usd(r), 3),
-                    "energy_kwh": round(ledger.energy_kwh, 3) if ledger else 0.0,
-                    "electricity_cost": round(ledger.electricity_cost, 3) if ledger else 0.0,
-                    "carbon_kg": round(ledger.carbon_kg, 3) if ledger else 0.0,
-                }
-            )
-        return rows
-
-    def online_job_slo(self, online: list[Run]) -> float | None:
-        """Online jobs (tagged services in a job trace): share of their life spent deployed
-        on GPUs, allowing one scheduling cycle plus its victims' checkpoint time to start."""
-        wanted = served = 0.0
-        for r in online:
-            end = r.end_s if r.end_s is not None else self.cfg.horizon_s
-            life = end - r.spec.submit_s
-            if life <= 0:
-                continue
-            wanted += life
-            allowed = self.cfg.cycle_s + self.core.book.claim_grace.get(r.spec.job_id, 0.0)
-            served += min(life, r.held_s + allowed)
-        return served / wanted if wanted else None
-
-
-def served_summary(jobs: list[Run], horizon_s: float) -> dict[str, Any]:
-    """Which jobs the GPU-hours went to. A total of GPU-hours, or of jobs finished, hides
-    it: a policy can finish many small jobs while wide ones never start, or spend hours on
-    jobs still unfinished (suspended, checkpointed) when the horizon ends. Per GPU count
-    (fractional shares as "share"): jobs, started, finished, GPU-hours, mean JCT of the
-    finished, and how long the oldest job that never started had waited at the end."""
-    finished = [r for r in jobs if r.state is JobState.FINISHED and r.end_s is not None]
-    unfinished = [r for r in jobs if r.state is not JobState.FINISHED and r.gpu_s > 0]
-    widths: dict[str, list[Run]] = defaultdict(list)
-    for r in jobs:
-        share = r.spec.gpu_milli < MILLI_PER_GPU
-        widths["share" if share else str(r.spec.gpu_count)].append(r)
-
-    def order(key: str) -> tuple[int, int]:
-        return (0, 0) if key == "share" else (1, int(key))
-
-    by_gpus: dict[str, Any] = {}
-    for key in sorted(widths, key=order):
-        rs = widths[key]
-        done = [r for r in rs if r.state is JobState.FINISHED and r.end_s is not None]
-        never = [r.spec.submit_s for r in rs if r.first_start_s is None]
-        jct = [r.end_s - r.spec.submit_s for r in done if r.end_s is not None]
-        by_gpus[key] = {
-            "jobs": len(rs),
-            "started": sum(1 for r in rs if r.first_start_s is not None),
-            "finished": len(done),
-            "gpu_hours": round(sum(r.gpu_s for r in rs) / 3600, 1),
-            "avg_jct_h": round(float(np.mean(jct)) / 3600, 3) if jct else None,
-            "oldest_never_started_wait_h": round((horizon_s - min(never)) / 3600, 1)
-            if never
-            else None,
-        }
-    spent = sum(r.gpu_s for r in jobs)
-    return {
-        "finished_gpu_hours": round(sum(r.gpu_s for r in finished) / 3600, 1),
-        "unfinished_gpu_hours": round(sum(r.gpu_s for r in unfinished) / 3600, 1),
-        "unfinished_started_jobs": sum(1 for r in unfinished if r.first_start_s is not None),
-        "gpu_hours_per_finished_job": round(spent / 3600 / len(finished), 2) if finished else None,
-        "by_gpus": by_gpus,
-    }
-
-
-def _count(items: Any) -> dict[str, int]:
-    out: dict[str, int] = defaultdict(int)
-    for x in items:
-        out[x] += 1
-    return dict(out)
-
-
-def run_scenario(
-    cfg: ScenarioConfig,
-    traces_dir: Path | None = None,
-    progress: ProgressFn | None = None,
-    workload: Workload | None = None,
-    review: bool = False,
-) -> ScenarioResult:
-    """Run one scenario; with `review`, also build the monthly review's record of it
-    (gpupool.sim.scenario.review_source), which records more while it runs."""
-    started = time.perf_counter()
-    if workload is None:
-        ctx = GenContext(
-            cfg.horizon_s,
-            traces_dir or find_traces_dir(Path(cfg.path).parent if cfg.path else None),
-        )
-        workload = build_workload(cfg.workload, cfg.seed, ctx)
-    sim = ScenarioSim(cfg, workload)
-    if review:
-        sim.record_for_review()
-    sim.run(progress)
-    wall = time.perf_counter() - started
-    gpus = sum(sim.pool_gpus.values())
-    return ScenarioResult(
-        name=cfg.name,
-        summary=sim.summary(wall),
-        log=sim.engine.log,
-        node_names=tuple(n.name for n in sim.cluster.nodes),
-        wall_s=wall,
-        utilization_by_hour=[round(g / (gpus * 3600), 4) for g in sim.hour_gpu_s],
-        jobs=sim.job_rows(),
-        review=_review(sim) if review else None,
-    )
-
-
-def _review(sim: ScenarioSim) -> ReviewData:
-    from gpupool.sim.scenario.review_source import review_data
-
-    return review_data(sim)
