@@ -87,7 +87,7 @@ def watch(page: Any) -> PageWatch:
 
 
 def screenshot(page: Any, name: str) -> Path:
-    """A full-page PNG of `page` written to bench/results/NAME.png (kept for the README)."""
+    """A full-page PNG of `page` written to bench/results/NAME.png (kept for the docs)."""
     out = Path(__file__).resolve().parents[1] / "bench" / "results" / f"{name}.png"
     out.parent.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(out), full_page=True)

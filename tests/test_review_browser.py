@@ -52,7 +52,7 @@ def test_review_html_renders_offline_from_a_file(review_file: Path, browser: Any
     assert seen.requests == [url]
     full = screenshot(page, "review-full")  # the whole review, every section
     assert full.stat().st_size > 100_000
-    # The README's picture: the summary and the first sections, one screen tall.
+    # docs/review.md's picture: the summary and the first sections, one screen tall.
     shot = full.with_name("review.png")
     page.set_viewport_size({"width": 1280, "height": 1500})
     page.screenshot(path=str(shot), full_page=False)

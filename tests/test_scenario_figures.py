@@ -1,18 +1,18 @@
 """The scenario figures recorded under bench/results are the ones the code computes now.
 
 bench/bench_scenarios.py writes bench/results/scenarios.json and bench/bench_resources.py
-writes bench/results/resources.json; the READMEs and docs quote those figures. The
-simulation is deterministic, so a scenario rerun exactly as the bench runs it (same file,
-same policy override, same trace inputs) must reproduce every figure the JSON records,
-floats included, bit for bit. Only wall_s (a timing) is left out. Keys the summary has
-gained since the run was recorded are not checked; a recorded key that is gone is a
-failure.
+writes bench/results/resources.json; docs/scenarios.md, docs/elastic.md and other docs
+quote those figures. The simulation is deterministic, so a scenario rerun exactly as the
+bench runs it (same file, same policy override, same trace inputs) must reproduce every
+figure the JSON records, floats included, bit for bit. Only wall_s (a timing) is left
+out. Keys the summary has gained since the run was recorded are not checked; a recorded
+key that is gone is a failure.
 
 Covered: the aware/blind pairs of bench_resources.py (hetero, energy, energy-caiso,
 multicluster; no trace files needed), one ITP row of bench_scenarios.py under a policy
 override and the ITP row without guarantees, where online inference preempts training
 of any team (both skipped without the ITP trace), the two day/night rows, whose
-finished jobs, mean JCT and per-width figures the README quotes next to training
+finished jobs, mean JCT and per-width figures docs/scenarios.md quotes next to training
 GPU-hours, and the serving-borrow pair (elastic resizing on and off; these four skipped
 without the Azure LLM trace; 4-12 s each). The islands rows take minutes each and are
 left to `make bench`. About 85 s in all on 2 cores.

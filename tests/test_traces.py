@@ -82,7 +82,7 @@ def test_itp_cluster04_matches_independent_sums() -> None:
     assert (report.rows, report.used, sum(report.skipped.values())) == (15_802, 15_802, 0)
     expected_gpu_s = sum(int(r["num_gpu"]) * float(r["duration"]) for r in rows)
     assert sum(j.gpu_count * (j.duration_s or 0.0) for j in jobs) == expected_gpu_s
-    assert round(expected_gpu_s / 3600) == 705_683  # README: 705,683 GPU-hours
+    assert round(expected_gpu_s / 3600) == 705_683  # the trace's README: 705,683 GPU-hours
     assert max(j.gpu_count for j in jobs) == 64
     first = min(rows, key=lambda r: float(r["submission_time"]))
     assert jobs[0].job_id == first["job_id"]
@@ -370,7 +370,7 @@ def test_gavel_msr_all_vcs_total() -> None:
         jobs, report = read_gavel_msr(f)
         assert_balanced(report)
         total += len(jobs)
-    assert total == 15_264  # README
+    assert total == 15_264  # the traces' README
 
 
 def test_gavel_msr_rules_and_ids(tmp_path: Path) -> None:
@@ -464,7 +464,7 @@ def test_azure_llm_real(name: str, count: int) -> None:
     assert arrivals[-1].arrival_s == pytest.approx(
         _independent_seconds(rows[-1]["TIMESTAMP"]) - start, abs=1e-6
     )
-    assert 3000 < arrivals[-1].arrival_s < 3700  # README: about one hour
+    assert 3000 < arrivals[-1].arrival_s < 3700  # the trace's README: about one hour
     assert sum(a.context_tokens for a in arrivals) == sum(int(r["ContextTokens"]) for r in rows)
     assert sum(a.generated_tokens for a in arrivals) == sum(int(r["GeneratedTokens"]) for r in rows)
     assert arrivals[5].request_id == f"{path.stem}-5"
