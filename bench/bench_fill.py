@@ -69,9 +69,18 @@ class Worker:
 
 def worker(requests: IO[str]) -> int:
     import gpupool
-    from gpupool.sim.replay.experiments import DEFAULT_NODES, DEFAULT_PODS, embedded
-    from gpupool.sim.replay.fill import run_fill
     from gpupool.traces.openb import read_nodes, read_pods
+
+    try:  # this layout; a baseline from before the folder layout has the old module names
+        from gpupool.sim.replay.experiments import DEFAULT_NODES, DEFAULT_PODS, embedded
+        from gpupool.sim.replay.fill import run_fill
+    except ImportError:
+        from gpupool.sim.experiments import (  # type: ignore[no-redef]
+            DEFAULT_NODES,
+            DEFAULT_PODS,
+            embedded,
+        )
+        from gpupool.sim.fill import run_fill  # type: ignore[no-redef]
 
     started = time.perf_counter()
     cluster, _ = read_nodes(embedded(DEFAULT_NODES))
