@@ -28,7 +28,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpupool.ports.clock.fake import ManualClock
 from gpupool.ports.executor.fake import FakeExecutor
 from gpupool.ports.telemetry.fake import FakeTelemetry
-from gpupool.server.api.app import MAX_BODY_BYTES, create_app
+from gpupool.server.api.app import create_app
+from gpupool.server.api.limits import MAX_BODY_BYTES
 from gpupool.server.loop.driver import LiveConfig, LiveService
 from gpupool.server.store import Store, database_url
 from pgserver import fresh_schema, pg_url  # noqa: F401

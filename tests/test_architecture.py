@@ -51,7 +51,6 @@ MODELS = (
 KNOWN: dict[str, set[tuple[str, ...]]] = {
     "cycles": set(),
     "size": {
-        ("gpupool.server.api.app",),
         ("gpupool.server.loop.driver",),
     },
     "private": set(),

@@ -22,7 +22,8 @@ from hypothesis import strategies as st
 from gpupool.ports.clock.fake import ManualClock
 from gpupool.ports.executor.fake import FakeExecutor
 from gpupool.ports.telemetry.fake import FakeTelemetry
-from gpupool.server.api.app import DASHBOARD_ASSETS, create_app
+from gpupool.server.api.app import create_app
+from gpupool.server.api.routes.dashboard import DASHBOARD_ASSETS
 from gpupool.server.loop.driver import LIVE_DEFAULTS, LiveConfig, LiveService
 from gpupool.server.main import load_service_config
 from gpupool.server.store import Store, database_url

@@ -17,14 +17,8 @@ from gpupool.domain.job_fields import JOB_FIELDS, JobFields
 from gpupool.ports.clock.fake import ManualClock
 from gpupool.ports.executor.fake import FakeExecutor
 from gpupool.ports.telemetry.fake import FakeTelemetry
-from gpupool.server.api.app import (
-    JOB_IN_NAME,
-    JOB_IN_OMITS,
-    JOB_JSON_OMITS,
-    JobIn,
-    create_app,
-    job_json,
-)
+from gpupool.server.api.app import create_app
+from gpupool.server.api.schemas import JOB_IN_NAME, JOB_IN_OMITS, JOB_JSON_OMITS, JobIn, job_json
 from gpupool.server.loop.driver import LiveConfig, LiveService
 from gpupool.server.store import NewJob, Store, database_url
 from gpupool.server.store.jobs import COLUMN_OF

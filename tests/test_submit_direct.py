@@ -1,4 +1,4 @@
-"""POST /v1/jobs is served by a direct route (api.submit_direct) that skips FastAPI's
+"""POST /v1/jobs is served by a direct route (routes/jobs.py submit_direct) that skips FastAPI's
 per-request parameter solving. It must answer exactly as the documented FastAPI route
 would: the same status, the same body, for good submits and for every kind of bad one
 (body, header, token). Two apps on two databases, one with the direct route removed."""
