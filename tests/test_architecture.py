@@ -52,7 +52,6 @@ KNOWN: dict[str, set[tuple[str, ...]]] = {
     "cycles": set(),
     "size": {
         ("gpupool.server.api.app",),
-        ("gpupool.server.loop.driver",),
     },
     "private": set(),
     "layers": set(),

@@ -25,7 +25,8 @@ from gpupool.server.api.app import (
     create_app,
     job_json,
 )
-from gpupool.server.loop.driver import LiveConfig, LiveService
+from gpupool.server.loop.config import LiveConfig
+from gpupool.server.loop.driver import LiveService
 from gpupool.server.store import NewJob, Store, database_url
 from gpupool.server.store.jobs import COLUMN_OF
 from gpupool.server.store.tables import JobModel

@@ -51,7 +51,8 @@ from gpupool.scheduler.cycle.wait_reasons import reason_code
 from gpupool.server.api.admission import Fleet, admit
 from gpupool.server.api.rate import RateLimited, SubmitRate
 from gpupool.server.api.share_admission import check_share
-from gpupool.server.loop.driver import LiveService, service_json
+from gpupool.server.loop.driver import LiveService
+from gpupool.server.loop.views import service_json
 from gpupool.server.security.auth import AuditMiddleware, AuditTrail, TokenCache
 from gpupool.server.store import (
     AuditRow,
@@ -841,7 +842,7 @@ def create_app(
     app.state.store = store
     app.state.auth = auth
     app.state.wall = wall
-    batcher = SubmitBatcher(store, service.wake.set, service.clock.now)
+    batcher = SubmitBatcher(store, service.state.wake.set, service.clock.now)
     app.state.tokens = TokenCache()
     trail = AuditTrail(store, keep_days=audit_keep_days, wall=wall)
     app.state.audit = trail
@@ -1039,7 +1040,7 @@ def create_app(
         for team in sorted({j.team for j in new}):
             rate.take(team, sum(j.team == team for j in new))
         rows = store.jobs.submit_many(new, service.clock.now())
-        service.wake.set()
+        service.state.wake.set()
         return {"jobs": [job_json(r) for r in rows]}
 
     @app.get("/v1/jobs", summary="List jobs")
@@ -1089,7 +1090,7 @@ def create_app(
     @app.post("/v1/jobs/{job_id}/cancel", summary="Cancel a job")
     def cancel(job_id: JobId, who: Who) -> dict[str, Any]:
         own(who, store.jobs.get(job_id))
-        return job_json(service.cancel(job_id))
+        return job_json(service.operations.cancel(job_id))
 
     @app.get("/v1/jobs/{job_id}/logs", summary="A job's output", response_class=PlainTextResponse)
     def logs(
@@ -1102,7 +1103,7 @@ def create_app(
     ) -> Response:
         row = store.jobs.get(job_id)
         own(who, row)
-        data = service.read_log(job_id, stream, offset, limit, rank=rank)
+        data = service.views.read_log(job_id, stream, offset, limit, rank=rank)
         state = "running" if row.state == "preempting" else row.state
         return Response(
             data,
@@ -1112,7 +1113,7 @@ def create_app(
 
     @app.get("/v1/cluster", summary="Nodes and GPUs with live telemetry")
     def cluster(who: Who) -> dict[str, Any]:
-        return service.cluster_view()
+        return service.views.cluster_view()
 
     @app.get("/v1/events", summary="Events after a sequence number (long poll)")
     async def events(
@@ -1194,12 +1195,12 @@ def create_app(
     @app.post("/v1/jobs/{job_id}/hold", summary="Hold a waiting job: it starts once released")
     def hold(job_id: JobId, who: Who) -> dict[str, Any]:
         own(who, store.jobs.get(job_id))
-        return job_json(service.hold(job_id, who.name))
+        return job_json(service.operations.hold(job_id, who.name))
 
     @app.post("/v1/jobs/{job_id}/release", summary="Release a held job")
     def release(job_id: JobId, who: Who) -> dict[str, Any]:
         own(who, store.jobs.get(job_id))
-        return job_json(service.release(job_id, who.name))
+        return job_json(service.operations.release(job_id, who.name))
 
     @app.post(
         "/v1/jobs/{job_id}/requeue",
@@ -1207,7 +1208,7 @@ def create_app(
     )
     def requeue(job_id: JobId, who: Who, hold: bool = False) -> dict[str, Any]:
         own(who, store.jobs.get(job_id))
-        return job_json(service.requeue(job_id, who.name, hold=hold))
+        return job_json(service.operations.requeue(job_id, who.name, hold=hold))
 
     # ---- services: created by a team member (or an admin), seen by every token ----------
     def own_service(who: Principal, name: str) -> None:
@@ -1223,7 +1224,7 @@ def create_app(
         if not who.is_admin and team != who.team:
             raise HTTPException(403, f"a {who.team} token creates services only for {who.team}")
         priority = PRIORITIES[body.priority] if isinstance(body.priority, str) else body.priority
-        row = service.create_service(
+        row = service.operations.create_service(
             NewService(
                 name=body.name,
                 team=team,
@@ -1248,13 +1249,13 @@ def create_app(
 
     @app.get("/v1/services", summary="List the online services")
     def list_services(who: Who) -> dict[str, Any]:
-        return {"services": [service.service_view(r.name) for r in store.services.list()]}
+        return {"services": [service.views.service_view(r.name) for r in store.services.list()]}
 
     @app.get("/v1/services/{name}", summary="One service with its replicas, rps and p99")
     def show_service(
         name: Annotated[str, Path(min_length=1, max_length=63, pattern=SERVICE_NAME)], who: Who
     ) -> dict[str, Any]:
-        return service.service_view(name)
+        return service.views.service_view(name)
 
     @app.post("/v1/services/{name}/scale", summary="Set a service's replica bounds")
     def scale_service(
@@ -1263,42 +1264,42 @@ def create_app(
         who: Who,
     ) -> dict[str, Any]:
         own_service(who, name)
-        service.scale_service(name, body.min_replicas, body.max_replicas)
-        return service.service_view(name)
+        service.operations.scale_service(name, body.min_replicas, body.max_replicas)
+        return service.views.service_view(name)
 
     @app.delete("/v1/services/{name}", summary="Delete a service; its replicas stop")
     def delete_service(
         name: Annotated[str, Path(min_length=1, max_length=63, pattern=SERVICE_NAME)], who: Who
     ) -> dict[str, Any]:
         own_service(who, name)
-        return service_json(service.delete_service(name))
+        return service_json(service.operations.delete_service(name))
 
     @app.post("/v1/drain", summary="Drain a node (admin): nothing new starts there")
     def drain(body: DrainIn, who: Who) -> dict[str, Any]:
         if not who.is_admin:
             raise HTTPException(403, "only an admin token drains nodes")
-        return service.drain(body.node, who.name, undo=body.undo, reason=body.reason)
+        return service.operations.drain(body.node, who.name, undo=body.undo, reason=body.reason)
 
     # ---- the learned policy: status, the history its replay needs, promote and demote ----
     @app.get("/v1/learn", summary="The learned policy: data seen, accuracy, guard, mode")
     def learn(who: Who) -> dict[str, Any]:
-        return service.learning_view()
+        return service.views.learning_view()
 
     @app.get("/v1/learn/history", summary="Jobs finished in the last N days, and the fleet")
     def learn_history(
         who: Who, days: Annotated[float, Query(gt=0, le=3650, allow_inf_nan=False)] = 14.0
     ) -> dict[str, Any]:
-        return service.learning_history(days)
+        return service.views.learning_history(days)
 
     @app.post("/v1/learn/promote", summary="Make the learned policy active on a replay win (admin)")
     def learn_promote(body: PromoteIn, who: Who) -> dict[str, Any]:
         admin_only(who, "promotes the learned policy")
-        return service.promote_learning(body.evidence.model_dump(), who.name)
+        return service.operations.promote_learning(body.evidence.model_dump(), who.name)
 
     @app.post("/v1/learn/demote", summary="Return the learned policy to shadow (admin)")
     def learn_demote(who: Who, body: DemoteIn | None = None) -> dict[str, Any]:
         admin_only(who, "demotes the learned policy")
-        return service.demote_learning(who.name, body.reason if body is not None else "")
+        return service.operations.demote_learning(who.name, body.reason if body is not None else "")
 
     # ---- the dashboard: `/` (static, no token) and the read endpoints its panels need ----
     @app.get("/", include_in_schema=False)
@@ -1360,10 +1361,10 @@ def create_app(
         """200 while the scheduler loop completes its cycles; 503 when its last completed
         cycle is late or the loop has stopped. Says the server's role (active), the last
         cycle, the last error and its stage, and why launches wait (DiskFull)."""
-        body = service.health_view()
+        body = service.views.health_view()
         return JSONResponse(body, status_code=200 if body["ok"] else 503)
 
-    registry = metrics_registry(service, store)  # the app's own, not the global one
+    registry = metrics_registry(service.views, store)  # the app's own, not the global one
 
     @app.get(
         "/metrics",
@@ -1420,9 +1421,9 @@ def _hhmm(seconds: float) -> str:
 
 def teams_view(service: LiveService, only: str | None = None) -> dict[str, Any]:
     """GET /v1/teams: the core's quota book read at the scheduler's now, under its lock."""
-    if not service.lock.acquire(timeout=service.VIEW_WAIT_S):
+    if not service.state.lock.acquire(timeout=service.views.VIEW_WAIT_S):
         raise Unavailable(
-            f"the scheduler loop has held its state for over {service.VIEW_WAIT_S:g} s; "
+            f"the scheduler loop has held its state for over {service.views.VIEW_WAIT_S:g} s; "
             "/healthz says more; retry shortly"
         )
     try:
@@ -1482,4 +1483,4 @@ def teams_view(service: LiveService, only: str | None = None) -> dict[str, Any]:
             "teams": out,
         }
     finally:
-        service.lock.release()
+        service.state.lock.release()
