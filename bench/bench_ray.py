@@ -251,12 +251,14 @@ class Probes:
             return decisions
 
         def timed_step() -> None:
-            before = len(live.decisions)
+            before = len(live.record.decisions)
             self.current_step = time.time()
             c0, w0 = time.thread_time(), time.perf_counter()
             step()
             c1, w1 = time.thread_time(), time.perf_counter()
-            self.steps.append((self.current_step, c1 - c0, w1 - w0, len(live.decisions) - before))
+            self.steps.append(
+                (self.current_step, c1 - c0, w1 - w0, len(live.record.decisions) - before)
+            )
 
         def timed_launch_many(items: Any, now_s: float) -> Any:
             c0, t0 = time.thread_time(), time.time()
@@ -349,7 +351,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from gpupool.ports.clock.base import SystemClock
     from gpupool.server.api.app import create_app
     from gpupool.server.executors.ray import RayExecutor
-    from gpupool.server.loop.driver import LIVE_DEFAULTS, LiveConfig, ray_service
+    from gpupool.server.loop.config import LIVE_DEFAULTS, LiveConfig
+    from gpupool.server.loop.driver import ray_service
     from gpupool.server.store import Store, database_url
 
     pgids: list[int] = []

@@ -23,7 +23,8 @@ from gpupool.ports.clock.base import SystemClock
 from gpupool.ports.telemetry.fake import FakeTelemetry
 from gpupool.server.executors.local import LocalExecutor
 from gpupool.server.isolation.containment import Isolation, IsolationConfig, sqlite_file
-from gpupool.server.loop.driver import LIVE_DEFAULTS, LiveConfig, LiveService
+from gpupool.server.loop.config import LIVE_DEFAULTS, LiveConfig
+from gpupool.server.loop.driver import LiveService
 from gpupool.server.store import Store
 
 

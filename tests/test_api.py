@@ -30,7 +30,8 @@ from gpupool.ports.executor.fake import FakeExecutor
 from gpupool.ports.telemetry.fake import FakeTelemetry
 from gpupool.server.api.app import create_app
 from gpupool.server.api.limits import MAX_BODY_BYTES
-from gpupool.server.loop.driver import LiveConfig, LiveService
+from gpupool.server.loop.config import LiveConfig
+from gpupool.server.loop.driver import LiveService
 from gpupool.server.store import Store, database_url
 from pgserver import fresh_schema, pg_url  # noqa: F401
 
@@ -413,7 +414,7 @@ def test_admin_token_does_everything(secured: Api) -> None:
     job = secured.submitted(team="cv")
     assert secured.submit(team=None).status_code == 422  # an admin has no team to default to
     secured.step()
-    (secured.service.run_dir(job["id"]) / "stdout.log").write_bytes(b"ok\n")
+    (secured.service.config.run_dir(job["id"]) / "stdout.log").write_bytes(b"ok\n")
     assert secured.client.get(f"/v1/jobs/{job['id']}/logs", headers=h).text == "ok\n"
     assert len(secured.client.get("/v1/jobs", headers=h).json()["jobs"]) == 1
     assert secured.client.get("/v1/cluster", headers=h).status_code == 200
@@ -518,7 +519,7 @@ def test_logs_read_with_offsets(secured: Api) -> None:
     assert empty.headers["X-Job-State"] == "pending"
 
     secured.step()
-    run_dir = secured.service.run_dir(job["id"])
+    run_dir = secured.service.config.run_dir(job["id"])
     (run_dir / "stdout.log").write_bytes(b"epoch 1\n")
     (run_dir / "stderr.log").write_bytes(b"warning: slow\n")
     first = secured.client.get(logs, headers=h)
@@ -850,16 +851,16 @@ def test_a_failed_group_commit_falls_back_to_one_by_one(
 
 
 def test_batch_submission_wakes_the_scheduler(api: Api) -> None:
-    api.service.wake.clear()
+    api.service.state.wake.clear()
     r = api.client.post("/v1/jobs/batch", json={"jobs": [{"command": ["x"], "team": "nlp"}]})
     assert r.status_code == 201
-    assert api.service.wake.is_set()
+    assert api.service.state.wake.is_set()
 
 
 def test_submission_wakes_the_scheduler(api: Api) -> None:
-    api.service.wake.clear()
+    api.service.state.wake.clear()
     assert api.submit().status_code == 201
-    assert api.service.wake.is_set()
+    assert api.service.state.wake.is_set()
 
 
 # ---- bugs -------------------------------------------------------------------------------------
@@ -924,7 +925,7 @@ def test_ids_beyond_32_bits(api: Api, db: str, request: pytest.FixtureRequest, p
 def test_log_offset_far_past_the_end(api: Api, offset: int) -> None:
     job = api.submitted()
     api.step()
-    (api.service.run_dir(job["id"]) / "stdout.log").write_bytes(b"hello\n")
+    (api.service.config.run_dir(job["id"]) / "stdout.log").write_bytes(b"hello\n")
     r = api.client.get(f"/v1/jobs/{job['id']}/logs", params={"offset": offset})
     assert r.status_code == 200, r.text
     assert r.text == ""

@@ -37,7 +37,8 @@ from gpupool.ports.clock.fake import ManualClock
 from gpupool.ports.executor.fake import FakeExecutor
 from gpupool.ports.telemetry.fake import FakeTelemetry
 from gpupool.server.api.app import create_app
-from gpupool.server.loop.driver import LiveConfig, LiveService
+from gpupool.server.loop.config import LiveConfig
+from gpupool.server.loop.driver import LiveService
 from gpupool.server.store import Store, database_url
 
 FUZZ = settings(
@@ -102,7 +103,7 @@ def fuzzed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fuzzed]:
         r = client.post("/v1/jobs", json={"command": ["train"], "team": t}, headers=admin)
         assert r.status_code == 201
     service.step()
-    (service.run_dir(1) / "stdout.log").write_bytes(b"line 1\nline 2\n")
+    (service.config.run_dir(1) / "stdout.log").write_bytes(b"line 1\nline 2\n")
     fuzzed = Fuzzed(store, service, client, app, admin, team)
     assert fuzzed.new_jobs() == 3
     yield fuzzed

@@ -29,7 +29,8 @@ from gpupool.ports.clock.fake import ManualClock
 from gpupool.ports.executor.fake import FakeExecutor
 from gpupool.ports.telemetry.fake import FakeTelemetry
 from gpupool.server.ha.lease import AdvisoryLease, FakeLease, FileLease, controller_lease
-from gpupool.server.loop.driver import LIVE_DEFAULTS, LiveConfig, LiveService
+from gpupool.server.loop.config import LIVE_DEFAULTS, LiveConfig
+from gpupool.server.loop.driver import LiveService
 from gpupool.server.store import Store, database_url
 from pgserver import fresh_schema, pg_url  # noqa: F401
 from service_proc import Server, wait_for
@@ -140,12 +141,12 @@ def test_the_loop_stops_when_its_lease_is_lost(tmp_path: Path) -> None:
     live.start()
     try:
         wait_for(lambda: live.health.cycles >= 2, 10, "a few cycles")
-        assert live.health_view()["ok"] is True
+        assert live.views.health_view()["ok"] is True
         lease.lost = True
         wait_for(lambda: told == [True], 10, "the loop to notice")
         assert live.thread is not None
         live.thread.join(5)
-        view = live.health_view()
+        view = live.views.health_view()
         assert view["ok"] is False and "lost the controller lease" in view["problem"]
     finally:
         live.stop()

@@ -150,7 +150,7 @@ def test_a_read_only_token_sees_and_changes_nothing(secure: Callable[..., Secure
     s = secure()
     job = submit(s, s.admin).json()
     s.api.step()
-    (s.api.service.run_dir(job["id"]) / "stdout.log").write_bytes(b"secret\n")
+    (s.api.service.config.run_dir(job["id"]) / "stdout.log").write_bytes(b"secret\n")
     ro = s.token("grafana", role="read-only")
     assert [j["id"] for j in s.client.get("/v1/jobs", headers=ro).json()["jobs"]] == [job["id"]]
     assert s.client.get(f"/v1/jobs/{job['id']}", headers=ro).status_code == 200

@@ -24,7 +24,8 @@ from gpupool.ports.executor.fake import FakeExecutor
 from gpupool.ports.telemetry.fake import FakeTelemetry
 from gpupool.server.api.app import create_app
 from gpupool.server.api.routes.dashboard import DASHBOARD_ASSETS
-from gpupool.server.loop.driver import LIVE_DEFAULTS, LiveConfig, LiveService
+from gpupool.server.loop.config import LIVE_DEFAULTS, LiveConfig
+from gpupool.server.loop.driver import LiveService
 from gpupool.server.main import load_service_config
 from gpupool.server.store import Store, database_url
 

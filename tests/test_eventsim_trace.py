@@ -13,7 +13,7 @@ from gpupool.domain.quota import TeamQuota
 from gpupool.errors import SpecError
 from gpupool.policies.preemption import PreemptionRules
 from gpupool.scheduler import Finished, Submitted
-from gpupool.server.loop.driver import build_fleet
+from gpupool.server.loop.config import build_fleet
 from gpupool.sim.eventsim import run_events, run_trace
 
 TEAMS = (

@@ -21,7 +21,8 @@ from gpupool.ports.executor.fake import FakeExecutor
 from gpupool.ports.telemetry.fake import FakeTelemetry
 from gpupool.scheduler import NodeDown
 from gpupool.server.executors.local import LocalExecutor
-from gpupool.server.loop.driver import LiveConfig, LiveService
+from gpupool.server.loop.config import LiveConfig
+from gpupool.server.loop.driver import LiveService
 from gpupool.server.store import NewJob, Store
 from gpupool.sim.eventsim import Placed, run_trace
 
@@ -119,7 +120,7 @@ def live_run(tmp_path: Path, executor: FakeExecutor, victim: str | None) -> Live
             ran = t - job
             ends["3"] -= ran - ran % CHECKPOINT_S
         service.step()
-        for at, action, job_id in service.decisions:
+        for at, action, job_id in service.record.decisions:
             if at == t and action in ("start", "resume"):
                 started[job_id] = float(t)
         submitted = t >= max(ts for _, ts, _, _ in JOBS)
@@ -136,7 +137,7 @@ def test_the_live_loop_runs_the_gang_as_the_simulator_does(tmp_path: Path) -> No
     simulated = run_trace(cluster(), specs(), losses=[NodeDown(LOSS_S, victim)])
     executor = FakeExecutor(runs_gangs=True)
     service = live_run(tmp_path, executor, victim)
-    live = [(t, a, j, tuple(sorted(w))) for t, a, j, w in service.placed]
+    live = [(t, a, j, tuple(sorted(w))) for t, a, j, w in service.record.placed]
     sim = [(t, a, j, tuple(sorted(w))) for t, a, j, w in simulated if a in ("start", "resume")]
     assert live == sim
     # each launch of job 3 was a gang: one member per node, 2 GPUs each, rank 0 first

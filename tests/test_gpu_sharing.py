@@ -17,7 +17,7 @@ from gpupool.policies.placement.fgd import LearnedFgdPolicy
 from gpupool.scheduler import GpuUsage, Launch, Scheduler, Submitted
 from gpupool.scheduler.config import PlacementConfig, SchedulerConfig, SharingConfig
 from gpupool.scheduler.config_schema import parse_scheduling
-from gpupool.server.loop.driver import LIVE_DEFAULTS
+from gpupool.server.loop.config import LIVE_DEFAULTS
 from gpupool.sizing.catalog import load_catalog
 
 CATALOG = load_catalog()

@@ -23,7 +23,8 @@ from gpupool.server.executors.mps import (
     share_env,
 )
 from gpupool.server.isolation.containment import FakeUsers, Isolation, IsolationConfig
-from gpupool.server.loop.driver import LIVE_DEFAULTS, LiveConfig, LiveService, one_team_per_card
+from gpupool.server.loop.config import LIVE_DEFAULTS, LiveConfig, one_team_per_card
+from gpupool.server.loop.driver import LiveService
 from gpupool.server.store import NewJob, Store
 
 SHARE = ShareRequest(device_index=3, device_uuid="GPU-abc", gpu_milli=229, mem_mib=18432)

@@ -27,7 +27,8 @@ from gpupool.ports.clock.fake import ManualClock
 from gpupool.ports.executor.fake import FakeExecutor
 from gpupool.ports.telemetry.fake import FakeTelemetry
 from gpupool.server.api.app import create_app
-from gpupool.server.loop.driver import LiveConfig, LiveService
+from gpupool.server.loop.config import LiveConfig
+from gpupool.server.loop.driver import LiveService
 from gpupool.server.store import Store, database_url
 
 DASHBOARD = Path(__file__).resolve().parents[1] / "deploy" / "grafana" / "gpupool.json"

@@ -19,7 +19,8 @@ from gpupool.ports.executor.fake import FakeExecutor
 from gpupool.ports.telemetry.fake import FakeTelemetry
 from gpupool.server.api.app import create_app
 from gpupool.server.api.schemas import JOB_IN_NAME, JOB_IN_OMITS, JOB_JSON_OMITS, JobIn, job_json
-from gpupool.server.loop.driver import LiveConfig, LiveService
+from gpupool.server.loop.config import LiveConfig
+from gpupool.server.loop.driver import LiveService
 from gpupool.server.store import NewJob, Store, database_url
 from gpupool.server.store.jobs import COLUMN_OF
 from gpupool.server.store.tables import JobModel

@@ -24,7 +24,8 @@ from gpupool.ports.executor.fake import FakeExecutor
 from gpupool.ports.telemetry.fake import FakeTelemetry
 from gpupool.scheduler.config import TeamLimits
 from gpupool.server.api.app import create_app
-from gpupool.server.loop.driver import LIVE_DEFAULTS, LiveConfig, LiveService
+from gpupool.server.loop.config import LIVE_DEFAULTS, LiveConfig
+from gpupool.server.loop.driver import LiveService
 from gpupool.server.store import NewJob, Store, database_url
 from pgserver import fresh_schema, pg_url  # noqa: F401
 

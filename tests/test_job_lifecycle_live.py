@@ -19,7 +19,8 @@ from gpupool.ports.executor.fake import FakeExecutor
 from gpupool.ports.telemetry.fake import FakeTelemetry
 from gpupool.scheduler.config import TeamLimits
 from gpupool.server.executors.local import LocalExecutor
-from gpupool.server.loop.driver import LIVE_DEFAULTS, LiveConfig, LiveService
+from gpupool.server.loop.config import LIVE_DEFAULTS, LiveConfig
+from gpupool.server.loop.driver import LiveService
 from gpupool.server.store import NewJob, Store
 
 DAY = 86_400.0
@@ -148,7 +149,7 @@ def test_a_job_past_its_time_limit_is_stopped_and_fails(make_live: Callable[...,
 def test_hold_release_requeue_round_trip(make_live: Callable[..., Live]) -> None:
     live = make_live(fleet="1xA100-80GB")
     job = live.submit()
-    held = live.service.hold(job, "alice")
+    held = live.service.operations.hold(job, "alice")
     assert held.held and held.reason == f"held by alice; `gpupool release {job}` lets it start"
     for _ in range(3):
         live.step()
@@ -157,12 +158,12 @@ def test_hold_release_requeue_round_trip(make_live: Callable[..., Live]) -> None
     live.service = live.reopen()
     live.step()
     assert live.state(job) == "pending"
-    live.service.release(job, "alice")
+    live.service.operations.release(job, "alice")
     live.step()
     assert live.state(job) == "running"
     with pytest.raises(ConflictError, match=rf"`gpupool requeue {job} --hold` stops it"):
-        live.service.hold(job, "alice")
-    live.service.requeue(job, "alice", hold=True)
+        live.service.operations.hold(job, "alice")
+    live.service.operations.requeue(job, "alice", hold=True)
     assert live.state(job) == "preempting"
     assert ("preempt", str(job)) in live.executor.calls
     live.step()
@@ -171,16 +172,16 @@ def test_hold_release_requeue_round_trip(make_live: Callable[..., Live]) -> None
     for _ in range(3):
         live.step()
     assert live.state(job) == "suspended"
-    live.service.release(job, "alice")
+    live.service.operations.release(job, "alice")
     live.step()
     row = live.store.jobs.get(job)
     assert (row.state, row.attempts) == ("running", 2)
     with pytest.raises(ConflictError, match="is not on hold"):
-        live.service.release(job, "alice")
+        live.service.operations.release(job, "alice")
     waiting = live.submit()
     live.step()
     with pytest.raises(ConflictError, match="waits in the queue already"):
-        live.service.requeue(waiting, "alice")
+        live.service.operations.requeue(waiting, "alice")
 
 
 def test_drain_keeps_new_jobs_off_and_survives_a_restart(make_live: Callable[..., Live]) -> None:
@@ -188,9 +189,9 @@ def test_drain_keeps_new_jobs_off_and_survives_a_restart(make_live: Callable[...
     running = live.submit()
     live.step()
     assert live.state(running) == "running"
-    out = live.service.drain(NODE, "root")
+    out = live.service.operations.drain(NODE, "root")
     assert out == {"node": NODE, "state": "draining", "changed": True}
-    assert live.service.drain(NODE, "root")["changed"] is False
+    assert live.service.operations.drain(NODE, "root")["changed"] is False
     new = live.submit()
     for _ in range(3):
         live.step()
@@ -198,17 +199,17 @@ def test_drain_keeps_new_jobs_off_and_survives_a_restart(make_live: Callable[...
     live.executor.finish(str(running))
     live.step()
     assert live.state(running) == "succeeded"
-    assert live.service.cluster_view()["nodes"][0]["state"] == "drained"
+    assert live.service.views.cluster_view()["nodes"][0]["state"] == "drained"
     live.service.stop()
     live.service = live.reopen()
     live.step()
     assert live.state(new) == "pending"  # still drained after the restart
-    live.service.drain(NODE, "root", undo=True)
+    live.service.operations.drain(NODE, "root", undo=True)
     live.step()
     assert live.state(new) == "running"
-    assert live.service.cluster_view()["nodes"][0]["state"] == "up"
+    assert live.service.views.cluster_view()["nodes"][0]["state"] == "up"
     with pytest.raises(NotFoundError, match="node nope is not in this cluster"):
-        live.service.drain("nope", "root")
+        live.service.operations.drain("nope", "root")
 
 
 def test_old_jobs_and_events_are_purged_recent_ones_kept(make_live: Callable[..., Live]) -> None:
@@ -220,7 +221,7 @@ def test_old_jobs_and_events_are_purged_recent_ones_kept(make_live: Callable[...
     live.step()
     assert all(live.state(j) == "succeeded" for j in old)
     for j in old:
-        assert live.service.run_dir(j).is_dir()
+        assert live.service.config.run_dir(j).is_dir()
     live.store.events.add("note", "an old job-less event", live.clock.now())
     live.clock.advance(20 * DAY)
     recent = live.submit()
@@ -235,14 +236,14 @@ def test_old_jobs_and_events_are_purged_recent_ones_kept(make_live: Callable[...
     for j in old:
         with pytest.raises(NotFoundError):
             live.store.jobs.get(j)
-        assert not live.service.run_dir(j).exists()
+        assert not live.service.config.run_dir(j).exists()
         assert live.store.events.after(0, job_id=j) == []
     assert live.state(recent) == "succeeded"
     assert live.store.events.after(0, job_id=recent)
     kinds = [e.kind for e in live.store.events.after(0, limit=10_000)]
     assert "note" not in kinds
     # done: the next purge is an hour away; then the recent job goes too, once old enough
-    assert live.clock.now() < live.service.next_purge <= live.clock.now() + 3600.0
+    assert live.clock.now() < live.service.state.next_purge <= live.clock.now() + 3600.0
     live.clock.advance(20 * DAY)
     live.step()
     with pytest.raises(NotFoundError):

@@ -38,7 +38,8 @@ from gpupool.ports.telemetry.fake import FakeTelemetry
 from gpupool.scheduler.scheduler import Scheduler
 from gpupool.server.api.app import create_app
 from gpupool.server.api.schemas import MAX_STATE_GIB
-from gpupool.server.loop.driver import LiveConfig, LiveService, build_cluster, spec_of
+from gpupool.server.loop.config import LiveConfig, build_cluster, spec_of
+from gpupool.server.loop.driver import LiveService
 from gpupool.server.store import MIGRATIONS_DIR, Base, NewJob, Store, database_url, schema_head
 from gpupool.sizing import request_json as sf
 from gpupool.sizing.catalog import load_catalog

@@ -24,7 +24,8 @@ from gpupool.ports.executor.fake import FakeExecutor
 from gpupool.ports.telemetry.fake import FakeTelemetry
 from gpupool.scheduler.commands import LearnShadow
 from gpupool.server.api.app import create_app
-from gpupool.server.loop.driver import LIVE_DEFAULTS, LiveConfig, LiveService
+from gpupool.server.loop.config import LIVE_DEFAULTS, LiveConfig
+from gpupool.server.loop.driver import LiveService
 from gpupool.server.loop.learning import Evidence, ShadowTally, check_evidence, outcomes_of
 from gpupool.server.store import NewJob, Store
 from service_proc import Server, cli, wait_for
@@ -271,7 +272,7 @@ def test_shadow_decisions_never_reach_the_executor(tmp_path: Path, lives: list[L
     # where they differed the learned policy wanted the short job first, the rules did not
     assert any(set(r.data["learned_starts"]) - set(r.data["rule_starts"]) for r in records), records
     assert shadow.launches() == rule.launches()  # the same launches, in the same order
-    status = shadow.service.learning_view()["status"]
+    status = shadow.service.views.learning_view()["status"]
     assert status["mode"] == "shadow" and status["shadow_cycles"] > 0
     assert status["agreement"] is not None and status["agreement"] < 1.0
 
@@ -283,14 +284,14 @@ def test_a_restart_keeps_the_mode_and_the_history(tmp_path: Path, lives: list[Li
     live.drain()
     finished = len(live.store.history.finished_runs(None, live.clock.now()))
     win = {"days": 1.0, "jobs": finished, "rule": "las", "rule_mean_jct_s": 300.0}
-    live.service.promote_learning({**win, "learned_mean_jct_s": 200.0}, "ops")
-    assert live.service.learning_view()["mode"] == "active"
+    live.service.operations.promote_learning({**win, "learned_mean_jct_s": 200.0}, "ops")
+    assert live.service.views.learning_view()["mode"] == "active"
     with pytest.raises(ConflictError, match="active already"):
-        live.service.promote_learning({**win, "learned_mean_jct_s": 200.0}, "ops")
+        live.service.operations.promote_learning({**win, "learned_mean_jct_s": 200.0}, "ops")
     live.service.stop()
 
     again = live.open()
-    view = again.learning_view()
+    view = again.views.learning_view()
     assert view["mode"] == "active"
     assert view["status"]["finished_seen"] == finished  # seeded from the database
     assert view["last_change"]["action"] == "promote"
@@ -299,9 +300,9 @@ def test_a_restart_keeps_the_mode_and_the_history(tmp_path: Path, lives: list[Li
     assert any("promoted by ops" in m for m in guard), guard
     assert any("restored at start" in m for m in guard), guard
 
-    again.demote_learning("ops", "testing the way back")
+    again.operations.demote_learning("ops", "testing the way back")
     again.stop()
-    assert live.open().learning_view()["mode"] == "shadow"
+    assert live.open().views.learning_view()["mode"] == "shadow"
 
 
 def test_after_promotion_the_decisions_are_the_learned_ones(
@@ -311,7 +312,7 @@ def test_after_promotion_the_decisions_are_the_learned_ones(
     lives.append(live)
     live.waves(18)
     live.drain()
-    assert live.service.learning_view()["status"]["guard"] == "trusted"
+    assert live.service.views.learning_view()["status"]["guard"] == "trusted"
     blocker = live.submit("finetune", "train", LONG_S)
     live.step()
     long_job = live.submit("finetune", "train", LONG_S)
@@ -319,7 +320,7 @@ def test_after_promotion_the_decisions_are_the_learned_ones(
     live.step()
     assert live.launches()[-1] == str(blocker)
     finished = len(live.store.history.finished_runs(None, live.clock.now()))
-    live.service.promote_learning(
+    live.service.operations.promote_learning(
         {
             "days": 1.0,
             "jobs": finished,
@@ -342,7 +343,7 @@ def test_the_api_shows_refuses_a_losing_promotion_and_serves_the_window(
     lives.append(live)
     live.waves(6)
     cancelled = live.submit("finetune", "train", LONG_S)
-    live.service.cancel(cancelled)
+    live.service.operations.cancel(cancelled)
     live.waves(6)  # the queue still holds jobs: only the finished ones are history
     admin = live.store.auth.create_token("admin", None, T0)
     team = live.store.auth.create_token("ml", "train", T0)

@@ -18,7 +18,8 @@ from gpupool.ports.clock.fake import ManualClock
 from gpupool.ports.executor.fake import FakeExecutor
 from gpupool.ports.telemetry.fake import FakeTelemetry
 from gpupool.scheduler.config import EnergyConfig, SchedulerConfig, ThermalConfig
-from gpupool.server.loop.driver import LIVE_DEFAULTS, LiveConfig, LiveService
+from gpupool.server.loop.config import LIVE_DEFAULTS, LiveConfig
+from gpupool.server.loop.driver import LiveService
 from gpupool.server.store import NewJob, Store
 
 HOUR = 3600.0
@@ -183,7 +184,7 @@ def test_a_woken_loop_tells_the_executor_a_launch_may_follow(tmp_path: Path) -> 
     try:
         time.sleep(0.2)
         assert executor.expected == 0
-        service.wake.set()
+        service.state.wake.set()
         deadline = time.monotonic() + 10
         while executor.expected == 0 and time.monotonic() < deadline:
             time.sleep(0.01)

@@ -39,8 +39,9 @@ from gpupool.ports.clock.fake import ManualClock
 from gpupool.ports.executor.base import Handle, LaunchSpec
 from gpupool.ports.executor.fake import FakeExecutor
 from gpupool.ports.telemetry.fake import FakeTelemetry
+from gpupool.server.loop.config import LiveConfig
 from gpupool.server.loop.diskspace import MIB, DiskFloor, FakeDisk
-from gpupool.server.loop.driver import LiveConfig, LiveService
+from gpupool.server.loop.driver import LiveService
 from gpupool.server.loop.health import LoopHealth
 from gpupool.server.store import (
     Database,
@@ -125,7 +126,7 @@ def test_an_error_in_one_stage_costs_that_stage_only(rig: Rig, monkeypatch: Any)
     err = rig.service.health.last_error
     assert err is not None and err.stage == "sample" and "NVML" in err.message
     assert any("sample: RuntimeError" in m for m in rig.events("loop-error"))
-    assert "sample" in (rig.service.loop_error or "")
+    assert "sample" in (rig.service.state.loop_error or "")
 
 
 def test_a_job_that_cannot_be_scheduled_fails_alone(rig: Rig, monkeypatch: Any) -> None:
@@ -152,13 +153,13 @@ def test_a_launch_failing_for_the_machine_is_requeued_and_launches_back_off(rig:
     assert row.state == "suspended", row
     assert "could not start: OSError: [Errno 24] Too many open files" in row.reason
     rig.step()  # within the backoff: nothing is launched
-    assert (rig.service.gate or "").startswith("LaunchFailing")
+    assert (rig.service.state.gate or "").startswith("LaunchFailing")
     assert rig.state(job) == "suspended"
     assert rig.executor.calls == []
-    rig.service.launch_retry_at = 0.0  # the backoff (1 s) is over
+    rig.service.launch_gate.launch_retry_at = 0.0  # the backoff (1 s) is over
     rig.step()
     assert rig.state(job) == "running"
-    assert rig.service.gate is None and rig.service.launch_backoff_s == 0.0
+    assert rig.service.state.gate is None and rig.service.launch_gate.launch_backoff_s == 0.0
 
 
 def test_a_launch_failing_for_the_job_fails_it_with_the_reason(rig: Rig) -> None:
@@ -178,7 +179,7 @@ def test_disk_below_its_floor_holds_launches_with_reason_diskfull(rig: Rig) -> N
     row = rig.store.jobs.get(job)
     assert row.state == "pending" and row.reason.startswith("DiskFull:"), row
     assert rig.executor.calls == []
-    view = rig.service.health_view()
+    view = rig.service.views.health_view()
     assert view["ok"] is True and view["launches"]["waiting"].startswith("DiskFull")
     assert view["launches"]["disk"]["free_mib"] == 500.0
     assert rig.events("launches-waiting") and rig.events("waiting")
@@ -193,7 +194,7 @@ def test_disk_below_its_floor_holds_launches_with_reason_diskfull(rig: Rig) -> N
         later
     )
     assert rig.events("launches-resumed")
-    assert rig.service.health_view()["launches"]["waiting"] is None
+    assert rig.service.views.health_view()["launches"]["waiting"] is None
 
 
 def test_a_read_only_disk_holds_launches(rig: Rig) -> None:

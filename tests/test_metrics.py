@@ -23,7 +23,8 @@ from gpupool.ports.clock.fake import ManualClock
 from gpupool.ports.executor.fake import FakeExecutor
 from gpupool.ports.telemetry.fake import FakeTelemetry
 from gpupool.server.api.app import create_app
-from gpupool.server.loop.driver import LiveConfig, LiveService
+from gpupool.server.loop.config import LiveConfig
+from gpupool.server.loop.driver import LiveService
 from gpupool.server.store import NewJob, Store, database_url
 from gpupool.server.telemetry.prometheus import (
     QUEUE_WAIT,
@@ -197,7 +198,7 @@ def test_start_histograms_by_kind(app: App) -> None:
         ]
         assert les == [*(repr(b) for b in START_BUCKETS_S), "+Inf"]
     # Requeued: it stops, waits and resumes. The resume is a queue wait, not a first start.
-    app.service.requeue(train, "admin")
+    app.service.operations.requeue(train, "admin")
     app.step()  # its exit is reaped: back in the queue
     for _ in range(5):
         app.step(dt_s=2.0)
@@ -246,11 +247,11 @@ def test_each_app_has_its_own_registry(make_app: Callable[..., App]) -> None:
 def test_a_scrape_while_the_loop_holds_its_state_is_a_503(app: App) -> None:
     """The collector reads the same bounded view as /v1/cluster: a stuck loop gives a
     prompt 503 that says why, not a hung scrape."""
-    app.service.VIEW_WAIT_S = 0.2
+    app.service.views.VIEW_WAIT_S = 0.2
     held, release = threading.Event(), threading.Event()
 
     def hold() -> None:
-        with app.service.lock:
+        with app.service.state.lock:
             held.set()
             release.wait(10)
 

@@ -20,7 +20,8 @@ from gpupool.ports.executor.fake import FakeExecutor
 from gpupool.ports.telemetry.fake import FakeTelemetry
 from gpupool.scheduler import Finished, NodeDown, Submitted
 from gpupool.scheduler.config import ElasticConfig
-from gpupool.server.loop.driver import LIVE_DEFAULTS, LiveConfig, LiveService, build_cluster
+from gpupool.server.loop.config import LIVE_DEFAULTS, LiveConfig, build_cluster
+from gpupool.server.loop.driver import LiveService
 from gpupool.server.store import NewJob, Store
 from gpupool.sim.eventsim import run_events
 
@@ -113,7 +114,7 @@ def _live(tmp_path: Path) -> list[tuple[float, str, str]]:
             telemetry.fail_gpu(h100[0], "fell off the bus")
         for _ in range(4):  # exits of preempted jobs come back on the next poll
             service.step()
-    return service.decisions
+    return service.record.decisions
 
 
 def test_live_and_simulated_drivers_decide_alike(tmp_path: Path) -> None:
@@ -186,7 +187,7 @@ def _elastic_live(tmp_path: Path) -> list[tuple[float, str, str]]:
             service.step()
     assert store.jobs.get(1).state == "running" and store.jobs.get(1).preemptions == 0
     assert len(store.jobs.get(1).gpus) == 4 and store.jobs.get(1).resize_gpus is None
-    return service.decisions
+    return service.record.decisions
 
 
 def test_live_and_simulated_drivers_resize_elastic_jobs_alike(tmp_path: Path) -> None:
@@ -257,5 +258,5 @@ def test_an_executor_that_cannot_resize_keeps_elastic_jobs_whole(tmp_path: Path)
         )
         for _ in range(4):
             service.step()
-    actions = [(a, j) for _, a, j in service.decisions]
+    actions = [(a, j) for _, a, j in service.record.decisions]
     assert ("preempt", "1") in actions and not any(a == "resize" for a, _ in actions), actions

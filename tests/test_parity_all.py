@@ -39,7 +39,8 @@ from gpupool.scheduler import (
 )
 from gpupool.scheduler.cycle.burst import burst_rules
 from gpupool.server.fleet.sites import SitesConfig
-from gpupool.server.loop.driver import LiveConfig, LiveService
+from gpupool.server.loop.config import LiveConfig
+from gpupool.server.loop.driver import LiveService
 from gpupool.server.store import NewJob, Store
 from gpupool.sim.eventsim import replay
 from gpupool.sim.scenario.config import ScenarioConfig, load_scenario
@@ -208,7 +209,7 @@ def run_live(cfg: ScenarioConfig, wl: Workload, tmp: Path) -> tuple[list[Normal]
     )
     service = LiveService(config, store, fleet, fleet, clock, probe=fleet.probe, cloud_runner=fleet)
     fleet.attach(service.scheduler)
-    service.commands = []
+    service.record.commands = []
     arrivals = sorted(wl.jobs, key=lambda j: (j.submit_s, j.job_id))
     nxt = 0
     for k in range(math.ceil(cfg.horizon_s / cfg.scheduling.cycle_s)):
@@ -223,7 +224,7 @@ def run_live(cfg: ScenarioConfig, wl: Workload, tmp: Path) -> tuple[list[Normal]
         for t in fleet.events_before(min(now + cfg.scheduling.cycle_s, cfg.horizon_s)):
             clock.t = t
             service.step()
-    return [normal(t, c) for t, c in service.commands], store
+    return [normal(t, c) for t, c in service.record.commands], store
 
 
 @pytest.fixture(scope="module")

@@ -33,8 +33,9 @@ from gpupool.ports.executor.fake import FakeExecutor
 from gpupool.ports.telemetry.fake import FakeTelemetry
 from gpupool.reports.review import build_review
 from gpupool.reports.review_data import Allocation, DownInterval, ReviewData
+from gpupool.server.loop.config import LiveConfig
 from gpupool.server.loop.diskspace import FakeDisk
-from gpupool.server.loop.driver import LiveConfig, LiveService
+from gpupool.server.loop.driver import LiveService
 from gpupool.server.review_source import review_from_db
 from gpupool.server.store import NewJob, Store, database_url
 from gpupool.server.telemetry.history import HistoryConfig

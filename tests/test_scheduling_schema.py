@@ -26,7 +26,7 @@ from gpupool.scheduler.config_schema import (
     check_fleet,
     parse_scheduling,
 )
-from gpupool.server.loop.driver import LIVE_DEFAULTS
+from gpupool.server.loop.config import LIVE_DEFAULTS
 from gpupool.server.main import ServeOptions, load_service_config, service_scheduling
 from gpupool.sim.scenario.config import parse_scenario
 

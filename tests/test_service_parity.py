@@ -16,7 +16,8 @@ from gpupool.ports.clock.fake import ManualClock
 from gpupool.ports.executor.fake import FakeExecutor
 from gpupool.ports.telemetry.fake import FakeTelemetry
 from gpupool.scheduler import Event, Scale, ServiceDemand, ServiceLoad
-from gpupool.server.loop.driver import LiveConfig, LiveService
+from gpupool.server.loop.config import LiveConfig
+from gpupool.server.loop.driver import LiveService
 from gpupool.server.store import NewService, Store, database_url
 from gpupool.server.telemetry.replica_load import (
     LATENCY,
@@ -83,17 +84,16 @@ def test_live_and_simulated_drivers_scale_alike(tmp_path: Path) -> None:
     store = Store(database_url(None, tmp_path / "db"))
     store.migrate()
     clock = ManualClock(0.0)
+    model = Replicas()
     live = LiveService(
         LiveConfig(tmp_path / "state", sched, sample_s=1e9, host="h", scrape_s=1.0),
         store,
         FakeExecutor(),
         FakeTelemetry("8xA100-80GB"),
         clock,
+        scraper=Scraper(LoadWindow(4.0), clock.now, fetch=model.fetch, background=False),
     )
-    live.scraper.close()
-    model = Replicas()
-    live.scraper = Scraper(LoadWindow(4.0), clock.now, fetch=model.fetch, background=False)
-    live.create_service(
+    live.operations.create_service(
         NewService("chat", "web", ("serve",), 1, 8, slo_p99_ms=200.0, replica_rps=15.0)
     )
     fed: list[Event] = []
@@ -105,14 +105,14 @@ def test_live_and_simulated_drivers_scale_alike(tmp_path: Path) -> None:
         return observe(event)  # type: ignore[return-value]
 
     live.scheduler.observe = recording  # type: ignore[assignment,method-assign]
-    live.commands = []
+    live.record.commands = []
     for k, rps in enumerate(OFFERED):
         if k:
             clock.advance(1.0)
         model.serve(sorted(live.scraper.targets.values()), rps)
         live.scraper.once()
         live.step()
-    live_scales = [(t, c.from_replicas, c.to_replicas, c.reason) for t, c in live.commands
+    live_scales = [(t, c.from_replicas, c.to_replicas, c.reason) for t, c in live.record.commands
                    if isinstance(c, Scale)]  # fmt: skip
     live.stop()
 

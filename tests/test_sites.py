@@ -21,7 +21,8 @@ from gpupool.ports.telemetry.fake import FakeTelemetry
 from gpupool.scheduler import Burst, Command, Launch, NodeUp, Reclaim, Scheduler, Stop, Wait
 from gpupool.scheduler.config import PlacementConfig, SchedulerConfig
 from gpupool.server.fleet.sites import CloudNodes, SitesConfig, pool_prices, read_sites
-from gpupool.server.loop.driver import LiveConfig, LiveService
+from gpupool.server.loop.config import LiveConfig
+from gpupool.server.loop.driver import LiveService
 from gpupool.server.store import NewJob, Store
 
 FED = {

@@ -21,7 +21,8 @@ from gpupool.ports.telemetry.fake import FakeTelemetry
 from gpupool.server.api.admission import Fleet, Refused, admit
 from gpupool.server.api.app import create_app
 from gpupool.server.fleet.sites import read_sites
-from gpupool.server.loop.driver import LiveConfig, LiveService
+from gpupool.server.loop.config import LiveConfig
+from gpupool.server.loop.driver import LiveService
 from gpupool.server.store import Store
 from gpupool.sizing.catalog import load_catalog
 from service_proc import Server, cli, wait_for

@@ -15,8 +15,9 @@ from gpupool.errors import SpecError
 from gpupool.ports.clock.fake import ManualClock
 from gpupool.ports.executor.fake import FakeExecutor
 from gpupool.ports.telemetry.fake import FakeTelemetry
+from gpupool.server.loop.config import LiveConfig
 from gpupool.server.loop.diskspace import FakeDisk
-from gpupool.server.loop.driver import LiveConfig, LiveService
+from gpupool.server.loop.driver import LiveService
 from gpupool.server.store import GpuMinute, NewJob, ServiceMinute, Store, database_url
 from gpupool.server.store.history import History
 from gpupool.server.store.nodes import Nodes

@@ -17,7 +17,8 @@ from gpupool.ports.clock.fake import ManualClock
 from gpupool.ports.executor.fake import FakeExecutor
 from gpupool.ports.telemetry.fake import FakeTelemetry
 from gpupool.server.api.app import create_app
-from gpupool.server.loop.driver import LIVE_DEFAULTS, LiveConfig, LiveService
+from gpupool.server.loop.config import LIVE_DEFAULTS, LiveConfig
+from gpupool.server.loop.driver import LiveService
 from gpupool.server.store import NewJob, Store, database_url
 
 T0 = 1_000.0

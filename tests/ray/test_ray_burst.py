@@ -20,7 +20,8 @@ from gpupool.ports.clock.base import SystemClock
 from gpupool.server.api.app import create_app
 from gpupool.server.executors.ray import RayExecutor, ray_nodes
 from gpupool.server.fleet.sites import read_sites
-from gpupool.server.loop.driver import LiveConfig, LiveService, ray_service
+from gpupool.server.loop.config import LiveConfig
+from gpupool.server.loop.driver import LiveService, ray_service
 from gpupool.server.store import Store, database_url
 
 PY = sys.executable

@@ -42,14 +42,8 @@ from gpupool.ports.clock.fake import ManualClock
 from gpupool.ports.executor.base import Exit
 from gpupool.server.executors.files import STDOUT_LOG
 from gpupool.server.executors.ray import RayExecutor
-from gpupool.server.loop.driver import (
-    LIVE_DEFAULTS,
-    LiveConfig,
-    LiveService,
-    build_fleet,
-    ray_service,
-    spec_of,
-)
+from gpupool.server.loop.config import LIVE_DEFAULTS, LiveConfig, build_fleet, spec_of
+from gpupool.server.loop.driver import LiveService, ray_service
 from gpupool.server.store import NewJob, Store, database_url
 from gpupool.sim.eventsim import Placed, run_trace
 from gpupool.traces.openb import read_pods
@@ -146,7 +140,7 @@ class GatheringExecutor(RayExecutor):
 
 def _attempts(service: LiveService, job_id: str) -> dict[int, tuple[str, tuple[int, ...]]]:
     """attempt -> (GPUPOOL_NODE, CUDA_VISIBLE_DEVICES) as the job's process printed them."""
-    log = (service.run_dir(int(job_id)) / STDOUT_LOG).read_text(encoding="utf-8")
+    log = (service.config.run_dir(int(job_id)) / STDOUT_LOG).read_text(encoding="utf-8")
     out: dict[int, tuple[str, tuple[int, ...]]] = {}
     attempt = 0
     for line in log.splitlines():
@@ -176,9 +170,9 @@ def _live_run(
         """Step at time t until the service decides nothing more; preempted jobs leave
         (and are reaped) before the next step."""
         while True:
-            seen, launched = len(service.decisions), len(service.placed)
+            seen, launched = len(service.record.decisions), len(service.record.placed)
             service.step()
-            for when, _, job_id, _ in service.placed[launched:]:
+            for when, _, job_id, _ in service.record.placed[launched:]:
                 since[job_id] = when
                 row = store.jobs.get(int(job_id))
                 if row.pgid is not None:
@@ -188,7 +182,7 @@ def _live_run(
                 while row.attempts not in _attempts(service, job_id):
                     assert time.monotonic() < end, f"job {job_id} attempt {row.attempts}"
                     time.sleep(0.05)
-            new = service.decisions[seen:]
+            new = service.record.decisions[seen:]
             stopped = [job_id for _, action, job_id in new if action == "preempt"]
             for job_id in stopped:
                 left[job_id] -= t - since.pop(job_id)
@@ -216,10 +210,10 @@ def _live_run(
 
 
 def _with_placements(service: LiveService) -> list[Placed]:
-    """service.decisions with each launch's placement from service.placed."""
-    launches = iter(service.placed)
+    """service.record.decisions with each launch's placement from service.record.placed."""
+    launches = iter(service.record.placed)
     out: list[Placed] = []
-    for t, action, job_id in service.decisions:
+    for t, action, job_id in service.record.decisions:
         if action == "preempt":
             out.append((t, action, job_id, ()))
         else:
@@ -280,7 +274,7 @@ def test_trace_slice_places_alike_in_simulator_and_on_ray(ray_cluster: Any, tmp_
         assert outcomes == sorted(
             [(j.spec.job_id, "succeeded") for j in jobs] + [(j, "preempted") for j in preempted]
         )
-        log = (service.run_dir(int(min(preempted))) / STDOUT_LOG).read_text(encoding="utf-8")
+        log = (service.config.run_dir(int(min(preempted))) / STDOUT_LOG).read_text(encoding="utf-8")
         assert "sigterm" in log and log.count("where ") == 2
     finally:
         for j in jobs:  # whatever happened, let every job end by itself

@@ -25,7 +25,8 @@ from gpupool.policies.preemption import PreemptionRules
 from gpupool.ports.clock.base import SystemClock
 from gpupool.server.api.app import create_app
 from gpupool.server.executors.ray import RayExecutor, ray_nodes
-from gpupool.server.loop.driver import LIVE_DEFAULTS, LiveConfig, LiveService, ray_service
+from gpupool.server.loop.config import LIVE_DEFAULTS, LiveConfig
+from gpupool.server.loop.driver import LiveService, ray_service
 from gpupool.server.store import Store, database_url
 
 PY = sys.executable
@@ -232,7 +233,7 @@ def test_node_death_requeues_and_nothing_is_lost(live: Live, ray_cluster: Any) -
     live.track(victim)
     (node,) = {g["node"] for g in live.job(victim)["gpus"]}
     assert node in ("a1", "a2")
-    ck = live.service.run_dir(victim) / "checkpoint" / "counter.json"
+    ck = live.service.config.run_dir(victim) / "checkpoint" / "counter.json"
     live.drive(ck.exists, 30, "a periodic checkpoint")
     pgid = live.store.jobs.get(victim).pgid
     assert pgid is not None

@@ -33,8 +33,9 @@ from gpupool.server.fleet.sites import load_sites
 from gpupool.server.ha.lease import Lease, controller_lease
 from gpupool.server.isolation.containment import SECTION as ISOLATION_SECTION
 from gpupool.server.isolation.containment import Isolation, service_isolation, sqlite_file
+from gpupool.server.loop.config import LIVE_DEFAULTS, LiveConfig
 from gpupool.server.loop.diskspace import DEFAULT_FLOOR_MIB, DEFAULT_FLOOR_PCT, DiskFloor
-from gpupool.server.loop.driver import LIVE_DEFAULTS, LiveConfig, LiveService
+from gpupool.server.loop.driver import LiveService
 from gpupool.server.store import NewJob, Store, database_url
 from gpupool.server.telemetry.history import SECTION as HISTORY_SECTION
 from gpupool.server.telemetry.history import load_history

@@ -107,7 +107,7 @@ def create_app(
     app.state.api = ApiState(
         service=service,
         store=store,
-        batcher=SubmitBatcher(store, service.wake.set, service.clock.now),
+        batcher=SubmitBatcher(store, service.state.wake.set, service.clock.now),
         rate=rate,
         trail=trail,
         wall=wall,
@@ -116,7 +116,7 @@ def create_app(
         gangs=bool(getattr(service.executor, "runs_gangs", False)),  # jobs across nodes (Ray)
         fleet_models=frozenset(n.gpu_model for n in service.cluster.nodes),
         catalog=load_catalog(),
-        registry=metrics_registry(service, store),  # the app's own, not the global one
+        registry=metrics_registry(service.views, store),  # the app's own, not the global one
     )
 
     app.exception_handler(RequestValidationError)(_invalid)

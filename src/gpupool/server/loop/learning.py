@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpupool.errors import ConflictError
+from gpupool.errors import ConflictError, NotFoundError
 from gpupool.learning.history import JobFacts, Outcome
 from gpupool.scheduler.commands import LearnShadow
 from gpupool.server.store import FinishedRun
@@ -121,6 +121,18 @@ class Evidence:
         if self.rule_mean_jct_s <= 0:
             return 0.0
         return 1.0 - self.learned_mean_jct_s / self.rule_mean_jct_s
+
+
+def require_learning(on: bool, policy: str) -> None:
+    """Refuse (NotFoundError, a 404) to show, promote or demote a learned policy that this
+    server does not run (`on`: its policy is `learned`)."""
+    if not on:
+        raise NotFoundError(
+            f"this server schedules with policy {policy!r}, not "
+            "'learned': there is no learned policy to show, promote or demote; set "
+            "`policy: learned` and a `learning:` section in the --config file of "
+            "`gpupool serve`"
+        )
 
 
 def check_evidence(ev: Evidence, rule: str, min_jobs: int, finished_in_window: int) -> None:

@@ -5,5 +5,5 @@ under the DCGM exporter's names (`prometheus.py`). The contract of a GPU source 
 `gpupool.ports.telemetry.base.Telemetry` (the fake fleet is `gpupool.ports.telemetry.fake`);
 to add a source, implement it there. No module here imports the live driver: what the
 history and /metrics read of it are Protocols of their own (`LiveSource`,
-`MetricsSource`) that `LiveService` satisfies.
+`MetricsSource`) that `LiveService` and its `Views` satisfy.
 """

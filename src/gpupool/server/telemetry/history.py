@@ -307,9 +307,8 @@ class LiveSettings(Protocol):
 class LiveSource(Protocol):
     """What the history reads of the live service (`LiveService` is one), so that the
     history depends on these names and not on the driver: its fleet (cluster, devices,
-    telemetry indices, GPU facts), its core (the catalogue, the services' replicas and
-    their ports), its settings, and where it writes (the store without retries, the
-    disk, the clock, the replicas' scraper)."""
+    telemetry indices, GPU facts), its core (the catalogue), its settings, and where it
+    writes (the store without retries, the disk, the clock, the replicas' scraper)."""
 
     @property
     def config(self) -> LiveSettings: ...
@@ -328,9 +327,6 @@ class LiveSource(Protocol):
 
     @property
     def scheduler(self) -> Scheduler: ...
-
-    @property
-    def ports(self) -> Mapping[str, int]: ...
 
     @property
     def raw_store(self) -> Store: ...
@@ -416,13 +412,13 @@ def attach(live: LiveSource) -> TelemetryHistory:
     )
 
 
-def running_replicas(live: LiveSource) -> dict[str, list[str]]:
+def running_replicas(scheduler: Scheduler, ports: Mapping[str, int]) -> dict[str, list[str]]:
     """Each service's running replicas that serve on a known port (what is scraped)."""
     return {
         name: [
             job_id
-            for job_id, r in live.scheduler.replicas.get(name, {}).items()
-            if r.state is JobState.RUNNING and job_id in live.ports
+            for job_id, r in scheduler.replicas.get(name, {}).items()
+            if r.state is JobState.RUNNING and job_id in ports
         ]
-        for name in live.scheduler.services
+        for name in scheduler.services
     }

@@ -126,7 +126,7 @@ class StartLatency:
 
 
 class MetricsSource(Protocol):
-    """What /metrics reads of the live service (`LiveService` is one), so that the
+    """What /metrics reads of the live service (its `Views` are one), so that the
     exposition depends on these two names and not on the driver."""
 
     def cluster_view(self) -> dict[str, Any]:

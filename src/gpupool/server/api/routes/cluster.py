@@ -13,4 +13,4 @@ router = APIRouter()
 
 @router.get("/v1/cluster", summary="Nodes and GPUs with live telemetry")
 def cluster(who: Who, service: Live) -> dict[str, Any]:
-    return service.cluster_view()
+    return service.views.cluster_view()

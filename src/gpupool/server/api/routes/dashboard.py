@@ -110,9 +110,9 @@ def _hhmm(seconds: float) -> str:
 
 def teams_view(service: LiveService, only: str | None = None) -> dict[str, Any]:
     """GET /v1/teams: the core's quota book read at the scheduler's now, under its lock."""
-    if not service.lock.acquire(timeout=service.VIEW_WAIT_S):
+    if not service.state.lock.acquire(timeout=service.views.VIEW_WAIT_S):
         raise Unavailable(
-            f"the scheduler loop has held its state for over {service.VIEW_WAIT_S:g} s; "
+            f"the scheduler loop has held its state for over {service.views.VIEW_WAIT_S:g} s; "
             "/healthz says more; retry shortly"
         )
     try:
@@ -172,4 +172,4 @@ def teams_view(service: LiveService, only: str | None = None) -> dict[str, Any]:
             "teams": out,
         }
     finally:
-        service.lock.release()
+        service.state.lock.release()

@@ -188,7 +188,7 @@ def submit_batch(body: BatchIn, who: Who, api: Api, store: Db, service: Live) ->
     for team in sorted({j.team for j in new}):
         api.rate.take(team, sum(j.team == team for j in new))
     rows = store.jobs.submit_many(new, service.clock.now())
-    service.wake.set()
+    service.state.wake.set()
     return {"jobs": [job_json(r) for r in rows]}
 
 
@@ -242,7 +242,7 @@ def job(job_id: JobId, who: Who, store: Db) -> dict[str, Any]:
 @router.post("/v1/jobs/{job_id}/cancel", summary="Cancel a job")
 def cancel(job_id: JobId, who: Who, store: Db, service: Live) -> dict[str, Any]:
     own(who, store.jobs.get(job_id))
-    return job_json(service.cancel(job_id))
+    return job_json(service.operations.cancel(job_id))
 
 
 @router.get("/v1/jobs/{job_id}/logs", summary="A job's output", response_class=PlainTextResponse)
@@ -258,7 +258,7 @@ def logs(
 ) -> Response:
     row = store.jobs.get(job_id)
     own(who, row)
-    data = service.read_log(job_id, stream, offset, limit, rank=rank)
+    data = service.views.read_log(job_id, stream, offset, limit, rank=rank)
     state = "running" if row.state == "preempting" else row.state
     return Response(
         data,

@@ -15,7 +15,7 @@ router = APIRouter()
 
 @router.get("/v1/learn", summary="The learned policy: data seen, accuracy, guard, mode")
 def learn(who: Who, service: Live) -> dict[str, Any]:
-    return service.learning_view()
+    return service.views.learning_view()
 
 
 @router.get("/v1/learn/history", summary="Jobs finished in the last N days, and the fleet")
@@ -24,16 +24,16 @@ def learn_history(
     service: Live,
     days: Annotated[float, Query(gt=0, le=3650, allow_inf_nan=False)] = 14.0,
 ) -> dict[str, Any]:
-    return service.learning_history(days)
+    return service.views.learning_history(days)
 
 
 @router.post("/v1/learn/promote", summary="Make the learned policy active on a replay win (admin)")
 def learn_promote(body: PromoteIn, who: Who, service: Live) -> dict[str, Any]:
     admin_only(who, "promotes the learned policy")
-    return service.promote_learning(body.evidence.model_dump(), who.name)
+    return service.operations.promote_learning(body.evidence.model_dump(), who.name)
 
 
 @router.post("/v1/learn/demote", summary="Return the learned policy to shadow (admin)")
 def learn_demote(who: Who, service: Live, body: DemoteIn | None = None) -> dict[str, Any]:
     admin_only(who, "demotes the learned policy")
-    return service.demote_learning(who.name, body.reason if body is not None else "")
+    return service.operations.demote_learning(who.name, body.reason if body is not None else "")

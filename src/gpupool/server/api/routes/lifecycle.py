@@ -16,13 +16,13 @@ router = APIRouter()
 @router.post("/v1/jobs/{job_id}/hold", summary="Hold a waiting job: it starts once released")
 def hold(job_id: JobId, who: Who, store: Db, service: Live) -> dict[str, Any]:
     own(who, store.jobs.get(job_id))
-    return job_json(service.hold(job_id, who.name))
+    return job_json(service.operations.hold(job_id, who.name))
 
 
 @router.post("/v1/jobs/{job_id}/release", summary="Release a held job")
 def release(job_id: JobId, who: Who, store: Db, service: Live) -> dict[str, Any]:
     own(who, store.jobs.get(job_id))
-    return job_json(service.release(job_id, who.name))
+    return job_json(service.operations.release(job_id, who.name))
 
 
 @router.post(
@@ -33,4 +33,4 @@ def requeue(
     job_id: JobId, who: Who, store: Db, service: Live, hold: bool = False
 ) -> dict[str, Any]:
     own(who, store.jobs.get(job_id))
-    return job_json(service.requeue(job_id, who.name, hold=hold))
+    return job_json(service.operations.requeue(job_id, who.name, hold=hold))

@@ -16,4 +16,4 @@ router = APIRouter()
 def drain(body: DrainIn, who: Who, service: Live) -> dict[str, Any]:
     if not who.is_admin:
         raise HTTPException(403, "only an admin token drains nodes")
-    return service.drain(body.node, who.name, undo=body.undo, reason=body.reason)
+    return service.operations.drain(body.node, who.name, undo=body.undo, reason=body.reason)

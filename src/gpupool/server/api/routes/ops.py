@@ -24,7 +24,7 @@ def healthz(service: Live) -> JSONResponse:
     """200 while the scheduler loop completes its cycles; 503 when its last completed
     cycle is late or the loop has stopped. Says the server's role (active), the last
     cycle, the last error and its stage, and why launches wait (DiskFull)."""
-    body = service.health_view()
+    body = service.views.health_view()
     return JSONResponse(body, status_code=200 if body["ok"] else 503)
 
 

@@ -9,7 +9,7 @@ from fastapi import APIRouter, HTTPException, Path
 
 from gpupool.server.api.deps import Db, Live, Who, own_service
 from gpupool.server.api.schemas import PRIORITIES, SERVICE_NAME, ScaleIn, ServiceIn
-from gpupool.server.loop.driver import service_json
+from gpupool.server.loop.views import service_json
 from gpupool.server.store import NewService
 
 router = APIRouter()
@@ -23,7 +23,7 @@ def create_service(body: ServiceIn, who: Who, service: Live) -> dict[str, Any]:
     if not who.is_admin and team != who.team:
         raise HTTPException(403, f"a {who.team} token creates services only for {who.team}")
     priority = PRIORITIES[body.priority] if isinstance(body.priority, str) else body.priority
-    row = service.create_service(
+    row = service.operations.create_service(
         NewService(
             name=body.name,
             team=team,
@@ -49,7 +49,7 @@ def create_service(body: ServiceIn, who: Who, service: Live) -> dict[str, Any]:
 
 @router.get("/v1/services", summary="List the online services")
 def list_services(who: Who, store: Db, service: Live) -> dict[str, Any]:
-    return {"services": [service.service_view(r.name) for r in store.services.list()]}
+    return {"services": [service.views.service_view(r.name) for r in store.services.list()]}
 
 
 @router.get("/v1/services/{name}", summary="One service with its replicas, rps and p99")
@@ -58,7 +58,7 @@ def show_service(
     who: Who,
     service: Live,
 ) -> dict[str, Any]:
-    return service.service_view(name)
+    return service.views.service_view(name)
 
 
 @router.post("/v1/services/{name}/scale", summary="Set a service's replica bounds")
@@ -70,8 +70,8 @@ def scale_service(
     service: Live,
 ) -> dict[str, Any]:
     own_service(store, who, name)
-    service.scale_service(name, body.min_replicas, body.max_replicas)
-    return service.service_view(name)
+    service.operations.scale_service(name, body.min_replicas, body.max_replicas)
+    return service.views.service_view(name)
 
 
 @router.delete("/v1/services/{name}", summary="Delete a service; its replicas stop")
@@ -82,4 +82,4 @@ def delete_service(
     service: Live,
 ) -> dict[str, Any]:
     own_service(store, who, name)
-    return service_json(service.delete_service(name))
+    return service_json(service.operations.delete_service(name))

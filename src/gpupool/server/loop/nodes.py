@@ -1,0 +1,196 @@
+"""Node liveness: nodes that leave and rejoin (the probe), cloud nodes that start and stop,
+and nodes whose GPUs report unhealthy.
+
+A node lost or unhealthy is out of the pool (`Scheduler.node_down`); its jobs are asked
+to leave with their grace and are requeued from their checkpoint when they exit
+(`state.evicting`). A node the probe lists again with a new id, or that stayed listed for
+`RESTORE_AFTER_S`, is trusted again; a node whose GPUs all recovered comes back."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+
+from gpupool.ports.executor.base import Executor
+from gpupool.ports.telemetry.base import GpuSample
+from gpupool.scheduler import Scheduler
+from gpupool.server.fleet.sites import DOWN, STARTING, CloudNodes
+from gpupool.server.loop.config import FleetMap
+from gpupool.server.loop.state import LoopState
+from gpupool.server.store import Store
+
+
+class Nodes:
+    PROBE_S = 1.0
+    """The probe is polled at most this often."""
+    RESTORE_AFTER_S = 30.0
+    """A node that lost a job but stays listed is trusted again after this long."""
+
+    def __init__(
+        self,
+        state: LoopState,
+        fleet: FleetMap,
+        scheduler: Scheduler,
+        store: Store,
+        executor: Executor,
+        probe: Callable[[], dict[str, str]] | None,
+        cloud: CloudNodes | None,
+        now: float,
+    ) -> None:
+        """`probe` names the nodes alive now (node name -> an id that changes when the node
+        restarts); `cloud` runs the sites' cloud nodes, out of the pool until started and
+        joined (from `now`)."""
+        self.state = state
+        self.fleet = fleet
+        self.scheduler = scheduler
+        self.store = store
+        self.executor = executor
+        self.probe = probe
+        self.cloud = cloud
+        self.gone: dict[str, tuple[str | None, float]] = {}
+        """Nodes the probe or a lost job took out: (their id then, None if unlisted; when)."""
+        self.bad_nodes: set[str] = set()
+        self.nodes_lost: dict[str, int] = defaultdict(int)
+        """Times each node was lost (left the cluster, or its jobs' actors died)."""
+        if cloud is not None:
+            for name in cloud.status:  # out of the pool until started and joined
+                self.gone[name] = (None, now)
+
+    def alive(self) -> dict[str, str] | None:
+        if self.probe is None:
+            return None
+        try:
+            return self.probe()
+        except Exception as err:  # e.g. the Ray GCS is unreachable for a while
+            self.state.loop_error = f"cannot list the live nodes: {err}"
+            return None
+
+    def probe_due(self, now: float) -> bool:
+        return self.probe is not None and now - self.state.last_probe >= self.PROBE_S
+
+    def check_probe(self, now: float) -> None:
+        """The probe's nodes: one no longer listed is lost, one back is trusted again."""
+        self.state.last_probe = now
+        alive = self.alive()
+        if alive is None:
+            return
+        for node in self.fleet.cluster.nodes:
+            name, now_id = node.name, alive.get(node.name)
+            if self.cloud is not None and name in self.cloud.status:
+                self._probe_cloud(name, now_id, now)
+                continue
+            if now_id is None:
+                if name not in self.gone or self.gone[name][0] is not None:
+                    self.node_down(name, None, now, f"node {name} left the cluster")
+            elif name in self.gone and name not in self.bad_nodes:
+                was_id, since = self.gone[name]
+                if now_id != was_id or now - since >= self.RESTORE_AFTER_S:
+                    del self.gone[name]
+                    self._node_joined(name, now_id)
+                    self.scheduler.node_up(name, now)
+                    self.store.events.add(
+                        "node-healthy", f"node {name} is back", now, data={"node": name}
+                    )
+
+    def _probe_cloud(self, name: str, now_id: str | None, now: float) -> None:
+        assert self.cloud is not None
+        state = self.cloud.state(name)
+        if now_id is None and state not in (DOWN, STARTING):
+            why = self.cloud.left(name, now)
+            if name in self.gone:  # reclaimed: already out of the pool, nothing ran there
+                self.gone[name] = (None, now)
+                self.scheduler.node_down(name, now, why)
+                self.store.events.add("cloud-node-down", why, now)
+            else:
+                self.node_down(name, None, now, why)
+        elif now_id is not None and state in (DOWN, STARTING):
+            why = self.cloud.joined(name, now)
+            self._node_joined(name, now_id)
+            self.gone.pop(name, None)
+            self.scheduler.node_up(name, now)
+            self.store.events.add("cloud-node-up", why, now)
+
+    def _node_joined(self, name: str, node_id: str) -> None:
+        remember = getattr(self.executor, "remember_node", None)
+        if remember is not None:
+            remember(name, node_id)
+
+    def check_cloud(self, now: float) -> None:
+        """Start and stop commands that ended, and started nodes that never joined."""
+        assert self.cloud is not None
+        for kind, message, gave_up in self.cloud.check(now):
+            self.store.events.add(kind, message, now)
+            for name in gave_up:  # it will not join: the core counts it down again
+                self.scheduler.node_down(name, now, message)
+                self.gone[name] = (None, now)
+
+    def reclaimed(self, name: str, now: float) -> None:
+        """A cloud node the core reclaims: out of the pool already, nothing starts there."""
+        self.gone[name] = (None, now)
+
+    def node_down(self, name: str, node_id: str | None, now: float, why: str) -> None:
+        """The node is lost: out of the pool, its jobs asked to leave and requeued."""
+        first = name not in self.gone
+        self.gone[name] = (node_id, now)
+        if not first:
+            return
+        self.nodes_lost[name] += 1
+        self.store.events.add("node-lost", why, now, data={"node": name})
+        for job_id in self.scheduler.node_down(name, now, why):
+            row = self.store.jobs.get(int(job_id))
+            self.state.evicting[job_id] = f"{why}; requeued from its checkpoint"
+            if job_id in self.executor.handles():
+                self.executor.preempt(job_id, row.grace_s, now)
+
+    def check_health(self, samples: Sequence[GpuSample], now: float) -> None:
+        """A node with an unhealthy GPU is out of the pool (its jobs leave, requeued);
+        one whose GPUs all recovered comes back."""
+        node_of_device = {dev: key[0] for key, dev in self.fleet.tele_index.items()}
+        unhealthy = {node_of_device.get(s.index) for s in samples if not s.healthy}
+        nodes = self.fleet.cluster.nodes
+        for name in sorted(self.bad_nodes):  # a node whose GPUs all recovered comes back
+            index = next(i for i, n in enumerate(nodes) if n.name == name)
+            if index not in unhealthy:
+                self.bad_nodes.discard(name)
+                if name not in self.gone:
+                    self.scheduler.node_up(name, now)
+                self.store.events.add(
+                    "node-healthy", f"node {name} is healthy again", now, data={"node": name}
+                )
+        for s in samples:
+            if s.healthy:
+                continue
+            k = node_of_device.get(s.index)
+            if k is None:
+                continue
+            name = nodes[k].name
+            if name in self.bad_nodes:
+                continue
+            self.bad_nodes.add(name)
+            if name in self.gone:
+                continue
+            why = f"node {name} unhealthy: GPU {s.index} {s.problem}"
+            self.store.events.add("node-unhealthy", why, now, data={"node": name})
+            for job_id in self.scheduler.node_down(name, now, why):
+                row = self.store.jobs.get(int(job_id))
+                self.state.evicting[job_id] = f"{why}; requeued from its checkpoint"
+                self.executor.preempt(job_id, row.grace_s, now)
+
+    def healthy(self, name: str) -> bool:
+        return name not in self.bad_nodes and name not in self.gone
+
+    def lost_total(self, name: str) -> int:
+        return self.nodes_lost.get(name, 0)
+
+    def state_of(self, name: str) -> str:
+        """up, lost, unhealthy, a cloud node's down / starting / stopping, or an up node's
+        draining (jobs still run there) / drained."""
+        if self.cloud is not None and name in self.cloud.status:
+            state = self.cloud.state(name)
+            if state != "up":
+                return f"cloud-{state}"
+        if name in self.gone:
+            return "lost"
+        if name in self.bad_nodes:
+            return "unhealthy"
+        return self.scheduler.draining(name) or "up"
