@@ -71,9 +71,22 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The slow tests first: the workers take tests in this order, and a long test started
-    last would leave the other workers idle at the end."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    """The modules (and groups) with a slow test first: the workers take tests in this
+    order, and a long test started last would leave the other workers idle at the end.
+    Modules move whole: the order of a module's own tests is kept (some share state)."""
+
+    def unit(item: pytest.Item) -> str:
+        group = _group(item.nodeid)
+        return group if group != item.nodeid else item.nodeid.split("::", 1)[0]
+
+    first: dict[str, int] = {}
+    slow: set[str] = set()
+    for i, item in enumerate(items):
+        first.setdefault(unit(item), i)
+        if item.get_closest_marker("slow") is not None:
+            slow.add(unit(item))
+    order = {id(item): i for i, item in enumerate(items)}
+    items.sort(key=lambda it: (unit(it) not in slow, first[unit(it)], order[id(it)]))
 
 
 @pytest.fixture(scope="session")
