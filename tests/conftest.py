@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,6 +19,74 @@ def shared_traces() -> Path | None:
         if p.is_dir():
             return p
     return None
+
+
+SHARED_RUNS = {
+    "test_api_fuzz.py": "api-fuzz",
+    "test_dashboard_browser.py": "dashboard-browser",
+    "test_fgd_keys.py": "fgd-keys",
+    "test_grafana_dashboard.py": "grafana-dashboard",
+    "test_learning_ordering.py": "learning-ordering",
+    "test_loadgen.py": "loadgen",
+    "test_metrics_promtool.py": "metrics-promtool",
+    "test_parity_all.py": "parity-all",
+    "test_review.py": "review",
+    "test_review_browser.py": "review-browser",
+    "test_review_scenario.py": "review-scenario",
+    "test_sim_review_source.py": "sim-review-source",
+    "test_thermal_placement.py": "thermal-placement",
+    # both read tests/scenario_runs.py's runs of the resource scenarios
+    "test_resource_scenarios.py": "scenario-runs",
+    "test_scenario_figures.py": "scenario-runs",
+}
+"""Test modules whose tests share what a module-scoped fixture (or a cache) made once - a
+server, a browser, a simulation - and the group each runs in under xdist (`make test` runs
+`pytest -n N --dist loadgroup`): a group runs on one worker, so it is made once. A module
+not listed has its tests spread over the workers one by one; list a module here when its
+tests share something costly."""
+
+
+def _group(nodeid: str) -> str:
+    """The unit of work a test goes to a worker in: its module's group, or itself."""
+    path = nodeid.split("::", 1)[0]
+    folder, _, name = path.rpartition("/")
+    group = SHARED_RUNS.get(name) if folder.endswith("tests") else None
+    return group or nodeid
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadgroup` by SHARED_RUNS: xdist's own loadgroup reads xdist_group marks
+    through a node id that pytest 9 no longer lets it change, so the groups are given to
+    its scope scheduling here. Work goes out in collection order, one unit at a time."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _group(nodeid)
+
+    config.option.loadscopereorder = False  # keep the slow tests first
+    return GroupScheduling(config, log)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The modules (and groups) with a slow test first: the workers take tests in this
+    order, and a long test started last would leave the other workers idle at the end.
+    Modules move whole: the order of a module's own tests is kept (some share state)."""
+
+    def unit(item: pytest.Item) -> str:
+        group = _group(item.nodeid)
+        return group if group != item.nodeid else item.nodeid.split("::", 1)[0]
+
+    first: dict[str, int] = {}
+    slow: set[str] = set()
+    for i, item in enumerate(items):
+        first.setdefault(unit(item), i)
+        if item.get_closest_marker("slow") is not None:
+            slow.add(unit(item))
+    order = {id(item): i for i, item in enumerate(items)}
+    items.sort(key=lambda it: (unit(it) not in slow, first[unit(it)], order[id(it)]))
 
 
 @pytest.fixture(scope="session")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -17,11 +18,37 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 
 
+FIRST_WORKER_PORT, PORTS_PER_WORKER = 20_000, 1_000
+"""Under xdist, worker gwN hands out the ports [20000 + 1000 N, 20000 + 1000 (N + 1)): below
+the kernel's ephemeral ports (32768 up), so a port it hands out is never the one that
+another worker, or any socket the kernel numbers itself, is handed meanwhile."""
+_cursor: list[int] = []
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+    """A loopback port free now, for a server the test starts next. Alone the kernel picks
+    it; under xdist (PYTEST_XDIST_WORKER=gwN) it comes from the worker's own range, starting
+    at a random place in it (another test run on the machine uses the same ranges)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    n = int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else -1
+    base = FIRST_WORKER_PORT + n * PORTS_PER_WORKER
+    if n < 0 or base + PORTS_PER_WORKER > 32768:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port: int = s.getsockname()[1]
+            return port
+    if not _cursor:
+        _cursor.append(random.randrange(PORTS_PER_WORKER))
+    for _ in range(PORTS_PER_WORKER):  # bounded: one pass over the range
+        port = base + _cursor[0] % PORTS_PER_WORKER
+        _cursor[0] += 1
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # in use (by another test run, or still closing)
+            return port
+    raise RuntimeError(f"no free port in {base}..{base + PORTS_PER_WORKER - 1}")
 
 
 _STARTED: list[Server] = []

@@ -7,19 +7,16 @@ are asserted on the summaries the CLI prints and writes.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from gpupool.sim.scenario.config import load_scenario
-from gpupool.sim.scenario.runner import ScenarioResult, run_scenario
-
-SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
+from gpupool.sim.scenario.runner import ScenarioResult
+from scenario_runs import scenario_run
 
 
 def _run(name: str) -> ScenarioResult:
-    return run_scenario(load_scenario(SCENARIOS / f"{name}.yaml"))
+    return scenario_run(name)  # made once, shared with test_scenario_figures.py
 
 
 @pytest.fixture(scope="module")

@@ -32,6 +32,7 @@ import pytest
 from gpupool.sim.scenario.config import load_scenario
 from gpupool.sim.scenario.runner import run_scenario
 from gpupool.traces.location import find_traces_dir
+from scenario_runs import scenario_run
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ROOT / "scenarios"
@@ -104,7 +105,8 @@ def rerun(case: Recorded) -> dict[str, Any]:
     if case.policy is not None:  # bench_scenarios.one
         scheduling = replace(cfg.scheduling, policy=case.policy)
         cfg = replace(cfg, scheduling=scheduling, name=f"{cfg.name}/{case.policy}")
-    result = run_scenario(cfg)
+    # a case without a policy is a run test_resource_scenarios.py reads too: made once
+    result = run_scenario(cfg) if case.policy is not None else scenario_run(case.scenario)
     out = dict(result.summary)
     if case.results == "resources.json" and case.scenario.startswith("multicluster"):
         out["far_data"] = next(r for r in result.jobs if r["job_id"] == "far-data")

@@ -57,6 +57,7 @@ def scale_events(url: str) -> list[tuple[float, int, int, str]]:
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # the SLO is the service's, not that of a host busy with other tests
 def test_replicas_follow_a_ramp_and_keep_the_slo(tmp_path: Path) -> None:
     if find_traces_dir() is None:
         pytest.skip("the load replays the Azure LLM trace: shared/traces not found")

@@ -322,10 +322,13 @@ def test_a_restarted_server_adopts_a_whole_gang_and_requeues_a_broken_one(
 ) -> None:
     """Runs after the node kill above: two 2-GPU nodes are left, room for one gang."""
     url, steps = server.url, 250
+    # 0.5 s a step on the first attempt (125 s: it outlives both restarts however slow the
+    # host), 0.1 s once resumed
+    pace = 'if [ -n "$GPUPOOL_RESUME" ]; then s=0.1; else s=0.5; fi; exec "$0" "$@" --step-s "$s"'
     out = cli(
         url, "submit", "--team", "ml", "--kind", "training", "--gpus", "4", "--grace", "10s",
         "--json", "--",
-        PY, "-m", "gpupool.examples.allreduce", "--steps", str(steps), "--step-s", "0.1",
+        "sh", "-c", pace, PY, "-m", "gpupool.examples.allreduce", "--steps", str(steps),
         "--every", "5", "--timeout-s", "10",
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
