@@ -1,10 +1,15 @@
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+# The tests mirror src/gpupool/; what several of them use (a server in a subprocess, a
+# browser, PostgreSQL, shared scenario runs) lives in tests/support/, imported by name.
+sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
 
 from gpupool.server.store import Store
 
@@ -35,7 +40,7 @@ SHARED_RUNS = {
     "test_review_scenario.py": "review-scenario",
     "test_sim_review_source.py": "sim-review-source",
     "test_thermal_placement.py": "thermal-placement",
-    # both read tests/scenario_runs.py's runs of the resource scenarios
+    # both read tests/support/scenario_runs.py's runs of the resource scenarios
     "test_resource_scenarios.py": "scenario-runs",
     "test_scenario_figures.py": "scenario-runs",
 }
@@ -49,8 +54,7 @@ tests share something costly."""
 def _group(nodeid: str) -> str:
     """The unit of work a test goes to a worker in: its module's group, or itself."""
     path = nodeid.split("::", 1)[0]
-    folder, _, name = path.rpartition("/")
-    group = SHARED_RUNS.get(name) if folder.endswith("tests") else None
+    group = SHARED_RUNS.get(path.rpartition("/")[2])
     return group or nodeid
 
 

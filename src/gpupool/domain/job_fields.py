@@ -3,8 +3,9 @@ answers and its JobIn mapping are derived from JobFields.
 
 Adding a field: give it a default here (old rows and old clients lack it), a column in
 gpupool.server.store.tables with its migration, and, where the API takes it under another
-name or unit, a line in the API's table (gpupool.server.api.schemas); tests/test_job_fields.py
-fails until the store and the API carry it. Imports only the standard library.
+name or unit, a line in the API's table (gpupool.server.api.schemas);
+tests/server/api/test_job_fields.py fails until the store and the API carry it. Imports only
+the standard library.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ It is fed events with their times (a job submitted, finished, vacated, lost; a n
 or up; measured progress; GPU temperatures; service demand) and returns commands
 (Launch, Stop, Cancel, SetPowerCap, Burst, Reclaim, Defer). It never reads a clock, a
 process or a database. The scenario simulator's world and the live service feed it the
-same way, so the same events give the same decisions (tests/test_parity_all.py).
+same way, so the same events give the same decisions (tests/parity/test_parity_all.py).
 
 The Scheduler wires its parts together: the fleet (nodes and pools), the job book (every
 job and the moves of its lifecycle) and the cycle's stages (`cycle/`, in the order of

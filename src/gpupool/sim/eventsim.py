@@ -3,7 +3,7 @@
 Feeds a timed list of events (submissions, completions, node losses) to the same
 `Scheduler` the live service runs, with preempted jobs leaving as soon as they are told
 (a job that checkpoints instantly). It is the reference the live driver is compared with
-(tests/test_parity.py): the same events must give the same decisions.
+(tests/parity/test_parity.py): the same events must give the same decisions.
 
 `run_trace` drives the same core from a trace of jobs with run times instead: it works
 out the completions itself and reports where every job ran, the reference the live

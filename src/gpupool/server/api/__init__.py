@@ -2,12 +2,13 @@
 
 Contract: the API is its routes, their order, status codes, bodies, headers and error
 messages, and the OpenAPI document `create_app(...).openapi()` derives from them; clients,
-the dashboard and tests/test_api_fuzz.py hold it. `app.create_app` builds one app: the shared
-handles (deps.ApiState at app.state.api), the error handlers, the routers of routes/ in a fixed
-order (app.ROUTERS), the body limit (limits.py) and the audit middleware. A route reaches what
-it needs only through its signature: `who: Who` (the token's principal), `store: Db`,
-`service: Live`, `api: Api` (deps.py); the ownership checks (deps.admin_only, own,
-own_service) are calls in its body, after FastAPI has validated the request.
+the dashboard and tests/server/api/test_api_fuzz.py hold it. `app.create_app` builds one
+app: the shared handles (deps.ApiState at app.state.api), the error handlers, the routers of
+routes/ in a fixed order (app.ROUTERS), the body limit (limits.py) and the audit middleware.
+A route reaches what it needs only through its signature: `who: Who` (the token's
+principal), `store: Db`, `service: Live`, `api: Api` (deps.py); the ownership checks
+(deps.admin_only, own, own_service) are calls in its body, after FastAPI has validated the
+request.
 
 Adding an endpoint: the rows it reads or writes (gpupool.server.store.rows), a method on the
 store repository that owns them (store.jobs, store.services, ...: one transaction each), its

@@ -13,7 +13,7 @@ ORM model in tables.py, the frozen values it is read into in rows.py, the querie
 repository (a frozen dataclass over Repository, each public method marked @transaction
 and holding one `with self.db.write()` or `with self.db.read()`), wire the repository
 into Store (store.py), and write the alembic revision in migrations/versions that creates
-exactly the model (tests/test_store.py compares them). A job's submit-time field starts
+exactly the model (tests/server/store/test_store.py compares them). A job's submit-time field starts
 in gpupool.domain.job_fields instead. Modules of this package import each other
 directly, never through this file.
 """

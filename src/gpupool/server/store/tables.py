@@ -1,5 +1,5 @@
 """The store's schema as ORM models: 13 tables; the migrations in migrations/versions
-create exactly this (tests/test_store.py compares them)."""
+create exactly this (tests/server/store/test_store.py compares them)."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ on the simulated cards), a node probe (cloud nodes list themselves once their sp
 over) and a cloud command runner, all over one `ScenarioSim` world. A `LiveService` on
 top of it decides with its own core, through its database, exactly as it would on real
 machines; the world only moves. Driving the service's clock to each cycle boundary and
-to each event the world reports gives the simulator's decisions (tests/test_parity_all.py,
+to each event the world reports gives the simulator's decisions (tests/parity/test_parity_all.py,
 leg B).
 """
 

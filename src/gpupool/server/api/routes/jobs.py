@@ -3,7 +3,7 @@
 POST /v1/jobs has two doors: `submit_direct`, a plain Starlette route that create_app puts
 first in the app's table and that skips FastAPI's per-request solving (a third of a submit's
 CPU), and `submit`, the FastAPI route the OpenAPI document describes. Both end in `submit`,
-so they answer alike (tests/test_submit_direct.py).
+so they answer alike (tests/server/api/test_submit_direct.py).
 """
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ async def submit_direct(request: Request) -> Response:
     of parameters and dependencies, which took a third of a submit's CPU: the same
     token check, Idempotency-Key rule and JobIn model, the same errors (through the
     app's handlers), the same group commit. `submit` stays for the OpenAPI document
-    (tests/test_submit_direct.py holds the two to the same answers)."""
+    (tests/server/api/test_submit_direct.py holds the two to the same answers)."""
     # the three headers in one pass (Headers.get scans the list and raises for a
     # missing one, once per header); the first of repeated ones, as Headers.get
     authorization = key = content_type = None
