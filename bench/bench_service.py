@@ -36,7 +36,7 @@ from baseline import baseline_source
 from machine import describe
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "support"))
 from pgserver import PgServer  # noqa: E402
 from service_proc import Server, reap_left_jobs  # noqa: E402
 
