@@ -13,9 +13,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from service_proc import Server, cli, paced_counter, wait_for
 
 from gpupool.examples.ckpt_counter import expected_result
+from service_proc import Server, cli, paced_counter, wait_for
 
 CONFIG = """\
 teams:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from service_proc import Server, cli, wait_for
 
 SLEEP = [sys.executable, "-c", "import time; time.sleep(120)"]

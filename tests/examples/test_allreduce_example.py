@@ -11,9 +11,8 @@ import sys
 import time
 from pathlib import Path
 
-from service_proc import free_port
-
 from gpupool.examples.allreduce import PEER_LOST, expected_result
+from service_proc import free_port
 
 MODULE = [sys.executable, "-m", "gpupool.examples.allreduce"]
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 import random
 
 import pytest
-from learning_streams import TEAM_BASE_S, drive, stream
 
 from gpupool.errors import SpecError
 from gpupool.learning.config import LearningConfig
 from gpupool.learning.guard import DriftGuard, GuardConfig, GuardState
 from gpupool.learning.learned import LearnedOrdering
 from gpupool.learning.lightgbm_model import LightGbmPredictor, LightGbmSettings
+from learning_streams import TEAM_BASE_S, drive, stream
 
 DAY = 86_400.0
 

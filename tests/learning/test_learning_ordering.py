@@ -10,7 +10,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
-from learning_streams import drive, stream
 
 from gpupool.errors import SpecError
 from gpupool.learning.config import LearningConfig
@@ -26,6 +25,7 @@ from gpupool.learning.ordering import (
     preferential_merge,
 )
 from gpupool.learning.predictor import Prediction, Predictor
+from learning_streams import drive, stream
 
 DAY = 86_400.0
 GUARD = GuardConfig(

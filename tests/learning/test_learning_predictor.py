@@ -11,7 +11,6 @@ from datetime import UTC, datetime
 
 import numpy as np
 import pytest
-from learning_streams import Job, drive, full_history, lengthen_after, online, stream
 
 from gpupool.errors import SpecError
 from gpupool.learning.baseline import RecentMedianPredictor
@@ -24,6 +23,7 @@ from gpupool.learning.history import History, JobFacts, Outcome
 from gpupool.learning.learned import LearnedOrdering
 from gpupool.learning.lightgbm_model import LightGbmPredictor, LightGbmSettings
 from gpupool.learning.predictor import ModelInfo, Prediction
+from learning_streams import Job, drive, full_history, lengthen_after, online, stream
 
 SMALL = LightGbmSettings(min_rows=50, num_boost_round=30, retrain_every_s=86_400.0)
 PROBES = (120, 260, 400, 560)

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-from service_proc import Server, cli, wait_for
 
 from gpupool.domain.lifecycle import JobState
 from gpupool.domain.model import Cluster, JobKind, JobSpec, Node
@@ -26,6 +25,7 @@ from gpupool.scheduler.scheduler import Scheduler
 from gpupool.sizing.catalog import load_catalog
 from gpupool.sizing.planner import PlanRequest
 from gpupool.sizing.shapes import get_shape
+from service_proc import Server, cli, wait_for
 
 CATALOG = load_catalog()
 

@@ -22,13 +22,13 @@ from typing import Any
 
 import httpx
 import pytest
-from service_proc import Server, cli, wait_for
 
 from gpupool.errors import Unavailable
 from gpupool.examples.allreduce import expected_result
 from gpupool.ports.executor.base import Exit, Gang, GangMember, Handle, LaunchSpec
 from gpupool.server.executors.local import read_start_ticks
 from gpupool.server.executors.ray import RayExecutor, node_resources
+from service_proc import Server, cli, wait_for
 
 PY = sys.executable
 GANG_NODES = {"g1": ("A100-80GB", 2), "g2": ("A100-80GB", 2), "g3": ("A100-80GB", 2)}

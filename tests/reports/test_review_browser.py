@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from browser import chromium, screenshot, watch
-from review_month import month
 
+from browser import chromium, screenshot, watch
 from gpupool.reports.review import build_review
 from gpupool.reports.review_html import SECTIONS, write_html
+from review_month import month
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,6 @@ from typing import Any
 import httpx
 import pytest
 from fastapi.testclient import TestClient
-from pgserver import fresh_schema, pg_url  # noqa: F401
 
 from gpupool.ports.clock.fake import ManualClock
 from gpupool.ports.executor.fake import FakeExecutor
@@ -20,6 +19,7 @@ from gpupool.server.api.app import create_app
 from gpupool.server.loop.config import LiveConfig
 from gpupool.server.loop.driver import LiveService
 from gpupool.server.store import Store, database_url
+from pgserver import fresh_schema, pg_url  # noqa: F401
 
 FLEET = "2xA100-80GB"
 HOST = "h"

@@ -20,13 +20,13 @@ from typing import Any
 
 import httpx
 import pytest
-from api_harness import JSON_CT, NODE, Api, bearer, team_token
-from pgserver import fresh_schema, pg_url  # noqa: F401
 from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.parser import text_string_to_metric_families
 
+from api_harness import JSON_CT, NODE, Api, bearer, team_token
 from gpupool.server.api.limits import MAX_BODY_BYTES
 from gpupool.server.store import Store
+from pgserver import fresh_schema, pg_url  # noqa: F401
 
 
 # ---- the job lifecycle through the API --------------------------------------------------------

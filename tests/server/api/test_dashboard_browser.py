@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 import pytest
+
 from browser import chromium, screenshot, watch
 from service_proc import Server, wait_for
 

@@ -15,7 +15,6 @@ from typing import Any
 import httpx
 import pytest
 from fastapi.testclient import TestClient
-from pgserver import fresh_schema, pg_url  # noqa: F401
 
 from gpupool.cli import remote as client_cli
 from gpupool.cli.main import main
@@ -28,6 +27,7 @@ from gpupool.server.api.app import create_app
 from gpupool.server.loop.config import LIVE_DEFAULTS, LiveConfig
 from gpupool.server.loop.driver import LiveService
 from gpupool.server.store import NewJob, Store, database_url
+from pgserver import fresh_schema, pg_url  # noqa: F401
 
 T0 = 1_000.0
 NODE = "h/A100-80GB"

@@ -22,7 +22,6 @@ import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
 from fastapi.testclient import TestClient
-from pgserver import fresh_schema, pg_url  # noqa: F401
 from sqlalchemy import create_engine, text
 
 from gpupool.cli import remote as client_cli
@@ -36,6 +35,7 @@ from gpupool.server.api.app import create_app
 from gpupool.server.loop.config import LiveConfig
 from gpupool.server.loop.driver import LiveService
 from gpupool.server.store import MIGRATIONS_DIR, Base, NewJob, Store, database_url, schema_head
+from pgserver import fresh_schema, pg_url  # noqa: F401
 
 T0 = 1_700_000_000.0
 DEADLINE = 1_700_086_400.0

@@ -25,7 +25,6 @@ from alembic.config import Config
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pgserver import fresh_schema, pg_url  # noqa: F401
 from sqlalchemy import create_engine, text
 
 from gpupool.cli import remote as client_cli
@@ -53,6 +52,7 @@ from gpupool.sizing.request_json import (
     sizing_of,
 )
 from gpupool.sizing.shapes import ModelShape, get_shape, parse_shape, shape_names
+from pgserver import fresh_schema, pg_url  # noqa: F401
 
 T0 = 1_700_000_000.0
 LLAMA_8B = sizing_of(PlanRequest(get_shape("llama-3-8b"), context=2048, batch=8, tokens=1e6))

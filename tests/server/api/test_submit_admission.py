@@ -13,8 +13,6 @@ from pathlib import Path
 import httpx
 import pytest
 from fastapi.testclient import TestClient
-from service_proc import Server, cli, wait_for
-from sites_config import CLOUD, FAST, Runner, sites
 
 from gpupool.domain.model import Node
 from gpupool.ports.clock.fake import ManualClock
@@ -27,6 +25,8 @@ from gpupool.server.loop.config import LiveConfig
 from gpupool.server.loop.driver import LiveService
 from gpupool.server.store import Store
 from gpupool.sizing.catalog import load_catalog
+from service_proc import Server, cli, wait_for
+from sites_config import CLOUD, FAST, Runner, sites
 
 CATALOG = load_catalog()
 LLAMA_70B = {"model": "llama-3-70b", "task": "inference", "context": 8192, "batch": 16}

@@ -20,10 +20,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import containment
 import pytest
-from containment import open_dir  # noqa: F401
 
+import containment
+from containment import open_dir  # noqa: F401
 from gpupool.errors import SpecError
 from gpupool.ports.executor.base import Exit, JobUser, LaunchSpec, Limits
 from gpupool.server.executors.files import exit_file
@@ -563,6 +563,7 @@ def test_through_the_service_a_team_b_job_cannot_reach_team_a_or_the_server(
     environment holding a secret."""
     containment.require()
     import httpx
+
     from service_proc import Server, wait_for
 
     state = open_dir / "state"

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sites_config import CLOUD, FAST, FED, Runner, sites
 
 from gpupool.domain.lifecycle import JobState
 from gpupool.domain.model import Cluster, JobKind, JobSpec, Node
@@ -25,6 +24,7 @@ from gpupool.server.fleet.sites import CloudNodes, SitesConfig, pool_prices, rea
 from gpupool.server.loop.config import LiveConfig
 from gpupool.server.loop.driver import LiveService
 from gpupool.server.store import NewJob, Store
+from sites_config import CLOUD, FAST, FED, Runner, sites
 
 
 # ---- the file ---------------------------------------------------------------------------------

@@ -23,8 +23,6 @@ from pathlib import Path
 import httpx
 import psycopg
 import pytest
-from pgserver import fresh_schema, pg_url  # noqa: F401
-from service_proc import Server, wait_for
 from sqlalchemy.engine import make_url
 
 from gpupool.ports.clock.fake import ManualClock
@@ -34,6 +32,8 @@ from gpupool.server.ha.lease import AdvisoryLease, FakeLease, FileLease, control
 from gpupool.server.loop.config import LIVE_DEFAULTS, LiveConfig
 from gpupool.server.loop.driver import LiveService
 from gpupool.server.store import Store, database_url
+from pgserver import fresh_schema, pg_url  # noqa: F401
+from service_proc import Server, wait_for
 
 JOB = r"""
 import os, sys, time

@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
+
 from service_proc import Server, cli, wait_for
 
 CONFIG = """\

@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
+
 from service_proc import Server, cli, wait_for
 
 SLEEP = [sys.executable, "-c", "import time; time.sleep(120)"]

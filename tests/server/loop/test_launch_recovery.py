@@ -20,15 +20,15 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import containment
 import httpx
 import pytest
-from containment import open_dir  # noqa: F401
-from pgserver import fresh_schema, pg_url  # noqa: F401
-from service_proc import Server, wait_for
 
+import containment
+from containment import open_dir  # noqa: F401
 from gpupool.server.executors.local import read_start_ticks
 from gpupool.server.store import TERMINAL, NewJob, Store
+from pgserver import fresh_schema, pg_url  # noqa: F401
+from service_proc import Server, wait_for
 
 SUPPORT = Path(__file__).resolve().parents[2] / "support"
 

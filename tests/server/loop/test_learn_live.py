@@ -14,7 +14,6 @@ from typing import Any
 import httpx
 import pytest
 from fastapi.testclient import TestClient
-from service_proc import Server, cli, wait_for
 
 from gpupool.cli.learn import learning_config_of, replay_history, verdict
 from gpupool.errors import ConflictError
@@ -29,6 +28,7 @@ from gpupool.server.loop.config import LIVE_DEFAULTS, LiveConfig
 from gpupool.server.loop.driver import LiveService
 from gpupool.server.loop.learning import Evidence, ShadowTally, check_evidence, outcomes_of
 from gpupool.server.store import NewJob, Store
+from service_proc import Server, cli, wait_for
 
 T0 = 1_000_000.0
 DAY = 86_400.0

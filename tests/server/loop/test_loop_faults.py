@@ -33,8 +33,6 @@ import httpx
 import pytest
 import sqlalchemy
 import sqlalchemy.pool
-from pgserver import fresh_schema, pg_url  # noqa: F401
-from service_proc import Server, free_port, wait_for
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from gpupool.ports.clock.fake import ManualClock
@@ -53,6 +51,8 @@ from gpupool.server.store import (
     Store,
     database_url,
 )
+from pgserver import fresh_schema, pg_url  # noqa: F401
+from service_proc import Server, free_port, wait_for
 
 T0 = 1_000.0
 

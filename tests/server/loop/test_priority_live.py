@@ -17,9 +17,9 @@ from typing import Any
 
 import httpx
 import pytest
-from service_proc import Server, cli, wait_for
 
 from gpupool.examples.ckpt_counter import expected_result
+from service_proc import Server, cli, wait_for
 
 STEPS = 400
 """40 s of work at 0.1 s a step: the second job still runs when the online one arrives on a

@@ -26,8 +26,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-from pgserver import fresh_schema, pg_url  # noqa: F401
-from service_proc import Server, wait_for
 
 from gpupool.errors import GpupoolError
 from gpupool.ports.clock.fake import ManualClock
@@ -41,6 +39,8 @@ from gpupool.server.loop.driver import LiveService
 from gpupool.server.review_source import review_from_db
 from gpupool.server.store import NewJob, Store, database_url
 from gpupool.server.telemetry.history import HistoryConfig
+from pgserver import fresh_schema, pg_url  # noqa: F401
+from service_proc import Server, wait_for
 
 CONFIG = """\
 teams:

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from pgserver import fresh_schema, pg_url  # noqa: F401
-from service_proc import Server, free_port, wait_for
 
 from gpupool.examples.ckpt_counter import expected_result
+from pgserver import fresh_schema, pg_url  # noqa: F401
+from service_proc import Server, free_port, wait_for
 
 STEPS = 25
 LONG_KEY, LONG_STEPS = 10**6, 30

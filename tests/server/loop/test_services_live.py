@@ -27,10 +27,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from service_proc import Server, cli, wait_for
 
 from gpupool.loadgen import OK, RateProfile, replica_urls, run
 from gpupool.traces.location import find_traces_dir
+from service_proc import Server, cli, wait_for
 
 CONFIG = """\
 teams:

@@ -15,9 +15,9 @@ import sys
 from pathlib import Path
 
 import httpx
-from service_proc import ROOT, Server, free_port, wait_for
 
 from gpupool.examples.ckpt_counter import expected_result
+from service_proc import ROOT, Server, free_port, wait_for
 
 PREVIOUS_RELEASE = "7498918"
 """The last commit whose modules are gpupool.service.* (the layout before the folders)."""

@@ -13,15 +13,15 @@ from typing import Any
 import pytest
 from alembic import command
 from alembic.config import Config
-from api_harness import Api, bearer
 from fastapi.testclient import TestClient
-from pgserver import pg_url  # noqa: F401
 from sqlalchemy import create_engine, text
 
+from api_harness import Api, bearer
 from gpupool.errors import ConflictError, NotFoundError, SpecError
 from gpupool.server.api.app import create_app
 from gpupool.server.security.auth import AuditTrail, TokenCache
 from gpupool.server.store import MIGRATIONS_DIR, AuditEntry, NewJob, Principal, Store, schema_head
+from pgserver import pg_url  # noqa: F401
 
 WALL0 = 1_800_000_000.0
 

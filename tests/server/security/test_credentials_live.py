@@ -24,7 +24,6 @@ from pathlib import Path
 import httpx
 import pytest
 import uvicorn
-from service_proc import free_port
 
 from gpupool.cli import remote as client_cli
 from gpupool.cli.main import main
@@ -36,6 +35,7 @@ from gpupool.server.api.app import create_app
 from gpupool.server.loop.config import LiveConfig
 from gpupool.server.loop.driver import LiveService
 from gpupool.server.store import NewJob, Store, database_url
+from service_proc import free_port
 
 IO_TIMEOUT_S = 10.0
 

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pgserver import fresh_schema, pg_url  # noqa: F401
 from sqlalchemy import create_engine, text
 
 from gpupool.errors import ConflictError, IllegalTransition, NotFoundError, SpecError
@@ -26,6 +25,7 @@ from gpupool.server.store import JobRow, NewJob, Principal, Store, database_url,
 from gpupool.server.store import jobs as jobs_module
 from gpupool.server.store.events import insert_event
 from gpupool.server.store.jobs import Jobs
+from pgserver import fresh_schema, pg_url  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[3]
 T0 = 1_700_000_000.0

@@ -21,9 +21,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from service_proc import Server, wait_for
 
 from gpupool.server.telemetry.prometheus import QUEUE_WAIT, SUBMIT_TO_START
+from service_proc import Server, wait_for
 
 DCGM_LABEL_STYLE = re.compile(
     r"^DCGM_FI_[A-Z0-9_]+ label names should be written in 'snake_case' not 'camelCase'$"

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pgserver import fresh_schema, pg_url  # noqa: F401
 from sqlalchemy.exc import OperationalError
 
 from gpupool.errors import SpecError
@@ -28,6 +27,7 @@ from gpupool.server.telemetry.history import (
     TelemetryHistory,
     parse_history,
 )
+from pgserver import fresh_schema, pg_url  # noqa: F401
 
 T0 = 1_800_000_000.0  # a whole minute
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from helios_fifo import Job, consolidate_select, mean_jct, read_elasticflow_philly, read_itp_raw
-from helios_fifo import simulate as reference_simulate
 
 from gpupool.sim.replay.run import run_replay
 from gpupool.traces.itp import read_itp
 from gpupool.traces.philly import read_elasticflow_philly as gpupool_read_philly
+from helios_fifo import Job, consolidate_select, mean_jct, read_elasticflow_philly, read_itp_raw
+from helios_fifo import simulate as reference_simulate
 
 ACCEPTANCE = 0.05
 """Largest relative gap in mean JCT between gpupool and the reference."""

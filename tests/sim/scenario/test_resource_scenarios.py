@@ -10,9 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from scenario_runs import scenario_run
 
 from gpupool.sim.scenario.runner import ScenarioResult
+from scenario_runs import scenario_run
 
 
 def _run(name: str) -> ScenarioResult:

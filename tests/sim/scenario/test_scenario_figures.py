@@ -28,11 +28,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from scenario_runs import scenario_run
 
 from gpupool.sim.scenario.config import load_scenario
 from gpupool.sim.scenario.runner import run_scenario
 from gpupool.traces.location import find_traces_dir
+from scenario_runs import scenario_run
 
 ROOT = Path(__file__).resolve().parents[3]
 SCENARIOS = ROOT / "scenarios"
