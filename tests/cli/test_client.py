@@ -781,8 +781,8 @@ def test_printable_escapes_controls_and_keeps_text(text: str, shown: str) -> Non
 
 def test_the_terminal_state_names_are_the_ones_the_server_stores() -> None:
     from gpupool.domain.lifecycle import STATE_NAMES, TERMINAL_NAMES
-    from gpupool.server.store import STATE_OF
-    from gpupool.server.store import TERMINAL as STORED_TERMINAL
+    from gpupool.server.store.states import STATE_OF
+    from gpupool.server.store.states import TERMINAL as STORED_TERMINAL
 
     assert STATE_NAMES == STATE_OF
     assert TERMINAL_NAMES == STORED_TERMINAL == TERMINAL

@@ -85,6 +85,7 @@ def drive(url: str, tokens: int, until: float) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # its latencies are the replica's, not those of a host busy with other tests
 def test_a_live_run_reviews_from_its_database(tmp_path: Path) -> None:
     (tmp_path / "service.yaml").write_text(CONFIG, encoding="utf-8")
     state = tmp_path / "state"
