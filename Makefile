@@ -32,26 +32,28 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 ## test: lint, then the whole test suite. ruff first (a second); mypy runs beside the tests
-## (its verdict counts as theirs). tests/ray (in a loopback-only network namespace, where no
-## port can collide with the rest) runs beside the main suite, whose tests run in TEST_WORKERS
-## processes (most of them wait on servers and jobs; tests/conftest.py keeps the modules that
-## share a server or a simulation on one worker) at a lower CPU priority (Ray's timeouts are
-## real time); then the tests marked serial (they hold latencies to a bound) without that
-## load, two at a time; the output of mypy and tests/ray comes last
+## (its verdict counts as theirs). The main suite runs in TEST_WORKERS processes (most of its
+## tests wait on servers and jobs; tests/conftest.py keeps the modules that share a server or
+## a simulation on one worker) at a low CPU priority. Beside it: tests/ray, in a loopback-only
+## network namespace (no port can collide with the rest; Ray's timeouts are real time, so it
+## keeps the normal priority), then the tests marked serial (they hold latencies to a bound)
+## one at a time at a high priority, so the main suite's load does not reach their latencies.
+## The output of mypy, tests/ray and the serial tests comes last.
 TEST_WORKERS ?= 4
 test: $(STAMP)
 	$(BIN)/ruff check src tests bench
 	$(BIN)/ruff format --check src tests bench
-	@log=$$(mktemp); types=$$(mktemp); \
-	$(BIN)/mypy > $$types 2>&1 & mypy=$$!; \
-	RAY_USAGE_STATS_ENABLED=0 GPUPOOL_REQUIRE_RAY=1 unshare -n sh -c 'ip link set lo up && exec "$$@"' sh \
-		$(BIN)/pytest tests/ray > $$log 2>&1 & ray=$$!; \
+	@out=$$(mktemp -d); \
+	$(BIN)/mypy > $$out/mypy 2>&1 & mypy=$$!; \
+	( RAY_USAGE_STATS_ENABLED=0 GPUPOOL_REQUIRE_RAY=1 unshare -n sh -c 'ip link set lo up && exec "$$@"' sh \
+		$(BIN)/pytest tests/ray > $$out/ray 2>&1; echo $$? > $$out/ray.rc; \
+	  GPUPOOL_REQUIRE_ISOLATION=1 nice -n -10 $(BIN)/pytest --ignore=tests/ray -m serial > $$out/serial 2>&1; \
+	  echo $$? > $$out/serial.rc ) & side=$$!; \
 	GPUPOOL_REQUIRE_ISOLATION=1 nice -n 10 $(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup --ignore=tests/ray -m "not serial"; main=$$?; \
-	wait $$ray; ray_rc=$$?; \
-	GPUPOOL_REQUIRE_ISOLATION=1 $(BIN)/pytest -n 2 --ignore=tests/ray -m serial; serial=$$?; \
-	wait $$mypy; mypy_rc=$$?; \
-	echo "mypy:"; cat $$types; echo "tests/ray:"; cat $$log; rm -f $$log $$types; \
-	[ $$main -eq 0 ] && [ $$serial -eq 0 ] && [ $$ray_rc -eq 0 ] && [ $$mypy_rc -eq 0 ]
+	wait $$side; wait $$mypy; mypy_rc=$$?; \
+	echo "mypy:"; cat $$out/mypy; echo "tests/ray:"; cat $$out/ray; echo "serial tests:"; cat $$out/serial; \
+	ray_rc=$$(cat $$out/ray.rc); serial_rc=$$(cat $$out/serial.rc); rm -rf $$out; \
+	[ $$main -eq 0 ] && [ $$ray_rc -eq 0 ] && [ $$serial_rc -eq 0 ] && [ $$mypy_rc -eq 0 ]
 
 ## bench: speed targets, results written to bench/results/
 bench: $(STAMP)
