@@ -512,6 +512,8 @@ def _error(resp: httpx.Response, url: str, method: str, path: str) -> GpupoolErr
         return RateLimitedError(
             message + (f" (the server says retry after {after} s)" if after else "")
         )
+    if status == 507:  # the server's disk is full: its sentence says what to do
+        return GpupoolError(f"the gpupool server at {url} refused {method} {path}: {message}")
     if status >= 500:
         return GpupoolError(
             f"server error {status} on {method} {path}: {message}; see the server's log"

@@ -21,6 +21,7 @@ from fastapi import APIRouter, Depends, FastAPI, Request, params
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
+from sqlalchemy.exc import DBAPIError
 from starlette.routing import Route
 
 from gpupool.errors import ConflictError, GpupoolError, NotFoundError, SpecError, Unavailable
@@ -43,7 +44,7 @@ from gpupool.server.api.routes import (
 )
 from gpupool.server.loop.driver import LiveService
 from gpupool.server.security.auth import AuditMiddleware, AuditTrail, TokenCache
-from gpupool.server.store import Store
+from gpupool.server.store import Store, out_of_space
 from gpupool.server.telemetry.prometheus import metrics_registry
 from gpupool.sizing.catalog import load_catalog
 
@@ -126,6 +127,7 @@ def create_app(
     app.exception_handler(RateLimited)(_rate_limited)
     app.exception_handler(Unavailable)(_unavailable)
     app.exception_handler(GpupoolError)(_refused)
+    app.exception_handler(DBAPIError)(_database_failed)
 
     # the fast door to POST /v1/jobs, first in the table (routes/jobs.py)
     app.router.routes.insert(0, Route("/v1/jobs", jobs.submit_direct, methods=["POST"]))
@@ -216,6 +218,22 @@ async def _rate_limited(_: Request, err: RateLimited) -> JSONResponse:
 
 async def _unavailable(_: Request, err: Unavailable) -> JSONResponse:
     return JSONResponse({"detail": str(err)}, status_code=503, headers={"Retry-After": "1"})
+
+
+async def _database_failed(_: Request, err: DBAPIError) -> JSONResponse:
+    """A write the database refused for want of disk space: 507 and what to do. Nothing of
+    the request was committed (each store call is one transaction). Any other database
+    error stays the server's fault (500)."""
+    if out_of_space(err):
+        return JSONResponse(
+            {
+                "detail": "the server's database has no disk space left, so nothing was "
+                "recorded: free space on the disk that holds it (the state directory, or "
+                "the PostgreSQL server's data directory), then send this again"
+            },
+            status_code=507,
+        )
+    raise err
 
 
 async def _refused(_: Request, err: GpupoolError) -> JSONResponse:

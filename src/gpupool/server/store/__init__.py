@@ -20,7 +20,7 @@ directly, never through this file.
 
 from gpupool.server.store.auth import audit_values, token_hash
 from gpupool.server.store.db import MIGRATIONS_DIR, Database, database_url, schema_head
-from gpupool.server.store.retry import Retry, RetryPolicy, transient
+from gpupool.server.store.retry import Retry, RetryPolicy, out_of_space, transient
 from gpupool.server.store.rows import (
     AuditEntry,
     AuditRow,
@@ -85,6 +85,7 @@ __all__ = [
     "TokenRow",
     "audit_values",
     "database_url",
+    "out_of_space",
     "schema_head",
     "token_hash",
     "transient",

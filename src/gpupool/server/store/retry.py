@@ -3,6 +3,7 @@ and the backoff the scheduler loop's store retries its calls with."""
 
 from __future__ import annotations
 
+import errno
 import threading
 import time
 from collections.abc import Callable
@@ -23,6 +24,33 @@ def transient(err: BaseException) -> bool:
     if isinstance(err, OperationalError | SqlTimeoutError | InterfaceError):
         return True
     return isinstance(err, DBAPIError) and bool(err.connection_invalidated)
+
+
+SQLITE_FULL = 13
+"""SQLite's result code for a write the disk (or max_page_count) had no room for."""
+POSTGRES_DISK_FULL = "53100"
+"""PostgreSQL's SQLSTATE disk_full."""
+NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def out_of_space(err: BaseException) -> bool:
+    """Whether a failed call failed for want of disk space where the database writes: SQLite's
+    SQLITE_FULL, PostgreSQL's disk_full, or ENOSPC/EDQUOT anywhere in the cause chain. Such a
+    write left nothing committed; it can succeed once space is freed."""
+    seen: BaseException | None = err
+    for _ in range(8):  # a cause chain is short; never follow a cycle
+        if seen is None:
+            return False
+        original = getattr(seen, "orig", None)
+        for e in (seen, original):
+            if getattr(e, "sqlite_errorcode", None) == SQLITE_FULL:
+                return True
+            if getattr(e, "sqlstate", None) == POSTGRES_DISK_FULL:
+                return True
+            if isinstance(e, OSError) and e.errno in NO_SPACE_ERRNOS:
+                return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 @dataclass
