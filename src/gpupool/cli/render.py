@@ -388,6 +388,14 @@ def service_text(s: dict[str, Any]) -> str:
         f"(SLO {s['slo_p99_ms']:g} ms, {s['replica_rps']:g} rps/replica; "
         f"{s.get('replicas_reporting', 0)} reporting)",
     ]
+    backoff = s.get("backoff")
+    if backoff:
+        when = time.strftime("%H:%M:%S", time.localtime(backoff["retry_at"]))
+        last = f" (last: {backoff['last_reason']})" if backoff.get("last_reason") else ""
+        lines.append(
+            f"backing off: {backoff['failures']} replicas in a row failed soon after they "
+            f"started{last}; the next one starts at {when} at the earliest"
+        )
     rows = [
         [
             str(r["job_id"]),

@@ -154,6 +154,13 @@ class SchedulerConfig:
     (the live service waits 5 minutes; 0: at once, as the scenarios always did)."""
     autoscale_load_window_s: float = 120.0
     """A measured load (ServiceLoad) older than this no longer counts for the SLO rule."""
+    autoscale_restart_backoff_s: float = 10.0
+    """A service whose replicas keep failing soon after they start gets its next replica
+    this long after the latest failure, doubling with each failure in a row (a crash loop
+    costs a job row per try, not one per cycle)."""
+    autoscale_restart_backoff_max_s: float = 300.0
+    """The longest wait between tries; a replica that fails after running this long starts
+    the count again (it was healthy for a while)."""
     preemption: PreemptionRules = field(default_factory=PreemptionRules)
     checkpoint: CheckpointModel = field(default_factory=CheckpointModel.calibrated)
     colocation: ColocationModel = field(default_factory=ColocationModel.calibrated)

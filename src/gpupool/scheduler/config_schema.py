@@ -203,7 +203,14 @@ def parse_scheduling(
     auto = r.section(
         raw.get("autoscale"),
         "autoscale",
-        {"lookahead_s", "headroom", "down_stable_s", "load_window_s"},
+        {
+            "lookahead_s",
+            "headroom",
+            "down_stable_s",
+            "load_window_s",
+            "restart_backoff_s",
+            "restart_backoff_max_s",
+        },
     )
     el = r.section(raw.get("elastic"), "elastic", {"resize", "grow_after_s"})
     resize = el.get("resize", defaults.elastic.resize)
@@ -264,6 +271,14 @@ def parse_scheduling(
             auto.get("load_window_s", defaults.autoscale_load_window_s),
             "autoscale.load_window_s",
             positive=True,
+        ),
+        autoscale_restart_backoff_s=r.number(
+            auto.get("restart_backoff_s", defaults.autoscale_restart_backoff_s),
+            "autoscale.restart_backoff_s",
+        ),
+        autoscale_restart_backoff_max_s=r.number(
+            auto.get("restart_backoff_max_s", defaults.autoscale_restart_backoff_max_s),
+            "autoscale.restart_backoff_max_s",
         ),
         online_reserve_on=reserve_on,
         preemption=PreemptionRules(

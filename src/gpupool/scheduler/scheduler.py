@@ -42,7 +42,7 @@ from gpupool.policies.registry import cycle_names
 from gpupool.scheduler.book import JobBook
 from gpupool.scheduler.commands import Command, LearnGuard
 from gpupool.scheduler.config import SchedulerConfig
-from gpupool.scheduler.cycle.autoscale import ServiceAutoscale
+from gpupool.scheduler.cycle.autoscale import Backoff, ServiceAutoscale
 from gpupool.scheduler.cycle.base import CycleContext, Published, Stage
 from gpupool.scheduler.cycle.burst import CloudBurst
 from gpupool.scheduler.cycle.deferral import PriceDeferral
@@ -594,6 +594,11 @@ class Scheduler:
     @property
     def services(self) -> Mapping[str, ServiceTemplate]:
         return self.autoscale.services
+
+    def service_backoff(self, name: str) -> Backoff | None:
+        """Whether a service is backing off after replicas that failed in a row (the value
+        is replaced whole: a reader needs no lock)."""
+        return self.autoscale.backoff.get(name)
 
     @property
     def policy(self) -> CyclePolicy:

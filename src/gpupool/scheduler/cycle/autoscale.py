@@ -2,19 +2,22 @@
 needs (the demand rule), or more when what its replicas measured breaks the SLO (the SLO
 rule); surplus replicas are cancelled once demand has stayed low, waiting ones first, then
 those on the emptiest nodes, so the GPUs freed join other free GPUs instead of leaving
-holes. The stage owns the services, their demand and load and its scaling history."""
+holes. A service whose replicas keep failing soon after they start backs off: its next
+replica waits, doubling with each failure in a row up to a cap. The stage owns the services,
+their demand and load, its scaling history and the failures in a row."""
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import ClassVar
 
 from gpupool.domain.lifecycle import JobState
 from gpupool.domain.model import MILLI_PER_GPU, JobKind, JobSpec
 from gpupool.errors import NotFoundError
-from gpupool.scheduler.book import JobBook
+from gpupool.scheduler.book import JobBook, JobWatcher
 from gpupool.scheduler.commands import Cancel, Command, Scale
 from gpupool.scheduler.config import SchedulerConfig
 from gpupool.scheduler.cycle.base import CycleContext
@@ -29,7 +32,17 @@ SLO_RELEASE = 0.9
 rate that needed them: the demand rule alone would take them back at once and flap."""
 
 
-class ServiceAutoscale:
+@dataclass(frozen=True)
+class Backoff:
+    """A service whose replicas failed `failures` times in a row: no new replica before
+    `retry_at_s`."""
+
+    failures: int
+    retry_at_s: float
+    last_reason: str
+
+
+class ServiceAutoscale(JobWatcher):
     name: ClassVar[str] = "service-autoscale"
 
     def __init__(
@@ -57,6 +70,9 @@ class ServiceAutoscale:
         self.scaled_at: dict[str, float] = {}
         """When each service's replica count last changed (the SLO rule waits a window)."""
         self.replica_seq: dict[str, int] = defaultdict(int)
+        self.backoff: dict[str, Backoff] = {}
+        """The services backing off after replicas that failed in a row."""
+        book.watchers.append(self)
 
     # ---- services come and go -----------------------------------------------------------------
     def known(self, name: str) -> ServiceTemplate:
@@ -92,10 +108,37 @@ class ServiceAutoscale:
         out.insert(0, Scale(name, len(mine), 0, reason, tuple(dropped)))
         del self.services[name]
         book.replicas.pop(name, None)
-        for table in (self.demand, self.load, self.below_since, self.scaled_at, self.slo_floor):
+        for table in (
+            self.demand,
+            self.load,
+            self.below_since,
+            self.scaled_at,
+            self.slo_floor,
+            self.backoff,
+        ):
             table.pop(name, None)
         book.dirty = True
         return out
+
+    def ended(self, job_id: str) -> None:
+        """A replica that failed soon after it started (or never started) adds to its
+        service's failures in a row and moves its next try out; one that ran a while
+        before failing starts the count again."""
+        r = self.book.record(job_id)
+        if r.service is None or r.service not in self.services or r.end_s is None:
+            return
+        if r.state is not JobState.FAILED:
+            return
+        cfg = self.config
+        ran_s = r.end_s - r.run_started_s if r.first_start_s is not None else 0.0
+        before = self.backoff.get(r.service)
+        healthy_for_a_while = ran_s >= cfg.autoscale_restart_backoff_max_s
+        failures = 1 if before is None or healthy_for_a_while else before.failures + 1
+        wait_s = min(
+            cfg.autoscale_restart_backoff_s * 2 ** (failures - 1),
+            cfg.autoscale_restart_backoff_max_s,
+        )
+        self.backoff[r.service] = Backoff(failures, r.end_s + wait_s, r.end_reason)
 
     def observe_demand(self, event: ServiceDemand) -> None:
         self.known(event.service)
@@ -179,6 +222,8 @@ class ServiceAutoscale:
         out: list[Command] = []
         cfg = self.config
         for svc in self.services.values():
+            if svc.name in self.backoff and self.healthy(svc.name, now):
+                del self.backoff[svc.name]
             peak = self.demand.get(svc.name, 0.0)
             shared = self.sharing_pays(svc.name, peak)
             want = self.replicas_needed(svc.name, peak, shared)
@@ -216,6 +261,11 @@ class ServiceAutoscale:
                 self.below_since.pop(svc.name, None)
             if want == have:
                 continue
+            backing_off = self.backoff.get(svc.name)
+            if want > have and backing_off is not None:
+                if now < backing_off.retry_at_s - 1e-9:
+                    continue  # a crash loop: the next replica waits for its try
+                why += f"; try {backing_off.failures + 1} after {backing_off.failures} failed"
             self.scaled_at[svc.name] = now
             self.below_since.pop(svc.name, None)
             dropped: list[str] = []
@@ -253,6 +303,14 @@ class ServiceAutoscale:
             out.append(Scale(svc.name, have, want, why, tuple(dropped)))
             out += cancels
         return out
+
+    def healthy(self, name: str, now: float) -> bool:
+        """A replica of the service has run `restart_backoff_max_s`: its failures are past."""
+        settled = self.config.autoscale_restart_backoff_max_s
+        return any(
+            r.state is JobState.RUNNING and now - r.run_started_s >= settled
+            for r in self.book.replicas[name].values()
+        )
 
     def node_free(self, r: JobRecord) -> int:
         placement = self.book.state.placements.get(r.spec.job_id)

@@ -194,6 +194,16 @@ class Views:
         out["rps"] = round(load.rps, 3) if load is not None else None
         out["p99_ms"] = _ms(load.p99_ms) if load is not None else None
         out["replicas_reporting"] = load.reporting if load is not None else 0
+        backoff = self.scheduler.service_backoff(name)
+        out["backoff"] = (
+            {
+                "failures": backoff.failures,
+                "retry_at": backoff.retry_at_s,
+                "last_reason": backoff.last_reason,
+            }
+            if backoff is not None
+            else None
+        )
         out["replicas"] = []
         for r in replicas:
             key = str(r.id)
