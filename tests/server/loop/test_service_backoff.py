@@ -1,6 +1,6 @@
 """A service whose replica cannot run (`false`) backs off through the real `gpupool serve`:
 its next replica waits 2 s, then 4, then 8 (the cap here), instead of one replica (and one
-job row) per cycle, and `gpupool service show` says so."""
+job row) per cycle, and `gpupool service show` and the dashboard say so."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from browser import chromium
 from service_proc import Server, cli, wait_for
 
 CONFIG = """\
@@ -58,5 +59,13 @@ def test_a_crash_looping_service_backs_off(tmp_path: Path) -> None:
         assert "replicas in a row failed soon after they started" in shown.stdout
         view = httpx.get(f"{server.url}/v1/services/crashy", timeout=5).json()
         assert view["backoff"]["failures"] >= 2
+
+        with chromium() as browser:  # the services panel marks it
+            page = browser.new_page()
+            page.goto(server.url + "/")
+            badge = page.locator("#panel-services tr[data-service=crashy] .backoff")
+            badge.wait_for(timeout=15_000)
+            assert badge.inner_text().startswith("backing off: ")
+            assert "failed soon after they started" in (badge.get_attribute("title") or "")
     finally:
         server.stop()

@@ -391,6 +391,18 @@ function drawTeams(view) {
   setStatus(p, "GPUs held now against what each team is guaranteed and may hold at most.");
 }
 
+// A crash loop: replicas failed in a row, the next waits (GET /v1/services: backoff).
+function backoffBadge(backoff) {
+  if (!backoff) return null;
+  const at = new Date(backoff.retry_at * 1000).toLocaleTimeString();
+  const last = backoff.last_reason ? ` (last: ${backoff.last_reason})` : "";
+  return h("span", {
+    class: "badge bad backoff",
+    title: `${backoff.failures} replicas in a row failed soon after they started${last}; ` +
+      `the next one starts at ${at} at the earliest`,
+  }, `backing off: ${backoff.failures} failed`);
+}
+
 function drawServices(view) {
   const p = panel("panel-services");
   if (failed(p, view)) return;
@@ -406,7 +418,7 @@ function drawServices(view) {
     return h("tr", { "data-service": s.name },
       h("td", {}, h("b", {}, s.name)), h("td", {}, s.team), h("td", {}, s.model || "–"),
       h("td", { class: "replicas" }, `${serving} serving / ${s.target_replicas} wanted ` +
-        `(${s.min_replicas}..${s.max_replicas})`),
+        `(${s.min_replicas}..${s.max_replicas})`, backoffBadge(s.backoff)),
       h("td", {}, num(s.rps, 1, " rps")),
       h("td", {}, num(p99, 1, " ms"), over ? h("span", { class: "badge bad" }, "over SLO") : null),
       h("td", {}, `${s.slo_p99_ms} ms`),
