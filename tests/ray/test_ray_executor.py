@@ -81,7 +81,7 @@ def test_a_launcher_that_dies_is_replaced_and_its_jobs_run_on(
     with open(f"/proc/{first['raylet'][0]}/cmdline", "rb") as f:
         assert b"raylet" in f.read()
     run_dir = tmp_path / "kept"
-    steps = 80
+    steps = 400  # 20 s of work: it outlives the launcher's restart on a loaded host
     h = ex.launch_on(_spec("kept", _counter(steps, 0.05), run_dir, (2,)), "a1", time.time())
     ray_cluster.pgids.append(h.pgid)
     ck = run_dir / "checkpoint" / "counter.json"
