@@ -26,7 +26,7 @@ import pytest
 from gpupool.errors import Unavailable
 from gpupool.examples.allreduce import expected_result
 from gpupool.ports.executor.base import Exit, Gang, GangMember, Handle, LaunchSpec
-from gpupool.server.executors.local import read_start_ticks
+from gpupool.server.agent.processes import read_start_ticks
 from gpupool.server.executors.ray import RayExecutor, node_resources
 from service_proc import Server, cli, wait_for
 

@@ -60,7 +60,7 @@ def reap_left_jobs() -> None:
     running when it stops, on purpose (a restart adopts them); at the end of a test
     nobody will, and a job left behind would eat the CPU of every test after it. Only a
     process that still is the recorded one (pid and start ticks) is killed."""
-    from gpupool.server.executors.local import read_start_ticks
+    from gpupool.server.agent.processes import read_start_ticks
 
     for server in list(_STARTED):
         if server.proc is not None and server.proc.poll() is None:

@@ -318,7 +318,7 @@ def serve(opts: ServeOptions) -> int:
     _check_loop_flags(opts)
     store = Store(database_url(opts.db, state_dir))
     store.migrate()
-    isolation = service_isolation(opts.config, opts.no_isolation, opts.demo, opts.ray is not None)
+    isolation = service_isolation(opts.config, opts.no_isolation, opts.demo)
     config = LiveConfig(
         state_dir=state_dir,
         scheduling=scheduling,
@@ -460,7 +460,7 @@ def _build_live(
     """The live service: on Ray, or on this machine with the jobs isolated as configured;
     says what the isolation cannot guarantee here."""
     if opts.ray is not None:
-        live = _ray_live(opts, config, store, lease)
+        live = _ray_live(opts, config, store, lease, isolation)
         for note in isolation.cannot_guarantee():
             print(f"gpupool: not guaranteed: {note}", file=sys.stderr)
         return live
@@ -494,7 +494,11 @@ def _announce(opts: ServeOptions, live: LiveService, url: str, state_dir: Path) 
 
 
 def _ray_live(
-    opts: ServeOptions, config: LiveConfig, store: Store, lease: Lease | None = None
+    opts: ServeOptions,
+    config: LiveConfig,
+    store: Store,
+    lease: Lease | None = None,
+    isolation: Isolation | None = None,
 ) -> LiveService:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     try:
@@ -505,6 +509,7 @@ def _ray_live(
             "(the local executor needs nothing more: leave out --ray)"
         ) from None
     from gpupool.server.executors.ray import RayExecutor
+    from gpupool.server.executors.ray_launcher import AgentSettings
     from gpupool.server.loop.driver import ray_service
 
     try:
@@ -523,6 +528,13 @@ def _ray_live(
         config,
         store,
         open_clock(opts.clock_start, opts.clock_speed),
-        executor=RayExecutor(namespace=opts.ray_namespace),
+        executor=RayExecutor(
+            namespace=opts.ray_namespace,
+            agent=AgentSettings(
+                contain=isolation is not None and isolation.enabled,
+                log_max_bytes=isolation.log_max_bytes if isolation is not None else None,
+            ),
+            isolation=isolation if isolation is not None and isolation.enabled else None,
+        ),
         lease=lease,
     )

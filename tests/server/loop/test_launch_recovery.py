@@ -25,7 +25,7 @@ import pytest
 
 import containment
 from containment import open_dir  # noqa: F401
-from gpupool.server.executors.local import read_start_ticks
+from gpupool.server.agent.processes import read_start_ticks
 from gpupool.server.store import TERMINAL, NewJob, Store
 from pgserver import fresh_schema, pg_url  # noqa: F401
 from service_proc import Server, wait_for

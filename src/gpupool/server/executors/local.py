@@ -24,10 +24,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import marshal
 import os
 import resource
-import secrets
 import select
 import signal
 import subprocess
@@ -39,73 +37,40 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpupool.errors import ConflictError, SpecError, Unavailable
+from gpupool.errors import ConflictError, SpecError
 from gpupool.ports.executor.base import (
     DEFAULT_GRACE_S,
     MULTI_NODE_REFUSED,
     Exit,
     Handle,
-    JobUser,
     LaunchSpec,
     classify,
     validate,
 )
 from gpupool.ports.executor.stops import ask_stop, watched
+from gpupool.server.agent.processes import cmdline, read_start_ticks
+from gpupool.server.agent.start import (
+    SHIM_MODULES,
+    AttemptProcesses,
+    Containment,
+    start_attempt,
+)
 from gpupool.server.executors.files import (
-    CHECKPOINT_DIR,
     DEFAULT_LOG_MAX_BYTES,
-    DEFAULT_PATH,
-    HOME_DIR,
-    STDERR_LOG,
-    STDOUT_LOG,
     exit_file,
-    job_environment,
     launch_file,
     read_json,
     stop_file,
-    write_atomically,
     write_json,
 )
 from gpupool.server.isolation import cgroups as cg
-from gpupool.server.isolation.cgroups import BASE_DEVICES, Cgroups, DeviceRule, gpu_device_rules
+from gpupool.server.isolation.cgroups import BASE_DEVICES, Cgroups, DeviceRule
 
 if TYPE_CHECKING:
     from gpupool.ports.executor.base import Executor
 
-TOKEN_ENV = "GPUPOOL_LAUNCH_TOKEN"
-CGROUP_PARENT = "gpupool"
-
 
 # --------------------------------------------------------------------------- /proc
-
-
-def read_start_ticks(pid: int, *, zombie_ok: bool = False) -> int | None:
-    """Field 22 of /proc/<pid>/stat; None if there is no such process, or (unless
-    zombie_ok) it has already exited and only waits to be reaped."""
-    try:
-        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
-    except OSError:
-        return None
-    try:
-        stat = os.read(fd, 4096)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    # comm (field 2) may hold spaces and parentheses: split after the last ")".
-    rest = stat[stat.rfind(b")") + 2 :].split()
-    if len(rest) < 20 or (not zombie_ok and rest[0] in (b"Z", b"X")):
-        return None
-    return int(rest[19])
-
-
-def _cmdline(pid: int) -> list[str]:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            raw = f.read()
-    except OSError:
-        return []
-    return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
 
 
 # --------------------------------------------------------------------------- local
@@ -163,71 +128,6 @@ def _open_pidfd(handle: Handle) -> int | None:
         os.close(fd)  # the pid was reused between our check and the open
         return None
     return fd
-
-
-def token_pids(token: str) -> list[int]:
-    """Processes whose environment carries launch token `token` (those we may read: all
-    of them as root). How a job's processes are found where there are no cgroups."""
-    if not token:
-        return []
-    needle = f"{TOKEN_ENV}={token}".encode()
-    me = os.getpid()
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == me:
-            continue
-        try:
-            with open(f"/proc/{name}/environ", "rb") as f:
-                environ = f.read()
-        except OSError:
-            continue
-        if needle in environ.split(b"\0") and read_start_ticks(int(name)) is not None:
-            found.append(int(name))
-    return sorted(found)
-
-
-def _pgid_of(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    fields = stat[stat.rfind(b")") + 2 :].split()
-    return int(fields[2]) if len(fields) > 2 else None
-
-
-def _abandon(proc: subprocess.Popen[bytes]) -> None:
-    """Kill and reap a shim that was never handed its job (a launch that failed after
-    it started); it has started nothing."""
-    with contextlib.suppress(OSError):
-        proc.kill()
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(5)
-
-
-def _cgroup_name(job_id: str, attempt: int, token: str) -> str:
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in job_id)[:64]
-    return f"{CGROUP_PARENT}/job-{safe}-a{attempt}-{token[:12]}"
-
-
-SHIM_MODULE = "gpupool.server.executors.shim"
-SHIM_MODULES = (SHIM_MODULE, "gpupool.service.shim")
-"""The names a shim's command line carries: this layout's, and the one before it (shims a
-server of the previous release started, adopted after an upgrade)."""
-_SHIM_BOOT = (
-    "import sys;sys.path.append(sys.argv[2]);del sys.argv[1:3];import shim;sys.exit(shim.main())"
-)
-
-
-def shim_command(python: str = sys.executable) -> list[str]:
-    """How a shim is started: `python -I -S -c BOOT gpupool.server.executors.shim DIR`, BOOT
-    importing `shim` from DIR, this package's own directory (the shim imports nothing
-    from gpupool). -I: neither the job's nor the server's PYTHON* variables, user site or
-    working directory can change its code; -S: no site-packages, no .pth files, which
-    with -m's runpy were a third of its start-up (13 -> 8 ms on this host); it is the shim
-    of this install, not whichever gpupool site-packages names. The module's name stays
-    in the command line: adopt() and the tests find a shim by it."""
-    return [python, "-I", "-S", "-c", _SHIM_BOOT, SHIM_MODULE, str(Path(__file__).parent)]
 
 
 # Popen objects of jobs left running at shutdown(): kept referenced so that the
@@ -288,6 +188,11 @@ class LocalExecutor:
         job's pidfd is shared with poll): jobs past it end at the next cycle, as before,
         rather than take the descriptors the server needs (the soft limit is often 1024)."""
         self._exit_fds = 0
+
+    @property
+    def containment(self) -> Containment:
+        """How this machine's attempts are contained (the node agent's settings)."""
+        return Containment(self.cgroups, self.log_max_bytes, self._devices_dir, self._base_devices)
 
     def cannot_guarantee(self) -> list[str]:
         """What this executor cannot enforce here, one sentence each (logged at start)."""
@@ -380,127 +285,20 @@ class LocalExecutor:
                 "launching it again"
             )
         self.expect_launch()  # unless the loop already did: the wait starts before the intent
-        run_dir = spec.run_dir.absolute()
-        self._prepare_dirs(run_dir, spec.user)
-        record = exit_file(run_dir, spec.attempt)
-        for stale in (record, stop_file(run_dir, spec.attempt)):
-            stale.unlink(missing_ok=True)
-        token = secrets.token_hex(16)
-        group = _cgroup_name(spec.job_id, spec.attempt, token) if self.cgroups else ""
-        env = job_environment(spec)
-        env[TOKEN_ENV] = token
-        cwd = spec.cwd
-        if cwd is None and spec.user is not None:
-            cwd = run_dir / HOME_DIR  # the server's own directory is none of its business
-        job = {
-            "argv": list(spec.argv),
-            "env": env,
-            "cwd": str(cwd) if cwd is not None else None,
-            "uid": spec.user.uid if spec.user is not None else None,
-            "gid": spec.user.gid if spec.user is not None else None,
-            "stdout": str(run_dir / STDOUT_LOG),
-            "stderr": str(run_dir / STDERR_LOG),
-            "log_max_bytes": self.log_max_bytes,
-        }
-        header = f"== attempt {spec.attempt} ==\n".encode()
-        # The shim starts first, so that its interpreter's start overlaps the intent and
-        # the cgroup: until it is handed the job it runs nothing, and should we die before
-        # that, it reads EOF and exits without starting the job. The job's processes, the
-        # only ones the intent is for, come after the intent and inside the cgroup.
-        read_end, write_end = os.pipe()
-        argv = [*shim_command(self._python), "--exit-file", str(record)]
-        argv += ["--spec-fd", str(read_end)]
-        try:
-            with (
-                open(run_dir / STDOUT_LOG, "ab", buffering=0) as out,
-                open(run_dir / STDERR_LOG, "ab", buffering=0) as err,
-            ):
-                out.write(header)
-                err.write(header)
-                try:
-                    proc = subprocess.Popen(
-                        argv,
-                        stdin=subprocess.DEVNULL,
-                        stdout=out,
-                        stderr=err,
-                        env={"PATH": DEFAULT_PATH, TOKEN_ENV: token},
-                        cwd=run_dir if spec.user is not None else None,
-                        start_new_session=True,
-                        pass_fds=(read_end,),
-                    )
-                except OSError as e:
-                    raise SpecError(
-                        f"job {spec.job_id}: cannot start the shim {argv[0]}: {e}"
-                    ) from e
-        except BaseException:
-            os.close(write_end)
-            raise
-        finally:
-            os.close(read_end)
-        try:
-            # The intent before the job's cgroup and processes: whatever exists after it
-            # can be found again by it, and cleaned up.
-            write_atomically(
-                launch_file(run_dir, spec.attempt),
-                {"job_id": spec.job_id, "attempt": spec.attempt, "token": token, "cgroup": group},
-            )
-            if self.cgroups is not None:
-                devices = gpu_device_rules(spec.gpu_indices, self._devices_dir, self._base_devices)
-                try:
-                    self.cgroups.create(group, spec.limits, devices)
-                except OSError as e:
-                    with contextlib.suppress(OSError):
-                        self.cgroups.remove(group)
-                    why = f"job {spec.job_id}: cannot create its cgroup {group}: {e}"
-                    raise Unavailable(why) from e
-        except BaseException:
-            _abandon(proc)  # never handed a job: nothing of it ran
-            os.close(write_end)
-            raise
-        # Our child's pid stays ours (a zombie at worst) until we reap it.
-        ticks = read_start_ticks(proc.pid, zombie_ok=True) or 0
-        handle = Handle(spec.job_id, spec.attempt, proc.pid, proc.pid, ticks, token, group)
-        self._jobs[spec.job_id] = watched = _Watched(handle, run_dir, proc)
+        started = start_attempt(spec, python=self._python, containment=self.containment)
+        proc = started.proc
+        handle = Handle(
+            spec.job_id,
+            spec.attempt,
+            proc.pid,
+            proc.pid,
+            started.ticks,
+            started.token,
+            started.cgroup,
+        )
+        self._jobs[spec.job_id] = watched = _Watched(handle, spec.run_dir.absolute(), proc)
         self._watch_exit(watched)
-        try:
-            if self.cgroups is not None:
-                self.cgroups.add(group, proc.pid)  # before it has started anything
-            with open(write_end, "wb", closefd=False) as pipe:
-                pipe.write(marshal.dumps(job))  # the shim reads marshal, not json
-        except OSError as e:
-            # Not placed, or it died: it never gets the job, and the poll reports it.
-            with contextlib.suppress(OSError):
-                os.kill(proc.pid, signal.SIGKILL)
-            if not isinstance(e, BrokenPipeError):
-                with contextlib.suppress(OSError):
-                    err_path = run_dir / STDERR_LOG
-                    with open(err_path, "a", encoding="utf-8") as f:
-                        f.write(f"gpupool: could not hand the job to its shim: {e}\n")
-        finally:
-            os.close(write_end)
         return handle
-
-    def _prepare_dirs(self, run_dir: Path, user: JobUser | None) -> None:
-        """The run directory: with a user, the server's (0711: the job can reach its own
-        parts but not list or change the records in it); checkpoint/ and home/ the job's
-        (0700); the logs the server's, readable by the job's group (0640)."""
-        for sub in (CHECKPOINT_DIR, HOME_DIR):
-            (run_dir / sub).mkdir(parents=True, exist_ok=True)
-        if user is None:
-            return
-        os.chown(run_dir, 0, 0)
-        os.chmod(run_dir, 0o711)
-        for sub in (CHECKPOINT_DIR, HOME_DIR):
-            os.lchown(run_dir / sub, user.uid, user.gid)
-            os.chmod(run_dir / sub, 0o700)
-        for name in (STDOUT_LOG, STDERR_LOG):
-            path = run_dir / name
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o640)
-            try:
-                os.fchown(fd, 0, user.gid)
-                os.fchmod(fd, 0o640)
-            finally:
-                os.close(fd)
 
     def adopt(self, handle: Handle, run_dir: Path) -> bool:
         """Watch an attempt started by an earlier scheduler. True if its shim still runs;
@@ -518,7 +316,7 @@ class LocalExecutor:
         if not handle.cgroup and isinstance(intent.get("cgroup"), str):
             handle = dataclasses.replace(handle, cgroup=intent["cgroup"])
         if handle.pid <= 0 or not self._is_our_shim(handle, run_dir):
-            for pid in self._members(handle):
+            for pid in self._processes(handle).members():
                 ticks = read_start_ticks(pid)
                 found = dataclasses.replace(handle, pid=pid, pgid=pid, start_ticks=ticks or 0)
                 if ticks is not None and self._is_our_shim(found, run_dir):
@@ -544,36 +342,16 @@ class LocalExecutor:
         # Same pid and start time is the same process within one boot; the shim's exit
         # file also rules out a later boot that happened to reuse both. Compared resolved,
         # so a run_dir spelled another way (relative, through a symlink) still matches.
-        cmdline = _cmdline(handle.pid)
-        if not any(m in cmdline for m in SHIM_MODULES) or "--exit-file" not in cmdline:
+        argv = cmdline(handle.pid)
+        if not any(m in argv for m in SHIM_MODULES) or "--exit-file" not in argv:
             return False
-        at = cmdline.index("--exit-file") + 1
-        if at >= len(cmdline):
+        at = argv.index("--exit-file") + 1
+        if at >= len(argv):
             return False
-        return Path(cmdline[at]).resolve() == exit_file(run_dir, handle.attempt).resolve()
+        return Path(argv[at]).resolve() == exit_file(run_dir, handle.attempt).resolve()
 
-    def _members(self, handle: Handle) -> list[int]:
-        """Every live process of the attempt: its cgroup's members, or (no cgroups) the
-        processes carrying its launch token."""
-        if handle.cgroup and self.cgroups is not None:
-            return self.cgroups.pids(handle.cgroup)
-        return token_pids(handle.token)
-
-    def _kill_members(self, handle: Handle) -> None:
-        if handle.cgroup and self.cgroups is not None:
-            self.cgroups.kill(handle.cgroup)
-            return
-        killed = token_pids(handle.token)
-        for pid in killed:
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-        # A dying process stops showing its environment before it is gone: wait for it
-        # (briefly; the next poll looks again) so that "ended" means gone.
-        deadline = time.monotonic() + 0.2
-        while killed and time.monotonic() < deadline:
-            killed = [pid for pid in killed if read_start_ticks(pid) is not None]
-            if killed:
-                time.sleep(0.002)
+    def _processes(self, handle: Handle) -> AttemptProcesses:
+        return AttemptProcesses(handle.pgid, handle.token, handle.cgroup, self.cgroups)
 
     # ---- stopping
 
@@ -623,16 +401,7 @@ class LocalExecutor:
         # A child's pid is ours until we reap it; an adopted job is checked just before.
         if job.proc is None and not self._alive(job):
             return
-        with contextlib.suppress(OSError):
-            os.killpg(job.handle.pgid, sig)
-        if sig == signal.SIGKILL:
-            self._kill_members(job.handle)
-            return
-        # Processes that left the job's process group get the signal too (once each).
-        for pid in self._members(job.handle) if job.handle.cgroup else ():
-            if _pgid_of(pid) != job.handle.pgid:
-                with contextlib.suppress(OSError):
-                    os.kill(pid, sig)
+        self._processes(job.handle).signal(sig)
 
     def _enforce(self, job: _Watched, now_s: float) -> None:
         if job.kill_sent or job.deadline_s is None or now_s < job.deadline_s:
@@ -695,13 +464,8 @@ class LocalExecutor:
         h = job.handle
         # The attempt has ended only when nothing of it is left: until then its GPUs are
         # not free. What the shim left (escaped children) is killed here.
-        if self._members(h):
-            self._kill_members(h)
-            if self._members(h):
-                return None
-        if h.cgroup and self.cgroups is not None:
-            with contextlib.suppress(OSError):
-                self.cgroups.remove(h.cgroup)
+        if not self._processes(h).end():
+            return None
         code, sig, status_known = job.status
         stop_kind, kill_sent = job.stop_kind, job.kill_sent
         record = read_json(exit_file(job.run_dir, h.attempt))

@@ -42,6 +42,7 @@ from gpupool.ports.executor.base import (
 from gpupool.ports.executor.stops import ask_stop, watched
 from gpupool.server.executors.files import STDERR_LOG, STDOUT_LOG, exit_file
 from gpupool.server.executors.ray_launcher import (
+    AgentSettings,
     NodeLauncher,
     ShimStart,
     launcher_name,
@@ -138,7 +139,9 @@ class RayExecutor:
     it is filled from :func:`ray_nodes`. `launch` runs on `default_node`; use
     :meth:`launch_on` to name the node per attempt. The launchers are detached and named
     per node in `namespace`, so jobs outlive the scheduler and `adopt` finds them again
-    through them. `python` must exist at the same path on every node."""
+    through them. `python` must exist at the same path on every node. `agent`: how each
+    node's agent contains jobs (cgroups, log cap); a LaunchSpec's user is each job's
+    team user, which every node must agree on (same name, uid and gid)."""
 
     def __init__(
         self,
@@ -148,6 +151,8 @@ class RayExecutor:
         namespace: str = DEFAULT_NAMESPACE,
         python: str = sys.executable,
         call_timeout_s: float = CALL_TIMEOUT_S,
+        agent: AgentSettings | None = None,
+        isolation: Any = None,
     ) -> None:
         import ray
 
@@ -157,6 +162,10 @@ class RayExecutor:
         self._namespace = namespace
         self._python = python
         self._timeout = call_timeout_s
+        self._agent = agent or AgentSettings()
+        self.isolation = isolation
+        """The policy that gives each job its team user and limits (read by the loop when
+        it builds a LaunchSpec), as for LocalExecutor; None: jobs run as Ray's user."""
         self._launcher_cls: Any = ray.remote(NodeLauncher)
         self._launchers: dict[str, tuple[str, Any]] = {}
         """gpupool node -> (Ray node id, its warm launcher's handle)."""
@@ -202,7 +211,7 @@ class RayExecutor:
             max_concurrency=16,
             max_restarts=-1,
             max_task_retries=0,
-        ).remote(node, self._state_dir)
+        ).remote(node, self._state_dir, self._agent)
         self._launchers[node] = (ray_node, handle)
         return handle
 
@@ -398,7 +407,7 @@ class RayExecutor:
         refs = []
         for run in runs:
             with contextlib.suppress(Exception):
-                refs.append(run.launcher.signal.remote(run.pid, run.ticks, signal.SIGKILL))
+                refs.append(run.launcher.signal.remote(run.pid, run.ticks, signal.SIGKILL, run.key))
         for ref in refs:
             with contextlib.suppress(Exception):
                 self._ray.get(ref, timeout=self._timeout)
@@ -538,7 +547,7 @@ class RayExecutor:
         for run in job.runs:
             if not run.done:
                 with contextlib.suppress(Exception):
-                    refs.append(run.launcher.signal.remote(run.pid, run.ticks, sig))
+                    refs.append(run.launcher.signal.remote(run.pid, run.ticks, sig, run.key))
         for ref in refs:
             with contextlib.suppress(Exception):
                 self._ray.get(ref, timeout=self._timeout)

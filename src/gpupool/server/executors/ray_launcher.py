@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import marshal
 import os
 import signal
 import socket
@@ -38,23 +37,37 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpupool.errors import GpupoolError
 from gpupool.ports.executor.base import LaunchSpec
+from gpupool.server.agent.processes import alive, read_start_ticks
+from gpupool.server.agent.start import (
+    AttemptProcesses,
+    Containment,
+    LaunchContext,
+    start_attempt,
+)
 from gpupool.server.executors.files import (
-    CHECKPOINT_DIR,
     DEFAULT_LOG_MAX_BYTES,
-    DEFAULT_PATH,
-    HOME_DIR,
     STDERR_LOG,
     STDOUT_LOG,
-    exit_file,
-    job_environment,
     read_json,
-    stop_file,
     write_json,
 )
-from gpupool.server.executors.local import read_start_ticks, shim_command
+from gpupool.server.isolation import cgroups as cg
+from gpupool.server.isolation.containment import agree_user
 
 LAUNCHER_PREFIX = "gpupool-launcher-"
+NODE_DIR_ENV = "GPUPOOL_NODE_DIR"
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    """How the server asks each node's agent to contain jobs: `contain` on makes each
+    attempt a cgroup where the node has them (and runs it as its team's user, which the
+    LaunchSpec names); `log_max_bytes` caps each log (None: uncapped)."""
+
+    contain: bool = False
+    log_max_bytes: int | None = DEFAULT_LOG_MAX_BYTES
 
 
 @dataclass(frozen=True)
@@ -91,90 +104,28 @@ def state_root(namespace: str) -> Path:
     return Path(tempfile.gettempdir()) / "gpupool-ray" / namespace
 
 
-def spawn_shim(
-    spec: LaunchSpec,
-    *,
-    python: str,
-    log_dir: Path,
-    record: Path,
-    env: Mapping[str, str],
-    fence: Mapping[str, Any],
-    nice: int | None = None,
-) -> subprocess.Popen[bytes]:
-    """Start the job's shim (`shim_command`, as LocalExecutor starts it) in its own session;
-    the job reaches it over a pipe, so the shim's interpreter runs isolated in a clean
-    environment and the job's
-    environment applies to the job only (as under LocalExecutor). `nice`: the priority
-    the shim (and so the job) runs at, set before it gets the job; Ray runs its workers,
-    and so whatever they start, at a niceness of 15."""
-    stdout, stderr = log_dir / STDOUT_LOG, log_dir / STDERR_LOG
-    job = {
-        "argv": list(spec.argv),
-        "env": dict(env),
-        "cwd": str(spec.cwd) if spec.cwd is not None else None,
-        "stdout": str(stdout),
-        "stderr": str(stderr),
-        "log_max_bytes": DEFAULT_LOG_MAX_BYTES,
-        **fence,
-    }
-    read_end, write_end = os.pipe()
-    argv = [*shim_command(python), "--exit-file", str(record), "--spec-fd", str(read_end)]
-    header = f"== attempt {spec.attempt} ==\n".encode()
-    try:
-        try:
-            with open(stdout, "ab", buffering=0) as out, open(stderr, "ab", buffering=0) as err:
-                out.write(header)
-                err.write(header)
-                proc = subprocess.Popen(
-                    argv,
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=err,
-                    env={"PATH": DEFAULT_PATH},
-                    start_new_session=True,
-                    pass_fds=(read_end,),
-                )
-        finally:
-            os.close(read_end)
-        if nice is not None:
-            with contextlib.suppress(OSError):  # not permitted: it runs at Ray's niceness
-                os.setpriority(os.PRIO_PROCESS, proc.pid, nice)
-        with open(write_end, "wb", closefd=False) as pipe:
-            pipe.write(marshal.dumps(job))  # the shim reads marshal, not json
-    finally:
-        os.close(write_end)
-    return proc
-
-
-def prepare_run_dir(spec: LaunchSpec, log_dir: Path) -> Path:
-    """The run directory's parts made, this attempt's stale exit and stop records gone;
-    returns the exit record's path."""
-    run_dir = spec.run_dir.absolute()
-    (run_dir / CHECKPOINT_DIR).mkdir(parents=True, exist_ok=True)
-    (run_dir / HOME_DIR).mkdir(exist_ok=True)
-    log_dir.mkdir(parents=True, exist_ok=True)
-    record = exit_file(log_dir, spec.attempt)
-    for stale in (record, stop_file(log_dir, spec.attempt)):
-        stale.unlink(missing_ok=True)
-    return record
-
-
-def _alive(pid: int, ticks: int) -> bool:
-    """The very process (pid and start ticks) still runs (a zombie has ended)."""
-    return pid > 0 and read_start_ticks(pid) == ticks
+def agent_dir(node: str, state_dir: str) -> Path:
+    """Where a node's launcher keeps its records: the node directory `gpupool node join`
+    gave the node (GPUPOOL_NODE_DIR in its Ray processes' environment), else a
+    directory per node under `state_dir` (nodes started another way)."""
+    node_dir = os.environ.get(NODE_DIR_ENV, "")
+    return Path(node_dir) / "agent" if node_dir else Path(state_dir) / node
 
 
 class NodeLauncher:
     """Lives on one node for as long as the node; wrapped with ray.remote by RayExecutor
     (threaded, so a signal gets through while a launch runs)."""
 
-    def __init__(self, node: str, state_dir: str) -> None:
+    def __init__(self, node: str, state_dir: str, settings: AgentSettings | None = None) -> None:
         import ray
 
         self._node = node
         self._node_id = str(ray.get_runtime_context().get_node_id())
-        self._dir = Path(state_dir) / node
+        self._dir = agent_dir(node, state_dir)
         self._dir.mkdir(parents=True, exist_ok=True)
+        settings = settings or AgentSettings()
+        cgroups, self._cgroups_note = cg.detect() if settings.contain else (None, "")
+        self._containment = Containment(cgroups, settings.log_max_bytes)
         # Ray starts its workers from the raylet: the shims' fence watches it, so jobs
         # live on through a launcher's restart and die with the node
         raylet = os.getppid()
@@ -194,6 +145,8 @@ class NodeLauncher:
             "node_id": self._node_id,
             "pid": os.getpid(),
             "raylet": list(self._raylet),
+            "dir": str(self._dir),
+            "cgroups": self._cgroups_note,
         }
 
     def node_id(self) -> str:
@@ -220,41 +173,53 @@ class NodeLauncher:
         try:
             run_dir = spec.run_dir.absolute()
             log_dir = run_dir / member_dir(launch.rank) if launch.rank else run_dir
-            record = prepare_run_dir(spec, log_dir)
-            env = job_environment(spec)
-            env.update(launch.extra_env)
-            env["GPUPOOL_NODE"] = self._node
-            env["GPUPOOL_RAY_NODE_ID"] = self._node_id
+            if spec.user is not None:
+                agree_user(spec.user, self._node)
+            extra = {**launch.extra_env, "GPUPOOL_NODE": self._node}
+            extra["GPUPOOL_RAY_NODE_ID"] = self._node_id
+            context = LaunchContext(
+                log_dir=log_dir,
+                extra_env=extra,
+                shim_fields={"fence_watch": list(self._raylet)},
+                nice=self._nice,
+            )
             with self._lock, self._claims():
                 held = self._held(key, spec.attempt, spec.gpu_indices)
                 if held:
                     return {"error": held, "conflict": True}
-                proc = spawn_shim(
-                    spec,
-                    python=launch.python,
-                    log_dir=log_dir,
-                    record=record,
-                    env=env,
-                    fence={"fence_watch": list(self._raylet)},
-                    nice=self._nice,
+                started = start_attempt(
+                    spec, python=launch.python, containment=self._containment, context=context
                 )
-                ticks = read_start_ticks(proc.pid, zombie_ok=True) or 0
+                proc = started.proc
                 self._children[proc.pid] = proc
                 entry = {
                     "job_id": key,
                     "attempt": spec.attempt,
                     "pid": proc.pid,
-                    "ticks": ticks,
+                    "ticks": started.ticks,
+                    "token": started.token,
+                    "cgroup": started.cgroup,
                     "gpus": list(spec.gpu_indices),
-                    "record": str(record),
+                    "record": str(started.record),
                     "log_dir": str(log_dir),
                 }
                 write_json(self._dir / f"job-{key}.json", entry)
                 for i in spec.gpu_indices:
                     write_json(self._dir / f"gpu{i}", {"job_id": key})
-            return {"pid": proc.pid, "ticks": ticks}
+            return {"pid": proc.pid, "ticks": started.ticks}
+        except GpupoolError as e:
+            return {"error": f"on node {self._node}: {e}"}
         except OSError as e:
             return {"error": f"cannot start the job's shim on node {self._node}: {e}"}
+
+    def _processes(self, key: str, pid: int) -> AttemptProcesses | None:
+        """The attempt's processes (its cgroup, or its launch token) as this node started
+        them; None when its record is gone or names another attempt."""
+        entry = read_json(self._dir / f"job-{key}.json") if key else None
+        if entry is None or int(entry.get("pid", 0)) != pid:
+            return None
+        token, group = str(entry.get("token", "")), str(entry.get("cgroup", ""))
+        return AttemptProcesses(pid, token, group, self._containment.cgroups)
 
     @contextlib.contextmanager
     def _claims(self) -> Any:
@@ -267,8 +232,21 @@ class NodeLauncher:
             finally:
                 fcntl.flock(f, fcntl.LOCK_UN)
 
-    def _kill(self, pid: int, ticks: int, wait_s: float = 5.0) -> None:
-        """SIGKILL an earlier attempt's process group and wait (a little) until it is gone."""
+    def _running(self, entry: Mapping[str, Any]) -> bool:
+        """Something of the attempt still runs: its shim, or (contained) any process of
+        it, an escaped child included; its GPUs are not free before."""
+        pid, ticks = int(entry.get("pid", 0)), int(entry.get("ticks", -1))
+        if alive(pid, ticks):
+            return True
+        procs = self._processes(str(entry.get("job_id", "")), pid)
+        return procs is not None and bool(procs.members())
+
+    def _kill(self, key: str, pid: int, ticks: int, wait_s: float = 5.0) -> None:
+        """SIGKILL an earlier attempt (every process of it) and wait (a little) until its
+        shim is gone."""
+        procs = self._processes(key, pid)
+        if procs is not None:
+            procs.signal(signal.SIGKILL)
         with contextlib.suppress(OSError):
             os.killpg(pid, signal.SIGKILL)
         proc = self._children.pop(pid, None)
@@ -277,14 +255,14 @@ class NodeLauncher:
                 proc.wait(wait_s)
             return
         end = time.monotonic() + wait_s
-        while _alive(pid, ticks) and time.monotonic() < end:
+        while alive(pid, ticks) and time.monotonic() < end:
             time.sleep(0.01)
 
     def _held(self, job_id: str, attempt: int, indices: Sequence[int]) -> str:
         """Why the launch must not go ahead ("" if it may): the job already runs here, or
         an index it asks for is claimed by a job whose shim still runs."""
         mine = read_json(self._dir / f"job-{job_id}.json")
-        if mine is not None and _alive(int(mine.get("pid", 0)), int(mine.get("ticks", -1))):
+        if mine is not None and self._running(mine):
             if int(mine.get("attempt", 0)) >= attempt:
                 return (
                     f"job {job_id} already runs on node {self._node} (attempt "
@@ -292,16 +270,14 @@ class NodeLauncher:
                     "launching again"
                 )
             # the scheduler gave that attempt up (a launch it saw time out): never twice
-            self._kill(int(mine["pid"]), int(mine["ticks"]))
+            self._kill(job_id, int(mine["pid"]), int(mine["ticks"]))
         for i in indices:
             claim = read_json(self._dir / f"gpu{i}")
             if claim is None:
                 continue
             other = str(claim.get("job_id", ""))
             holder = read_json(self._dir / f"job-{other}.json")
-            if holder is None or not _alive(
-                int(holder.get("pid", 0)), int(holder.get("ticks", -1))
-            ):
+            if holder is None or not self._running(holder):
                 continue
             if i in holder.get("gpus", []):
                 return (
@@ -317,7 +293,7 @@ class NodeLauncher:
         sizes of its logs here (the scheduler fetches only what its copy lacks)."""
         out: dict[str, Any] = {}
         for key, pid, ticks, record in jobs:
-            ended = self._poll(pid, ticks, record)
+            ended = self._poll(key, pid, ticks, record)
             if ended is not None and not ended.get("node_lost"):
                 log_dir = Path(record).parent
                 sizes = {}
@@ -328,26 +304,31 @@ class NodeLauncher:
             out[key] = ended
         return out
 
-    def _poll(self, pid: int, ticks: int, record_path: str) -> dict[str, Any] | None:
+    def _poll(self, key: str, pid: int, ticks: int, record_path: str) -> dict[str, Any] | None:
         proc = self._children.get(pid)
         if proc is not None:
             status = proc.poll()
             if status is None:
                 return None
-            self._children.pop(pid, None)
             with contextlib.suppress(OSError):
                 os.killpg(pid, signal.SIGKILL)  # whatever the shim left behind
             code, sig = (None, -status) if status < 0 else (status, None)
-        elif _alive(pid, ticks):
+        elif alive(pid, ticks):
             return None  # started by the launcher this one replaced: it runs on
         else:
             code, sig = None, None
+        # Ended only once nothing of it is left (escaped children killed, its cgroup
+        # gone): until then its GPUs are not free.
+        procs = self._processes(key, pid)
+        if procs is not None and not procs.end():
+            return None
+        self._children.pop(pid, None)
         result: dict[str, Any] = {"exit_code": code, "signal": sig, "record": None}
         record = read_json(Path(record_path))
         if record is not None:
             result["record"] = record
             return result
-        if not _alive(*self._raylet):
+        if not alive(*self._raylet):
             # no record: the shim's fence killed it because the raylet is gone; this
             # worker only outlives its node for a moment
             return {"node_lost": True}
@@ -355,15 +336,21 @@ class NodeLauncher:
             result["signal"] = signal.SIGKILL  # no record and no status: killed outright
         return result
 
-    def signal(self, pid: int, ticks: int, sig: int) -> bool:
-        """Send `sig` to the job's process group; False if that shim has already ended."""
+    def signal(self, pid: int, ticks: int, sig: int, key: str = "") -> bool:
+        """Send `sig` to the job's process group and to every process of it that left
+        the group (`key`: the job or gang member, whose record names its cgroup); False
+        if that shim has already ended."""
         proc = self._children.get(pid)
         if proc is not None and proc.poll() is not None:
             return False
-        if proc is None and not _alive(pid, ticks):
+        if proc is None and not alive(pid, ticks):
             return False
-        with contextlib.suppress(OSError):
-            os.killpg(pid, sig)
+        procs = self._processes(key, pid)
+        if procs is not None:
+            procs.signal(sig)
+        else:
+            with contextlib.suppress(OSError):
+                os.killpg(pid, sig)
         return True
 
     def find(self, key: str) -> dict[str, Any] | None:
@@ -372,7 +359,7 @@ class NodeLauncher:
         shim still runs); adoption reads it, and poll then reports how it ended."""
         entry = read_json(self._dir / f"job-{key}.json")
         if entry is not None:
-            entry["running"] = _alive(int(entry.get("pid", 0)), int(entry.get("ticks", -1)))
+            entry["running"] = self._running(entry)
         return entry
 
     def release(self, job_id: str, pid: int) -> None:

@@ -22,6 +22,7 @@ and the log cap:
 from __future__ import annotations
 
 import dataclasses
+import grp
 import hashlib
 import os
 import pwd
@@ -136,6 +137,18 @@ def user_name_for(team: str) -> str:
     return name
 
 
+DERIVED_ID_BASE = 3_000_000
+DERIVED_ID_SPAN = 1_000_000
+
+
+def derived_id(name: str) -> int:
+    """The uid (and gid) a job user created by gpupool gets: from its name alone, so every
+    machine that creates it gives it the same ids, outside the ranges that useradd hands
+    out by itself."""
+    digest = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big")
+    return DERIVED_ID_BASE + digest % DERIVED_ID_SPAN
+
+
 class UserDirectory(Protocol):
     """The system's users: look one up, create one."""
 
@@ -143,10 +156,15 @@ class UserDirectory(Protocol):
 
     def create(self, name: str) -> JobUser: ...
 
+    def create_with(self, user: JobUser) -> JobUser:
+        """Create `user.name` with exactly `user.uid` and `user.gid` (a node agreeing with
+        the server); returns what the system then says of the name."""
+        ...
+
 
 class SystemUsers:
-    """/etc/passwd through pwd; new users with useradd (a system user with its own group,
-    no home directory, no login shell)."""
+    """/etc/passwd through pwd; new users with useradd (a system user with its own group
+    of the same id, no home directory, no login shell)."""
 
     def lookup(self, name: str) -> JobUser | None:
         try:
@@ -156,22 +174,48 @@ class SystemUsers:
         return JobUser(name, entry.pw_uid, entry.pw_gid)
 
     def create(self, name: str) -> JobUser:
+        """With the ids `derived_id` gives the name: the same on every machine, so a
+        team's files on shared storage are its own wherever they are read."""
+        uid = derived_id(name)
+        try:
+            holder = pwd.getpwuid(uid).pw_name
+        except KeyError:
+            holder = None
+        if holder is not None and holder != name:
+            raise Unavailable(
+                f"cannot create the job user {name}: its uid {uid} (derived from the name, "
+                f"the same on every machine) belongs to {holder} here; map the team to an "
+                "existing user under isolation.users"
+            )
+        return self.create_with(JobUser(name, uid, uid))
+
+    def create_with(self, user: JobUser) -> JobUser:
         shell = next(
             (s for s in ("/usr/sbin/nologin", "/sbin/nologin") if Path(s).exists()), "/bin/false"
         )
-        argv = ["useradd", "--system", "--user-group", "--no-create-home"]
-        argv += ["--home-dir", "/nonexistent", "--shell", shell, name]
         try:
-            done = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
-        except (OSError, subprocess.TimeoutExpired) as err:
-            raise Unavailable(f"cannot create the job user {name}: {err}") from err
-        user = self.lookup(name)  # another server may have created it meanwhile
-        if user is None:
+            grp.getgrgid(user.gid)
+        except KeyError:
+            _run(["groupadd", "--system", "--gid", str(user.gid), user.name], user.name)
+        argv = ["useradd", "--system", "--no-create-home", "--no-log-init", "--uid"]
+        argv += [str(user.uid), "--gid", str(user.gid), "--home-dir", "/nonexistent"]
+        _run([*argv, "--shell", shell, user.name], user.name)
+        found = self.lookup(user.name)
+        if found is None:
             raise Unavailable(
-                f"cannot create the job user {name}: useradd said {done.stderr.strip()!r}; "
-                f"create it yourself or map the team to a user under isolation.users"
+                f"cannot create the job user {user.name} (uid {user.uid}) on this node: "
+                "create it yourself with the same ids as on the server"
             )
-        return user
+        return found
+
+
+def _run(argv: list[str], name: str) -> None:
+    """Run useradd or groupadd; what it says when it fails goes into the caller's error
+    (another agent creating the same user meanwhile is no failure: the lookup tells)."""
+    try:
+        subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise Unavailable(f"cannot create the job user {name}: {err}") from err
 
 
 class FakeUsers:
@@ -189,6 +233,29 @@ class FakeUsers:
         self.users[name] = user
         self.created.append(name)
         return user
+
+    def create_with(self, user: JobUser) -> JobUser:
+        self.users[user.name] = user
+        self.created.append(user.name)
+        return user
+
+
+def agree_user(user: JobUser, node: str, users: UserDirectory | None = None) -> None:
+    """Make `user` exist on this machine with the uid and gid the server gave it: created
+    with exactly those where it is missing; refused, with the reason, where this
+    machine's user table gives the name other ids (files on shared storage would then
+    belong to someone else)."""
+    directory = users if users is not None else SystemUsers()
+    here = directory.lookup(user.name)
+    if here is None:
+        here = directory.create_with(user)
+    if (here.uid, here.gid) != (user.uid, user.gid):
+        raise SpecError(
+            f"node {node}'s user table disagrees with the server's: {user.name} is uid "
+            f"{here.uid} gid {here.gid} there, uid {user.uid} gid {user.gid} on the server; "
+            "give the user the same ids on every machine (or map the team under "
+            "isolation.users to a user that has them)"
+        )
 
 
 class Isolation:
@@ -214,7 +281,6 @@ class Isolation:
         self.users = users if users is not None else SystemUsers()
         self._by_team: dict[str, JobUser] = {}
         self._lock = threading.Lock()
-        self.on_ray = False
 
     @property
     def log_max_bytes(self) -> int:
@@ -283,11 +349,6 @@ class Isolation:
     def cannot_guarantee(self) -> list[str]:
         if self.enabled:
             return []
-        if self.on_ray:
-            return [
-                "on Ray, jobs run as the Ray workers' user, without team users or cgroups: "
-                "each can read what that user can and signal the others"
-            ]
         return [
             "isolation is off: every job runs as the server's user and can read the "
             "database, the state directory, other jobs' logs and checkpoints, and signal "
@@ -301,17 +362,14 @@ def sqlite_file(url: str) -> Path | None:
     return Path(url[len(prefix) :]) if url.startswith(prefix) else None
 
 
-def service_isolation(
-    config_path: Path | None, off: bool, demo: bool = False, ray: bool = False
-) -> Isolation:
+def service_isolation(config_path: Path | None, off: bool, demo: bool = False) -> Isolation:
     """What `gpupool serve` runs jobs under: the --config file's `isolation:` section,
     turned off by --no-isolation, and by --demo unless the file turns it on (the demo's
     jobs run gpupool's own interpreter, which a team's user may not be allowed to run).
-    On Ray (`ray`) jobs run as the Ray workers' user: no team users, said at start.
+    On Ray, each node's agent contains the jobs it starts the same way, and creates the
+    team users with the same ids as here (`agree_user`).
     Call `secure_state` before any job starts."""
     config = load_isolation(config_path)
-    if off or ray or (demo and config.enabled is None):
+    if off or (demo and config.enabled is None):
         config = dataclasses.replace(config, enabled=False)
-    isolation = Isolation(config)
-    isolation.on_ray = ray
-    return isolation
+    return Isolation(config)
