@@ -81,6 +81,12 @@ GROUPS: tuple[CommandGroup, ...] = (
         ),
     ),
     CommandGroup(
+        "gpupool.cli.node",
+        "add_node_parser",
+        "run_node",
+        (("node", "this machine as a node of a Ray cluster: gpupool node join HEAD_ADDRESS"),),
+    ),
+    CommandGroup(
         "gpupool.cli.serve",
         "add_serve_parser",
         "run_serve",

@@ -23,9 +23,9 @@ from gpupool.errors import ConflictError, NotFoundError, SpecError
 from gpupool.examples.ckpt_counter import expected_result
 from gpupool.ports.executor.base import Exit, Handle, LaunchSpec, classify
 from gpupool.ports.executor.fake import FakeExecutor
+from gpupool.server.agent.processes import read_start_ticks
 from gpupool.server.executors import local as executor_module
 from gpupool.server.executors.files import exit_file, launch_file
-from gpupool.server.agent.processes import read_start_ticks
 from gpupool.server.executors.local import LocalExecutor
 
 PY = sys.executable

@@ -26,8 +26,8 @@ import containment
 from containment import open_dir  # noqa: F401
 from gpupool.errors import SpecError
 from gpupool.ports.executor.base import Exit, JobUser, LaunchSpec, Limits
-from gpupool.server.executors.files import exit_file
 from gpupool.server.agent.processes import read_start_ticks
+from gpupool.server.executors.files import exit_file
 from gpupool.server.executors.local import LocalExecutor
 from gpupool.server.executors.shim import EXIT_NOT_STARTED
 from gpupool.server.isolation.cgroups import (

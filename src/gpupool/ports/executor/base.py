@@ -105,6 +105,10 @@ class LaunchSpec:
     gang: Gang | None = None
     """A job the core placed over several nodes: one member process per node, all or none
     (RayExecutor runs it; LocalExecutor, one machine, refuses it). None: one node."""
+    launch_token: str = ""
+    """The attempt's launch token when the caller has already recorded it in a launch
+    intent (a server whose agent is on another machine does, before asking it to start);
+    "": the agent that starts the attempt chooses one."""
 
 
 def validate(spec: LaunchSpec) -> None:

@@ -155,7 +155,7 @@ def start_attempt(
     record = exit_file(log_dir, spec.attempt)
     for stale in (record, stop_file(log_dir, spec.attempt)):
         stale.unlink(missing_ok=True)
-    token = secrets.token_hex(16)
+    token = spec.launch_token or secrets.token_hex(16)
     cgroups = containment.cgroups
     group = cgroup_name(spec.job_id, spec.attempt, token) if cgroups is not None else ""
     env = job_environment(spec)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import secrets
 import signal
 import sys
 import time
@@ -40,7 +41,13 @@ from gpupool.ports.executor.base import (
     validate,
 )
 from gpupool.ports.executor.stops import ask_stop, watched
-from gpupool.server.executors.files import STDERR_LOG, STDOUT_LOG, exit_file
+from gpupool.server.executors.files import (
+    STDERR_LOG,
+    STDOUT_LOG,
+    exit_file,
+    launch_file,
+    write_atomically,
+)
 from gpupool.server.executors.ray_launcher import (
     AgentSettings,
     NodeLauncher,
@@ -222,6 +229,22 @@ class RayExecutor:
         )
         return info
 
+    def leaving_nodes(self) -> set[str]:
+        """The nodes whose agent says the machine is leaving (`gpupool node join` got
+        SIGTERM): one cheap call to each node's launcher, all in flight at once; a
+        launcher that does not answer in time is asked again next time."""
+        asks = {}
+        for node in list(self._nodes):
+            with contextlib.suppress(Exception):
+                asks[node] = self._launcher(node).leaving.remote()
+        out: set[str] = set()
+        deadline = time.monotonic() + self._timeout
+        for node, ref in asks.items():
+            with contextlib.suppress(Exception):
+                if self._ray.get(ref, timeout=max(deadline - time.monotonic(), 0.01)):
+                    out.add(node)
+        return out
+
     def _node_alive(self, node: str) -> bool:
         """Whether Ray still lists the node's Ray node as alive (a GCS call)."""
         ray_node = self._nodes.get(node)
@@ -293,7 +316,20 @@ class RayExecutor:
             except GpupoolError as err:
                 results[k] = err
                 continue
-            spec = dataclasses.replace(spec, env=dict(spec.env), run_dir=spec.run_dir.absolute())
+            spec = dataclasses.replace(
+                spec,
+                env=dict(spec.env),
+                run_dir=spec.run_dir.absolute(),
+                launch_token=secrets.token_hex(16),
+            )
+            try:
+                self._record_intent(spec)
+            except OSError as err:
+                results[k] = Unavailable(
+                    f"job {spec.job_id}: cannot record its launch intent in {spec.run_dir}: "
+                    f"{err}; it is requeued"
+                )
+                continue
             by_node.setdefault(node, []).append((k, ShimStart(spec, self._python)))
         calls = []
         for node, items in by_node.items():
@@ -331,6 +367,15 @@ class RayExecutor:
             assert r is not None
             out.append(r)
         return out
+
+    @staticmethod
+    def _record_intent(spec: LaunchSpec) -> None:
+        """The launch intent, in the server's run directory, before any node is asked to
+        start the attempt: a server that dies before it learns the pid finds the attempt
+        again by its token on whichever node started it (adopt), never a second copy."""
+        spec.run_dir.mkdir(parents=True, exist_ok=True)
+        intent = {"job_id": spec.job_id, "attempt": spec.attempt, "token": spec.launch_token}
+        write_atomically(launch_file(spec.run_dir, spec.attempt), {**intent, "cgroup": ""})
 
     def _launch_gang(self, spec: LaunchSpec) -> Handle | GpupoolError:
         """All members or none: rank 0's launcher finds the rendezvous port, then every
@@ -479,8 +524,9 @@ class RayExecutor:
 
     def adopt(self, handle: Handle, run_dir: Path) -> bool:
         """Watch an attempt an earlier scheduler started: True if a node's launcher started
-        that very process (pid and start time). Stop requests made before the restart
-        are not remembered yet."""
+        that very process (pid and start time), or (a handle of pid 0, from the launch
+        intent only) the attempt whose launch token the intent names; every reachable
+        node is asked. Stop requests made before the restart are not remembered yet."""
         if handle.job_id in self._jobs:
             raise ConflictError(f"job {handle.job_id} is already watched by this executor")
         run_dir = run_dir.absolute()
@@ -501,6 +547,15 @@ class RayExecutor:
                 continue
             if entry is None:
                 continue
+            if handle.pid <= 0:
+                # the server died between the start and recording the pid: the launch
+                # intent's token names the attempt that node started (never a second one)
+                if not handle.token or entry.get("token") != handle.token:
+                    continue
+                if int(entry.get("attempt", 0)) != handle.attempt:
+                    continue
+                pid, ticks = int(entry["pid"]), int(entry["ticks"])
+                handle = dataclasses.replace(handle, pid=pid, pgid=pid, start_ticks=ticks)
             if (int(entry["pid"]), int(entry["ticks"])) != (handle.pid, handle.start_ticks):
                 continue
             run = RayRun(

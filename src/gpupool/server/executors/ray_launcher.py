@@ -58,6 +58,9 @@ from gpupool.server.isolation.containment import agree_user
 
 LAUNCHER_PREFIX = "gpupool-launcher-"
 NODE_DIR_ENV = "GPUPOOL_NODE_DIR"
+LEAVING_FILE = "leaving"
+"""In a node's agent directory while `gpupool node join` drains the node: the launcher
+reports it, and the server moves the node's jobs away."""
 
 
 @dataclass(frozen=True)
@@ -151,6 +154,10 @@ class NodeLauncher:
 
     def node_id(self) -> str:
         return self._node_id
+
+    def leaving(self) -> bool:
+        """`gpupool node join` is draining this node: move its jobs away."""
+        return (self._dir / LEAVING_FILE).exists()
 
     # ---- starting
     def endpoint(self) -> tuple[str, int]:

@@ -65,6 +65,19 @@ class Nodes:
             self.state.loop_error = f"cannot list the live nodes: {err}"
             return None
 
+    def leaving(self) -> set[str]:
+        """Nodes whose agent says the machine is leaving (drained by `gpupool node join`):
+        out of the pool, their jobs moved with their grace, until they join again."""
+        ask = getattr(self.executor, "leaving_nodes", None)
+        if ask is None:
+            return set()
+        try:
+            found: set[str] = ask()
+        except Exception as err:  # the cluster is unreachable for a while: ask again
+            self.state.loop_error = f"cannot ask the nodes' agents: {err}"
+            return set()
+        return found
+
     def probe_due(self, now: float) -> bool:
         return self.probe is not None and now - self.state.last_probe >= self.PROBE_S
 
@@ -74,8 +87,14 @@ class Nodes:
         alive = self.alive()
         if alive is None:
             return
+        leaving = self.leaving()
         for node in self.fleet.cluster.nodes:
             name, now_id = node.name, alive.get(node.name)
+            if name in leaving and now_id is not None:
+                if name not in self.gone:
+                    why = f"node {name} is leaving (its `gpupool node join` was stopped)"
+                    self.node_down(name, now_id, now, why)
+                continue
             if self.cloud is not None and name in self.cloud.status:
                 self._probe_cloud(name, now_id, now)
                 continue

@@ -1,0 +1,249 @@
+"""`gpupool node join`: make this machine a node of a gpupool Ray cluster.
+
+It starts a Ray worker node (`ray start --block`) that declares gpupool's resources for
+this machine's GPUs (found through NVML, or declared fake), with its own node directory
+(`GPUPOOL_NODE_DIR` in the environment of every Ray process of the node, so each node's
+launcher, the agent, keeps its records there), and stays in the foreground until stopped,
+like `slurmd`. The Ray processes it starts stay in its process group: SIGKILL to that group
+is the machine's death (the shims' fences then kill its jobs). SIGTERM or SIGINT drains
+it: the node says it is leaving (a `leaving` file the agent reports to the server, which
+preempts its jobs with their grace and requeues them from their checkpoint elsewhere),
+waits until none of its jobs runs (at most `drain_timeout_s`), then stops Ray and exits 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpupool.errors import SpecError
+from gpupool.server.agent.processes import alive
+from gpupool.server.executors.files import read_json
+from gpupool.server.executors.ray import node_resources
+from gpupool.server.executors.ray_launcher import LEAVING_FILE, NODE_DIR_ENV
+
+LABEL_PREFIX = "gpupool_label_"
+
+
+@dataclass(frozen=True)
+class JoinOptions:
+    """What `gpupool node join` was given (see its --help)."""
+
+    head: str
+    name: str
+    node_dir: Path
+    fake_gpus: str | None = None
+    node_ip: str | None = None
+    site: str = ""
+    labels: Mapping[str, str] = field(default_factory=dict)
+    num_cpus: int | None = None
+    drain_timeout_s: float = 300.0
+    ray: str = ""
+    """The `ray` command; default: the one beside this Python."""
+
+
+def inventory(fake_gpus: str | None) -> tuple[str, int]:
+    """This machine's GPU model and count: declared fake, else found through NVML."""
+    if fake_gpus:
+        from gpupool.ports.telemetry.fake import parse_fleet
+
+        gpus = parse_fleet(fake_gpus)
+    else:
+        from gpupool.server.telemetry.nvml import NoGpuError, NvmlTelemetry
+
+        try:
+            tele = NvmlTelemetry()
+        except NoGpuError as err:
+            raise SpecError(
+                f"{err}; to try gpupool without GPUs, declare fake ones: --fake-gpus 4xA100-80GB"
+            ) from None
+        try:
+            gpus = tele.inventory()
+        finally:
+            tele.close()
+    models = sorted({g.model for g in gpus})
+    if len(models) != 1:
+        raise SpecError(
+            f"this machine has GPUs of {len(models)} models ({', '.join(models)}); a gpupool "
+            "node holds one model: run one node per model with --fake-gpus, or remove the odd "
+            "cards"
+        )
+    return models[0], len(gpus)
+
+
+def resources(opts: JoinOptions, model: str, count: int) -> dict[str, float]:
+    """The Ray resources the node declares: gpupool's node, model, site and GPU indices,
+    and one per label (`gpupool_label_<key>_<value>`)."""
+    res = node_resources(opts.name, model, count, opts.site)
+    for key, value in sorted(opts.labels.items()):
+        res[f"{LABEL_PREFIX}{key}_{value}"] = 1.0
+    return res
+
+
+def ray_command(opts: JoinOptions, res: Mapping[str, float]) -> list[str]:
+    """`ray start --block` for this node: its own address and Ray directory (in the node
+    directory), no GPUs of Ray's own (gpupool places them)."""
+    ray = opts.ray or str(Path(sys.executable).with_name("ray"))
+    argv = [ray, "start", "--block", "--address", opts.head, "--num-gpus", "0"]
+    argv += ["--resources", json.dumps(dict(res)), "--disable-usage-stats"]
+    argv += ["--temp-dir", str(opts.node_dir.absolute() / "ray")]
+    if opts.node_ip:
+        argv += ["--node-ip-address", opts.node_ip]
+    if opts.num_cpus is not None:
+        argv += ["--num-cpus", str(opts.num_cpus)]
+    return argv
+
+
+def running_jobs(node_dir: Path) -> list[str]:
+    """The jobs (and gang members) whose shims still run on this node, from its agent's
+    records."""
+    out = []
+    for path in sorted((node_dir / "agent").glob("job-*.json")):
+        entry = read_json(path)
+        if entry and alive(int(entry.get("pid", 0)), int(entry.get("ticks", -1))):
+            out.append(str(entry.get("job_id", path.stem[4:])))
+    return out
+
+
+class NodeJoin:
+    """One joined node: `run()` blocks until the node has left (drained or its Ray gone)."""
+
+    def __init__(
+        self, opts: JoinOptions, say: Callable[[str], None] = lambda line: print(line, flush=True)
+    ) -> None:
+        self.opts = opts
+        self.say = say
+        self.leave = threading.Event()
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def run(self) -> int:
+        opts = self.opts
+        model, count = inventory(opts.fake_gpus)
+        node_dir = opts.node_dir.absolute()
+        (node_dir / "agent").mkdir(parents=True, exist_ok=True)
+        lock = open(node_dir / ".join.lock", "a+b")  # noqa: SIM115 - held while we run
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise SpecError(
+                f"another `gpupool node join` runs with node directory {node_dir}: stop it, "
+                "or give this one its own --node-dir"
+            ) from None
+        (node_dir / "agent" / LEAVING_FILE).unlink(missing_ok=True)
+        res = resources(opts, model, count)
+        record = {
+            "name": opts.name,
+            "model": model,
+            "gpus": count,
+            "site": opts.site,
+            "labels": dict(opts.labels),
+            "head": opts.head,
+            "node_ip": opts.node_ip or "",
+            "pid": os.getpid(),
+            "started_at": time.time(),
+        }
+        (node_dir / "node.json").write_text(json.dumps(record, indent=1), encoding="utf-8")
+        env = {**os.environ, NODE_DIR_ENV: str(node_dir), "RAY_USAGE_STATS_ENABLED": "0"}
+        argv = ray_command(opts, res)
+        if shutil.which(argv[0]) is None:
+            raise SpecError(
+                f"cannot find Ray's `ray` command at {argv[0]}: pip install 'gpupool[ray]'"
+            )
+        self.say(
+            f"gpupool node {opts.name}: {count}x{model} joining {opts.head}"
+            f"{' as ' + opts.node_ip if opts.node_ip else ''}; node directory {node_dir}"
+        )
+        # The same process group as ours: a SIGKILL to it is the machine's death.
+        self._proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL)
+        try:
+            return self._wait(node_dir)
+        finally:
+            lock.close()
+
+    def _wait(self, node_dir: Path) -> int:
+        proc = self._proc
+        assert proc is not None
+        while not self.leave.wait(0.5):
+            rc = proc.poll()
+            if rc is not None:
+                self.say(f"gpupool node {self.opts.name}: Ray stopped (exit {rc}); leaving")
+                return rc or 1
+        # Draining: the agent tells the server, which moves the jobs with their grace.
+        (node_dir / "agent" / LEAVING_FILE).write_text(str(time.time()), encoding="utf-8")
+        deadline = time.monotonic() + self.opts.drain_timeout_s
+        last: list[str] = []
+        while time.monotonic() < deadline and proc.poll() is None:
+            jobs = running_jobs(node_dir)
+            if not jobs:
+                break
+            if jobs != last:
+                self.say(f"gpupool node {self.opts.name}: draining, waiting for {', '.join(jobs)}")
+                last = jobs
+            time.sleep(0.5)
+        left = running_jobs(node_dir)
+        if left:
+            self.say(
+                f"gpupool node {self.opts.name}: {len(left)} job(s) still ran after "
+                f"{self.opts.drain_timeout_s:.0f} s ({', '.join(left)}); they die with the node"
+            )
+        self.stop_ray()
+        self.say(f"gpupool node {self.opts.name}: left the cluster")
+        return 0
+
+    def stop_ray(self) -> None:
+        """Stop the node's Ray processes (ray start --block stops its children on SIGTERM)."""
+        proc = self._proc
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+def default_name() -> str:
+    """This machine's short host name, as a node name."""
+    return socket.gethostname().split(".")[0] or "node"
+
+
+def run_join(opts: JoinOptions) -> int:
+    """Join, drain on SIGTERM or SIGINT, and return the exit status."""
+    joined = NodeJoin(opts)
+
+    def leave(signum: int, _frame: Any) -> None:
+        joined.say(f"gpupool node {opts.name}: {signal.Signals(signum).name}: draining")
+        joined.leave.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, leave)
+    with contextlib.suppress(KeyboardInterrupt):
+        return joined.run()
+    return 1
+
+
+def parse_labels(values: Sequence[str]) -> dict[str, str]:
+    """KEY=VALUE words into a mapping; letters, digits, '-' and '_' only (they become
+    Ray resource names)."""
+    out: dict[str, str] = {}
+    for word in values:
+        key, eq, value = word.partition("=")
+        ok = eq and key and value and all(c.isalnum() or c in "-_" for c in key + value)
+        if not ok:
+            raise SpecError(f"label {word!r}: write KEY=VALUE with letters, digits, - and _")
+        out[key] = value
+    return out
