@@ -1,6 +1,6 @@
 """Parity: the simulator's event driver and the live service take identical decisions.
 
-The same events (submissions, completions, a node loss) go to the event simulator and to
+The same events (submissions, completions, a failed GPU) go to the event simulator and to
 the live driver (real SQLite store, fake executor, fake fleet, manual clock); the starts,
 resumes and preemptions must match one for one, in order and in time.
 """
@@ -18,7 +18,7 @@ from gpupool.policies.preemption import PreemptionRules
 from gpupool.ports.clock.fake import ManualClock
 from gpupool.ports.executor.fake import FakeExecutor
 from gpupool.ports.telemetry.fake import FakeTelemetry
-from gpupool.scheduler import Finished, NodeDown, Submitted
+from gpupool.scheduler import Finished, GpuDown, NodeDown, Submitted
 from gpupool.scheduler.config import ElasticConfig
 from gpupool.server.loop.config import LIVE_DEFAULTS, LiveConfig, build_cluster
 from gpupool.server.loop.driver import LiveService
@@ -44,11 +44,11 @@ JOBS = [
     (120, "8", "research", JobKind.TRAINING, 1, "H100", 5),
 ]
 DONE = [(150, "3"), (200, "5"), (230, "6"), (260, "4"), (280, "7")]
-LOSS = (300, 1)  # at 300 s the H100 node loses a GPU (device index 4 or 5): node down
+LOSS = (300, 1)  # at 300 s the H100 node's first GPU fails: that GPU alone is out
 
 
-def _events(node_of_h100: str) -> list[Submitted | Finished | NodeDown]:
-    events: list[Submitted | Finished | NodeDown] = [
+def _events(node_of_h100: str) -> list[Submitted | Finished | GpuDown]:
+    events: list[Submitted | Finished | GpuDown] = [
         Submitted(
             float(t),
             JobSpec(
@@ -64,7 +64,7 @@ def _events(node_of_h100: str) -> list[Submitted | Finished | NodeDown]:
         for t, job_id, team, kind, gpus, model, prio in JOBS
     ]
     events += [Finished(float(t), job_id) for t, job_id in DONE]
-    events.append(NodeDown(float(LOSS[0]), node_of_h100))
+    events.append(GpuDown(float(LOSS[0]), node_of_h100, 0))
     return events
 
 
@@ -126,6 +126,8 @@ def test_live_and_simulated_drivers_decide_alike(tmp_path: Path) -> None:
     actions = {a for _, a, _ in live}
     # the sequence exercises what parity is about: starts, reclaim by preemption, resume
     assert {"start", "preempt", "resume"} <= actions, live
+    # the failed H100 takes its job down alone: it resumes at once on the node's other H100
+    assert (float(LOSS[0]), "resume", "8") in live, live
 
 
 @pytest.mark.parametrize("bad_node", ["nowhere"])

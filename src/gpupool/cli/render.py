@@ -280,6 +280,13 @@ def _memory(used_mib: Any, total_mib: Any) -> str:
     return f"{used}/{total}"
 
 
+def _node_state(node: dict[str, Any]) -> str:
+    """A node's state, with the GPUs out of the pool and why (`gpus_out`)."""
+    state = str(node.get("state", "?"))
+    out = node.get("gpus_out") or []
+    return "; ".join([state, *(str(o.get("reason", "")) for o in out)])
+
+
 def node_table(nodes: list[dict[str, Any]]) -> str:
     """`gpupool nodes`: each node's model, site, GPUs, busy GPUs and state."""
     rows = [
@@ -289,7 +296,7 @@ def node_table(nodes: list[dict[str, Any]]) -> str:
             n.get("site") or "-",
             len(n.get("gpus") or []),
             sum(g.get("job_id") is not None for g in n.get("gpus") or []),
-            n.get("state", "?"),
+            _node_state(n),
         ]
         for n in nodes
     ]

@@ -59,6 +59,11 @@ class ClusterState:
         )
         # Python mirrors of the per-node GPU rows: per-node scoring reads these, not numpy.
         self.gpu_rows: list[tuple[int, ...]] = [(MILLI_PER_GPU,) * nd.gpu_count for nd in nodes]
+        """Each GPU's free share as placement sees it: 0 on a GPU that is out."""
+        self.free_rows: list[tuple[int, ...]] = list(self.gpu_rows)
+        """Each GPU's free share as allocated (an out GPU's too, while its jobs leave)."""
+        self.out_gpus: list[frozenset[int]] = [frozenset()] * n
+        """Per node, the GPUs out of service (failed): nothing new is placed on them."""
         self.free_keys: list[FreeKey] = []
         """Every distinct `FreeKey` seen, by id. Append-only and shared with copies, so an
         id means the same key everywhere: a score that reads only these can be kept by id."""
@@ -117,6 +122,8 @@ class ClusterState:
         if self.one_team_per_card:  # else never written: shared
             other.team_on_gpu = self.team_on_gpu.copy()
         other.gpu_rows = list(self.gpu_rows)
+        other.free_rows = list(self.free_rows)
+        other.out_gpus = list(self.out_gpus)
         other.affinity = list(self.affinity)  # copy-on-write: allocate/release replace them
         other.placements = dict(self.placements)
         other.jobs = dict(self.jobs)
@@ -319,6 +326,19 @@ class ClusterState:
         self.used_gpu_milli -= job.total_gpu_milli
         return placement
 
+    def set_gpu_out(self, node: int, gpu: int, out: bool) -> bool:
+        """Take GPU `gpu` of node `node` out of service (it reads as full: nothing new goes
+        there; the jobs on it release it as they leave) or back in. Whether it changed."""
+        if not 0 <= gpu < int(self.gpu_count[node]):
+            raise ConflictError(f"node #{node} has no GPU {gpu}")
+        was = self.out_gpus[node]
+        now = was | {gpu} if out else was - {gpu}
+        if now == was:
+            return False
+        self.out_gpus[node] = now
+        self._show(node)
+        return True
+
     def _count(self, job: JobSpec, share: NodeShare, sign: int) -> None:
         if not self.colocating:
             return  # no co-location rule: nobody reads the counts
@@ -335,11 +355,22 @@ class ClusterState:
         self.cpu_left[i] += sign * share.cpu_milli
         self.mem_left[i] += sign * share.mem_mib
         if share.gpus:
-            row = list(self.gpu_rows[i])
+            row = list(self.free_rows[i])
             for g in share.gpus:
                 row[g] += sign * share.gpu_milli
-                self.gpu_left[i, g] = row[g]
-            self.gpu_rows[i] = tuple(row)
+            self.free_rows[i] = tuple(row)
+            self._show(i)
+            return
+        self.free_id[i] = self._free_id(i)
+        self.version[i] += 1
+
+    def _show(self, i: int) -> None:
+        """Node i's free GPU shares as placement sees them (an out GPU has none)."""
+        free, out = self.free_rows[i], self.out_gpus[i]
+        row = tuple(0 if g in out else m for g, m in enumerate(free)) if out else free
+        self.gpu_rows[i] = row
+        if row:
+            self.gpu_left[i, : len(row)] = row
             self.whole_free[i] = row.count(MILLI_PER_GPU)
             self.max_free[i] = max(row)
         self.free_id[i] = self._free_id(i)

@@ -69,6 +69,27 @@ class NodeDown:
 
 
 @dataclass(frozen=True)
+class GpuDown:
+    """One GPU of a node failed (an XID error, uncorrected ECC errors, gone from the bus):
+    it takes nothing new; its node's other GPUs work on."""
+
+    t_s: float
+    node: str
+    gpu: int
+    """The GPU's index within its node."""
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class GpuUp:
+    """A GPU that was down is healthy again: it takes work."""
+
+    t_s: float
+    node: str
+    gpu: int
+
+
+@dataclass(frozen=True)
 class NodeUp:
     """A node is healthy again, or a cloud node the core started has joined."""
 
@@ -186,6 +207,8 @@ Event = (
     | Lost
     | NodeDown
     | NodeUp
+    | GpuDown
+    | GpuUp
     | Progress
     | GpuTemps
     | GpuUsage

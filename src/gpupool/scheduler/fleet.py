@@ -95,6 +95,9 @@ class Fleet:
         """Nodes that take no new job; their running jobs run on."""
         self.down_why: dict[int, str] = {}
         """Why each node that is down went down (shown in waiting jobs' reasons)."""
+        self.gpu_down_why: dict[tuple[int, int], str] = {}
+        """Why each GPU out of service ([node, local GPU]) went out, while its node stays
+        up: the state reads it as full (`ClusterState.set_gpu_out`)."""
         self.cloud_nodes: tuple[int, ...] = ()
         """Cloud node indices, in the order they are started."""
         self.cloud_status: dict[int, int] = {}

@@ -66,7 +66,9 @@ from gpupool.scheduler.events import (
     Drain,
     Event,
     Finished,
+    GpuDown,
     GpuTemps,
+    GpuUp,
     GpuUsage,
     Hold,
     Lost,
@@ -253,6 +255,10 @@ class Scheduler:
                 self.node_down(event.node, event.t_s, event.reason)
             case NodeUp():
                 self.node_up(event.node, event.t_s)
+            case GpuDown():
+                self.gpu_down(event.node, event.gpu, event.t_s, event.reason)
+            case GpuUp():
+                self.gpu_up(event.node, event.gpu, event.t_s)
             case Hold():
                 self.book.hold(event.job_id, event.t_s)
             case Release():
@@ -489,6 +495,33 @@ class Scheduler:
         fleet.set_in_pool(k, k not in fleet.drained)
         self.engine.note(f"node:{node}", now, "node-restored")
         self.book.dirty = True
+
+    def gpu_down(self, node: str, gpu: int, now: float, reason: str = "") -> list[str]:
+        """GPU `gpu` (its index within the node) failed: nothing new goes to it; the node's
+        other GPUs work on. Returns the running jobs that use it (the driver stops them and
+        reports each with Lost)."""
+        fleet = self.fleet
+        k = fleet.node(node)
+        fleet.gpu_down_why[(k, gpu)] = reason or f"GPU {gpu} of node {node} is down"
+        if self.state.set_gpu_out(k, gpu, True):
+            self.engine.note(f"gpu:{node}/{gpu}", now, "gpu-lost")
+            self.book.dirty = True
+        records = self.book.records
+        return sorted(
+            job_id
+            for job_id, p in self.state.placements.items()
+            if any(s.node == k and gpu in s.gpus for s in p.shares)
+            and records[job_id].state is JobState.RUNNING
+        )
+
+    def gpu_up(self, node: str, gpu: int, now: float) -> None:
+        """A GPU that was down is healthy again: it takes work."""
+        fleet = self.fleet
+        k = fleet.node(node)
+        fleet.gpu_down_why.pop((k, gpu), None)
+        if self.state.set_gpu_out(k, gpu, False):
+            self.engine.note(f"gpu:{node}/{gpu}", now, "gpu-restored")
+            self.book.dirty = True
 
     def hold(self, job_id: str, now: float) -> None:
         self.book.hold(job_id, now)

@@ -43,6 +43,8 @@ HISTORY_TABLES = ("jobs", "events", "gpu_minutes", "service_minutes", "fleet_gpu
 RUN_ENDS = frozenset({"suspended", "succeeded", "failed", "cancelled"})
 DOWN_STARTS = {"node-lost": "lost", "node-unhealthy": "unhealthy", "node-drain": "drained"}
 DOWN_ENDS = {"node-healthy": ("lost", "unhealthy"), "node-undrain": ("drained",)}
+GPU_DOWN_START, GPU_DOWN_END = "gpu-unhealthy", "gpu-healthy"
+"""One card of a node out of the pool and back (its `data` names the node and the card)."""
 WAIT_EVENTS = frozenset({"wait-reason", "limit", "waiting"})
 QUEUED = "Queued"
 """The wait of a job before the scheduler gave any reason (its first cycle)."""
@@ -216,11 +218,20 @@ def _down(
 ) -> list[DownInterval]:
     since: dict[tuple[str, str], float] = {}
     spans: dict[str, list[tuple[float, float, str]]] = defaultdict(list)
+    card_since: dict[str, float] = {}
     for e in events:
         node = e.data.get("node") if isinstance(e.data, Mapping) else None
         if not isinstance(node, str) or node not in gpus_of_node:
             continue
-        if e.kind in DOWN_STARTS:
+        if e.kind in (GPU_DOWN_START, GPU_DOWN_END):
+            card = f"{node}/{e.data.get('gpu')}"
+            if card not in gpus_of_node[node]:
+                continue
+            if e.kind == GPU_DOWN_START:
+                card_since.setdefault(card, e.at_s)
+            elif card in card_since:
+                spans[card].append((card_since.pop(card), e.at_s, "unhealthy"))
+        elif e.kind in DOWN_STARTS:
             since.setdefault((node, DOWN_STARTS[e.kind]), e.at_s)
         elif e.kind in DOWN_ENDS:
             for why in DOWN_ENDS[e.kind]:
@@ -229,8 +240,14 @@ def _down(
                     spans[node].append((start, e.at_s, why))
     for (node, why), start in since.items():
         spans[node].append((start, hi, why))
+    for card, start in card_since.items():
+        spans[card].append((start, hi, "unhealthy"))
+    by_card: dict[str, list[tuple[float, float, str]]] = defaultdict(list)
+    for where, items in spans.items():  # a node's spans hold for each of its cards
+        for gpu_id in gpus_of_node.get(where, [where]):
+            by_card[gpu_id].extend(items)
     out: list[DownInterval] = []
-    for node, items in spans.items():
+    for gpu_id, items in by_card.items():
         merged: list[list[Any]] = []
         for a, b, why in sorted(items):
             span = _clip(a, b, lo, hi)
@@ -240,8 +257,7 @@ def _down(
                 merged[-1][1] = max(merged[-1][1], span[1])
             else:
                 merged.append([span[0], span[1], why])
-        for gpu_id in gpus_of_node[node]:
-            out.extend(DownInterval(gpu_id, a, b, why) for a, b, why in merged)
+        out.extend(DownInterval(gpu_id, a, b, why) for a, b, why in merged)
     return sorted(out, key=lambda d: (d.gpu_id, d.start_s))
 
 

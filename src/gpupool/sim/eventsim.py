@@ -23,6 +23,8 @@ from gpupool.scheduler import (
     Command,
     Expire,
     Finished,
+    GpuDown,
+    GpuUp,
     Launch,
     NodeDown,
     Resize,
@@ -36,9 +38,9 @@ from gpupool.scheduler import Event as CoreEvent
 from gpupool.scheduler.config import ElasticConfig
 from gpupool.scheduler.events import CycleAt
 
-RunEvent = Submitted | Finished | NodeDown
+RunEvent = Submitted | Finished | NodeDown | GpuDown | GpuUp
 """What `run_events` feeds the core: the core's own events, each handed to the call the
-live driver makes for it (submit, finished, node_down then lost)."""
+live driver makes for it (submit, finished, node_down or gpu_down then lost, gpu_up)."""
 
 
 def _core(
@@ -95,6 +97,11 @@ def run_events(
             scheduler.submit(ev.job, t, sized=ev.sized)
         elif isinstance(ev, Finished):
             scheduler.finished(ev.job_id, t, ev.state, ev.reason)
+        elif isinstance(ev, GpuDown):
+            for job_id in scheduler.gpu_down(ev.node, ev.gpu, t, ev.reason):
+                scheduler.lost(job_id, t, f"GPU {ev.gpu} of node {ev.node} failed")
+        elif isinstance(ev, GpuUp):
+            scheduler.gpu_up(ev.node, ev.gpu, t)
         else:
             for job_id in scheduler.node_down(ev.node, t, ev.reason):
                 scheduler.lost(job_id, t, f"node {ev.node} lost")

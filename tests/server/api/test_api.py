@@ -529,45 +529,49 @@ def test_openapi_lists_the_job_paths(api: Api) -> None:
 
 
 # ---- failures: a lost node, retries -----------------------------------------------------------
-def test_node_loss_suspends_the_job_on_it(api: Api) -> None:
+def test_a_failed_gpu_is_drained_alone_and_its_job_resumes_on_the_other(api: Api) -> None:
     job = api.submitted()
     api.step()
     device = api.job(job["id"])["gpus"][0]["index"]
+    other = 1 - device
     api.telemetry.fail_gpu(device)
-    api.step()  # sampled: the node is marked bad and the job told to stop
-    api.step()  # its exit is reaped: back in the queue
-    row = api.job(job["id"])
-    assert row["state"] == "suspended"
-    assert "unhealthy" in row["reason"]
-    assert f"GPU {device}" in row["reason"]
-    view = api.client.get("/v1/cluster").json()
-    node = view["nodes"][0]
-    assert node["healthy"] is False
-    by_index = {g["index"]: g for g in node["gpus"]}
-    assert by_index[device]["healthy"] is False
-    assert by_index[device]["problem"]
-    assert by_index[device]["job_id"] is None
-    assert "gpupool_nodes_unhealthy 1.0" in api.client.get("/metrics").text.splitlines()
-    kinds = [e["kind"] for e in api.client.get("/v1/events").json()["events"]]
-    assert "node-unhealthy" in kinds
-    # Both A100s form one node (live.build_cluster: one node per GPU model), so the whole
-    # node is out and the job does not fit anywhere: it waits, and is not started on the bad
-    # node.
-    api.step(3)
-    row = api.job(job["id"])
-    assert row["state"] == "suspended"
-    assert [c for c in api.executor.calls if c == ("launch", str(job["id"]))] == [
-        ("launch", str(job["id"]))
-    ]
-    # the GPU recovers: the node is taken back and the job resumes on it
-    api.telemetry.repair(device)
-    api.step()  # sampled healthy: the node comes back
-    api.step()  # the cycle resumes the job there
-    assert api.client.get("/v1/cluster").json()["nodes"][0]["healthy"] is True
+    api.step()  # sampled: the GPU is out of the pool and its job told to stop
+    api.step()  # its exit is reaped: requeued, and resumed on the node's other GPU
     row = api.job(job["id"])
     assert row["state"] == "running" and row["attempts"] == 2
+    assert [g["index"] for g in row["gpus"]] == [other]
+    suspended = [e for e in api.store.events.after(0, job_id=job["id"]) if e.kind == "suspended"]
+    assert f"GPU {device} of node {NODE} unhealthy" in suspended[0].message
+    view = api.client.get("/v1/cluster").json()
+    node = view["nodes"][0]
+    assert node["healthy"] is True and node["state"] == "up"  # the node works on
+    assert [o["gpu"] for o in node["gpus_out"]] == [device]
+    assert "fell off the bus" in node["gpus_out"][0]["reason"]
+    by_index = {g["index"]: g for g in node["gpus"]}
+    assert by_index[device]["healthy"] is False and by_index[device]["out"] is True
+    assert by_index[device]["job_id"] is None
+    assert by_index[other]["out"] is False and by_index[other]["job_id"] == job["id"]
+    metrics = api.client.get("/metrics").text.splitlines()
+    assert "gpupool_nodes_unhealthy 0.0" in metrics
+    assert "gpupool_gpus_out 1.0" in metrics
     kinds = [e["kind"] for e in api.client.get("/v1/events").json()["events"]]
-    assert "node-healthy" in kinds
+    assert "gpu-unhealthy" in kinds and "node-unhealthy" not in kinds
+    # a second job finds no room: the failed GPU takes nothing new, and `why` says so
+    second = api.submitted()
+    api.step(3)
+    waiting = api.job(second["id"])
+    assert waiting["state"] == "pending"
+    assert f"GPU {device} of node {NODE} unhealthy" in waiting["reason"]
+    # the GPU recovers: it is taken back and the second job starts there
+    api.telemetry.repair(device)
+    api.step()  # sampled healthy: the GPU comes back
+    api.step()  # the cycle starts the second job there
+    node = api.client.get("/v1/cluster").json()["nodes"][0]
+    assert node["gpus_out"] == []
+    row = api.job(second["id"])
+    assert row["state"] == "running" and [g["index"] for g in row["gpus"]] == [device]
+    kinds = [e["kind"] for e in api.client.get("/v1/events").json()["events"]]
+    assert "gpu-healthy" in kinds
 
 
 def test_failed_job_is_retried_then_fails(api: Api) -> None:

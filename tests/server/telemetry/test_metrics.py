@@ -50,6 +50,7 @@ FAMILIES = {
     "gpupool_scale_out": "gauge",
     "gpupool_queue_pending": "gauge",
     "gpupool_nodes_unhealthy": "gauge",
+    "gpupool_gpus_out": "gauge",
     "gpupool_node_up": "gauge",
     "gpupool_node_lost": "counter",
     QUEUE_WAIT: "histogram",

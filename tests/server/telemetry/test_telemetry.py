@@ -157,6 +157,37 @@ class FakeNvml:
         self._gpu("nvmlDeviceResetGpuLockedClocks", h)
         self.calls.append(("reset", h.index))
 
+    # events: `xids` is the queue of (GPU index, XID) a wait returns, oldest first
+    events_error: type[Exception] | None = None
+    xids: list[tuple[int, int]]
+    registered: list[tuple[int, int]]
+
+    def nvmlEventSetCreate(self) -> str:
+        if self.events_error is not None:
+            raise self.events_error()
+        self.xids, self.registered = [], []
+        return "event-set"
+
+    def nvmlDeviceRegisterEvents(self, h: Handle, types: int, events: str) -> None:
+        assert events == "event-set"
+        self._gpu("nvmlDeviceRegisterEvents", h)
+        self.registered.append((h.index, types))
+
+    def nvmlEventSetWait_v2(self, events: str, timeout_ms: int) -> Any:
+        assert events == "event-set" and timeout_ms == 0  # a sample never waits
+        if not self.xids:
+            raise pynvml.NVMLError_Timeout()
+        index, xid = self.xids.pop(0)
+        return SimpleNamespace(
+            device=Handle(index), eventType=pynvml.nvmlEventTypeXidCriticalError, eventData=xid
+        )
+
+    def nvmlDeviceGetIndex(self, h: Handle) -> int:
+        return h.index
+
+    def nvmlEventSetFree(self, events: str) -> None:
+        self.calls.append(("free", events))
+
 
 def nvml(*gpus: FakeGpu, **kw: Any) -> tuple[NvmlTelemetry, FakeNvml]:
     fake = FakeNvml(list(gpus) or [FakeGpu()], **kw)
@@ -165,7 +196,7 @@ def nvml(*gpus: FakeGpu, **kw: Any) -> tuple[NvmlTelemetry, FakeNvml]:
 
 def test_the_fake_only_implements_real_pynvml_calls() -> None:
     names = [n for n in vars(FakeNvml) if n.startswith("nvml")]
-    assert len(names) == 21
+    assert len(names) == 26
     assert [n for n in names if not callable(getattr(pynvml, n, None))] == []
 
 
@@ -179,6 +210,8 @@ def test_module_constants_are_pynvml_constants() -> None:
     assert tm.ERR_NO_PERMISSION == pynvml.NVML_ERROR_NO_PERMISSION
     assert tm.ERR_GPU_IS_LOST == pynvml.NVML_ERROR_GPU_IS_LOST
     assert tm.ERR_UNKNOWN == pynvml.NVML_ERROR_UNKNOWN
+    assert tm.ERR_TIMEOUT == pynvml.NVML_ERROR_TIMEOUT
+    assert pynvml.nvmlEventTypeXidCriticalError == tm.NVML_EVENT_XID_CRITICAL
 
 
 # ---------------------------------------------------------------------------------------
@@ -382,6 +415,62 @@ def test_other_handle_error_is_unhealthy_with_its_own_sentence() -> None:
     assert not s.healthy and "NVML cannot open it" in s.problem
 
 
+@pytest.mark.parametrize(
+    ("xid", "words"),
+    [
+        (48, "double-bit ECC"),
+        (79, "fell off the bus"),
+        (94, "contained ECC"),
+        (95, "uncontained ECC"),
+        (63, "row remapping"),
+        (64, "row remapping failed"),
+    ],
+)
+def test_a_critical_xid_makes_its_gpu_unhealthy_until_the_source_is_reopened(
+    xid: int, words: str
+) -> None:
+    tel, fake = nvml(FakeGpu(), FakeGpu(uuid="GPU-bbbb"))
+    assert fake.registered == [(0, 8), (1, 8)]  # every GPU, critical XIDs
+    assert all(s.healthy for s in tel.sample(0.0))
+    fake.xids.append((1, xid))
+    ok, bad = tel.sample(1.0)
+    assert ok.healthy and not bad.healthy
+    assert f"GPU 1 (GPU-bbbb) reported XID {xid}: " in bad.problem and words in bad.problem
+    assert "nvidia-smi -r -i 1" in bad.problem
+    assert bad.util_pct == 87.0  # still read: the XID says it is not to be trusted
+    assert not tel.sample(2.0)[1].healthy  # the event came once; the drain stays
+    tel.close()
+    assert ("free", "event-set") in fake.calls
+
+
+def test_application_xids_drain_nothing_and_a_storm_is_read_in_one_sample() -> None:
+    tel, fake = nvml(FakeGpu(), FakeGpu(uuid="GPU-bbbb"))
+    fake.xids.extend([(0, 13), (0, 43), (1, 45)] * 10 + [(0, 79)])
+    ok, other = tel.sample(0.0)
+    assert fake.xids == []
+    assert not ok.healthy and "XID 79" in ok.problem and other.healthy
+
+
+def test_a_lost_gpu_with_an_xid_names_both() -> None:
+    tel, fake = nvml(FakeGpu())
+    fake.xids.append((0, 79))
+    fake.gpus[0].fail["nvmlDeviceGetHandleByIndex"] = pynvml.NVMLError_GpuIsLost
+    (s,) = tel.sample(0.0)
+    assert not s.healthy and "fell off the bus (NVML" in s.problem and "XID 79" in s.problem
+
+
+def test_events_not_supported_say_nothing() -> None:
+    fake = FakeNvml([FakeGpu(), FakeGpu(uuid="GPU-bbbb")])
+    fake.events_error = pynvml.NVMLError_NotSupported
+    tel = NvmlTelemetry(nvml=fake)
+    assert all(s.healthy and s.missing == () for s in tel.sample(0.0))
+    tel, fake = nvml(FakeGpu(fail={"nvmlDeviceRegisterEvents": pynvml.NVMLError_NotSupported}))
+    assert fake.registered == []
+    (s,) = tel.sample(0.0)
+    assert s.healthy and s.problem == ""
+    assert ("free", "event-set") in fake.calls  # nothing registered: the set is freed at once
+
+
 # ---------------------------------------------------------------------------------------
 # NVML: commands
 
@@ -577,6 +666,14 @@ def test_fake_faults_make_gpus_unhealthy() -> None:
     assert all(s.healthy for s in fake.sample(1.0))
     fake.fail_gpu(1)
     assert "fell off the bus" in fake.sample(2.0)[1].problem
+    fake.xid_error(2, 48)
+    xid = fake.sample(3.0)[2]
+    assert not xid.healthy and "XID 48: a double-bit ECC error" in xid.problem
+    assert xid.util_pct == 0.0 and xid.power_w > 0  # still read, not trusted
+    fake.repair(2)
+    assert fake.sample(4.0)[2].healthy
+    with pytest.raises(SpecError):
+        fake.xid_error(2, 0)
 
 
 # ---------------------------------------------------------------------------------------

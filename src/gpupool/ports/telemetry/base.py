@@ -9,7 +9,7 @@ implementation words them alike.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Final, Protocol, runtime_checkable
 
 from gpupool.energy.powercap import SetPowerCap
 
@@ -118,6 +118,31 @@ def ecc_problem(index: int, uuid: str, count: int) -> str:
     return (
         f"GPU {index} ({uuid}) has {count} uncorrected ECC error(s) since the driver loaded; "
         f"drain it, then reset it (nvidia-smi -r -i {index}) and replace it if they recur"
+    )
+
+
+XID_PROBLEMS: Final[dict[int, str]] = {
+    48: "a double-bit ECC error (uncorrectable memory error)",
+    63: "an ECC page retirement or row remapping was recorded (a reset applies it)",
+    64: "an ECC page retirement or row remapping failed",
+    74: "an NVLink error",
+    79: "it fell off the bus",
+    92: "a high single-bit ECC error rate",
+    94: "a contained ECC error (the application that hit it was stopped)",
+    95: "an uncontained ECC error (every application on the GPU is affected)",
+    119: "a GSP firmware timeout",
+    120: "a GSP firmware error",
+}
+"""What each critical XID that takes a GPU out of the pool says (NVIDIA's XID catalogue)."""
+
+
+def xid_problem(index: int, uuid: str, xid: int) -> str:
+    """The problem of a GPU that reported a critical XID, with what to do."""
+    what = XID_PROBLEMS.get(xid, "a critical error")
+    return (
+        f"GPU {index} ({uuid}) reported XID {xid}: {what}; it stays drained: look for the "
+        f"XID in dmesg, reset the GPU (nvidia-smi -r -i {index}) or reboot the node, replace "
+        "it if it recurs, then restart gpupool on the node to take it back"
     )
 
 

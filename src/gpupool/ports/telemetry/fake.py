@@ -21,6 +21,7 @@ from gpupool.ports.telemetry.base import (
     Telemetry,
     ecc_problem,
     lost_sample,
+    xid_problem,
 )
 from gpupool.sizing.catalog import Catalog, load_catalog
 
@@ -93,6 +94,8 @@ class _FakeGpu:
     locked_sm_mhz: int | None = None
     fault: str = ""
     ecc: int = 0
+    xid: int | None = None
+    """The critical XID the GPU reported, if any (it stays until `repair`)."""
     inlet_c: float | None = None
     """The air it breathes; None: the thermal model's ambient (30 C)."""
 
@@ -207,12 +210,22 @@ class FakeTelemetry(Telemetry):
         with self._lock:
             gpu.ecc += count
 
+    def xid_error(self, index: int, xid: int) -> None:
+        """The GPU reports critical XID `xid` (as NVML's event would): it reads unhealthy
+        with the XID's problem sentence until `repair`."""
+        if xid < 1:
+            raise SpecError(f"fake GPU {index}: an XID is a positive number, got {xid}")
+        gpu = self._gpu(index)
+        with self._lock:
+            gpu.xid = xid
+
     def repair(self, index: int) -> None:
-        """Clear injected faults and ECC errors (a reset GPU)."""
+        """Clear injected faults, XIDs and ECC errors (a reset GPU)."""
         gpu = self._gpu(index)
         with self._lock:
             gpu.fault = ""
             gpu.ecc = 0
+            gpu.xid = None
 
     @property
     def applied(self) -> list[SetPowerCap]:
@@ -251,7 +264,12 @@ class FakeTelemetry(Telemetry):
         if gpu.pids:
             share, rest = divmod(gpu.mem_used_mib, len(gpu.pids))
             procs = tuple((pid, share + (rest if i == 0 else 0)) for i, pid in enumerate(gpu.pids))
-        healthy = gpu.ecc == 0
+        healthy = gpu.ecc == 0 and gpu.xid is None
+        problem = ""
+        if gpu.xid is not None:
+            problem = xid_problem(info.index, info.uuid, gpu.xid)
+        elif gpu.ecc:
+            problem = ecc_problem(info.index, info.uuid, gpu.ecc)
         return GpuSample(
             index=info.index,
             uuid=info.uuid,
@@ -267,7 +285,7 @@ class FakeTelemetry(Telemetry):
             ecc_uncorrected=gpu.ecc,
             processes=procs,
             healthy=healthy,
-            problem="" if healthy else ecc_problem(info.index, info.uuid, gpu.ecc),
+            problem=problem,
             at_s=now_s,
         )
 

@@ -369,7 +369,8 @@ def _resources(core: WaitInputs, r: JobRecord, pools: _Pools, model: str) -> str
     job = r.spec
     state = core.book.state
     allowed = pools.allowed(r)
-    usable = int(state.gpu_count[allowed].sum())
+    failed = [why for (k, _), why in sorted(core.fleet.gpu_down_why.items()) if bool(allowed[k])]
+    usable = int(state.gpu_count[allowed].sum()) - len(failed)
     free = state.whole_free[allowed]
     block = int(free.max()) if free.size else 0
     total = int(free.sum())
@@ -393,6 +394,7 @@ def _resources(core: WaitInputs, r: JobRecord, pools: _Pools, model: str) -> str
             for k in sorted(core.fleet.drained)
             if core.fleet.node_pool[k] == r.gpu_type and k not in core.fleet.down_why
         ]
+        out += failed
         gone = f" ({'; '.join(out[:3])}{'; ...' if len(out) > 3 else ''})" if out else ""
         return (
             f"needs {_gpus(job.gpu_count, model)}; only {usable} are up and not drained{mine}{gone}"
@@ -411,9 +413,10 @@ def _resources(core: WaitInputs, r: JobRecord, pools: _Pools, model: str) -> str
             f"needs {_gpus(job.gpu_count, model)} with {job.cpu_milli / 1000:g} CPUs and "
             f"{job.mem_mib} MiB memory; no node with {job.gpu_count} free GPUs has that left"
         )
+    failing = f"; out of service: {'; '.join(failed[:3])}" if failed else ""
     return (
         f"needs {_gpus(job.gpu_count, model)} on one node, largest free block "
-        f"{block} ({total} free in the pool)"
+        f"{block} ({total} free in the pool){failing}"
     )
 
 

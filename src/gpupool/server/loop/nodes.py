@@ -1,10 +1,12 @@
 """Node liveness: nodes that leave and rejoin (the probe), cloud nodes that start and stop,
-and nodes whose GPUs report unhealthy.
+and GPUs that report unhealthy.
 
-A node lost or unhealthy is out of the pool (`Scheduler.node_down`); its jobs are asked
-to leave with their grace and are requeued from their checkpoint when they exit
-(`state.evicting`). A node the probe lists again with a new id, or that stayed listed for
-`RESTORE_AFTER_S`, is trusted again; a node whose GPUs all recovered comes back."""
+A node lost is out of the pool (`Scheduler.node_down`); its jobs are asked to leave with
+their grace and are requeued from their checkpoint when they exit (`state.evicting`). A
+node the probe lists again with a new id, or that stayed listed for `RESTORE_AFTER_S`, is
+trusted again. A GPU that samples unhealthy is out of the pool alone
+(`Scheduler.gpu_down`): its job leaves the same way, the node's other GPUs work on, and it
+comes back when it samples healthy again."""
 
 from __future__ import annotations
 
@@ -49,7 +51,9 @@ class Nodes:
         self.cloud = cloud
         self.gone: dict[str, tuple[str | None, float]] = {}
         """Nodes the probe or a lost job took out: (their id then, None if unlisted; when)."""
-        self.bad_nodes: set[str] = set()
+        self.bad_gpus: dict[tuple[int, int], str] = {}
+        """GPUs out of the pool as unhealthy, [node, local GPU]: why."""
+        self.index_of = {n.name: k for k, n in enumerate(fleet.cluster.nodes)}
         self.nodes_lost: dict[str, int] = defaultdict(int)
         """Times each node was lost (left the cluster, or its jobs' actors died)."""
         if cloud is not None:
@@ -101,7 +105,7 @@ class Nodes:
             if now_id is None:
                 if name not in self.gone or self.gone[name][0] is not None:
                     self.node_down(name, None, now, f"node {name} left the cluster")
-            elif name in self.gone and name not in self.bad_nodes:
+            elif name in self.gone:
                 was_id, since = self.gone[name]
                 if now_id != was_id or now - since >= self.RESTORE_AFTER_S:
                     del self.gone[name]
@@ -162,54 +166,69 @@ class Nodes:
                 self.executor.preempt(job_id, row.grace_s, now)
 
     def check_health(self, samples: Sequence[GpuSample], now: float) -> None:
-        """A node with an unhealthy GPU is out of the pool (its jobs leave, requeued);
-        one whose GPUs all recovered comes back."""
-        node_of_device = {dev: key[0] for key, dev in self.fleet.tele_index.items()}
-        unhealthy = {node_of_device.get(s.index) for s in samples if not s.healthy}
-        nodes = self.fleet.cluster.nodes
-        for name in sorted(self.bad_nodes):  # a node whose GPUs all recovered comes back
-            index = next(i for i, n in enumerate(nodes) if n.name == name)
-            if index not in unhealthy:
-                self.bad_nodes.discard(name)
-                if name not in self.gone:
-                    self.scheduler.node_up(name, now)
-                self.store.events.add(
-                    "node-healthy", f"node {name} is healthy again", now, data={"node": name}
-                )
+        """A GPU that samples unhealthy (an XID error, uncorrected ECC errors, gone from
+        the bus, a node whose telemetry stopped answering) is out of the pool, with its
+        problem as the reason; the job on it leaves with its grace and is requeued from its
+        checkpoint, the node's other GPUs work on. A GPU that samples healthy again comes
+        back."""
+        key_of = {dev: key for key, dev in self.fleet.tele_index.items()}
+        bad_now: dict[tuple[int, int], str] = {}
         for s in samples:
-            if s.healthy:
+            key = key_of.get(s.index)
+            if not s.healthy and key is not None:
+                bad_now[key] = s.problem or "unhealthy"
+        nodes = self.fleet.cluster.nodes
+        for key in sorted(self.bad_gpus):
+            if key in bad_now:
                 continue
-            k = node_of_device.get(s.index)
-            if k is None:
+            del self.bad_gpus[key]
+            k, g = key
+            name, dev = nodes[k].name, self.fleet.devices[key]
+            self.scheduler.gpu_up(name, g, now)
+            self.store.events.add(
+                "gpu-healthy",
+                f"GPU {dev} of node {name} is healthy again",
+                now,
+                data={"node": name, "gpu": g, "device": dev},
+            )
+        for key, problem in sorted(bad_now.items()):
+            if key in self.bad_gpus:
                 continue
-            name = nodes[k].name
-            if name in self.bad_nodes:
-                continue
-            self.bad_nodes.add(name)
-            if name in self.gone:
-                continue
-            why = f"node {name} unhealthy: GPU {s.index} {s.problem}"
-            self.store.events.add("node-unhealthy", why, now, data={"node": name})
-            for job_id in self.scheduler.node_down(name, now, why):
+            k, g = key
+            name, dev = nodes[k].name, self.fleet.devices[key]
+            why = f"GPU {dev} of node {name} unhealthy: {problem}"
+            self.bad_gpus[key] = why
+            self.store.events.add(
+                "gpu-unhealthy", why, now, data={"node": name, "gpu": g, "device": dev}
+            )
+            for job_id in self.scheduler.gpu_down(name, g, now, why):
                 row = self.store.jobs.get(int(job_id))
                 self.state.evicting[job_id] = f"{why}; requeued from its checkpoint"
-                self.executor.preempt(job_id, row.grace_s, now)
+                if job_id in self.executor.handles():
+                    self.executor.preempt(job_id, row.grace_s, now)
+
+    def gpus_out(self, name: str) -> list[tuple[int, str]]:
+        """The node's GPUs out of the pool as unhealthy: (local index, why), in order."""
+        k = self.index_of[name]
+        return [(g, why) for (n, g), why in sorted(self.bad_gpus.items()) if n == k]
 
     def healthy(self, name: str) -> bool:
-        return name not in self.bad_nodes and name not in self.gone
+        """The node is in the cluster (some of its GPUs may be out: `gpus_out`)."""
+        return name not in self.gone
 
     def lost_total(self, name: str) -> int:
         return self.nodes_lost.get(name, 0)
 
     def state_of(self, name: str) -> str:
-        """up, lost, unhealthy, a cloud node's down / starting / stopping, or an up node's
-        draining (jobs still run there) / drained."""
+        """up, lost, unhealthy (every GPU out), a cloud node's down / starting / stopping,
+        or an up node's draining (jobs still run there) / drained."""
         if self.cloud is not None and name in self.cloud.status:
             state = self.cloud.state(name)
             if state != "up":
                 return f"cloud-{state}"
         if name in self.gone:
             return "lost"
-        if name in self.bad_nodes:
+        gpus = self.fleet.cluster.nodes[self.index_of[name]].gpu_count
+        if gpus and len(self.gpus_out(name)) == gpus:
             return "unhealthy"
         return self.scheduler.draining(name) or "up"

@@ -96,6 +96,7 @@ class Views:
             nodes = []
             for k, node in enumerate(self.fleet.cluster.nodes):
                 gpus = []
+                out = dict(self.nodes.gpus_out(node.name))
                 for g in range(node.gpu_count):
                     dev = self.fleet.devices[(k, g)]
                     tele = self.fleet.tele_index.get((k, g))
@@ -121,6 +122,8 @@ class Views:
                             "problem": s.problem if s else "",
                             "job_id": int(jobs_on[(k, g)]) if (k, g) in jobs_on else None,
                             "reclaimable": tele in reclaimable,
+                            "out": g in out,
+                            "out_reason": out.get(g, ""),
                         }
                     )
                 nodes.append(
@@ -131,6 +134,10 @@ class Views:
                         "state": self.nodes.state_of(node.name),
                         "healthy": self.nodes.healthy(node.name),
                         "lost_total": self.nodes.lost_total(node.name),
+                        "gpus_out": [
+                            {"gpu": self.fleet.devices[(k, g)], "reason": why}
+                            for g, why in out.items()
+                        ],
                         "gpus": gpus,
                     }
                 )

@@ -9,6 +9,7 @@ never touches the untyped binding and tests can hand it a fake module. Without a
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 from collections.abc import Callable
 from typing import Any, Final, TypeVar
@@ -16,12 +17,14 @@ from typing import Any, Final, TypeVar
 from gpupool.energy.powercap import SetPowerCap
 from gpupool.errors import ConflictError, GpupoolError
 from gpupool.ports.telemetry.base import (
+    XID_PROBLEMS,
     ApplyResult,
     GpuInfo,
     GpuSample,
     Telemetry,
     ecc_problem,
     lost_sample,
+    xid_problem,
 )
 from gpupool.sizing.catalog import Catalog, load_catalog, normalise
 
@@ -38,6 +41,9 @@ NVML_VOLATILE_ECC: Final = 0
 ERR_NOT_SUPPORTED: Final = 3
 ERR_NO_PERMISSION: Final = 4
 ERR_GPU_IS_LOST: Final = 15
+ERR_TIMEOUT: Final = 10
+NVML_EVENT_XID_CRITICAL: Final = 0x8
+"""nvmlEventTypeXidCriticalError: the event whose data is the XID number."""
 ERR_UNKNOWN: Final = 999
 
 
@@ -177,6 +183,28 @@ class _Nvml:
     def reset_sm_clock(self, h: object) -> None:
         self._m.nvmlDeviceResetGpuLockedClocks(h)
 
+    def event_set(self) -> object:
+        created: object = self._m.nvmlEventSetCreate()
+        return created
+
+    def register_xids(self, h: object, events: object) -> None:
+        self._m.nvmlDeviceRegisterEvents(h, NVML_EVENT_XID_CRITICAL, events)
+
+    def next_xid(self, events: object) -> tuple[int, int] | None:
+        """(device index, XID) of the next critical XID event, None when there is none now."""
+        try:
+            data = self._m.nvmlEventSetWait_v2(events, 0)
+        except self.error as exc:
+            if _code(exc) == ERR_TIMEOUT:
+                return None
+            raise
+        if int(data.eventType) != NVML_EVENT_XID_CRITICAL:
+            return None
+        return int(self._m.nvmlDeviceGetIndex(data.device)), int(data.eventData)
+
+    def free_events(self, events: object) -> None:
+        self._m.nvmlEventSetFree(events)
+
 
 class _GpuLost(Exception):
     def __init__(self, cause: BaseException) -> None:
@@ -189,6 +217,13 @@ def _lost_problem(index: int, uuid: str, cause: BaseException) -> str:
         f"GPU {index} ({uuid}) fell off the bus (NVML: {cause}); drain it, look for Xid 79 "
         "in dmesg, then reset the GPU (nvidia-smi -r) or reboot the node"
     )
+
+
+DRAINING_XIDS: Final = frozenset(XID_PROBLEMS)
+"""Critical XIDs that take a GPU out of the pool. Others (13, 31, 43, 45, 68: faults of the
+application that ran, or its cleanup) are the job's, not the GPU's, and drain nothing."""
+MAX_XIDS_PER_SAMPLE: Final = 256
+"""Events read per sample at most, so a storm of them cannot stall the loop."""
 
 
 def _w(mw: int) -> float:
@@ -229,6 +264,48 @@ class NvmlTelemetry(Telemetry):
         except NoGpuError:
             self._shutdown()
             raise
+        self._xids: dict[int, int] = {}
+        """GPUs that reported a critical XID: the XID, for the life of the source."""
+        self._events = self._xid_events()
+
+    def _xid_events(self) -> object | None:
+        """An NVML event set with every readable GPU's critical XIDs; None where the driver
+        does not support events (they are then not read, and nothing is said)."""
+        api = self._api
+        try:
+            events = api.event_set()
+        except api.error as exc:
+            if _code(exc) == ERR_NOT_SUPPORTED:
+                return None
+            raise
+        registered = 0
+        for info in self._inventory:
+            try:
+                api.register_xids(api.handle(info.index), events)
+                registered += 1
+            except api.error as exc:
+                if _code(exc) not in (ERR_NOT_SUPPORTED, ERR_GPU_IS_LOST, ERR_UNKNOWN):
+                    raise
+        if registered == 0:
+            with contextlib.suppress(api.error):
+                api.free_events(events)
+            return None
+        return events
+
+    def _read_xids(self) -> None:
+        """The critical XIDs reported since the last sample (never waits)."""
+        if self._events is None:
+            return
+        for _ in range(MAX_XIDS_PER_SAMPLE):
+            try:
+                got = self._api.next_xid(self._events)
+            except self._api.error:
+                return  # an event set that cannot be read now: try again next sample
+            if got is None:
+                return
+            index, xid = got
+            if xid in DRAINING_XIDS and 0 <= index < len(self._inventory):
+                self._xids.setdefault(index, xid)
 
     def _shutdown(self) -> None:
         with contextlib.suppress(self._api.error):
@@ -276,7 +353,18 @@ class NvmlTelemetry(Telemetry):
         with self._lock:
             if self._closed:
                 raise ConflictError("telemetry is closed; start a new NvmlTelemetry to read GPUs")
-            return [self._sample_one(info, now_s) for info in self._inventory]
+            self._read_xids()
+            return [self._with_xid(self._sample_one(info, now_s)) for info in self._inventory]
+
+    def _with_xid(self, sample: GpuSample) -> GpuSample:
+        """The sample of a GPU that reported a critical XID reads unhealthy with it."""
+        xid = self._xids.get(sample.index)
+        if xid is None:
+            return sample
+        problem = xid_problem(sample.index, sample.uuid, xid)
+        if not sample.healthy:
+            problem = f"{sample.problem}; {problem}"
+        return dataclasses.replace(sample, healthy=False, problem=problem)
 
     def _sample_one(self, info: GpuInfo, now_s: float) -> GpuSample:
         api = self._api
@@ -429,6 +517,9 @@ class NvmlTelemetry(Telemetry):
         with self._lock:
             if not self._closed:
                 self._closed = True
+                if self._events is not None:
+                    with contextlib.suppress(self._api.error):
+                        self._api.free_events(self._events)
                 self._shutdown()
 
     def __enter__(self) -> NvmlTelemetry:

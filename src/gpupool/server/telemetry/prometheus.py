@@ -175,6 +175,11 @@ class ServiceCollector(Collector):
             "Nodes lost or unhealthy now.",
             value=sum(1 for n in nodes if n["state"] in ("lost", "unhealthy")),
         )
+        yield GaugeMetricFamily(
+            "gpupool_gpus_out",
+            "GPUs out of the pool as unhealthy (XID, ECC errors, lost) on nodes that work on.",
+            value=sum(len(n.get("gpus_out") or []) for n in nodes),
+        )
         up = GaugeMetricFamily(
             "gpupool_node_up",
             "1 while the node takes work (its state label says why not).",
