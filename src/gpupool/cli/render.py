@@ -287,8 +287,20 @@ def _node_state(node: dict[str, Any]) -> str:
     return "; ".join([state, *(str(o.get("reason", "")) for o in out)])
 
 
+def _agent(agent: dict[str, Any]) -> str:
+    """The node's agent in a word or a reason: leaving, its storage check, or where it runs."""
+    if not agent:
+        return "-"
+    if agent.get("leaving"):
+        return "leaving"
+    storage = agent.get("storage")
+    if storage not in (None, "ok", "unknown"):
+        return f"storage: {storage}"
+    return str(agent.get("where") or "-")
+
+
 def node_table(nodes: list[dict[str, Any]]) -> str:
-    """`gpupool nodes`: each node's model, site, GPUs, busy GPUs and state."""
+    """`gpupool nodes`: each node's model, site, GPUs, busy GPUs, state and agent."""
     rows = [
         [
             n.get("name", "?"),
@@ -297,11 +309,12 @@ def node_table(nodes: list[dict[str, Any]]) -> str:
             len(n.get("gpus") or []),
             sum(g.get("job_id") is not None for g in n.get("gpus") or []),
             _node_state(n),
+            _agent(n.get("agent") or {}),
         ]
         for n in nodes
     ]
     return (
-        table.render(["node", "model", "site", "GPUs", "busy", "state"], rows)
+        table.render(["node", "model", "site", "GPUs", "busy", "state", "agent"], rows)
         if rows
         else "no nodes"
     )

@@ -28,6 +28,8 @@ from gpupool.ports.telemetry.base import Telemetry
 from gpupool.ports.telemetry.fake import FakeTelemetry
 from gpupool.scheduler.config import SchedulerConfig
 from gpupool.scheduler.config_schema import SCHEDULING_KEYS, parse_scheduling
+from gpupool.server.agent.storage import SECTION as STORAGE_SECTION
+from gpupool.server.agent.storage import StorageConfig, load_storage, prepare_shared, probe
 from gpupool.server.executors.local import LocalExecutor
 from gpupool.server.fleet.sites import load_sites
 from gpupool.server.ha.lease import Lease, controller_lease
@@ -126,6 +128,24 @@ def _loopback(host: str) -> bool:
         return False
 
 
+def open_storage(path: Path | None) -> StorageConfig:
+    """The --config file's `storage:`; its shared directory made ready and proven
+    writable from here, or the server refuses to start with the reason."""
+    storage = load_storage(path)
+    if storage.shared_dir is not None:
+        try:
+            prepare_shared(storage.shared_dir)
+        except OSError as err:
+            raise SpecError(
+                f"storage.shared_dir {storage.shared_dir}: cannot prepare it "
+                f"({err.strerror or err}); mount it, or fix its permissions"
+            ) from None
+        why = probe(storage.shared_dir, "server")
+        if why:
+            raise SpecError(f"storage.shared_dir: {why}")
+    return storage
+
+
 def load_service_config(path: Path | None, defaults: SchedulerConfig) -> SchedulerConfig:
     """`--config FILE`: the scheduling section of a scenario file (SCHEDULING_KEYS) over
     `defaults`; no file, or an empty one, is `defaults`. The quotas are checked against
@@ -141,10 +161,11 @@ def load_service_config(path: Path | None, defaults: SchedulerConfig) -> Schedul
         ) from None
     except yaml.YAMLError as err:
         raise SpecError(f"{path}: not valid YAML: {err}") from None
-    # isolation: see isolation.py; history: telemetry_history.py
-    allowed = SCHEDULING_KEYS | {ISOLATION_SECTION, HISTORY_SECTION}
+    # isolation: containment.py; history: telemetry/history.py; storage: agent/storage.py
+    sections = (ISOLATION_SECTION, HISTORY_SECTION, STORAGE_SECTION)
+    allowed = SCHEDULING_KEYS | set(sections)
     top = SpecReader(str(path)).mapping({} if raw is None else raw, "top level", allowed)
-    top = {k: v for k, v in top.items() if k not in (ISOLATION_SECTION, HISTORY_SECTION)}
+    top = {k: v for k, v in top.items() if k not in sections}
     return parse_scheduling(top, str(path), defaults)
 
 
@@ -332,6 +353,7 @@ def serve(opts: ServeOptions) -> int:
         disk_floor=DiskFloor(opts.disk_floor_mib, opts.disk_floor_pct),
         health_late_s=opts.health_late_s,
         history=load_history(opts.config),
+        storage=open_storage(opts.config),
     )
     scheme = "https" if opts.tls_cert is not None else "http"
     url = f"{scheme}://{opts.host}:{opts.port}"

@@ -105,6 +105,9 @@ class LaunchSpec:
     gang: Gang | None = None
     """A job the core placed over several nodes: one member process per node, all or none
     (RayExecutor runs it; LocalExecutor, one machine, refuses it). None: one node."""
+    checkpoint_dir: Path | None = None
+    """Where the job's checkpoints live (GPUPOOL_CHECKPOINT_DIR): in storage every node
+    reaches, so that an attempt on another machine finds them. None: `run_dir/checkpoint`."""
     launch_token: str = ""
     """The attempt's launch token when the caller has already recorded it in a launch
     intent (a server whose agent is on another machine does, before asking it to start);

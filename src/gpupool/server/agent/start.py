@@ -90,22 +90,25 @@ class Started:
     handed: bool = True
 
 
-def prepare_dirs(run_dir: Path, log_dir: Path, user: JobUser | None) -> None:
+def prepare_dirs(
+    run_dir: Path, log_dir: Path, user: JobUser | None, checkpoints: Path | None = None
+) -> None:
     """The run directory: with a user, the server's (0711: the job can reach its own
-    parts but not list or change the records in it); checkpoint/ and home/ the job's
-    (0700); the logs (in `log_dir`, the run directory or a gang member's) the server's,
-    readable by the job's group (0640)."""
-    for sub in (CHECKPOINT_DIR, HOME_DIR):
-        (run_dir / sub).mkdir(parents=True, exist_ok=True)
+    parts but not list or change the records in it); the checkpoint directory (in shared
+    storage, or checkpoint/ here) and home/ the job's (0700); the logs (in `log_dir`, the
+    run directory or a gang member's) the server's, readable by the job's group (0640)."""
+    ckpt = checkpoints if checkpoints is not None else run_dir / CHECKPOINT_DIR
+    for d in (ckpt, run_dir / HOME_DIR):
+        d.mkdir(parents=True, exist_ok=True)
     log_dir.mkdir(parents=True, exist_ok=True)
     if user is None:
         return
     for d in {run_dir, log_dir}:
         os.chown(d, 0, 0)
         os.chmod(d, 0o711)
-    for sub in (CHECKPOINT_DIR, HOME_DIR):
-        os.lchown(run_dir / sub, user.uid, user.gid)
-        os.chmod(run_dir / sub, 0o700)
+    for d in (ckpt, run_dir / HOME_DIR):
+        os.lchown(d, user.uid, user.gid)
+        os.chmod(d, 0o700)
     for name in (STDOUT_LOG, STDERR_LOG):
         path = log_dir / name
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o640)
@@ -151,7 +154,7 @@ def start_attempt(
     ctx = context or LaunchContext()
     run_dir = spec.run_dir.absolute()
     log_dir = (ctx.log_dir or run_dir).absolute()
-    prepare_dirs(run_dir, log_dir, spec.user)
+    prepare_dirs(run_dir, log_dir, spec.user, spec.checkpoint_dir)
     record = exit_file(log_dir, spec.attempt)
     for stale in (record, stop_file(log_dir, spec.attempt)):
         stale.unlink(missing_ok=True)

@@ -75,6 +75,14 @@ def write_atomically(path: Path, data: Mapping[str, object]) -> None:
     os.replace(tmp, path)
 
 
+def checkpoint_dir(spec: LaunchSpec) -> Path:
+    """The attempt's checkpoint directory: in shared storage when the server has one,
+    else in its run directory."""
+    if spec.checkpoint_dir is not None:
+        return spec.checkpoint_dir.absolute()
+    return spec.run_dir.absolute() / CHECKPOINT_DIR
+
+
 def job_environment(spec: LaunchSpec, base: Mapping[str, str] | None = None) -> dict[str, str]:
     """The allowed part of `base` (os.environ: PATH, LANG, LC_*, TZ, TERM) + HOME (the
     job's own home directory) + spec.env + the variables the checkpoint protocol promises.
@@ -96,7 +104,7 @@ def job_environment(spec: LaunchSpec, base: Mapping[str, str] | None = None) -> 
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     env["GPUPOOL_JOB_ID"] = spec.job_id
     env["GPUPOOL_ATTEMPT"] = str(spec.attempt)
-    env["GPUPOOL_CHECKPOINT_DIR"] = str(spec.run_dir.absolute() / CHECKPOINT_DIR)
+    env["GPUPOOL_CHECKPOINT_DIR"] = str(checkpoint_dir(spec))
     if spec.resume:
         env["GPUPOOL_RESUME"] = "1"
     else:

@@ -46,6 +46,7 @@ from gpupool.server.executors.files import (
     STDOUT_LOG,
     exit_file,
     launch_file,
+    read_json,
     write_atomically,
 )
 from gpupool.server.executors.ray_launcher import (
@@ -57,6 +58,7 @@ from gpupool.server.executors.ray_launcher import (
     member_key,
     state_root,
 )
+from gpupool.server.executors.ray_logs import RunLogs, offsets
 from gpupool.server.executors.ray_runs import (
     VANISHED,
     RayJob,
@@ -67,6 +69,8 @@ from gpupool.server.executors.ray_runs import (
     judge,
     member_exit,
     read_gang,
+    streamed_file,
+    streams,
 )
 
 if TYPE_CHECKING:
@@ -170,6 +174,7 @@ class RayExecutor:
         self._python = python
         self._timeout = call_timeout_s
         self._agent = agent or AgentSettings()
+        self._logs = RunLogs(ray, call_timeout_s)
         self.isolation = isolation
         """The policy that gives each job its team user and limits (read by the loop when
         it builds a LaunchSpec), as for LocalExecutor; None: jobs run as Ray's user."""
@@ -229,20 +234,20 @@ class RayExecutor:
         )
         return info
 
-    def leaving_nodes(self) -> set[str]:
-        """The nodes whose agent says the machine is leaving (`gpupool node join` got
-        SIGTERM): one cheap call to each node's launcher, all in flight at once; a
-        launcher that does not answer in time is asked again next time."""
+    def agent_status(self) -> dict[str, dict[str, Any]]:
+        """Each node's agent as it answers now (NodeLauncher.status: leaving, storage,
+        where its records are, how it contains jobs): one cheap call to each node's
+        launcher, all in flight at once; a node that does not answer in time is left
+        out (and asked again next time)."""
         asks = {}
         for node in list(self._nodes):
             with contextlib.suppress(Exception):
-                asks[node] = self._launcher(node).leaving.remote()
-        out: set[str] = set()
+                asks[node] = self._launcher(node).status.remote()
+        out: dict[str, dict[str, Any]] = {}
         deadline = time.monotonic() + self._timeout
         for node, ref in asks.items():
             with contextlib.suppress(Exception):
-                if self._ray.get(ref, timeout=max(deadline - time.monotonic(), 0.01)):
-                    out.add(node)
+                out[node] = self._ray.get(ref, timeout=max(deadline - time.monotonic(), 0.01))
         return out
 
     def _node_alive(self, node: str) -> bool:
@@ -279,16 +284,42 @@ class RayExecutor:
     ) -> RayRun:
         spec = launch.spec
         log_dir = spec.run_dir / member_dir(launch.rank) if launch.rank else spec.run_dir
-        return RayRun(
+        run = RayRun(
             member_key(spec.job_id, launch.rank),
             launch.rank,
             node,
             launcher,
             int(answer["pid"]),
             int(answer["ticks"]),
-            str(exit_file(log_dir, spec.attempt)),
+            str(answer.get("record") or exit_file(log_dir, spec.attempt)),
             log_dir,
+            node_log_dir=str(answer.get("log_dir") or ""),
+            streamed=offsets(answer.get("log_offsets")),
         )
+        if streams(run):
+            self._logs.save(run, spec.attempt)
+        return run
+
+    def _adopted_run(
+        self, key: str, rank: int, node: str, found: Mapping[str, Any], log_dir: Path, attempt: int
+    ) -> RayRun:
+        """A run an earlier scheduler started, from its node's record; what of its logs
+        was already copied from the scheduler's own note of it."""
+        run = RayRun(
+            key,
+            rank,
+            node,
+            self._launcher(node),
+            int(found["pid"]),
+            int(found["ticks"]),
+            str(found["record"]),
+            log_dir,
+            node_log_dir=str(found.get("log_dir") or ""),
+        )
+        if streams(run):
+            saved = read_json(streamed_file(run, attempt))
+            run.streamed = offsets(saved if saved is not None else found.get("log_offsets"))
+        return run
 
     def launch_many(
         self, launches: Sequence[tuple[LaunchSpec, str]], now_s: float
@@ -486,15 +517,8 @@ class RayExecutor:
                 missing.append(f"rank {k} on node {node}")
                 continue
             log_dir = run_dir / member_dir(k) if k else run_dir
-            run = RayRun(
-                member_key(handle.job_id, k),
-                k,
-                node,
-                self._launcher(node),
-                int(found["pid"]),
-                int(found["ticks"]),
-                str(found["record"]),
-                log_dir,
+            run = self._adopted_run(
+                member_key(handle.job_id, k), k, node, found, log_dir, handle.attempt
             )
             runs.append(run)
             if not found.get("running") or (
@@ -558,16 +582,7 @@ class RayExecutor:
                 handle = dataclasses.replace(handle, pid=pid, pgid=pid, start_ticks=ticks)
             if (int(entry["pid"]), int(entry["ticks"])) != (handle.pid, handle.start_ticks):
                 continue
-            run = RayRun(
-                handle.job_id,
-                0,
-                node,
-                self._launcher(node),
-                handle.pid,
-                handle.start_ticks,
-                str(entry["record"]),
-                run_dir,
-            )
+            run = self._adopted_run(handle.job_id, 0, node, entry, run_dir, handle.attempt)
             self._jobs[handle.job_id] = RayJob(handle, [run], run_dir=run_dir)
             return True
         return False
@@ -622,6 +637,9 @@ class RayExecutor:
         attempts "lost"."""
         exits: list[Exit] = [dataclasses.replace(e, at_s=now_s) for e in self._dead]
         self._dead.clear()
+        if self._logs.due():
+            running = [(r, j.handle.attempt) for j in self._jobs.values() for r in j.runs]
+            self._logs.copy([(r, a) for r, a in running if not r.done])
         for job in self._jobs.values():
             self._enforce(job, now_s)
         by_node: dict[str, list[tuple[str, RayRun]]] = {}
@@ -703,6 +721,11 @@ class RayExecutor:
         ``rank-<k>/``."""
         if job.run_dir is None:
             return
+        if streams(run):  # what the node has beyond what was copied while it ran
+            if not run.vanished:
+                self._logs.copy([(run, job.handle.attempt)], self.LOG_TAIL_LIMIT)
+            streamed_file(run, job.handle.attempt).unlink(missing_ok=True)
+            return
         sizes = ended.get("log_sizes") if ended is not None else None
         for name in (STDOUT_LOG, STDERR_LOG):
             local = run.log_dir / name
@@ -740,6 +763,14 @@ class RayExecutor:
                 f"{len(job.runs)} member(s), ranks from 0"
             )
         run = job.runs[rank]
+        if streams(run):  # the copy here, brought up to date: one offset for all attempts
+            self._logs.copy([(run, job.handle.attempt)])
+            try:
+                with (run.log_dir / name).open("rb") as f:
+                    f.seek(offset)
+                    return f.read(1 << 20)
+            except OSError:
+                return b""
         data: bytes = self._ray.get(
             run.launcher.read_log.remote(str(run.log_dir), name, offset), timeout=self._timeout
         )

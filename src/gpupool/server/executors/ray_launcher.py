@@ -24,6 +24,7 @@ replaced launcher leaves its jobs running, and a node that dies takes its jobs w
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import os
 import signal
@@ -46,7 +47,9 @@ from gpupool.server.agent.start import (
     LaunchContext,
     start_attempt,
 )
+from gpupool.server.agent.storage import probe
 from gpupool.server.executors.files import (
+    CHECKPOINT_DIR,
     DEFAULT_LOG_MAX_BYTES,
     STDERR_LOG,
     STDOUT_LOG,
@@ -71,6 +74,20 @@ class AgentSettings:
 
     contain: bool = False
     log_max_bytes: int | None = DEFAULT_LOG_MAX_BYTES
+    shared_dir: str | None = None
+    """The storage every node must reach (checkpoints): each node proves it can write and
+    read it, and gets no work while it cannot."""
+
+
+STORAGE_PROBE_S = 30.0
+"""A node's agent proves again that it reaches the shared storage at most this often."""
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 @dataclass(frozen=True)
@@ -129,6 +146,13 @@ class NodeLauncher:
         settings = settings or AgentSettings()
         cgroups, self._cgroups_note = cg.detect() if settings.contain else (None, "")
         self._containment = Containment(cgroups, settings.log_max_bytes)
+        node_dir = os.environ.get(NODE_DIR_ENV, "")
+        self._runs = Path(node_dir) / "runs" if node_dir else None
+        """A joined node keeps its jobs' run directories (logs, records, home) here, not
+        at the server's path; their checkpoints stay where every node finds them."""
+        self._shared = Path(settings.shared_dir) if settings.shared_dir else None
+        self._storage = ""
+        self._storage_at = -STORAGE_PROBE_S
         # Ray starts its workers from the raylet: the shims' fence watches it, so jobs
         # live on through a launcher's restart and die with the node
         raylet = os.getppid()
@@ -155,9 +179,27 @@ class NodeLauncher:
     def node_id(self) -> str:
         return self._node_id
 
-    def leaving(self) -> bool:
-        """`gpupool node join` is draining this node: move its jobs away."""
-        return (self._dir / LEAVING_FILE).exists()
+    def status(self) -> dict[str, Any]:
+        """What the server asks of each node's agent every second or so: whether the
+        machine is leaving (`gpupool node join` is draining it), whether it reaches the
+        shared storage ("" or why not; probed at most every STORAGE_PROBE_S), where its
+        records are and how it contains jobs."""
+        return {
+            "leaving": (self._dir / LEAVING_FILE).exists(),
+            "storage": self._storage_check(),
+            "dir": str(self._dir),
+            "cgroups": self._cgroups_note,
+            "pid": os.getpid(),
+        }
+
+    def _storage_check(self) -> str:
+        if self._shared is None:
+            return ""
+        now = time.monotonic()
+        if now - self._storage_at >= STORAGE_PROBE_S:
+            self._storage = probe(self._shared, self._node)
+            self._storage_at = now
+        return self._storage
 
     # ---- starting
     def endpoint(self) -> tuple[str, int]:
@@ -178,6 +220,13 @@ class NodeLauncher:
     def _start(self, launch: ShimStart) -> dict[str, Any]:
         spec, key = launch.spec, member_key(launch.spec.job_id, launch.rank)
         try:
+            if self._runs is not None:
+                checkpoints = spec.checkpoint_dir or spec.run_dir.absolute() / CHECKPOINT_DIR
+                spec = dataclasses.replace(
+                    spec, run_dir=self._runs / spec.run_dir.name, checkpoint_dir=checkpoints
+                )
+            if spec.checkpoint_dir is not None and self._storage_check():
+                return {"error": f"on node {self._node}: {self._storage}"}
             run_dir = spec.run_dir.absolute()
             log_dir = run_dir / member_dir(launch.rank) if launch.rank else run_dir
             if spec.user is not None:
@@ -194,6 +243,7 @@ class NodeLauncher:
                 held = self._held(key, spec.attempt, spec.gpu_indices)
                 if held:
                     return {"error": held, "conflict": True}
+                offsets = {name: _size(log_dir / name) for name in (STDOUT_LOG, STDERR_LOG)}
                 started = start_attempt(
                     spec, python=launch.python, containment=self._containment, context=context
                 )
@@ -209,11 +259,18 @@ class NodeLauncher:
                     "gpus": list(spec.gpu_indices),
                     "record": str(started.record),
                     "log_dir": str(log_dir),
+                    "log_offsets": offsets,
                 }
                 write_json(self._dir / f"job-{key}.json", entry)
                 for i in spec.gpu_indices:
                     write_json(self._dir / f"gpu{i}", {"job_id": key})
-            return {"pid": proc.pid, "ticks": started.ticks}
+            return {
+                "pid": proc.pid,
+                "ticks": started.ticks,
+                "record": str(started.record),
+                "log_dir": str(log_dir),
+                "log_offsets": offsets,
+            }
         except GpupoolError as e:
             return {"error": f"on node {self._node}: {e}"}
         except OSError as e:
@@ -381,6 +438,12 @@ class NodeLauncher:
                 if claim is not None and claim.get("job_id") == job_id:
                     (self._dir / f"gpu{i}").unlink(missing_ok=True)
             path.unlink(missing_ok=True)
+
+    def read_logs(self, asks: Sequence[tuple[str, str, int]], limit: int = 1 << 20) -> list[bytes]:
+        """For each (log directory, log name, offset): its bytes from the offset (at most
+        `limit`): the server copies the logs of its running jobs this way, so a node that
+        dies takes at most the last second or so of their output with it."""
+        return [self.read_log(d, name, offset, limit) for d, name, offset in asks]
 
     def read_log(self, log_dir: str, name: str, offset: int, limit: int = 1 << 20) -> bytes:
         """Bytes of a job's stdout.log or stderr.log from `offset`: logs of a node without

@@ -8,7 +8,7 @@ import dataclasses
 import json
 import signal
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +69,12 @@ class RayRun:
     record: str
     """The shim's exit record, on the node."""
     log_dir: Path
-    """The run's log directory (the same path on the node and the scheduler's host)."""
+    """The run's log directory on the scheduler's host (its copy of the logs)."""
+    node_log_dir: str = ""
+    """Where the node keeps the run's logs when not at `log_dir` (a joined node keeps
+    them in its node directory): the scheduler then copies them as they grow."""
+    streamed: dict[str, int] = field(default_factory=dict)
+    """Bytes of each of the node's logs already copied to `log_dir`."""
     done: bool = False
     vanished: bool = False
     result: Mapping[str, Any] | None = None
@@ -100,6 +105,17 @@ class RayJob:
     @property
     def gang(self) -> bool:
         return len(self.runs) > 1
+
+
+def streams(run: RayRun) -> bool:
+    """The node keeps the run's logs elsewhere than the scheduler's copy."""
+    return bool(run.node_log_dir) and Path(run.node_log_dir) != run.log_dir
+
+
+def streamed_file(run: RayRun, attempt: int) -> Path:
+    """Where the scheduler remembers how much of the run's logs it has copied (so a
+    restarted scheduler neither loses nor repeats a byte)."""
+    return run.log_dir / f".streamed-{attempt}.json"
 
 
 VANISHED: Mapping[str, Any] = {"node_lost": True}

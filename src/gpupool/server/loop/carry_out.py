@@ -295,5 +295,8 @@ class CarryOut:
         purged = self.store.jobs.purge(now - cfg.retention_s, cfg.purge_batch)
         for job_id in purged.job_ids:
             shutil.rmtree(cfg.run_dir(job_id), ignore_errors=True)
+            shared = cfg.storage.checkpoint_dir(job_id)
+            if shared is not None:
+                shutil.rmtree(shared, ignore_errors=True)
             self.scheduler.forget(str(job_id))
         self.state.next_purge = now if purged.more else now + cfg.purge_every_s

@@ -19,6 +19,7 @@ from gpupool.errors import SpecError
 from gpupool.policies.preemption import PreemptionRules
 from gpupool.ports.telemetry.base import GpuInfo
 from gpupool.scheduler.config import SchedulerConfig
+from gpupool.server.agent.storage import StorageConfig
 from gpupool.server.executors.mps import Mps, NoMps
 from gpupool.server.fleet.sites import SitesConfig, with_cloud_nodes
 from gpupool.server.loop.diskspace import DiskFloor
@@ -100,6 +101,8 @@ class LiveConfig:
     scrape_timeout_s: float = 0.5
     history: HistoryConfig = field(default_factory=HistoryConfig)
     """The telemetry history's buckets, retention and row cap (the --config history:)."""
+    storage: StorageConfig = field(default_factory=StorageConfig)
+    """Where checkpoints live so every node finds them (the --config storage:)."""
 
     @property
     def cycle_s(self) -> float:
@@ -118,6 +121,11 @@ class LiveConfig:
 
     def run_dir(self, job_id: int) -> Path:
         return self.jobs_dir / str(job_id)
+
+    def checkpoint_dir(self, job_id: int) -> Path:
+        """Where the job's checkpoints are: in shared storage, else its run directory."""
+        shared = self.storage.checkpoint_dir(job_id)
+        return shared if shared is not None else self.run_dir(job_id) / "checkpoint"
 
 
 def build_cluster(

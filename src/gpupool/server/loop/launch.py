@@ -220,6 +220,7 @@ class Launcher:
             user=user,
             limits=limits,
             visible_devices=visible if not fake else None,
+            checkpoint_dir=self.config.storage.checkpoint_dir(row.id),
         )
         if self.fleet.declared and len({s.node for s in shares}) > 1:
             # Across nodes: a gang, one member per node, rank 0 on the first share's.

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from gpupool.ports.executor.base import Executor
 from gpupool.ports.telemetry.base import GpuSample
@@ -51,6 +52,8 @@ class Nodes:
         self.cloud = cloud
         self.gone: dict[str, tuple[str | None, float]] = {}
         """Nodes the probe or a lost job took out: (their id then, None if unlisted; when)."""
+        self.agents: dict[str, dict[str, Any]] = {}
+        """What each node's agent said last (on Ray): see `ask_agents`."""
         self.bad_gpus: dict[tuple[int, int], str] = {}
         """GPUs out of the pool as unhealthy, [node, local GPU]: why."""
         self.index_of = {n.name: k for k, n in enumerate(fleet.cluster.nodes)}
@@ -69,18 +72,47 @@ class Nodes:
             self.state.loop_error = f"cannot list the live nodes: {err}"
             return None
 
-    def leaving(self) -> set[str]:
-        """Nodes whose agent says the machine is leaving (drained by `gpupool node join`):
-        out of the pool, their jobs moved with their grace, until they join again."""
-        ask = getattr(self.executor, "leaving_nodes", None)
+    def ask_agents(self) -> dict[str, dict[str, Any]]:
+        """Each node's agent (on Ray, its launcher: leaving, storage check, records, how
+        it contains jobs), kept for the nodes view; {} where agents are in process."""
+        ask = getattr(self.executor, "agent_status", None)
         if ask is None:
-            return set()
+            return {}
         try:
-            found: set[str] = ask()
+            found: dict[str, dict[str, Any]] = ask()
         except Exception as err:  # the cluster is unreachable for a while: ask again
             self.state.loop_error = f"cannot ask the nodes' agents: {err}"
-            return set()
+            return {}
+        self.agents = found
         return found
+
+    def agent_of(self, name: str) -> dict[str, Any]:
+        """The node's agent for the nodes view: where it runs, how it contains jobs, its
+        storage check ("ok" or why not) and whether the machine is leaving."""
+        if getattr(self.executor, "agent_status", None) is None:
+            note = getattr(self.executor, "cgroups_note", "")
+            return {"where": "in process", "cgroups": note, "storage": "ok", "leaving": False}
+        status = self.agents.get(name)
+        if status is None:
+            return {"where": "no answer", "cgroups": "", "storage": "unknown", "leaving": False}
+        return {
+            "where": f"launcher pid {status.get('pid')}",
+            "dir": status.get("dir", ""),
+            "cgroups": status.get("cgroups", ""),
+            "storage": status.get("storage") or "ok",
+            "leaving": bool(status.get("leaving")),
+        }
+
+    def agent_reason(self, name: str) -> str:
+        """Why the node's agent keeps it out of the pool ("" if it does not): the machine
+        is leaving, or it cannot reach the shared storage."""
+        status = self.agents.get(name) or {}
+        if status.get("leaving"):
+            return f"node {name} is leaving (its `gpupool node join` was stopped)"
+        storage = status.get("storage")
+        if storage:
+            return f"node {name} cannot take work: {storage}"
+        return ""
 
     def probe_due(self, now: float) -> bool:
         return self.probe is not None and now - self.state.last_probe >= self.PROBE_S
@@ -91,13 +123,13 @@ class Nodes:
         alive = self.alive()
         if alive is None:
             return
-        leaving = self.leaving()
+        self.ask_agents()
         for node in self.fleet.cluster.nodes:
             name, now_id = node.name, alive.get(node.name)
-            if name in leaving and now_id is not None:
+            held_out = self.agent_reason(name)
+            if held_out and now_id is not None:
                 if name not in self.gone:
-                    why = f"node {name} is leaving (its `gpupool node join` was stopped)"
-                    self.node_down(name, now_id, now, why)
+                    self.node_down(name, now_id, now, held_out)
                 continue
             if self.cloud is not None and name in self.cloud.status:
                 self._probe_cloud(name, now_id, now)

@@ -134,6 +134,7 @@ class Views:
                         "state": self.nodes.state_of(node.name),
                         "healthy": self.nodes.healthy(node.name),
                         "lost_total": self.nodes.lost_total(node.name),
+                        "agent": self.nodes.agent_of(node.name),
                         "gpus_out": [
                             {"gpu": self.fleet.devices[(k, g)], "reason": why}
                             for g, why in out.items()

@@ -1,0 +1,82 @@
+"""The logs of runs on nodes that keep them in their own node directory (joined with
+`gpupool node join`): the scheduler copies what each node has beyond its own copy, about
+every second while the run goes on and once more when it ends, so `gpupool logs` reads one
+file across attempts and nodes, and a node that dies takes at most its last second of
+output with it. What was copied is noted beside the copy, so a restarted scheduler neither
+loses nor repeats a byte."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from gpupool.server.executors.files import STDERR_LOG, STDOUT_LOG, write_json
+from gpupool.server.executors.ray_runs import RayRun, streamed_file, streams
+
+LOGS = (STDOUT_LOG, STDERR_LOG)
+
+
+def offsets(raw: Any) -> dict[str, int]:
+    """Log sizes as a node or a note gave them ({} when missing or malformed)."""
+    if not isinstance(raw, dict):
+        return {}
+    return {str(k): int(v) for k, v in raw.items() if isinstance(v, int)}
+
+
+class RunLogs:
+    """Copies runs' logs from their nodes' launchers (`read_logs`), over `ray_api`."""
+
+    STREAM_S = 1.0
+    """The logs of running jobs on joined nodes are copied at most this often."""
+
+    def __init__(self, ray_api: Any, timeout_s: float) -> None:
+        self._ray = ray_api
+        self._timeout = timeout_s
+        self._at = 0.0
+
+    def due(self) -> bool:
+        """Time for the next copy of the running runs' logs (and it is now taken)."""
+        now = time.monotonic()
+        if now - self._at < self.STREAM_S:
+            return False
+        self._at = now
+        return True
+
+    def save(self, run: RayRun, attempt: int) -> None:
+        with contextlib.suppress(OSError):
+            run.log_dir.mkdir(parents=True, exist_ok=True)
+            write_json(streamed_file(run, attempt), run.streamed)
+
+    def copy(self, runs: Sequence[tuple[RayRun, int]], limit: int = 1 << 20) -> None:
+        """Copy what each (run, attempt)'s node has of its logs beyond what was copied:
+        one call per node, all in flight at once; a node that does not answer is asked
+        again next time."""
+        by_node: dict[str, list[tuple[RayRun, int]]] = {}
+        for run, attempt in runs:
+            if streams(run) and not run.vanished:
+                by_node.setdefault(run.node, []).append((run, attempt))
+        asks = {}
+        for node, items in by_node.items():
+            reqs = [(r.node_log_dir, n, r.streamed.get(n, 0)) for r, _ in items for n in LOGS]
+            with contextlib.suppress(Exception):
+                asks[node] = items[0][0].launcher.read_logs.remote(reqs, limit)
+        deadline = time.monotonic() + self._timeout
+        for node, ref in asks.items():
+            try:
+                chunks = self._ray.get(ref, timeout=max(deadline - time.monotonic(), 0.01))
+            except Exception:
+                continue
+            pairs = [(run, a, name) for run, a in by_node[node] for name in LOGS]
+            grown: dict[int, tuple[RayRun, int]] = {}
+            for (run, attempt, name), data in zip(pairs, chunks, strict=True):
+                if not data:
+                    continue
+                run.log_dir.mkdir(parents=True, exist_ok=True)
+                with (run.log_dir / name).open("ab") as f:
+                    f.write(data)
+                run.streamed[name] = run.streamed.get(name, 0) + len(data)
+                grown[id(run)] = (run, attempt)
+            for run, attempt in grown.values():
+                self.save(run, attempt)
