@@ -36,6 +36,8 @@ from gpupool.server.isolation.containment import Isolation, service_isolation, s
 from gpupool.server.loop.config import LIVE_DEFAULTS, LiveConfig
 from gpupool.server.loop.diskspace import DEFAULT_FLOOR_MIB, DEFAULT_FLOOR_PCT, DiskFloor
 from gpupool.server.loop.driver import LiveService
+from gpupool.server.loop.endpoints import SECTION as NETWORK_SECTION
+from gpupool.server.loop.endpoints import load_network
 from gpupool.server.store import NewJob, Store, database_url
 from gpupool.server.telemetry.history import SECTION as HISTORY_SECTION
 from gpupool.server.telemetry.history import load_history
@@ -141,10 +143,11 @@ def load_service_config(path: Path | None, defaults: SchedulerConfig) -> Schedul
         ) from None
     except yaml.YAMLError as err:
         raise SpecError(f"{path}: not valid YAML: {err}") from None
-    # isolation: see isolation.py; history: telemetry_history.py
-    allowed = SCHEDULING_KEYS | {ISOLATION_SECTION, HISTORY_SECTION}
+    # isolation: see isolation.py; history: telemetry_history.py; network: loop/endpoints.py
+    others = (ISOLATION_SECTION, HISTORY_SECTION, NETWORK_SECTION)
+    allowed = SCHEDULING_KEYS | set(others)
     top = SpecReader(str(path)).mapping({} if raw is None else raw, "top level", allowed)
-    top = {k: v for k, v in top.items() if k not in (ISOLATION_SECTION, HISTORY_SECTION)}
+    top = {k: v for k, v in top.items() if k not in others}
     return parse_scheduling(top, str(path), defaults)
 
 
@@ -332,6 +335,7 @@ def serve(opts: ServeOptions) -> int:
         disk_floor=DiskFloor(opts.disk_floor_mib, opts.disk_floor_pct),
         health_late_s=opts.health_late_s,
         history=load_history(opts.config),
+        network=load_network(opts.config),
     )
     scheme = "https" if opts.tls_cert is not None else "http"
     url = f"{scheme}://{opts.host}:{opts.port}"
@@ -465,7 +469,7 @@ def _build_live(
             print(f"gpupool: not guaranteed: {note}", file=sys.stderr)
         return live
     telemetry = open_telemetry(opts.fake_gpus, opts.demo, opts.fake_inlet)
-    executor = LocalExecutor(isolation=isolation)
+    executor = LocalExecutor(isolation=isolation, address=config.network.node_address)
     for note in isolation.cannot_guarantee() + executor.cannot_guarantee():
         print(f"gpupool: not guaranteed: {note}", file=sys.stderr)
     return LiveService(

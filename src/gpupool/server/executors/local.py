@@ -261,7 +261,10 @@ class LocalExecutor:
         devices_dir: Path = Path("/dev"),
         base_devices: tuple[DeviceRule, ...] = BASE_DEVICES,
         isolation: Any = None,
+        address: str = "127.0.0.1",
     ) -> None:
+        self.address = address
+        """This machine's node address (`node_address`)."""
         self._python = python
         self._jobs: dict[str, _Watched] = {}
         # Adopted jobs are not our children, so waitid cannot see them end; a pidfd per
@@ -288,6 +291,10 @@ class LocalExecutor:
         job's pidfd is shared with poll): jobs past it end at the next cycle, as before,
         rather than take the descriptors the server needs (the soft limit is often 1024)."""
         self._exit_fds = 0
+
+    def node_address(self, node: str) -> str:
+        """Every node of the local executor is this machine: its address."""
+        return self.address
 
     def cannot_guarantee(self) -> list[str]:
         """What this executor cannot enforce here, one sentence each (logged at start)."""

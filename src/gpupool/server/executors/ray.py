@@ -95,6 +95,8 @@ class RayNode:
     model: str
     gpu_count: int
     site: str = ""
+    address: str = ""
+    """Ray's NodeManagerAddress: where the node's processes are reached."""
 
 
 def ray_nodes() -> list[RayNode]:
@@ -123,6 +125,7 @@ def ray_nodes() -> list[RayNode]:
                 models[0] if models else "",
                 count,
                 sites[0] if sites else "",
+                str(entry.get("NodeManagerAddress") or ""),
             )
         )
     return sorted(found, key=lambda n: n.name)
@@ -163,6 +166,8 @@ class RayExecutor:
         self._state_dir = str(state_root(namespace))
         self._jobs: dict[str, RayJob] = {}
         self._dead: list[Exit] = []
+        self._addresses: dict[str, tuple[str, str]] = {}
+        """gpupool node -> (Ray node id, its NodeManagerAddress), as last looked up."""
         """Ends found outside poll (a gang adopted only in part), reported by the next."""
         for node in list(self._nodes):  # warm: each node's launcher starts now, not at launch
             self._launcher(node)
@@ -179,6 +184,19 @@ class RayExecutor:
         if node not in self._nodes:
             raise SpecError(f"node {node} is not in the Ray cluster (no live gpupool_node_{node})")
         return self._nodes[node]
+
+    def node_address(self, node: str) -> str:
+        """The node's address (Ray's NodeManagerAddress), looked up again when the node
+        rejoined under another Ray node id."""
+        ray_node = self.node_id(node)
+        known = self._addresses.get(node)
+        if known is None or known[0] != ray_node:
+            found = {n.ray_node_id: n.address for n in ray_nodes()}
+            if not found.get(ray_node):
+                raise SpecError(f"node {node} has no address in the Ray cluster (not alive)")
+            known = (ray_node, found[ray_node])
+            self._addresses[node] = known
+        return known[1]
 
     # ---- the warm launchers
 

@@ -22,6 +22,7 @@ from gpupool.scheduler.config import SchedulerConfig
 from gpupool.server.executors.mps import Mps, NoMps
 from gpupool.server.fleet.sites import SitesConfig, with_cloud_nodes
 from gpupool.server.loop.diskspace import DiskFloor
+from gpupool.server.loop.endpoints import NetworkConfig
 from gpupool.server.store import JobRow, RetryPolicy
 from gpupool.server.telemetry.history import HistoryConfig
 
@@ -100,6 +101,8 @@ class LiveConfig:
     scrape_timeout_s: float = 0.5
     history: HistoryConfig = field(default_factory=HistoryConfig)
     """The telemetry history's buckets, retention and row cap (the --config history:)."""
+    network: NetworkConfig = field(default_factory=NetworkConfig)
+    """The server's own node address and the replicas' port range (--config network:)."""
 
     @property
     def cycle_s(self) -> float:

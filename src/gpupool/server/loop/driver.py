@@ -385,7 +385,7 @@ class LiveService:
 
     def _history(self, now: float) -> None:
         self.history.step(
-            now, self.state.samples, running_replicas(self.scheduler, self.state.ports)
+            now, self.state.samples, running_replicas(self.scheduler, self.state.endpoints)
         )
 
     def _cycle(self, now: float) -> None:
