@@ -166,7 +166,7 @@ def ray_cluster(gpus_per_node: int) -> Iterator[dict[str, str]]:
     from ray.cluster_utils import Cluster
 
     import ray
-    from gpupool.server.executors.ray import node_resources
+    from gpupool.server.executors.ray_nodes import node_resources
 
     small = {"object_store_memory": 80 * 1024 * 1024, "include_dashboard": False}
     cluster = Cluster(

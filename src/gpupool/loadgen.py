@@ -336,9 +336,11 @@ def check_loopback(url: str) -> str:
 
 
 def replica_urls(service: Mapping[str, Any]) -> list[str]:
-    """Loopback URLs of a service's running replicas, from GET /v1/services/NAME:
-    {"name": ..., "replicas": [{"job_id": .., "state": "running", "port": 12345, ...}]};
-    a replica marked "ready": false is left out until it is ready."""
+    """URLs of a service's running replicas, from GET /v1/services/NAME:
+    {"name": ..., "replicas": [{"job_id": .., "state": "running", "port": 12345,
+    "url": "http://127.0.0.2:12345", ...}]} (a server that gives no `url`: 127.0.0.1 and
+    the port); a replica marked "ready": false is left out until it is ready. The run
+    checks each with `check_loopback`: a replica on another host stops it."""
     replicas = service.get("replicas")
     if not isinstance(replicas, list):
         raise SpecError(
@@ -354,8 +356,10 @@ def replica_urls(service: Mapping[str, Any]) -> list[str]:
             and rep.get("state") == "running"
             and rep.get("ready", True) is not False
         ):
-            port = rep.get("port")
-            if isinstance(port, int) and 0 < port < 65536:
+            port, url = rep.get("port"), rep.get("url")
+            if isinstance(url, str) and url:
+                urls.append(url)
+            elif isinstance(port, int) and 0 < port < 65536:
                 urls.append(f"http://127.0.0.1:{port}")
     return urls
 

@@ -232,6 +232,12 @@ def test_replica_urls_from_the_service_answer() -> None:
         ],
     }
     assert replica_urls(doc) == ["http://127.0.0.1:9001", "http://127.0.0.1:9004"]
+    # a server that names each replica's URL: its node's address, used as given
+    doc["replicas"][0]["url"] = "http://127.0.0.2:9001"
+    assert replica_urls(doc)[0] == "http://127.0.0.2:9001"
+    doc["replicas"][0]["url"] = "http://10.0.0.5:9001"  # another machine: the run refuses it
+    with pytest.raises(SpecError, match="never to another host"):
+        check_loopback(replica_urls(doc)[0])
     with pytest.raises(SpecError, match="replicas"):
         replica_urls({"name": "chat"})
 

@@ -23,6 +23,7 @@ from gpupool.server.telemetry.replica_load import (
     LATENCY,
     LATENCY_BUCKETS_S,
     REQUESTS,
+    Endpoint,
     LoadWindow,
     Scraper,
 )
@@ -74,8 +75,8 @@ class Replicas:
             for _ in range(n):
                 hist.observe(latency)
 
-    def fetch(self, port: int, _timeout_s: float) -> str:
-        return generate_latest(self.registries[port][0]).decode()
+    def fetch(self, at: Endpoint, _timeout_s: float) -> str:
+        return generate_latest(self.registries[at.port][0]).decode()
 
 
 def test_live_and_simulated_drivers_scale_alike(tmp_path: Path) -> None:
@@ -109,7 +110,7 @@ def test_live_and_simulated_drivers_scale_alike(tmp_path: Path) -> None:
     for k, rps in enumerate(OFFERED):
         if k:
             clock.advance(1.0)
-        model.serve(sorted(live.scraper.targets.values()), rps)
+        model.serve(sorted(at.port for at in live.scraper.targets.values()), rps)
         live.scraper.once()
         live.step()
     live_scales = [(t, c.from_replicas, c.to_replicas, c.reason) for t, c in live.record.commands

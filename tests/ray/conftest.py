@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from gpupool.server.executors.ray import node_resources
+from gpupool.server.executors.ray_nodes import node_resources
 
 HOW = (
     "Ray tests need a loopback-only network namespace: RAY_USAGE_STATS_ENABLED=0 "

@@ -18,7 +18,8 @@ from fastapi.testclient import TestClient
 
 from gpupool.ports.clock.base import SystemClock
 from gpupool.server.api.app import create_app
-from gpupool.server.executors.ray import RayExecutor, ray_nodes
+from gpupool.server.executors.ray import RayExecutor
+from gpupool.server.executors.ray_nodes import ray_nodes
 from gpupool.server.fleet.sites import read_sites
 from gpupool.server.loop.config import LiveConfig
 from gpupool.server.loop.driver import LiveService, ray_service

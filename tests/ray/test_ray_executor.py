@@ -13,7 +13,8 @@ from typing import Any
 from gpupool.errors import ConflictError
 from gpupool.examples.ckpt_counter import expected_result
 from gpupool.ports.executor.base import LaunchSpec
-from gpupool.server.executors.ray import RayExecutor, ray_nodes
+from gpupool.server.executors.ray import RayExecutor
+from gpupool.server.executors.ray_nodes import ray_nodes
 
 PY = sys.executable
 

@@ -27,7 +27,8 @@ from gpupool.errors import Unavailable
 from gpupool.examples.allreduce import expected_result
 from gpupool.ports.executor.base import Exit, Gang, GangMember, Handle, LaunchSpec
 from gpupool.server.agent.processes import read_start_ticks
-from gpupool.server.executors.ray import RayExecutor, node_resources
+from gpupool.server.executors.ray import RayExecutor
+from gpupool.server.executors.ray_nodes import node_resources
 from service_proc import Server, cli, wait_for
 
 PY = sys.executable

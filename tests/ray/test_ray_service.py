@@ -24,7 +24,8 @@ from gpupool.examples.ckpt_counter import expected_result
 from gpupool.policies.preemption import PreemptionRules
 from gpupool.ports.clock.base import SystemClock
 from gpupool.server.api.app import create_app
-from gpupool.server.executors.ray import RayExecutor, ray_nodes
+from gpupool.server.executors.ray import RayExecutor
+from gpupool.server.executors.ray_nodes import ray_nodes
 from gpupool.server.loop.config import LIVE_DEFAULTS, LiveConfig
 from gpupool.server.loop.driver import LiveService, ray_service
 from gpupool.server.store import Store, database_url

@@ -423,7 +423,7 @@ def service_text(s: dict[str, Any]) -> str:
             r["state"],
             r["node"] or "-",
             ",".join(str(g["index"]) for g in r["gpus"]) or "-",
-            str(r["port"] or "-"),
+            r.get("url") or str(r["port"] or "-"),
             _num(r.get("rps")),
             _num(r.get("p99_ms"), "{:.0f}"),
         ]
@@ -432,7 +432,7 @@ def service_text(s: dict[str, Any]) -> str:
     if rows:
         lines.append("")
         lines.append(
-            table.render(["job", "replica", "state", "node", "gpu", "port", "rps", "p99 ms"], rows)
+            table.render(["job", "replica", "state", "node", "gpu", "url", "rps", "p99 ms"], rows)
         )
     events = s.get("events") or []
     if events:

@@ -25,8 +25,9 @@ def add_service_parsers(sub: Any, conn: argparse.ArgumentParser, as_json: Any) -
         help=HELP["service"],
         description="An online service: the scheduler starts, places and stops its replicas "
         "(jobs of kind online-inference), more when load or p99 latency rises, fewer when "
-        "demand falls. Each replica gets a free loopback port in $PORT (--port-env) and "
-        "serves Prometheus metrics at /metrics there (docs/services.md).",
+        "demand falls. Each replica is told its node's address in $GPUPOOL_REPLICA_HOST and "
+        "a port in $PORT (--port-env), listens there and serves Prometheus metrics at "
+        "/metrics (docs/services.md).",
     )
     ssub = p.add_subparsers(
         dest="service_command", metavar="{create,ls,show,scale,delete}", required=True

@@ -1,10 +1,12 @@
-"""An example replica of an online service: a stand-in chatbot that serves real HTTP on
-loopback and reports what it serves through the channel of docs/services.md.
+"""An example replica of an online service: a stand-in chatbot that serves real HTTP at
+its node's address and reports what it serves through the channel of docs/services.md.
 
     python -m gpupool.examples.chat_replica [--slots 4] [--ms-per-token 0.5]
         [--min-ms 5] [--max-ms 40]
 
-It listens on 127.0.0.1:$PORT (the service's `--port-env`, PORT by default). GET or POST
+It listens on $GPUPOOL_REPLICA_HOST:$PORT (the node's address, 127.0.0.1 when unset; the
+service's `--port-env`, PORT by default); a port already taken there ends it at once with
+exit code 3 and a sentence saying so (the scheduler replaces it). GET or POST
 `/generate?tokens=N` (or `generated_tokens=N&context_tokens=C`, as gpupool.loadgen sends
 a trace's requests) takes N * ms-per-token + C * ms-per-context-token, capped to
 [min-ms, max-ms],
@@ -20,9 +22,11 @@ scaled down shows as `stopping` in the service's replicas, so clients leave it f
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -36,6 +40,8 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from gpupool.server.telemetry.replica_load import LATENCY, LATENCY_BUCKETS_S, REQUESTS
 
 DEFAULT_TOKENS = 32
+HOST_ENV = "GPUPOOL_REPLICA_HOST"
+"""Where the scheduler tells a replica to listen: its node's address."""
 JSON = "application/json"
 
 
@@ -132,6 +138,12 @@ def handler_for(replica: Replica) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
+class Server6(ThreadingHTTPServer):
+    """On an IPv6 address."""
+
+    address_family = socket.AF_INET6
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="chat_replica", description=__doc__.split("\n\n")[0])
     p.add_argument("--slots", type=int, default=4, help="requests served at once (capacity)")
@@ -149,12 +161,20 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     raw = os.environ.get(args.port_env)
     if not raw or not raw.isdigit():
-        print(f"set {args.port_env} to the loopback port to serve on", file=sys.stderr)
+        print(f"set {args.port_env} to the port to serve on", file=sys.stderr)
         return 2
+    host = os.environ.get(HOST_ENV) or "127.0.0.1"
     replica = Replica(
         max(1, args.slots), args.ms_per_token, args.min_ms, args.max_ms, args.ms_per_context_token
     )
-    server = ThreadingHTTPServer(("127.0.0.1", int(raw)), handler_for(replica))
+    try:
+        kind = Server6 if ":" in host else ThreadingHTTPServer
+        server = kind((host, int(raw)), handler_for(replica))
+    except OSError as err:
+        taken = err.errno == errno.EADDRINUSE
+        why = "is taken by another process" if taken else f"cannot be listened on ({err})"
+        print(f"chat_replica: {host}:{raw} {why}; exiting", file=sys.stderr, flush=True)
+        return 3
     server.daemon_threads = False  # requests in flight finish before it exits
     server.block_on_close = True
 
@@ -166,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         threading.Thread(target=drain_then_stop, daemon=True).start()
 
     signal.signal(signal.SIGTERM, stop)
-    print(f"serving on 127.0.0.1:{raw} with {args.slots} slots", flush=True)
+    print(f"serving on {host}:{raw} with {args.slots} slots", flush=True)
     server.serve_forever(poll_interval=0.2)
     server.server_close()
     print("stopped", flush=True)

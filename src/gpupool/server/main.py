@@ -38,6 +38,8 @@ from gpupool.server.isolation.containment import Isolation, service_isolation, s
 from gpupool.server.loop.config import LIVE_DEFAULTS, LiveConfig
 from gpupool.server.loop.diskspace import DEFAULT_FLOOR_MIB, DEFAULT_FLOOR_PCT, DiskFloor
 from gpupool.server.loop.driver import LiveService
+from gpupool.server.loop.endpoints import SECTION as NETWORK_SECTION
+from gpupool.server.loop.endpoints import load_network
 from gpupool.server.store import NewJob, Store, database_url
 from gpupool.server.telemetry.history import SECTION as HISTORY_SECTION
 from gpupool.server.telemetry.history import load_history
@@ -161,8 +163,9 @@ def load_service_config(path: Path | None, defaults: SchedulerConfig) -> Schedul
         ) from None
     except yaml.YAMLError as err:
         raise SpecError(f"{path}: not valid YAML: {err}") from None
-    # isolation: containment.py; history: telemetry/history.py; storage: agent/storage.py
-    sections = (ISOLATION_SECTION, HISTORY_SECTION, STORAGE_SECTION)
+    # isolation: containment.py; history: telemetry/history.py; storage: agent/storage.py;
+    # network: loop/endpoints.py
+    sections = (ISOLATION_SECTION, HISTORY_SECTION, STORAGE_SECTION, NETWORK_SECTION)
     allowed = SCHEDULING_KEYS | set(sections)
     top = SpecReader(str(path)).mapping({} if raw is None else raw, "top level", allowed)
     top = {k: v for k, v in top.items() if k not in sections}
@@ -354,6 +357,7 @@ def serve(opts: ServeOptions) -> int:
         health_late_s=opts.health_late_s,
         history=load_history(opts.config),
         storage=open_storage(opts.config),
+        network=load_network(opts.config),
     )
     scheme = "https" if opts.tls_cert is not None else "http"
     url = f"{scheme}://{opts.host}:{opts.port}"
@@ -487,7 +491,7 @@ def _build_live(
             print(f"gpupool: not guaranteed: {note}", file=sys.stderr)
         return live
     telemetry = open_telemetry(opts.fake_gpus, opts.demo, opts.fake_inlet)
-    executor = LocalExecutor(isolation=isolation)
+    executor = LocalExecutor(isolation=isolation, address=config.network.node_address)
     for note in isolation.cannot_guarantee() + executor.cannot_guarantee():
         print(f"gpupool: not guaranteed: {note}", file=sys.stderr)
     return LiveService(

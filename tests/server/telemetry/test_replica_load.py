@@ -15,6 +15,7 @@ import pytest
 
 from gpupool.examples.chat_replica import Replica, handler_for
 from gpupool.server.telemetry.replica_load import (
+    Endpoint,
     LoadWindow,
     ReplicaSample,
     Scraper,
@@ -22,6 +23,8 @@ from gpupool.server.telemetry.replica_load import (
     quantile_ms,
     scrape,
 )
+
+LOOP = "127.0.0.1"
 
 
 @pytest.fixture()
@@ -47,7 +50,7 @@ def test_the_example_replica_serves_and_reports_its_latency(replica: tuple[Repli
     _, port = replica
     one = json.loads(get(port, "/generate?tokens=20"))
     assert 20.0 <= one["latency_ms"] < 200.0
-    sample = parse_metrics(scrape(port, 2.0), 1.0)
+    sample = parse_metrics(scrape(Endpoint(LOOP, port), 2.0), 1.0)
     assert sample.requests == 1.0
     # the one request sits in the first bucket that holds its latency, not in the one below
     # (a loaded host may stretch 20 ms of sleep past 25 ms: the bucket follows the latency)
@@ -66,7 +69,7 @@ def test_latency_grows_when_requests_queue_for_the_slots(replica: tuple[Replica,
         t.start()
     for t in threads:
         t.join(10)
-    sample = parse_metrics(scrape(port, 2.0), 1.0)
+    sample = parse_metrics(scrape(Endpoint(LOOP, port), 2.0), 1.0)
     assert sample.requests == 6
     # one slot, 30 ms each: the last of six waited for five others
     p99 = quantile_ms(dict(sample.buckets), 0.99)
@@ -110,7 +113,7 @@ def test_scraper_skips_a_replica_that_does_not_answer(replica: tuple[Replica, in
     scraper = Scraper(LoadWindow(60.0), lambda: clock[0], timeout_s=0.3, background=False)
     try:
         dead = 9  # nothing listens on port 9 of loopback
-        scraper.set_targets({"live": port, "dead": dead})
+        scraper.set_targets({"live": Endpoint(LOOP, port), "dead": Endpoint(LOOP, dead)})
         started = time.monotonic()
         scraper.once()
         for _ in range(5):
@@ -123,3 +126,33 @@ def test_scraper_skips_a_replica_that_does_not_answer(replica: tuple[Replica, in
         assert "dead" in scraper.failures and scraper.seen() == {"live"}
     finally:
         scraper.close()
+
+
+def test_the_scraper_reads_a_replica_at_its_nodes_address() -> None:
+    """A replica bound on 127.0.0.2 only (as on another node's address): scraped there,
+    while the same port on 127.0.0.1 has nothing (so 127.0.0.1 would read nothing)."""
+    r = Replica(slots=2, ms_per_token=0.1, min_ms=1.0, max_ms=5.0)
+    server = ThreadingHTTPServer(("127.0.0.2", 0), handler_for(r))
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
+    thread.start()
+    at = Endpoint("127.0.0.2", server.server_address[1])
+    assert at.url == f"http://127.0.0.2:{at.port}"
+    clock = [0.0]
+    scraper = Scraper(LoadWindow(60.0), lambda: clock[0], timeout_s=0.5, background=False)
+    try:
+        with pytest.raises(OSError):
+            scrape(Endpoint(LOOP, at.port), 0.5)
+        scraper.set_targets({"r": at})
+        scraper.once()
+        for _ in range(4):
+            urllib.request.urlopen(f"{at.url}/generate?tokens=5", timeout=5).close()
+        clock[0] = 2.0
+        scraper.once()
+        m = scraper.measure(["r"], 2.0)
+        assert m.reporting == 1 and m.rps == pytest.approx(2.0) and not scraper.failures
+    finally:
+        scraper.close()
+        server.shutdown()
+        server.server_close()
+        thread.join(5)

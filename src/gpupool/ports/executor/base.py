@@ -186,8 +186,16 @@ class Executor(Protocol):
        requeues the job).
 
     Capabilities beyond the protocol (`launch_many`, `expect_launch`, `watch_exits`,
-    `read_log`, `remember_node`, `progress`, `isolation`) are optional: the loop uses
-    them where an executor has them.
+    `read_log`, `remember_node`, `progress`, `isolation`, `node_address`) are optional:
+    the loop uses them where an executor has them.
+
+    `node_address(node) -> str` is the IP address at which a process on the node is
+    reached from the server's machine (and from clients): the local executor's is the
+    server's own node address (`network.node_address`, 127.0.0.1 by default), a Ray
+    node's its `NodeManagerAddress`. A service replica listens there (it is told it in
+    GPUPOOL_REPLICA_HOST) and is scraped and shown there. It may ask the cluster (a
+    remote call) the first time a node is named; SpecError for a node it does not know.
+    Without it the loop takes the server's own node address for every node.
     """
 
     can_resize: bool

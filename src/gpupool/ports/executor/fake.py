@@ -5,7 +5,7 @@ errors, same outcomes through `classify`), so the loop's tests need no machine."
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -56,14 +56,20 @@ class FakeExecutor:
         exit_after_s: float = 0.0,
         ignores_sigterm: Iterable[str] = (),
         runs_gangs: bool = False,
+        addresses: Mapping[str, str] | None = None,
     ) -> None:
         self.runs_gangs = runs_gangs
+        self.addresses = dict(addresses or {})
+        """Each node's address (`node_address`); a node not named here has 127.0.0.1."""
         self.gangs: list[tuple[str, Gang]] = []
         self.exit_after_s = exit_after_s
         self.ignores_sigterm: set[str] = set(ignores_sigterm)
         self.calls: list[tuple[str, str]] = []
         self._procs: dict[str, _FakeProc] = {}
         self._next_pid = 100_000
+
+    def node_address(self, node: str) -> str:
+        return self.addresses.get(node, "127.0.0.1")
 
     def launch(self, spec: LaunchSpec, now_s: float) -> Handle:
         validate(spec)

@@ -32,8 +32,8 @@ from typing import Any
 from gpupool.errors import SpecError
 from gpupool.server.agent.processes import alive
 from gpupool.server.executors.files import read_json
-from gpupool.server.executors.ray import node_resources
 from gpupool.server.executors.ray_launcher import LEAVING_FILE, NODE_DIR_ENV
+from gpupool.server.executors.ray_nodes import node_resources
 
 LABEL_PREFIX = "gpupool_label_"
 

@@ -161,7 +161,10 @@ class LocalExecutor:
         devices_dir: Path = Path("/dev"),
         base_devices: tuple[DeviceRule, ...] = BASE_DEVICES,
         isolation: Any = None,
+        address: str = "127.0.0.1",
     ) -> None:
+        self.address = address
+        """This machine's node address (`node_address`)."""
         self._python = python
         self._jobs: dict[str, _Watched] = {}
         # Adopted jobs are not our children, so waitid cannot see them end; a pidfd per
@@ -193,6 +196,10 @@ class LocalExecutor:
     def containment(self) -> Containment:
         """How this machine's attempts are contained (the node agent's settings)."""
         return Containment(self.cgroups, self.log_max_bytes, self._devices_dir, self._base_devices)
+
+    def node_address(self, node: str) -> str:
+        """Every node of the local executor is this machine: its address."""
+        return self.address
 
     def cannot_guarantee(self) -> list[str]:
         """What this executor cannot enforce here, one sentence each (logged at start)."""

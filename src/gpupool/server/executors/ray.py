@@ -27,7 +27,6 @@ import signal
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -59,6 +58,7 @@ from gpupool.server.executors.ray_launcher import (
     state_root,
 )
 from gpupool.server.executors.ray_logs import RunLogs, offsets
+from gpupool.server.executors.ray_nodes import ray_nodes
 from gpupool.server.executors.ray_runs import (
     VANISHED,
     RayJob,
@@ -76,71 +76,8 @@ from gpupool.server.executors.ray_runs import (
 if TYPE_CHECKING:
     from gpupool.ports.executor.base import Executor
 
-NODE_PREFIX = "gpupool_node_"
-MODEL_PREFIX = "gpupool_model_"
-SITE_PREFIX = "gpupool_site_"
 DEFAULT_NAMESPACE = "gpupool"
 CALL_TIMEOUT_S = 5.0  # a live launcher answers in milliseconds; longer: its node is in doubt
-
-
-def gpu_resource(node: str, index: int) -> str:
-    """The custom resource that stands for GPU `index` of gpupool node `node`."""
-    return f"gpupool_{node}_gpu{index}"
-
-
-def node_resources(node: str, model: str, gpu_count: int, site: str = "") -> dict[str, float]:
-    """What a Ray node must declare (``ray start --resources``) to join gpupool's pool;
-    `site` names its cluster when the service places across several."""
-    res = {f"{NODE_PREFIX}{node}": 1.0, f"{MODEL_PREFIX}{model}": 1.0}
-    if site:
-        res[f"{SITE_PREFIX}{site}"] = 1.0
-    res.update({gpu_resource(node, i): 1.0 for i in range(gpu_count)})
-    return res
-
-
-@dataclass(frozen=True)
-class RayNode:
-    """One live Ray node that declared itself a gpupool node."""
-
-    ray_node_id: str
-    name: str
-    model: str
-    gpu_count: int
-    site: str = ""
-
-
-def ray_nodes() -> list[RayNode]:
-    """The live nodes of the connected Ray cluster that declare ``gpupool_node_<name>``,
-    with their GPU model (``gpupool_model_<model>``) and GPU count (``gpupool_<name>_gpu<i>``)."""
-    import ray
-
-    ray_api: Any = ray  # ray.nodes() is untyped
-    found: list[RayNode] = []
-    for entry in ray_api.nodes():
-        if not entry.get("Alive"):
-            continue
-        res: Mapping[str, float] = entry.get("Resources") or {}
-        names = [k[len(NODE_PREFIX) :] for k in res if k.startswith(NODE_PREFIX)]
-        if len(names) != 1:
-            continue
-        name = names[0]
-        models = sorted(k[len(MODEL_PREFIX) :] for k in res if k.startswith(MODEL_PREFIX))
-        prefix = f"gpupool_{name}_gpu"
-        count = sum(1 for k in res if k.startswith(prefix) and k[len(prefix) :].isdigit())
-        sites = sorted(k[len(SITE_PREFIX) :] for k in res if k.startswith(SITE_PREFIX))
-        found.append(
-            RayNode(
-                str(entry["NodeID"]),
-                name,
-                models[0] if models else "",
-                count,
-                sites[0] if sites else "",
-            )
-        )
-    return sorted(found, key=lambda n: n.name)
-
-
-# --------------------------------------------------------------------------- executor
 
 
 class RayExecutor:
@@ -185,6 +122,8 @@ class RayExecutor:
         self._jobs: dict[str, RayJob] = {}
         self._dead: list[Exit] = []
         """Ends found outside poll (a gang adopted only in part), reported by the next."""
+        self._addresses: dict[str, tuple[str, str]] = {}
+        """gpupool node -> (Ray node id, its NodeManagerAddress), as last looked up."""
         for node in list(self._nodes):  # warm: each node's launcher starts now, not at launch
             self._launcher(node)
 
@@ -200,6 +139,19 @@ class RayExecutor:
         if node not in self._nodes:
             raise SpecError(f"node {node} is not in the Ray cluster (no live gpupool_node_{node})")
         return self._nodes[node]
+
+    def node_address(self, node: str) -> str:
+        """The node's address (Ray's NodeManagerAddress), looked up again when the node
+        rejoined under another Ray node id."""
+        ray_node = self.node_id(node)
+        known = self._addresses.get(node)
+        if known is None or known[0] != ray_node:
+            found = {n.ray_node_id: n.address for n in ray_nodes()}
+            if not found.get(ray_node):
+                raise SpecError(f"node {node} has no address in the Ray cluster (not alive)")
+            known = (ray_node, found[ray_node])
+            self._addresses[node] = known
+        return known[1]
 
     # ---- the warm launchers
 

@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from gpupool.server.executors.ray import node_resources
+from gpupool.server.executors.ray_nodes import node_resources
 
 
 def _pid_file(state_dir: Path, node: str) -> Path:

@@ -23,6 +23,7 @@ from gpupool.server.agent.storage import StorageConfig
 from gpupool.server.executors.mps import Mps, NoMps
 from gpupool.server.fleet.sites import SitesConfig, with_cloud_nodes
 from gpupool.server.loop.diskspace import DiskFloor
+from gpupool.server.loop.endpoints import NetworkConfig
 from gpupool.server.store import JobRow, RetryPolicy
 from gpupool.server.telemetry.history import HistoryConfig
 
@@ -103,6 +104,8 @@ class LiveConfig:
     """The telemetry history's buckets, retention and row cap (the --config history:)."""
     storage: StorageConfig = field(default_factory=StorageConfig)
     """Where checkpoints live so every node finds them (the --config storage:)."""
+    network: NetworkConfig = field(default_factory=NetworkConfig)
+    """The server's own node address and the replicas' port range (--config network:)."""
 
     @property
     def cycle_s(self) -> float:

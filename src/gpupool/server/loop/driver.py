@@ -385,7 +385,7 @@ class LiveService:
 
     def _history(self, now: float) -> None:
         self.history.step(
-            now, self.state.samples, running_replicas(self.scheduler, self.state.ports)
+            now, self.state.samples, running_replicas(self.scheduler, self.state.endpoints)
         )
 
     def _cycle(self, now: float) -> None:
@@ -415,7 +415,8 @@ def ray_service(
     node and GPU indices the core chose, and a node that leaves the cluster is lost.
     Telemetry defaults to RayTelemetry: NVML read on each node by a small actor (a fake
     fleet of the declared GPUs on a node without any)."""
-    from gpupool.server.executors.ray import RayExecutor, ray_nodes
+    from gpupool.server.executors.ray import RayExecutor
+    from gpupool.server.executors.ray_nodes import ray_nodes
 
     cloud = {c.name for c in config.sites.cloud_nodes} if config.sites else set()
     found = [n for n in ray_nodes() if n.gpu_count > 0 and n.model and n.name not in cloud]

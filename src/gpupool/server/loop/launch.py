@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +33,7 @@ from gpupool.ports.telemetry.fake import FakeTelemetry
 from gpupool.scheduler import Launch, Scheduler
 from gpupool.server.executors.mps import Mps, MpsError, ShareRequest, share_env
 from gpupool.server.loop.config import FleetMap, LiveConfig
+from gpupool.server.loop.endpoints import HOST_ENV, ReplicaPorts, held_at, node_address
 from gpupool.server.loop.fake_load import FakeLoad
 from gpupool.server.loop.faults import Faults, describe, environmental, job_number
 from gpupool.server.loop.gate import LaunchGate
@@ -43,6 +43,7 @@ from gpupool.server.loop.state import LoopState
 from gpupool.server.loop.transitions import requeue, transition, update
 from gpupool.server.store import JobRow, Store
 from gpupool.server.telemetry.prometheus import StartLatency
+from gpupool.server.telemetry.replica_load import Endpoint
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,8 @@ class Launcher:
         self.start_latency = start_latency
         """Queue wait and submit-to-start histograms by kind, observed as processes start."""
         self.fake_load = fake_load
+        self.ports = ReplicaPorts(config.network.replica_ports)
+        """Chooses each new replica's port."""
 
     def launch_all(self, batch: Sequence[Launch], now: float) -> None:
         if not batch:
@@ -143,7 +146,8 @@ class Launcher:
         node = nodes[shares[0].node].name
         attempt = row.attempts + 1
         svc = self.services.rows.get(row.service) if row.service is not None else None
-        port = free_loopback_port() if svc is not None else None
+        endpoint = self._endpoint(node) if svc is not None else None
+        port = endpoint.port if endpoint is not None else None
         gpus = [[nodes[s.node].name, devices_of[(s.node, g)]] for s in shares for g in s.gpus]
         if row.state == "running":  # an elastic job's relaunch after a resize
             update(
@@ -196,9 +200,10 @@ class Launcher:
         # a machine that has real ones; it learns its fake GPUs from GPUPOOL_FAKE_GPUS.
         fake = isinstance(self.telemetry, FakeTelemetry)
         env = dict(row.env)
-        if svc is not None and port is not None:
-            env[svc.port_env] = str(port)
-            self.state.ports[d.job_id] = port
+        if svc is not None and endpoint is not None:
+            env[svc.port_env] = str(endpoint.port)
+            env[HOST_ENV] = endpoint.host
+            self.state.endpoints[d.job_id] = endpoint
         if fake:
             env["GPUPOOL_FAKE_GPUS"] = ",".join(str(x) for x in devices)
         if row.gpu_count_min is not None:  # elastic: how many it got this time
@@ -240,6 +245,12 @@ class Launcher:
             return None
         return prepared
 
+    def _endpoint(self, node: str) -> Endpoint:
+        """Where a new replica on `node` listens: the node's address, and a port there
+        that none of the server's running replicas holds (server/loop/endpoints.py)."""
+        host = node_address(self.executor, node, self.config.network.node_address)
+        return Endpoint(host, self.ports.choose(host, held_at(host, self.state.endpoints)))
+
     def _share_env(
         self, job: JobSpec, node: int, gpu: int, job_id: int, now: float
     ) -> dict[str, str]:
@@ -279,6 +290,7 @@ class Launcher:
         """A launch that failed before any process started (recording it, its run
         directory): requeued when the machine is at fault, else failed with the reason."""
         job_id = int(d.job_id)
+        self.state.endpoints.pop(d.job_id, None)
         self.faults.report("launch", err, job_id)
         row = self.store.jobs.get(job_id)
         if environmental(err) or row.state == "suspended":
@@ -305,6 +317,8 @@ class Launcher:
 
     def _started(self, p: _Prepared, result: Handle | BaseException, now: float) -> None:
         d, row = p.decision, p.row
+        if isinstance(result, BaseException):  # no process: a replica's port is free
+            self.state.endpoints.pop(d.job_id, None)
         if isinstance(result, Unavailable):  # e.g. a node's launcher did not answer
             requeue(self.scheduler, self.store, row.id, now, f"could not start yet: {result}")
             return
@@ -362,11 +376,3 @@ class Launcher:
         )
         self.record.placed.append((now, action, d.job_id, where))
         self.record.decided(now, action, d.job_id)
-
-
-def free_loopback_port() -> int:
-    """A port nothing listens on now, for a replica to serve on (127.0.0.1 only)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port

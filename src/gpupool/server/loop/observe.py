@@ -72,6 +72,7 @@ class Observer:
 
     def _exited(self, ex: Exit, now: float) -> None:
         job_id = int(ex.job_id)
+        self.state.endpoints.pop(ex.job_id, None)  # a replica's port is free again
         row = self.store.jobs.get(job_id)
         if row.state in TERMINAL:
             return

@@ -16,18 +16,21 @@ from pathlib import Path
 
 from gpupool.domain.lifecycle import JobState
 from gpupool.domain.model import NodeShare, Placement
+from gpupool.errors import GpupoolError
 from gpupool.ports.clock.base import Clock
 from gpupool.ports.executor.base import Executor, Handle
 from gpupool.scheduler import Scheduler
 from gpupool.server.executors.files import launch_file
 from gpupool.server.loop.carry_out import CarryOut
 from gpupool.server.loop.config import FleetMap, LiveConfig, spec_of
+from gpupool.server.loop.endpoints import node_address
 from gpupool.server.loop.learning import outcomes_of
 from gpupool.server.loop.operations import Operations
 from gpupool.server.loop.services import Services
 from gpupool.server.loop.state import LoopState
 from gpupool.server.loop.transitions import requeue
 from gpupool.server.store import JobRow, Store
+from gpupool.server.telemetry.replica_load import Endpoint
 
 TIME_LIMIT_REASON = "ran past its "
 """How the reason of a job stopped at its time limit begins (core: Expire)."""
@@ -79,6 +82,15 @@ class Recovery:
             if row.service is not None and row.service not in self.services.rows:
                 self.operations.cancel(row.id)
 
+    def _endpoint(self, job_id: int, node: str, port: int) -> None:
+        """A running replica's endpoint again; none where its node has no address now (a
+        node that left: the replica is reported lost)."""
+        try:
+            host = node_address(self.executor, node, self.config.network.node_address)
+        except GpupoolError:
+            return
+        self.state.endpoints[str(job_id)] = Endpoint(host, port)
+
     def recover(self) -> None:
         """Rebuild the scheduler from the database; re-adopt processes that still run."""
         now = self.clock.now()
@@ -92,8 +104,8 @@ class Recovery:
                 self.scheduler.restore(
                     spec, state, placement, now, row.preemptions, service=self.services.live(row)
                 )
-                if row.port is not None and row.service is not None:
-                    self.state.ports[str(row.id)] = row.port
+                if row.port is not None and row.service is not None and row.node is not None:
+                    self._endpoint(row.id, row.node, row.port)
                 handle = self._handle_of(row)
                 # Found by its cgroup or launch token, however far its launch had got: a
                 # job whose shim is gone is ended by the executor (and reported, "lost"

@@ -3,7 +3,8 @@ and what their replicas measure (the scrape stage that feeds the core their load
 
 A service is stored by the API (`Operations`); its replicas are jobs the core asks for
 (`new_replica`, the core's `replica_id` callback) and the loop runs like any other job,
-on a loopback port (`state.ports`) whose /metrics the scraper reads."""
+at its node's address and a port (`state.endpoints`, server/loop/endpoints.py) whose
+/metrics the scraper reads."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from gpupool.scheduler import Scheduler, ServiceDemand, ServiceLoad, ServiceTemp
 from gpupool.server.loop.config import FleetMap, LiveConfig
 from gpupool.server.loop.state import LoopState
 from gpupool.server.store import JobRow, NewJob, NewService, ServiceRow, Store
-from gpupool.server.telemetry.replica_load import Measured, Scraper
+from gpupool.server.telemetry.replica_load import Endpoint, Measured, Scraper
 
 
 class Services:
@@ -126,17 +127,17 @@ class Services:
         sched = self.config.scheduling
         window = sched.autoscale_load_window_s
         short = min(10.0, window)
-        ports = self.state.ports
-        targets: dict[str, int] = {}
+        endpoints = self.state.endpoints
+        targets: dict[str, Endpoint] = {}
         mine: dict[str, list[str]] = {}
         for name in self.scheduler.services:
             ids = [
                 job_id
                 for job_id, r in self.scheduler.replicas[name].items()
-                if r.state is JobState.RUNNING and job_id in ports
+                if r.state is JobState.RUNNING and job_id in endpoints
             ]
             mine[name] = ids
-            targets.update({job_id: ports[job_id] for job_id in ids})
+            targets.update({job_id: endpoints[job_id] for job_id in ids})
         self.scraper.set_targets(targets)
         self.replica_load = {
             job_id: self.scraper.measure([job_id], now, short) for job_id in targets

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from gpupool.domain.model import Placement
 from gpupool.ports.telemetry.base import GpuSample
 from gpupool.server.telemetry.monitor import Signals
+from gpupool.server.telemetry.replica_load import Endpoint
 
 
 @dataclass(eq=False)
@@ -38,8 +39,9 @@ class LoopState:
     resizing: dict[str, Placement] = field(default_factory=dict)
     """Elastic jobs whose processes are leaving for a resize: relaunched on these GPUs
     (the core's Launch) when they exit; the job stays running."""
-    ports: dict[str, int] = field(default_factory=dict)
-    """Each running replica's loopback port."""
+    endpoints: dict[str, Endpoint] = field(default_factory=dict)
+    """Where each replica whose process runs (or is starting) listens: its node's address
+    and its port (dropped when its process ends)."""
     cancel_why: dict[str, str] = field(default_factory=dict)
     """Why the core cancelled a replica (scaled down, service deleted)."""
     wait_codes: dict[int, str] = field(default_factory=dict)

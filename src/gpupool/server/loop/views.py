@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, TypeVar
 
 from gpupool.errors import Unavailable
 from gpupool.ports.clock.base import Clock
@@ -197,6 +197,7 @@ class Views:
         failures = _copy(self.scraper.failures)
         stopping = set(_copy(self.state.cancel_why))
         ready = self.scraper.seen()
+        endpoints = _copy(self.state.endpoints)
         out = service_json(row)
         out["target_replicas"] = target
         out["rps"] = round(load.rps, 3) if load is not None else None
@@ -216,7 +217,8 @@ class Views:
         for r in replicas:
             key = str(r.id)
             m = per.get(key)
-            serving = r.state == "running" and r.port is not None
+            at = endpoints.get(key)
+            serving = r.state == "running" and r.port is not None and at is not None
             out["replicas"].append(
                 {
                     "job_id": r.id,
@@ -225,7 +227,8 @@ class Views:
                     "node": r.node,
                     "gpus": [{"node": n, "index": i} for n, i in r.gpus],
                     "port": r.port,
-                    "url": f"http://127.0.0.1:{r.port}" if serving else None,
+                    "address": at.host if at is not None else None,
+                    "url": at.url if serving and at is not None else None,
                     "ready": serving and key in ready,
                     "rps": round(m.rps, 3) if m is not None and m.reporting else None,
                     "p99_ms": _ms(m.p99_ms) if m is not None and m.reporting else None,
@@ -318,7 +321,10 @@ class Views:
             return f.read(limit)
 
 
-def _copy(table: dict[str, str]) -> dict[str, str]:
+_V = TypeVar("_V")
+
+
+def _copy(table: dict[str, _V]) -> dict[str, _V]:
     """A copy of a dict another thread may change meanwhile (retried until it holds)."""
     for _ in range(100):
         try:

@@ -412,7 +412,7 @@ def attach(live: LiveSource) -> TelemetryHistory:
     )
 
 
-def running_replicas(scheduler: Scheduler, ports: Mapping[str, int]) -> dict[str, list[str]]:
+def running_replicas(scheduler: Scheduler, ports: Mapping[str, object]) -> dict[str, list[str]]:
     """Each service's running replicas that serve on a known port (what is scraped)."""
     return {
         name: [

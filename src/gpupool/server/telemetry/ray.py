@@ -26,7 +26,8 @@ from gpupool.energy.powercap import SetPowerCap
 from gpupool.errors import ConflictError, NotFoundError, SpecError
 from gpupool.ports.telemetry.base import ApplyResult, GpuInfo, GpuSample, Telemetry, lost_sample
 from gpupool.ports.telemetry.fake import FakeTelemetry, parse_fleet
-from gpupool.server.executors.ray import DEFAULT_NAMESPACE, ray_nodes
+from gpupool.server.executors.ray import DEFAULT_NAMESPACE
+from gpupool.server.executors.ray_nodes import ray_nodes
 from gpupool.server.telemetry.nvml import NoGpuError, NvmlTelemetry
 
 ACTOR_PREFIX: Final = "gpupool-telemetry-"

@@ -1,6 +1,7 @@
 """What a service's replicas serve, measured: the channel of docs/services.md.
 
-Each replica serves Prometheus text at http://127.0.0.1:$PORT/metrics with the counter
+Each replica serves Prometheus text at http://ADDRESS:$PORT/metrics (ADDRESS: its node's,
+`Endpoint`) with the counter
 `gpupool_replica_requests_total` and the histogram
 `gpupool_replica_request_latency_seconds`. A background thread scrapes every running
 replica (short timeout; a failed scrape is skipped), so the scheduler loop never waits on
@@ -10,6 +11,7 @@ latency (bucket deltas) are worked out and fed to the core as ServiceLoad.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import math
 import threading
@@ -18,6 +20,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -43,6 +46,26 @@ LATENCY_BUCKETS_S: tuple[float, ...] = (
     5.0,
 )
 """The histogram's buckets (seconds) a replica should use: fine around common SLOs."""
+
+
+def url_of(host: str, port: int) -> str:
+    """http://HOST:PORT, an IPv6 address in brackets."""
+    try:
+        v6 = ipaddress.ip_address(host).version == 6
+    except ValueError:
+        v6 = False
+    return f"http://[{host}]:{port}" if v6 else f"http://{host}:{port}"
+
+
+class Endpoint(NamedTuple):
+    """Where a replica listens: its node's address and its port."""
+
+    host: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        return url_of(self.host, self.port)
 
 
 @dataclass(frozen=True)
@@ -153,8 +176,8 @@ class LoadWindow:
         return Measured(rps, quantile_ms(merged, 0.99), reporting)
 
 
-def scrape(port: int, timeout_s: float) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=timeout_s) as resp:
+def scrape(at: Endpoint, timeout_s: float) -> str:
+    with urllib.request.urlopen(f"{at.url}/metrics", timeout=timeout_s) as resp:
         body: bytes = resp.read(1 << 20)
     return body.decode("utf-8", "replace")
 
@@ -169,7 +192,7 @@ class Scraper:
         clock: Callable[[], float],
         every_s: float = 1.0,
         timeout_s: float = 0.5,
-        fetch: Callable[[int, float], str] = scrape,
+        fetch: Callable[[Endpoint, float], str] = scrape,
         background: bool = True,
     ) -> None:
         """background False: nothing scrapes until `once()` is called (tests drive it)."""
@@ -180,14 +203,14 @@ class Scraper:
         self.fetch = fetch
         self.background = background
         self.lock = threading.Lock()
-        self.targets: dict[str, int] = {}
+        self.targets: dict[str, Endpoint] = {}
         self.failures: dict[str, str] = {}
         """The last scrape error of each target that failed (cleared on success)."""
         self.stopping = threading.Event()
         self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="gpupool-scrape")
         self.thread: threading.Thread | None = None
 
-    def set_targets(self, targets: Mapping[str, int]) -> None:
+    def set_targets(self, targets: Mapping[str, Endpoint]) -> None:
         with self.lock:
             self.targets = dict(targets)
             self.window.keep(set(targets))
@@ -211,8 +234,7 @@ class Scraper:
         with self.lock:
             targets = dict(self.targets)
         futures = {
-            name: self.pool.submit(self.fetch, port, self.timeout_s)
-            for name, port in targets.items()
+            name: self.pool.submit(self.fetch, at, self.timeout_s) for name, at in targets.items()
         }
         for name, fut in futures.items():
             try:
