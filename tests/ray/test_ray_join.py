@@ -117,6 +117,7 @@ def joined() -> Iterator[JoinedCluster]:
         "teams:\n  - {name: ctest-a}\n  - {name: ctest-b}\n"
         "preemption: {min_runtime_s: 0}\n"
         "isolation:\n  limits:\n    defaults: {batch: {pids: 48}}\n"
+        f"storage: {{shared_dir: {root / 'shared'}}}\n"
     )
     cluster = JoinedCluster(head, root, {}, Server(root / "state", isolation=True), counter)
     try:
@@ -163,14 +164,29 @@ def nodes_of(url: str, job_id: int) -> set[str]:
     return {g["node"] for g in show(url, job_id)["gpus"]}
 
 
-def test_joined_machines_are_the_pool(joined: JoinedCluster) -> None:
-    out = cli(joined.server.url, "nodes", "--json")
+def _nodes(url: str) -> dict[str, Any]:
+    out = cli(url, "nodes", "--json")
     assert out.returncode == 0, out.stderr
-    nodes = {n["name"]: n for n in json.loads(out.stdout)["nodes"]}
+    return {n["name"]: n for n in json.loads(out.stdout)["nodes"]}
+
+
+def test_joined_machines_are_the_pool(joined: JoinedCluster) -> None:
+    url = joined.server.url
+    wait_for(
+        lambda: all(n["agent"]["where"] != "no answer" for n in _nodes(url).values()),
+        30,
+        "every node's agent to answer",
+    )
+    nodes = _nodes(url)
     assert {k: (n["gpu_model"], len(n["gpus"]), n["state"]) for k, n in nodes.items()} == {
         "n1": ("A100-80GB", 2, "up"),
         "n2": ("A100-80GB", 2, "up"),
     }
+    for name, n in nodes.items():  # each node's agent answers and reaches the storage
+        assert n["agent"]["where"].startswith("launcher pid"), n["agent"]
+        assert n["agent"]["storage"] == "ok" and not n["agent"]["leaving"]
+        assert n["agent"]["dir"] == str(joined.nodes[name].node_dir / "agent")
+    assert "launcher pid" in cli(joined.server.url, "nodes").stdout
     for node in joined.nodes.values():
         record = json.loads((node.node_dir / "node.json").read_text())
         assert record["node_ip"] == node.ip and record["labels"] == {"rack": "r1"}
@@ -188,16 +204,17 @@ while not os.path.exists(sys.argv[1]):
 
 HOSTILE = """\
 import json, os, signal, subprocess, sys
-a_dir, a_pid = sys.argv[1], int(sys.argv[2])
+a_ckpt, a_logs, a_pid = sys.argv[1], sys.argv[2:4], int(sys.argv[4])
 tried = {}
 try:
-    open(os.path.join(a_dir, 'checkpoint', 'secret')).read(); tried['read checkpoint'] = 'allowed'
+    open(os.path.join(a_ckpt, 'secret')).read(); tried['read checkpoint'] = 'allowed'
 except OSError:
     tried['read checkpoint'] = 'denied'
-try:
-    open(os.path.join(a_dir, 'stdout.log')).read(); tried['read log'] = 'allowed'
-except OSError:
-    tried['read log'] = 'denied'
+for k, log in enumerate(a_logs):
+    try:
+        open(log).read(); tried[f'read log {k}'] = 'allowed'
+    except OSError:
+        tried[f'read log {k}'] = 'denied'
 try:
     os.kill(a_pid, signal.SIGTERM); tried['signal'] = 'allowed'
 except OSError:
@@ -238,13 +255,13 @@ def test_jobs_run_contained_as_their_teams_on_the_joined_nodes(
         url, "ctest-a", "--kind", "training", "--gpus", "2", "--",
         SYSTEM_PY, "-c", CHECKPOINT_THEN_WAIT, str(release),
     )  # fmt: skip
-    run_a = joined.root / "state" / "jobs" / str(a)
+    ckpt_a = joined.root / "shared" / "checkpoints" / str(a)
     wait_for(lambda: "node " in cli(url, "logs", str(a)).stdout, 90, "team a's job")
     log_a = cli(url, "logs", str(a)).stdout
     assert "user gpupool-ctest-a" in log_a
     (node_a,) = nodes_of(url, a)
     assert f"node {node_a}" in log_a
-    secret = run_a / "checkpoint" / "secret"
+    secret = ckpt_a / "secret"  # in the shared storage, the team's alone
     assert secret.stat().st_uid == __import__("pwd").getpwnam("gpupool-ctest-a").pw_uid
     a_pid = next(
         int(p)
@@ -255,14 +272,22 @@ def test_jobs_run_contained_as_their_teams_on_the_joined_nodes(
     )
     b = submit(
         url, "ctest-b", "--kind", "batch", "--gpus", "1", "--",
-        SYSTEM_PY, "-c", HOSTILE, str(run_a), str(a_pid),
+        SYSTEM_PY, "-c", HOSTILE, str(ckpt_a),
+        str(joined.root / "state" / "jobs" / str(a) / "stdout.log"),  # the server's copy
+        str(joined.nodes[node_a].node_dir / "runs" / str(a) / "stdout.log"),  # the node's
+        str(a_pid),
     )  # fmt: skip
     wait_for(lambda: show(url, b)["state"] in ("succeeded", "failed"), 90, "team b's job")
     assert show(url, b)["state"] == "succeeded", cli(url, "logs", str(b)).stdout
     seen = json.loads(cli(url, "logs", str(b)).stdout.strip().splitlines()[-1])
     assert seen["user"] == "gpupool-ctest-b"
     tried = seen["tried"]
-    assert (tried["read checkpoint"], tried["read log"], tried["signal"]) == ("denied",) * 3
+    assert {k: v for k, v in tried.items() if k != "forked"} == {
+        "read checkpoint": "denied",
+        "read log 0": "denied",
+        "read log 1": "denied",
+        "signal": "denied",
+    }
     assert 0 < tried["forked"] < 48  # the pids limit of batch jobs stopped the fork loop
     # the escaped `setsid sleep 300` was killed with its job, before the job was "ended"
     assert not _process_running(["sleep", "300"])
@@ -283,6 +308,11 @@ def test_a_killed_node_loses_nothing_its_checkpointing_job_needs(joined: JoinedC
     wait_for(lambda: "step=20" in cli(url, "logs", str(job)).stdout, 90, "progress")
     (victim,) = nodes_of(url, job)
     node = joined.nodes[victim]
+    shared = joined.root / "shared" / "checkpoints" / str(job)
+    assert (shared / "counter.json").is_file()  # the checkpoint is in the shared storage
+    assert (node.node_dir / "runs" / str(job) / "stdout.log").is_file()  # the logs are not
+    copy = joined.root / "state" / "jobs" / str(job) / "stdout.log"
+    assert "step=20" in copy.read_text()  # `gpupool logs` read the server's copy
     os.killpg(node.proc.pid, signal.SIGKILL)  # the machine dies
     node.proc.wait(10)
     shutil.rmtree(node.node_dir)  # and its disk with it

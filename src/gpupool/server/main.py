@@ -559,6 +559,7 @@ def _ray_live(
             agent=AgentSettings(
                 contain=isolation is not None and isolation.enabled,
                 log_max_bytes=isolation.log_max_bytes if isolation is not None else None,
+                shared_dir=str(config.storage.shared_dir) if config.storage.shared_dir else None,
             ),
             isolation=isolation if isolation is not None and isolation.enabled else None,
         ),

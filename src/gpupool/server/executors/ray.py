@@ -186,11 +186,14 @@ class RayExecutor:
         )
         return info
 
-    def agent_status(self) -> dict[str, dict[str, Any]]:
+    def agent_status(self, alive: Mapping[str, str] | None = None) -> dict[str, dict[str, Any]]:
         """Each node's agent as it answers now (NodeLauncher.status: leaving, storage,
         where its records are, how it contains jobs): one cheap call to each node's
         launcher, all in flight at once; a node that does not answer in time is left
-        out (and asked again next time)."""
+        out (and asked again next time). `alive`: the nodes the cluster lists now (name
+        -> Ray node id), asked too though no job has run there yet."""
+        for name, ray_node in (alive or {}).items():
+            self._nodes.setdefault(name, ray_node)
         asks = {}
         for node in list(self._nodes):
             with contextlib.suppress(Exception):

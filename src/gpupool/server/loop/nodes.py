@@ -72,14 +72,14 @@ class Nodes:
             self.state.loop_error = f"cannot list the live nodes: {err}"
             return None
 
-    def ask_agents(self) -> dict[str, dict[str, Any]]:
+    def ask_agents(self, alive: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
         """Each node's agent (on Ray, its launcher: leaving, storage check, records, how
         it contains jobs), kept for the nodes view; {} where agents are in process."""
         ask = getattr(self.executor, "agent_status", None)
         if ask is None:
             return {}
         try:
-            found: dict[str, dict[str, Any]] = ask()
+            found: dict[str, dict[str, Any]] = ask(alive)
         except Exception as err:  # the cluster is unreachable for a while: ask again
             self.state.loop_error = f"cannot ask the nodes' agents: {err}"
             return {}
@@ -123,7 +123,7 @@ class Nodes:
         alive = self.alive()
         if alive is None:
             return
-        self.ask_agents()
+        self.ask_agents(alive)
         for node in self.fleet.cluster.nodes:
             name, now_id = node.name, alive.get(node.name)
             held_out = self.agent_reason(name)
