@@ -39,6 +39,8 @@ from gpupool.server.loop.driver import LiveService
 from gpupool.server.store import NewJob, Store, database_url
 from gpupool.server.telemetry.history import SECTION as HISTORY_SECTION
 from gpupool.server.telemetry.history import load_history
+from gpupool.server.telemetry.misses import KEY as MISS_LIMIT_KEY
+from gpupool.server.telemetry.misses import load_miss_limit, parse_miss_limit
 from gpupool.server.telemetry.nvml import NoGpuError, NvmlTelemetry
 from gpupool.specfile import SpecReader
 
@@ -141,10 +143,13 @@ def load_service_config(path: Path | None, defaults: SchedulerConfig) -> Schedul
         ) from None
     except yaml.YAMLError as err:
         raise SpecError(f"{path}: not valid YAML: {err}") from None
-    # isolation: see isolation.py; history: telemetry_history.py
-    allowed = SCHEDULING_KEYS | {ISOLATION_SECTION, HISTORY_SECTION}
+    # isolation: see isolation.py; history: telemetry/history.py; telemetry_miss_limit:
+    # telemetry/misses.py
+    live_keys = {ISOLATION_SECTION, HISTORY_SECTION, MISS_LIMIT_KEY}
+    allowed = SCHEDULING_KEYS | live_keys
     top = SpecReader(str(path)).mapping({} if raw is None else raw, "top level", allowed)
-    top = {k: v for k, v in top.items() if k not in (ISOLATION_SECTION, HISTORY_SECTION)}
+    parse_miss_limit(top.get(MISS_LIMIT_KEY), str(path))  # refused before anything starts
+    top = {k: v for k, v in top.items() if k not in live_keys}
     return parse_scheduling(top, str(path), defaults)
 
 
@@ -332,6 +337,7 @@ def serve(opts: ServeOptions) -> int:
         disk_floor=DiskFloor(opts.disk_floor_mib, opts.disk_floor_pct),
         health_late_s=opts.health_late_s,
         history=load_history(opts.config),
+        telemetry_miss_limit=load_miss_limit(opts.config),
     )
     scheme = "https" if opts.tls_cert is not None else "http"
     url = f"{scheme}://{opts.host}:{opts.port}"

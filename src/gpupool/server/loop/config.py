@@ -24,6 +24,7 @@ from gpupool.server.fleet.sites import SitesConfig, with_cloud_nodes
 from gpupool.server.loop.diskspace import DiskFloor
 from gpupool.server.store import JobRow, RetryPolicy
 from gpupool.server.telemetry.history import HistoryConfig
+from gpupool.server.telemetry.misses import DEFAULT_MISS_LIMIT
 
 LIVE_DEFAULTS = SchedulerConfig(
     cycle_s=1.0,
@@ -100,6 +101,9 @@ class LiveConfig:
     scrape_timeout_s: float = 0.5
     history: HistoryConfig = field(default_factory=HistoryConfig)
     """The telemetry history's buckets, retention and row cap (the --config history:)."""
+    telemetry_miss_limit: int = DEFAULT_MISS_LIMIT
+    """Missed answers in a row of a node's telemetry (a Ray node's actor) before its GPUs
+    read as lost and are drained; until then its last answer stands in."""
 
     @property
     def cycle_s(self) -> float:

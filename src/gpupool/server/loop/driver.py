@@ -435,7 +435,11 @@ def ray_service(
         from gpupool.server.telemetry.ray import RayTelemetry
 
         fleet = with_cloud_nodes(config.nodes, config.sites)  # LiveService's order
-        telemetry = RayTelemetry(fleet, {n.name: n.ray_node_id for n in found})
+        telemetry = RayTelemetry(
+            fleet,
+            {n.name: n.ray_node_id for n in found},
+            miss_limit=config.telemetry_miss_limit,
+        )
 
     def probe() -> dict[str, str]:
         return {n.name: n.ray_node_id for n in ray_nodes()}
