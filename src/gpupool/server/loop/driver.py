@@ -266,8 +266,10 @@ class LiveService:
             self.carry_out,
             self.views,
             self.learning,
+            telemetry,
         )
-        """What the API asks (cancel, hold, release, requeue, drain, services, learning)."""
+        """What the API asks (cancel, hold, release, requeue, drain, services, learning,
+        faults on the fake fleet)."""
         self.recovery = Recovery(
             state,
             config,
