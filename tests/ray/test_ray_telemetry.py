@@ -20,7 +20,9 @@ NAMESPACE = "gpupool-tele-test"
 @pytest.fixture(scope="module")
 def tele(ray_cluster: Any) -> Iterator[RayTelemetry]:
     fleet = [(name, model, n) for name, (model, n) in ray_cluster.layout.items()]
-    t = RayTelemetry(fleet, ray_cluster.ids, namespace=NAMESPACE, retry_s=0.5)
+    # miss_limit=1: a killed actor reads unhealthy at its first missed answer (the limit's
+    # counting is tests/server/telemetry/test_telemetry_misses.py's)
+    t = RayTelemetry(fleet, ray_cluster.ids, namespace=NAMESPACE, retry_s=0.5, miss_limit=1)
     try:
         yield t
     finally:

@@ -204,7 +204,9 @@ def test_unknown_key_is_refused_naming_it_and_the_allowed_ones(tmp_path: Path) -
         load_service_config(path, LIVE_DEFAULTS)
     message = str(info.value)
     assert message.startswith(f"{path}: top level: unknown key(s) polcy; allowed: ")
-    assert message.endswith(", ".join(sorted(SCHEDULING_KEYS | {"history", "isolation"})))
+    assert message.endswith(
+        ", ".join(sorted(SCHEDULING_KEYS | {"history", "isolation", "telemetry_miss_limit"}))
+    )
 
 
 def test_scenario_only_keys_are_not_service_keys(tmp_path: Path) -> None:

@@ -43,6 +43,8 @@ from gpupool.server.loop.endpoints import load_network
 from gpupool.server.store import NewJob, Store, database_url
 from gpupool.server.telemetry.history import SECTION as HISTORY_SECTION
 from gpupool.server.telemetry.history import load_history
+from gpupool.server.telemetry.misses import KEY as MISS_LIMIT_KEY
+from gpupool.server.telemetry.misses import load_miss_limit, parse_miss_limit
 from gpupool.server.telemetry.nvml import NoGpuError, NvmlTelemetry
 from gpupool.specfile import SpecReader
 
@@ -164,10 +166,17 @@ def load_service_config(path: Path | None, defaults: SchedulerConfig) -> Schedul
     except yaml.YAMLError as err:
         raise SpecError(f"{path}: not valid YAML: {err}") from None
     # isolation: containment.py; history: telemetry/history.py; storage: agent/storage.py;
-    # network: loop/endpoints.py
-    sections = (ISOLATION_SECTION, HISTORY_SECTION, STORAGE_SECTION, NETWORK_SECTION)
+    # network: loop/endpoints.py; telemetry_miss_limit: telemetry/misses.py
+    sections = (
+        ISOLATION_SECTION,
+        HISTORY_SECTION,
+        STORAGE_SECTION,
+        NETWORK_SECTION,
+        MISS_LIMIT_KEY,
+    )
     allowed = SCHEDULING_KEYS | set(sections)
     top = SpecReader(str(path)).mapping({} if raw is None else raw, "top level", allowed)
+    parse_miss_limit(top.get(MISS_LIMIT_KEY), str(path))  # refused before anything starts
     top = {k: v for k, v in top.items() if k not in sections}
     return parse_scheduling(top, str(path), defaults)
 
@@ -358,6 +367,7 @@ def serve(opts: ServeOptions) -> int:
         history=load_history(opts.config),
         storage=open_storage(opts.config),
         network=load_network(opts.config),
+        telemetry_miss_limit=load_miss_limit(opts.config),
     )
     scheme = "https" if opts.tls_cert is not None else "http"
     url = f"{scheme}://{opts.host}:{opts.port}"

@@ -100,6 +100,9 @@ class _FakeGpu:
     """The air it breathes; None: the thermal model's ambient (30 C)."""
 
 
+FAULTS: Final = ("lost", "ecc", "xid", "repair")
+"""The faults `FakeTelemetry.inject` makes (repair clears them all)."""
+
 FAKE_USE_ENV: Final = "GPUPOOL_FAKE_USE"
 """A job's declared use of each of its whole cards on a fake fleet, `SM_PCT,MEM_MIB`
 (e.g. `0,0` for a job that holds a card and never touches it); without it a job on a
@@ -226,6 +229,28 @@ class FakeTelemetry(Telemetry):
             gpu.fault = ""
             gpu.ecc = 0
             gpu.xid = None
+
+    def inject(
+        self, index: int, fault: str, *, xid: int | None = None, count: int = 1, problem: str = ""
+    ) -> str:
+        """One of `FAULTS` on GPU `index` (the admin's POST /v1/admin/fake-faults): lost
+        (`fail_gpu`, with `problem`), ecc (`count` errors), xid (`xid`), repair. Says what
+        it did, in a few words."""
+        if fault == "lost":
+            self.fail_gpu(index, problem or "fell off the bus (injected fault)")
+            return f"lost: {problem or 'fell off the bus (injected fault)'}"
+        if fault == "ecc":
+            self.ecc_error(index, count)
+            return f"{count} uncorrected ECC error(s)"
+        if fault == "xid":
+            if xid is None:
+                raise SpecError("an xid fault needs the XID, e.g. 79 (fell off the bus)")
+            self.xid_error(index, xid)
+            return f"XID {xid}"
+        if fault == "repair":
+            self.repair(index)
+            return "repaired"
+        raise SpecError(f"unknown fake fault {fault!r}; choose one of {', '.join(FAULTS)}")
 
     @property
     def applied(self) -> list[SetPowerCap]:

@@ -479,6 +479,33 @@ class DemoteIn(BaseModel):
     reason: str = Field("", max_length=512, json_schema_extra={"pattern": "^[^\\x00]*$"})
 
 
+class FakeFaultIn(BaseModel):
+    """POST /v1/admin/fake-faults: a fault on a GPU of the fake fleet (tests, rehearsals)."""
+
+    model_config = ConfigDict(extra="forbid")
+    gpu: int = Field(ge=0, le=1_000_000, description="The GPU's index as `gpupool nodes` shows it")
+    node: str | None = Field(
+        None, min_length=1, max_length=256, description="Needed where GPU indices repeat"
+    )
+    fault: Literal["lost", "ecc", "xid", "repair"]
+    xid: int | None = Field(None, ge=1, le=1_000_000, description="The XID (fault xid)")
+    count: int = Field(1, ge=1, le=1_000_000, description="Uncorrected ECC errors (fault ecc)")
+    problem: str = Field("", max_length=512, description="The lost GPU's problem (fault lost)")
+
+    @field_validator("node", "problem")
+    @classmethod
+    def _no_nul(cls, v: str | None) -> str | None:
+        if v is not None and "\x00" in v:
+            raise ValueError("must not contain NUL characters")
+        return v
+
+    @model_validator(mode="after")
+    def _xid_given(self) -> FakeFaultIn:
+        if (self.fault == "xid") != (self.xid is not None):
+            raise ValueError("xid goes with fault xid, and fault xid needs it (e.g. 79)")
+        return self
+
+
 class DrainIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     node: str = Field(min_length=1, max_length=256, json_schema_extra={"pattern": "^[^\\x00]*$"})

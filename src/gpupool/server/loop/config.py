@@ -26,6 +26,7 @@ from gpupool.server.loop.diskspace import DiskFloor
 from gpupool.server.loop.endpoints import NetworkConfig
 from gpupool.server.store import JobRow, RetryPolicy
 from gpupool.server.telemetry.history import HistoryConfig
+from gpupool.server.telemetry.misses import DEFAULT_MISS_LIMIT
 
 LIVE_DEFAULTS = SchedulerConfig(
     cycle_s=1.0,
@@ -106,6 +107,9 @@ class LiveConfig:
     """Where checkpoints live so every node finds them (the --config storage:)."""
     network: NetworkConfig = field(default_factory=NetworkConfig)
     """The server's own node address and the replicas' port range (--config network:)."""
+    telemetry_miss_limit: int = DEFAULT_MISS_LIMIT
+    """Missed answers in a row of a node's telemetry (a Ray node's actor) before its GPUs
+    read as lost and are drained; until then its last answer stands in."""
 
     @property
     def cycle_s(self) -> float:

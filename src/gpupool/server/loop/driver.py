@@ -266,8 +266,10 @@ class LiveService:
             self.carry_out,
             self.views,
             self.learning,
+            telemetry,
         )
-        """What the API asks (cancel, hold, release, requeue, drain, services, learning)."""
+        """What the API asks (cancel, hold, release, requeue, drain, services, learning,
+        faults on the fake fleet)."""
         self.recovery = Recovery(
             state,
             config,
@@ -436,7 +438,11 @@ def ray_service(
         from gpupool.server.telemetry.ray import RayTelemetry
 
         fleet = with_cloud_nodes(config.nodes, config.sites)  # LiveService's order
-        telemetry = RayTelemetry(fleet, {n.name: n.ray_node_id for n in found})
+        telemetry = RayTelemetry(
+            fleet,
+            {n.name: n.ray_node_id for n in found},
+            miss_limit=config.telemetry_miss_limit,
+        )
 
     def probe() -> dict[str, str]:
         return {n.name: n.ray_node_id for n in ray_nodes()}

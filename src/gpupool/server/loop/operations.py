@@ -1,5 +1,5 @@
 """What the API thread asks of the loop: cancel, hold, release, requeue, drain; create,
-scale and delete services; promote and demote the learned policy.
+scale and delete services; promote and demote the learned policy; a fault on a fake GPU.
 
 Each takes the loop's one lock (the step holds it while it runs), writes the database,
 tells the core, and wakes the loop so the change is acted on at once; a request that
@@ -14,6 +14,8 @@ from gpupool.domain.lifecycle import JobState
 from gpupool.errors import ConflictError, NotFoundError
 from gpupool.ports.clock.base import Clock
 from gpupool.ports.executor.base import Executor
+from gpupool.ports.telemetry.base import Telemetry
+from gpupool.ports.telemetry.fake import FakeTelemetry
 from gpupool.scheduler import Drain, Hold, Release, Requeue, Scheduler
 from gpupool.server.loop.carry_out import CarryOut
 from gpupool.server.loop.config import FleetMap, LiveConfig
@@ -42,6 +44,7 @@ class Operations:
         carry_out: CarryOut,
         views: Views,
         learning: bool,
+        telemetry: Telemetry,
     ) -> None:
         self.state = state
         self.config = config
@@ -57,6 +60,7 @@ class Operations:
         self.views = views
         self.learning = learning
         """Whether the core runs the learned policy (shadow or active)."""
+        self.telemetry = telemetry
 
     # ---- jobs ----------------------------------------------------------------------------
     def cancel(self, job_id: int) -> JobRow:
@@ -152,6 +156,52 @@ class Operations:
             self.scheduler.observe(Drain(now, node, undo))
             self.state.wake.set()
             return {"node": node, "state": self.nodes.state_of(node), "changed": changed}
+
+    def fake_fault(
+        self,
+        gpu: int,
+        fault: str,
+        by: str,
+        *,
+        node: str | None = None,
+        xid: int | None = None,
+        count: int = 1,
+        problem: str = "",
+    ) -> dict[str, Any]:
+        """Called by the API (admin): a fault on (or the repair of) a GPU of the fake fleet,
+        as `gpupool nodes` numbers it (`node` where indices repeat). The next sample reads
+        it and the health check acts as on a real fault. Real GPUs are refused."""
+        if not isinstance(self.telemetry, FakeTelemetry):
+            raise ConflictError(
+                "the GPUs are real (or on Ray nodes): faults are injected only into the fake "
+                "fleet of `gpupool serve --fake-gpus`"
+            )
+        with self.state.lock:
+            keys = [
+                key
+                for key, dev in self.fleet.devices.items()
+                if dev == gpu and (node is None or self.fleet.cluster.nodes[key[0]].name == node)
+            ]
+            where = f"GPU {gpu}" + (f" of node {node}" if node is not None else "")
+            if not keys:
+                raise NotFoundError(f"{where} is not in this fleet (`gpupool nodes` lists them)")
+            if len(keys) > 1:
+                raise ConflictError(f"{where} is on several nodes: name the node")
+            k, g = keys[0]
+            tele = self.fleet.tele_index.get((k, g))
+            if tele is None:
+                raise NotFoundError(f"{where}: the telemetry does not have it")
+            done = self.telemetry.inject(tele, fault, xid=xid, count=count, problem=problem)
+            name = self.fleet.cluster.nodes[k].name
+            now = self.clock.now()
+            self.store.events.add(
+                "fake-fault",
+                f"fake fault on GPU {gpu} of node {name} by {by}: {done}",
+                now,
+                data={"node": name, "gpu": g, "device": gpu, "fault": fault},
+            )
+            self.state.wake.set()
+            return {"node": name, "gpu": gpu, "fault": fault, "done": done}
 
     # ---- services ------------------------------------------------------------------------
     def create_service(self, svc: NewService) -> ServiceRow:

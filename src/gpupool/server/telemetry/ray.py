@@ -9,7 +9,9 @@ the node's declared model and count, as the local service does without a GPU.
 service knows: GPUs are numbered globally in fleet order (the GPUs of node k follow those
 of nodes 0..k-1, as `LiveService.tele_index` expects). A node whose actor is dead or
 slow reads as unhealthy GPUs, so the service's health logic drains it; a dead actor on a
-live node is recreated, and the node reads healthy again once it answers.
+live node is recreated, and the node reads healthy again once it answers. A node that
+misses an answer now and then is not drained for it: its last answer stands in until it
+has missed `telemetry_miss_limit` in a row (`MissCounter`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from gpupool.ports.telemetry.base import ApplyResult, GpuInfo, GpuSample, Teleme
 from gpupool.ports.telemetry.fake import FakeTelemetry, parse_fleet
 from gpupool.server.executors.ray import DEFAULT_NAMESPACE
 from gpupool.server.executors.ray_nodes import ray_nodes
+from gpupool.server.telemetry.misses import DEFAULT_MISS_LIMIT, KEY, MissCounter
 from gpupool.server.telemetry.nvml import NoGpuError, NvmlTelemetry
 
 ACTOR_PREFIX: Final = "gpupool-telemetry-"
@@ -111,9 +114,11 @@ class _Node:
     created: bool = False
     source: str = "unknown"
     pending: Any = None
+    """The sample call still in flight: no second one is sent while it is."""
     loads: dict[int, tuple[float, int]] = field(default_factory=dict)
     """Loads set since the last sample, by local GPU index, not yet sent."""
-    """The sample call still in flight: no second one is sent while it is."""
+    misses: MissCounter = field(default_factory=MissCounter)
+    """Its missed answers in a row and its last answer, which stands in until the limit."""
     problem: str = ""
     """Why the actor is unusable now ("" while it answers)."""
     next_retry: float = 0.0
@@ -125,7 +130,8 @@ class RayTelemetry(Telemetry):
     `fleet` is (name, model, gpu_count) per node in fleet order; `nodes` maps names to Ray
     node ids (missing names are looked up with `ray_nodes()`). The declared counts fix the
     global numbering, so it never shifts when a node is down: a node whose NVML sees fewer
-    GPUs reports the rest as missing, extra GPUs are not shown.
+    GPUs reports the rest as missing, extra GPUs are not shown. A node's GPUs read as lost
+    once it has missed `miss_limit` answers in a row; before that its last answer stands in.
     """
 
     def __init__(
@@ -137,9 +143,12 @@ class RayTelemetry(Telemetry):
         sample_timeout_s: float = SAMPLE_TIMEOUT_S,
         start_timeout_s: float = START_TIMEOUT_S,
         retry_s: float = RETRY_S,
+        miss_limit: int = DEFAULT_MISS_LIMIT,
     ) -> None:
         import ray
 
+        if miss_limit < 1:
+            raise SpecError(f"{KEY} must be at least 1, got {miss_limit}")
         self._ray: Any = ray  # actor handles are dynamic: typed loosely on purpose
         self._cls: Any = ray.remote(NodeTelemetryActor)
         self._namespace = namespace
@@ -156,6 +165,7 @@ class RayTelemetry(Telemetry):
             # a node not in the cluster yet (a cloud node before its burst) reads
             # unhealthy until it joins; its actor is started then
             node = _Node(name, model, count, offset, ids.get(name, ""))
+            node.misses = MissCounter(miss_limit)
             if not node.ray_node_id:
                 node.problem = "its Ray node is not in the cluster"
             self._nodes.append(node)
@@ -260,7 +270,9 @@ class RayTelemetry(Telemetry):
     def sample(self, now_s: float) -> list[GpuSample]:
         """One reading of every GPU, all nodes asked at once, waiting sample_timeout_s in all.
 
-        GPUs of a node that does not answer read unhealthy with the reason. A node still busy
+        A node that does not answer has missed one: its last answer stands in (stamped
+        now_s) until it has missed miss_limit in a row, then its GPUs read unhealthy with the
+        reason; one answer starts the count over. A node still busy
         with an earlier call is not asked again (calls never pile up on a stuck actor); that
         call's reading is used when it lands, with the at_s it was asked at. A dead actor is
         recreated (at most every retry_s) while its Ray node is alive.
@@ -297,7 +309,10 @@ class RayTelemetry(Telemetry):
                         node.problem = f"telemetry actor died ({_why(exc)})"
                     except Exception as exc:
                         node.problem = f"telemetry failed ({_why(exc)})"
-            out.extend(self._node_samples(node, local, now_s))
+            kept = node.misses.answered(local) if local is not None else None
+            if kept is None:  # no answer this round: the last one while under the limit
+                kept = node.misses.missed(now_s)
+            out.extend(self._node_samples(node, kept, now_s))
         return out
 
     def _node_samples(
@@ -305,9 +320,12 @@ class RayTelemetry(Telemetry):
     ) -> list[GpuSample]:
         infos = self.inventory()[node.offset : node.offset + node.count]
         if local is None:
+            missed = node.misses.misses
+            row = f", {missed} answers missed in a row ({KEY} {node.misses.limit})"
             problem = (
-                f"node {node.name}: {node.problem or 'telemetry actor unreachable'}; its GPUs "
-                "cannot be read, so it is drained until the actor answers again"
+                f"node {node.name}: {node.problem or 'telemetry actor unreachable'}"
+                f"{row if missed > 1 else ''}; its GPUs cannot be read, so it is drained "
+                "until the actor answers again"
             )
             return [lost_sample(info, problem, now_s) for info in infos]
         got = {s.index: s for s in local}
