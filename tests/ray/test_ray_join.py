@@ -26,6 +26,7 @@ import pytest
 import containment
 from gpupool.examples import ckpt_counter
 from gpupool.examples.ckpt_counter import expected_result
+from launch_kills import sigkills_around_launches
 from service_proc import Server, cli, free_port, wait_for
 
 SYSTEM_PY = "/usr/bin/python3"
@@ -380,3 +381,20 @@ def test_join_refuses_a_second_agent_on_one_node_dir_and_bad_labels(
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert out.returncode != 0 and "KEY=VALUE" in out.stderr
+
+
+def test_sigkills_in_launch_windows_on_ray_never_run_a_job_twice(joined: JoinedCluster) -> None:
+    """20 SIGKILLs of a scheduler on the joined cluster, half of them aimed just after a
+    launch intent appears (the server writes it before asking a node to start the
+    attempt): a restarted scheduler finds the attempt by its token on whichever node
+    started it, never starts a second copy (each job flocks a marker in shared storage)."""
+    base = joined.root / "kills"
+    (base / "state").mkdir(parents=True, mode=0o711)
+    url = f"sqlite:///{base / 'state' / 'gpupool.db'}"
+    seen = sigkills_around_launches(
+        base, url, kills=20, seed=20261206, ray_address=joined.head,
+        window_s=0.05, end_s=180.0, intent_wait_s=30.0,
+    )  # fmt: skip
+    print(seen)
+    assert seen["kills"] == 20 and seen["jobs"] >= 20 and seen["starts"] >= seen["jobs"]
+    assert seen["lost"] + seen["adopted_by_intent"] > 0  # some kills did land in a launch

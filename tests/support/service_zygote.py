@@ -7,7 +7,12 @@ local executor with cgroups and team users when root, a fake fleet of 2 GPUs) fr
 scratch, recovery included, and prints the child's pid. The test kills that child with
 SIGKILL, as a crash would. `quit` ends it.
 
-Usage: python tests/support/service_zygote.py STATE_DIR DB_URL ISOLATION(on|off)
+With RAY_ADDRESS, the child joins that Ray cluster instead (ray.init after the fork: a
+connection is never shared) and runs the LiveService of `gpupool serve --ray`: the fleet
+is the cluster's gpupool nodes, the Ray executor contains jobs on them (when ISOLATION is
+on), the telemetry is each node's.
+
+Usage: python tests/support/service_zygote.py STATE_DIR DB_URL ISOLATION(on|off) [RAY_ADDRESS]
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from gpupool.server.loop.driver import LiveService
 from gpupool.server.store import Store
 
 
-def serve(state: Path, url: str, isolation_on: bool) -> None:
+def serve(state: Path, url: str, isolation_on: bool, ray_address: str = "") -> None:
     """The child: recover, then run cycles until killed."""
     store = Store(url)
     store.migrate()
@@ -41,20 +46,42 @@ def serve(state: Path, url: str, isolation_on: bool) -> None:
         scheduling=dataclasses.replace(LIVE_DEFAULTS, cycle_s=0.05),
         lost_retries=1000,
     )
-    live = LiveService(
-        config,
-        store,
-        LocalExecutor(isolation=isolation),
-        FakeTelemetry("2xA100-80GB"),
-        SystemClock(),
-    )
+    if ray_address:
+        live = _ray_live(config, store, isolation, ray_address)
+    else:
+        live = LiveService(
+            config,
+            store,
+            LocalExecutor(isolation=isolation),
+            FakeTelemetry("2xA100-80GB"),
+            SystemClock(),
+        )
     while True:
         live.step()
         time.sleep(0.02)
 
 
+def _ray_live(config: LiveConfig, store: Store, isolation: Isolation, address: str) -> LiveService:
+    import ray
+    from gpupool.server.executors.ray import RayExecutor
+    from gpupool.server.executors.ray_launcher import AgentSettings
+    from gpupool.server.loop.driver import ray_service
+
+    ray.init(address=address, namespace="gpupool-zygote", log_to_driver=False)
+    agent = AgentSettings(contain=isolation.enabled)
+    executor = RayExecutor(
+        namespace="gpupool-zygote",
+        agent=agent,
+        isolation=isolation if isolation.enabled else None,
+    )
+    return ray_service(config, store, SystemClock(), executor=executor)
+
+
 def main() -> None:
     state, url, mode = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+    ray_address = sys.argv[4] if len(sys.argv) > 4 else ""
+    if ray_address:
+        import ray  # noqa: F401 - imported once here, joined after each fork
     first = Store(url)
     first.migrate()
     first.close()  # no connection may be shared with the children
@@ -65,7 +92,7 @@ def main() -> None:
         pid = os.fork()
         if pid == 0:
             try:
-                serve(state, url, mode == "on")
+                serve(state, url, mode == "on", ray_address)
             except BaseException:
                 traceback.print_exc()
                 sys.stderr.flush()

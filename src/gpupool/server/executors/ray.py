@@ -112,6 +112,12 @@ class RayExecutor:
         self._timeout = call_timeout_s
         self._agent = agent or AgentSettings()
         self._logs = RunLogs(ray, call_timeout_s)
+        self._fence = (f"gpupool-scheduler:{namespace}", secrets.token_hex(8))
+        """This scheduler's token in the cluster: the newest one's stands, and a node's
+        launcher refuses starts from any other (one that died with a start in flight)."""
+        self._fenced = False
+        if ray.is_initialized():
+            self._claim_fence()
         self.isolation = isolation
         """The policy that gives each job its team user and limits (read by the loop when
         it builds a LaunchSpec), as for LocalExecutor; None: jobs run as Ray's user."""
@@ -122,10 +128,22 @@ class RayExecutor:
         self._jobs: dict[str, RayJob] = {}
         self._dead: list[Exit] = []
         """Ends found outside poll (a gang adopted only in part), reported by the next."""
+        self._unresolved: dict[str, tuple[Handle, Path]] = {}
+        """Attempts an adoption could not settle (a live node did not answer)."""
         self._addresses: dict[str, tuple[str, str]] = {}
         """gpupool node -> (Ray node id, its NodeManagerAddress), as last looked up."""
         for node in list(self._nodes):  # warm: each node's launcher starts now, not at launch
             self._launcher(node)
+
+    def _claim_fence(self) -> None:
+        """Make this scheduler the cluster's newest (at start, else before its first
+        launch): from now on the nodes refuse starts sent by an older one."""
+        if self._fenced:
+            return
+        from ray.experimental.internal_kv import _internal_kv_put
+
+        _internal_kv_put(self._fence[0], self._fence[1], overwrite=True)
+        self._fenced = True
 
     # ---- placement
 
@@ -282,6 +300,7 @@ class RayExecutor:
         """Start several attempts at once: one call to each node's warm launcher carries
         all of that node's launches, and every call is in flight before any is waited
         for. One result per launch, in order: its handle, or the error that stopped it."""
+        self._claim_fence()
         results: list[Handle | GpupoolError | None] = [None] * len(launches)
         gangs: list[tuple[int, LaunchSpec]] = []
         by_node: dict[str, list[tuple[int, ShimStart]]] = {}
@@ -320,7 +339,7 @@ class RayExecutor:
         calls = []
         for node, items in by_node.items():
             launcher = self._launcher(node)
-            ref = launcher.start_many.remote([launch for _, launch in items])
+            ref = launcher.start_many.remote([launch for _, launch in items], self._fence)
             calls.append((node, items, launcher, ref))
         deadline = time.monotonic() + self.START_TIMEOUT_S
         for node, items, launcher, ref in calls:
@@ -405,7 +424,7 @@ class RayExecutor:
                     ShimStart(mspec, self._python, rank, gang_env(members, rank, addr, port))
                 )
             refs = [
-                launcher.start_many.remote([launch])
+                launcher.start_many.remote([launch], self._fence)
                 for launcher, launch in zip(launchers, launches, strict=True)
             ]
             for rank, ref in enumerate(refs):
@@ -514,15 +533,29 @@ class RayExecutor:
             return self._adopt_gang(handle, run_dir, layout)
         if not self._nodes:
             self._nodes.update({n.name: n.ray_node_id for n in ray_nodes()})
+        found = self._search(handle, run_dir)
+        if found is None:  # a live node did not answer: asked again at each poll
+            self._unresolved[handle.job_id] = (handle, run_dir)
+            return False
+        return found
+
+    def _search(self, handle: Handle, run_dir: Path) -> bool | None:
+        """Ask every node's agent for the attempt: True once adopted; False when every
+        node answered (or is dead) and none runs it, which the next poll reports as lost;
+        None when a live node did not answer (it may run it: never requeue on a guess)."""
         asks = {}
+        silent: list[str] = []
         for node in list(self._nodes):
-            with contextlib.suppress(Exception):
+            try:
                 asks[node] = self._launcher(node).find.remote(handle.job_id)
+            except Exception:
+                silent.append(node)
         deadline = time.monotonic() + self.START_TIMEOUT_S
         for node, ref in asks.items():
             try:
                 entry = self._ray.get(ref, timeout=max(deadline - time.monotonic(), 0.01))
             except Exception:
+                silent.append(node)
                 continue
             if entry is None:
                 continue
@@ -540,6 +573,21 @@ class RayExecutor:
             run = self._adopted_run(handle.job_id, 0, node, entry, run_dir, handle.attempt)
             self._jobs[handle.job_id] = RayJob(handle, [run], run_dir=run_dir)
             return True
+        if any(self._node_alive(node) for node in silent):
+            return None
+        self._dead.append(
+            Exit(
+                handle.job_id,
+                handle.attempt,
+                LOST,
+                None,
+                None,
+                f"after the scheduler restarted, no node runs attempt {handle.attempt} (its "
+                "start never reached a node, or its node is gone): requeue the job, it "
+                "resumes from its last checkpoint",
+                0.0,
+            )
+        )
         return False
 
     # ---- stopping
@@ -547,13 +595,13 @@ class RayExecutor:
     def preempt(self, job_id: str, grace_s: float, now_s: float) -> None:
         self._stop(job_id, "preempt", grace_s, now_s)
 
-    can_resize = False
+    can_resize = True
 
     def resize(self, job_id: str, grace_s: float, now_s: float) -> None:
-        raise ConflictError(
-            f"job {job_id}: the Ray executor cannot resize an elastic job; the service "
-            "turns borrowing off on Ray, so elastic jobs run at their full size there"
-        )
+        """Its processes checkpoint and leave as for a preemption (the exit says
+        "preempted"); the service relaunches it on its new GPUs, on whichever node, where
+        its checkpoint (in the shared storage) is found."""
+        self._stop(job_id, "preempt", grace_s, now_s)
 
     def cancel(self, job_id: str, grace_s: float, now_s: float) -> None:
         self._stop(job_id, "cancel", grace_s, now_s)
@@ -590,6 +638,9 @@ class RayExecutor:
         A launcher that cannot answer within the call timeout is asked again next time
         (Ray replaces one that died); a node Ray no longer lists as alive makes its
         attempts "lost"."""
+        for job_id, (handle, run_dir) in list(self._unresolved.items()):
+            if self._search(handle, run_dir) is not None:
+                del self._unresolved[job_id]
         exits: list[Exit] = [dataclasses.replace(e, at_s=now_s) for e in self._dead]
         self._dead.clear()
         if self._logs.due():

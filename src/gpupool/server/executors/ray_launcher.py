@@ -213,8 +213,20 @@ class NodeLauncher:
             port = int(s.getsockname()[1])
         return str(ray_api.util.get_node_ip_address()), port
 
-    def start_many(self, launches: Sequence[ShimStart]) -> list[dict[str, Any]]:
-        """Start each launch; per launch {"pid", "ticks"} or {"error"}."""
+    def start_many(
+        self, launches: Sequence[ShimStart], fence: tuple[str, str] | None = None
+    ) -> list[dict[str, Any]]:
+        """Start each launch; per launch {"pid", "ticks", ...} or {"error"}. `fence`: (key,
+        token) of the scheduler that asks: refused when the cluster's key names another
+        (a newer scheduler took over, and may have given these jobs away: a start sent
+        by one that died meanwhile must not run them twice)."""
+        if fence is not None:
+            from ray.experimental.internal_kv import _internal_kv_get
+
+            now = _internal_kv_get(fence[0])
+            if now is not None and now.decode() != fence[1]:
+                why = "a newer scheduler took over this cluster; this start came from an older one"
+                return [{"error": f"on node {self._node}: {why}"} for _ in launches]
         return [self._start(launch) for launch in launches]
 
     def _start(self, launch: ShimStart) -> dict[str, Any]:

@@ -424,8 +424,8 @@ def ray_service(
     found = [n for n in ray_nodes() if n.gpu_count > 0 and n.model and n.name not in cloud]
     if not found:
         raise SpecError(
-            "the Ray cluster has no gpupool nodes: start each with `ray start --resources` "
-            "from gpupool.server.executors.ray.node_resources(name, model, gpus)"
+            "the Ray cluster has no gpupool nodes: on each GPU machine run `gpupool node join "
+            "HEAD_ADDRESS` (docs/cluster.md)"
         )
     config = dataclasses.replace(
         config,
