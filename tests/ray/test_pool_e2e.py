@@ -1,0 +1,308 @@
+"""The live end-to-end tests on both executors: one fixture, `pool`, parametrised `local`
+(one `gpupool serve`, its in-process agent) and `ray` (a Ray head, two machines joined with
+`gpupool node join` on 127.0.0.2 and 127.0.0.3 with their own node directories,
+`gpupool serve --ray`); both as root with isolation on and checkpoints in shared storage
+(tests/support/pools.py). The tests marked for `ray` alone are what one machine cannot
+show: a node killed with its disk, a node drained by SIGTERM, the nodes' agents."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from gpupool.examples.ckpt_counter import expected_result
+from launch_kills import sigkills_around_launches
+from pools import SYSTEM_PY, Pool, local_pool, ray_pool
+from service_proc import cli, wait_for
+
+RAY_ONLY = pytest.mark.parametrize("pool", ["ray"], indirect=True)
+
+
+@pytest.fixture(scope="module", params=["local", "ray"])
+def pool(request: pytest.FixtureRequest) -> Iterator[Pool]:
+    with local_pool() if request.param == "local" else ray_pool() as made:
+        yield made
+
+
+def submit(url: str, team: str, *args: str) -> int:
+    out = cli(url, "submit", "--team", team, "--json", *args)
+    assert out.returncode == 0, out.stderr
+    return int(json.loads(out.stdout)["id"])
+
+
+def show(url: str, job_id: int) -> dict[str, Any]:
+    out = cli(url, "show", str(job_id), "--json")
+    assert out.returncode == 0, out.stderr
+    job: dict[str, Any] = json.loads(out.stdout)
+    return job
+
+
+def nodes_of(url: str, job_id: int) -> set[str]:
+    return {g["node"] for g in show(url, job_id)["gpus"]}
+
+
+def result_of(log: str) -> dict[str, str]:
+    last = [x for x in log.splitlines() if x.startswith("result=")][-1]
+    return dict(kv.split("=") for kv in last.split())
+
+
+CHECKPOINT_THEN_WAIT = """\
+import os, subprocess, sys, time
+open(os.path.join(os.environ['GPUPOOL_CHECKPOINT_DIR'], 'secret'), 'w').write('team a')
+print('user', subprocess.run(['id', '-un'], capture_output=True, text=True).stdout.strip())
+print('node', os.environ.get('GPUPOOL_NODE', '-'), flush=True)
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.1)
+"""
+
+HOSTILE = """\
+import json, os, signal, subprocess, sys
+a_ckpt, a_pid, a_logs = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+tried = {}
+try:
+    open(os.path.join(a_ckpt, 'secret')).read(); tried['read checkpoint'] = 'allowed'
+except OSError:
+    tried['read checkpoint'] = 'denied'
+for k, log in enumerate(a_logs):
+    try:
+        open(log).read(); tried[f'read log {k}'] = 'allowed'
+    except OSError:
+        tried[f'read log {k}'] = 'denied'
+try:
+    os.kill(a_pid, signal.SIGTERM); tried['signal'] = 'allowed'
+except OSError:
+    tried['signal'] = 'denied'
+forked = 0
+children = []
+try:
+    for _ in range(200):
+        children.append(subprocess.Popen(['sleep', '30'])); forked += 1
+except OSError:
+    pass
+for c in children:
+    c.kill(); c.wait()
+tried['forked'] = forked
+# an escaped child: its own session, still running when the job ends
+subprocess.Popen(['setsid', 'sleep', '301'], start_new_session=True)
+print(json.dumps({'tried': tried, 'user': os.environ.get('USER')}), flush=True)
+"""
+
+
+def _process_running(argv: list[str]) -> bool:
+    want = "\0".join(argv).encode()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            if Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0") == want:
+                return True
+    return False
+
+
+def _pid_of(marker: str) -> int:
+    for p in os.listdir("/proc"):
+        if not p.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            cmd = Path(f"/proc/{p}/cmdline").read_bytes()
+            if cmd.startswith(SYSTEM_PY.encode()) and marker.encode() in cmd:
+                return int(p)
+    raise AssertionError(f"no process runs {marker}")
+
+
+def test_jobs_run_contained_as_their_teams(pool: Pool) -> None:
+    """Team b cannot read team a's checkpoint or logs, or signal its processes; `id -un`
+    in a job is its team's user; a pids limit stops a fork loop; an escaped child is
+    killed with its job, before the job counts as ended."""
+    url = pool.url
+    release = pool.root / "release-a"
+    a = submit(
+        url, "ctest-a", "--kind", "training", "--gpus", "2", "--",
+        SYSTEM_PY, "-c", CHECKPOINT_THEN_WAIT, str(release),
+    )  # fmt: skip
+    wait_for(lambda: "node " in cli(url, "logs", str(a)).stdout, 90, "team a's job")
+    log_a = cli(url, "logs", str(a)).stdout
+    assert "user gpupool-ctest-a" in log_a
+    (node_a,) = nodes_of(url, a)
+    if pool.kind == "ray":
+        assert f"node {node_a}" in log_a  # it ran on the node the core chose
+    ckpt_a = pool.shared / "checkpoints" / str(a)
+    secret = ckpt_a / "secret"  # in the shared storage, the team's alone
+    assert secret.stat().st_uid == pwd.getpwnam("gpupool-ctest-a").pw_uid
+    a_pid = _pid_of(str(release))
+    logs = [str(p) for p in pool.log_copies(a, node_a)]
+    assert all(Path(p).is_file() for p in logs)
+    b = submit(
+        url, "ctest-b", "--kind", "batch", "--gpus", "1", "--",
+        SYSTEM_PY, "-c", HOSTILE, str(ckpt_a), str(a_pid), *logs,
+    )  # fmt: skip
+    wait_for(lambda: show(url, b)["state"] in ("succeeded", "failed"), 90, "team b's job")
+    assert show(url, b)["state"] == "succeeded", cli(url, "logs", str(b)).stdout
+    seen = json.loads(cli(url, "logs", str(b)).stdout.strip().splitlines()[-1])
+    assert seen["user"] == "gpupool-ctest-b"
+    tried = seen["tried"]
+    assert {k: v for k, v in tried.items() if k != "forked"} == {
+        "read checkpoint": "denied",
+        "signal": "denied",
+        **{f"read log {k}": "denied" for k in range(len(logs))},
+    }
+    assert 0 < tried["forked"] < 48  # the pids limit of batch jobs stopped the fork loop
+    # the escaped `setsid sleep 301` was killed with its job, before the job was "ended"
+    assert not _process_running(["sleep", "301"])
+    assert show(url, a)["state"] == "running"
+    release.touch()
+    wait_for(lambda: show(url, a)["state"] == "succeeded", 60, "team a's job to finish")
+
+
+def test_sigkills_in_launch_windows_never_run_a_job_twice(pool: Pool) -> None:
+    """20 SIGKILLs of a scheduler (tests/support/service_zygote.py: the local executor, or
+    the Ray executor on the joined nodes), half of them aimed just after a launch intent
+    appears: no job ever runs twice (each flocks a marker in shared storage)."""
+    base = pool.root / "kills"
+    (base / "state").mkdir(parents=True, mode=0o711)
+    url = f"sqlite:///{base / 'state' / 'gpupool.db'}"
+    ray = pool.kind == "ray"
+    seen = sigkills_around_launches(
+        base, url, kills=20, seed=20261206, ray_address=pool.head,
+        window_s=0.05 if ray else 0.03, end_s=180.0, intent_wait_s=30.0 if ray else 3.0,
+    )  # fmt: skip
+    print(pool.kind, seen)
+    assert seen["kills"] == 20 and seen["jobs"] >= 20 and seen["starts"] >= seen["jobs"]
+    assert seen["lost"] + seen["adopted_by_intent"] > 0  # some kills did land in a launch
+
+
+def test_a_crash_looping_service_backs_off(pool: Pool) -> None:
+    made = cli(pool.url, "service", "create", "crashy", "--team", "web", "--", "false")
+    assert made.returncode == 0, made.stderr
+
+    def replicas() -> list[dict[str, Any]]:
+        jobs = httpx.get(f"{pool.url}/v1/jobs", params={"limit": 1000}, timeout=5).json()
+        return [j for j in jobs["jobs"] if j.get("service") == "crashy"]
+
+    wait_for(lambda: any(j["state"] == "failed" for j in replicas()), 60, "a failure")
+    wait_for(
+        lambda: "backing off:" in cli(pool.url, "service", "show", "crashy").stdout,
+        30,
+        "the backoff in `service show`",
+    )
+    first = len(replicas())
+    time.sleep(4.0)  # 20 cycles: without the backoff, a replica (and a job row) each
+    assert len(replicas()) <= first + 2, [(j["id"], j["state"]) for j in replicas()]
+    assert cli(pool.url, "service", "delete", "crashy").returncode == 0
+
+
+@RAY_ONLY
+def test_joined_machines_are_the_pool(pool: Pool) -> None:
+    wait_for(
+        lambda: all(n["agent"]["where"] != "no answer" for n in pool.node_states().values()),
+        30,
+        "every node's agent to answer",
+    )
+    nodes = pool.node_states()
+    assert {k: (n["gpu_model"], len(n["gpus"]), n["state"]) for k, n in nodes.items()} == {
+        "n1": ("A100-80GB", 2, "up"),
+        "n2": ("A100-80GB", 2, "up"),
+    }
+    for name, n in nodes.items():  # each node's agent answers and reaches the storage
+        assert n["agent"]["where"].startswith("launcher pid"), n["agent"]
+        assert n["agent"]["storage"] == "ok" and not n["agent"]["leaving"]
+        assert n["agent"]["dir"] == str(pool.nodes[name].node_dir / "agent")
+    assert "launcher pid" in cli(pool.url, "nodes").stdout
+    for node in pool.nodes.values():
+        record = json.loads((node.node_dir / "node.json").read_text())
+        assert record["node_ip"] == node.ip and record["labels"] == {"rack": "r1"}
+        assert (node.node_dir / "ray").is_dir()  # Ray's own files stay in the node dir
+
+
+def _back_in_the_pool(pool: Pool, name: str) -> None:
+    wait_for(lambda: pool.node_states()[name]["state"] == "up", 120, f"node {name} back")
+
+
+@RAY_ONLY
+def test_a_killed_node_loses_nothing_its_checkpointing_job_needs(pool: Pool) -> None:
+    """The node's process group SIGKILLed and its node directory deleted: its job resumes
+    on the other node from its last checkpoint, and the first attempt's output is kept."""
+    url = pool.url
+    steps = 200
+    pace = 'if [ -n "$GPUPOOL_RESUME" ]; then p=0.01; else p=0.3; fi'
+    job = submit(
+        url, "ctest-a", "--kind", "training", "--gpus", "2", "--checkpoint-every", "1s", "--",
+        "sh", "-c",
+        f'{pace}; exec {SYSTEM_PY} {pool.counter} --steps {steps} --step-s "$p" --every 5',
+    )  # fmt: skip
+    wait_for(lambda: "step=20" in cli(url, "logs", str(job)).stdout, 90, "progress")
+    (victim,) = nodes_of(url, job)
+    node = pool.nodes[victim]
+    assert (pool.shared / "checkpoints" / str(job) / "counter.json").is_file()
+    assert (node.node_dir / "runs" / str(job) / "stdout.log").is_file()  # the logs are not
+    assert "step=20" in (pool.state / "jobs" / str(job) / "stdout.log").read_text()
+    os.killpg(node.proc.pid, signal.SIGKILL)  # the machine dies
+    node.proc.wait(10)
+    shutil.rmtree(node.node_dir)  # and its disk with it
+    wait_for(lambda: show(url, job)["state"] == "succeeded", 180, "the job to finish elsewhere")
+    assert show(url, job)["attempts"] >= 2 and nodes_of(url, job) != {victim}
+    log = cli(url, "logs", str(job)).stdout
+    assert "== attempt 1 ==" in log and "step=20" in log  # the first attempt's output
+    fields = result_of(log)
+    assert int(fields["result"]) == expected_result(steps) and int(fields["resumed_from"]) > 0
+    events = httpx.get(f"{url}/v1/events", params={"after": 0}).json()["events"]
+    assert any(e["kind"] == "node-lost" and victim in e["message"] for e in events)
+    pool.join(victim)  # the machine comes back: it joins the pool again
+    _back_in_the_pool(pool, victim)
+
+
+@RAY_ONLY
+def test_a_node_stopped_with_sigterm_drains_its_job_to_the_other(pool: Pool) -> None:
+    url = pool.url
+    steps = 200
+    pace = 'if [ -n "$GPUPOOL_RESUME" ]; then p=0.01; else p=0.3; fi'
+    job = submit(
+        url, "ctest-a", "--kind", "training", "--gpus", "2", "--grace", "20s", "--",
+        "sh", "-c",
+        f'{pace}; exec {SYSTEM_PY} {pool.counter} --steps {steps} --step-s "$p" --every 50',
+    )  # fmt: skip
+    wait_for(lambda: "step=10" in cli(url, "logs", str(job)).stdout, 90, "progress")
+    (leaving,) = nodes_of(url, job)
+    node = pool.nodes[leaving]
+    node.proc.send_signal(signal.SIGTERM)
+    assert node.proc.wait(90) == 0, node.log.read_text()[-2000:]
+    assert "left the cluster" in node.log.read_text()
+    wait_for(lambda: show(url, job)["state"] == "succeeded", 120, "the job to finish elsewhere")
+    assert nodes_of(url, job) != {leaving}
+    log = cli(url, "logs", str(job)).stdout
+    assert "SIGTERM: checkpoint saved" in log  # it left with its grace, not killed
+    assert int(result_of(log)["result"]) == expected_result(steps)
+    events = httpx.get(f"{url}/v1/events", params={"after": 0}).json()["events"]
+    assert any("is leaving" in e["message"] for e in events), events[-10:]
+    pool.join(leaving)
+    _back_in_the_pool(pool, leaving)
+
+
+@RAY_ONLY
+def test_join_refuses_a_second_agent_on_one_node_dir_and_bad_labels(pool: Pool) -> None:
+    busy = next(n for n in pool.nodes.values() if n.proc.poll() is None)
+    out = subprocess.run(
+        [sys.executable, "-m", "gpupool", "node", "join", pool.head, "--name", "dup",
+         "--node-dir", str(busy.node_dir), "--fake-gpus", "1xA100-80GB"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert out.returncode != 0 and "another `gpupool node join`" in out.stderr
+    out = subprocess.run(
+        [sys.executable, "-m", "gpupool", "node", "join", pool.head, "--label", "rack r1",
+         "--fake-gpus", "1xA100-80GB", "--node-dir", str(pool.root / "x")],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert out.returncode != 0 and "KEY=VALUE" in out.stderr

@@ -1,0 +1,202 @@
+"""A pool to run the live end-to-end tests on, either executor: `local` (one `gpupool serve`
+with a fake fleet, jobs contained by its in-process agent) or `ray` (a plain
+`ray start --head` on 127.0.0.1, two machines joined with `gpupool node join` on their own
+loopback addresses and node directories, and `gpupool serve --ray`). Both run as root with
+isolation on (team users, cgroups, a pids limit for batch jobs), the same teams, and
+checkpoints in a shared storage directory.
+
+The Ray pool must run in a loopback-only network namespace (tests/ray/conftest.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import containment
+from gpupool.examples import ckpt_counter
+from service_proc import Server, cli, free_port, wait_for
+
+SYSTEM_PY = "/usr/bin/python3"
+"""An interpreter a team's user can run (the test's own may live under /root)."""
+FAST_HEALTH = {
+    "RAY_health_check_initial_delay_ms": "0",
+    "RAY_health_check_period_ms": "1000",
+    "RAY_health_check_timeout_ms": "1000",
+    "RAY_health_check_failure_threshold": "3",
+}
+NODES = {"n1": "127.0.0.2", "n2": "127.0.0.3"}
+GPUS_PER_NODE = 2
+
+
+def config_text(root: Path) -> str:
+    return (
+        "teams:\n  - {name: ctest-a}\n  - {name: ctest-b}\n  - {name: web}\n"
+        "preemption: {min_runtime_s: 0}\n"
+        "autoscale: {restart_backoff_s: 2, restart_backoff_max_s: 8}\n"
+        "isolation:\n  limits:\n    defaults: {batch: {pids: 48}}\n"
+        f"storage: {{shared_dir: {root / 'shared'}}}\n"
+    )
+
+
+@dataclass
+class Joined:
+    """One `gpupool node join` process, the leader of its own process group."""
+
+    name: str
+    ip: str
+    node_dir: Path
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+
+@dataclass
+class Pool:
+    kind: str
+    """"local" or "ray"."""
+    root: Path
+    server: Server
+    counter: Path
+    """The checkpointing counter (gpupool.examples.ckpt_counter), where a team can run it."""
+    head: str = ""
+    nodes: dict[str, Joined] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    @property
+    def shared(self) -> Path:
+        return self.root / "shared"
+
+    @property
+    def state(self) -> Path:
+        return self.root / "state"
+
+    def log_copies(self, job_id: int, node: str) -> list[Path]:
+        """Where a job's stdout is kept: the server's copy, and on Ray the node's own."""
+        copies = [self.state / "jobs" / str(job_id) / "stdout.log"]
+        if node in self.nodes:
+            copies.append(self.nodes[node].node_dir / "runs" / str(job_id) / "stdout.log")
+        return copies
+
+    def join(self, name: str) -> Joined:
+        """Start `gpupool node join` for `name` (again), in its own process group."""
+        ip = NODES[name]
+        node_dir = self.root / f"node-{name}"
+        log = self.root / f"join-{name}.log"
+        cmd = [sys.executable, "-m", "gpupool", "node", "join", self.head, "--name", name]
+        cmd += ["--node-ip", ip, "--node-dir", str(node_dir)]
+        cmd += ["--fake-gpus", f"{GPUS_PER_NODE}xA100-80GB", "--num-cpus", "1"]
+        cmd += ["--drain-timeout", "60", "--label", "rack=r1"]
+        with log.open("ab") as out:
+            proc = subprocess.Popen(
+                cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        joined = Joined(name, ip, node_dir, proc, log)
+        self.nodes[name] = joined
+        return joined
+
+    def node_states(self) -> dict[str, Any]:
+        out = cli(self.url, "nodes", "--json")
+        assert out.returncode == 0, out.stderr
+        return {n["name"]: n for n in json.loads(out.stdout)["nodes"]}
+
+
+def active_nodes(head: str) -> int:
+    """How many nodes Ray counts active (`ray status`: no driver, no dashboard needed)."""
+    ray = str(Path(sys.executable).with_name("ray"))
+    out = subprocess.run(
+        [ray, "status", "--address", head], capture_output=True, text=True, timeout=60, check=False
+    )
+    lines = [x.strip() for x in out.stdout.splitlines()]
+    if "Active:" not in lines:
+        return 0
+    at, count = lines.index("Active:") + 1, 0
+    while at < len(lines) and lines[at].split(" ", 1)[-1].startswith("node_"):
+        count += int(lines[at].split()[0])
+        at += 1
+    return count
+
+
+def _root() -> Path:
+    containment.require()
+    root = Path(tempfile.mkdtemp(prefix="gpupool-pool-", dir="/tmp"))
+    root.chmod(0o711)  # the teams' users reach their job directories under it
+    (root / "state").mkdir(mode=0o711)
+    (root / "serve.yaml").write_text(config_text(root))
+    counter = root / "ckpt_counter.py"
+    shutil.copy(ckpt_counter.__file__, counter)
+    counter.chmod(0o644)
+    return root
+
+
+def _clean(root: Path, pgids: list[int]) -> None:
+    for pgid in pgids:
+        with contextlib.suppress(OSError):
+            os.killpg(pgid, signal.SIGKILL)
+    for handle in (root / "state").glob("jobs/*/handle-*.json"):
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            os.killpg(int(json.loads(handle.read_text())["pgid"]), signal.SIGKILL)
+    subprocess.run(["pkill", "-9", "-f", str(root)], check=False)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def local_pool() -> Iterator[Pool]:
+    """One `gpupool serve` with a fake fleet of 4 GPUs, isolation on."""
+    root = _root()
+    args = ("--fake-gpus", f"{2 * GPUS_PER_NODE}xA100-80GB", "--config", str(root / "serve.yaml"))
+    args += ("--auth", "none", "--cycle", "0.2", "--sample", "0.5")
+    server = Server(root / "state", *args, isolation=True)
+    pool = Pool("local", root, server, root / "ckpt_counter.py")
+    try:
+        server.start(timeout_s=60)
+        yield pool
+    finally:
+        server.stop()
+        _clean(root, [])
+
+
+@contextlib.contextmanager
+def ray_pool() -> Iterator[Pool]:
+    """A Ray head, two joined nodes of 2 GPUs each, and `gpupool serve --ray`."""
+    root = _root()
+    port = free_port()
+    head = f"127.0.0.1:{port}"
+    ray = str(Path(sys.executable).with_name("ray"))
+    head_cmd = [ray, "start", "--head", "--block", "--node-ip-address", "127.0.0.1"]
+    head_cmd += ["--port", str(port), "--num-cpus", "1", "--num-gpus", "0"]
+    head_cmd += ["--include-dashboard", "false", "--disable-usage-stats"]
+    head_cmd += ["--temp-dir", str(root / "head")]
+    env = {**os.environ, **FAST_HEALTH, "RAY_USAGE_STATS_ENABLED": "0"}
+    with (root / "head.log").open("ab") as out:
+        head_proc = subprocess.Popen(
+            head_cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+    server = Server(
+        root / "state",
+        "--config", str(root / "serve.yaml"), "--ray", head, "--ray-namespace", "gpupool-pool",
+        "--auth", "none", "--cycle", "0.2", "--sample", "0.5",
+        isolation=True,
+    )  # fmt: skip
+    pool = Pool("ray", root, server, root / "ckpt_counter.py", head=head)
+    try:
+        wait_for(lambda: active_nodes(head) >= 1, 90, "the Ray head")
+        for name in NODES:
+            pool.join(name)
+        wait_for(lambda: active_nodes(head) >= 1 + len(NODES), 120, "the nodes")
+        server.start(timeout_s=120)
+        yield pool
+    finally:
+        server.stop()
+        _clean(root, [n.proc.pid for n in pool.nodes.values()] + [head_proc.pid])
