@@ -306,3 +306,187 @@ def test_join_refuses_a_second_agent_on_one_node_dir_and_bad_labels(pool: Pool) 
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert out.returncode != 0 and "KEY=VALUE" in out.stderr
+
+
+def _fault(url: str, **body: Any) -> dict[str, Any]:
+    r = httpx.post(f"{url}/v1/admin/fake-faults", json=body, timeout=30)
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
+def test_a_failed_gpu_is_drained_and_its_job_resumes_elsewhere(pool: Pool) -> None:
+    """XID 79 on the GPU of a checkpointing job: that card alone is drained with the
+    reason, the job leaves with a checkpoint and resumes on another GPU from it."""
+    url = pool.url
+    steps = 150
+    pace = 'if [ -n "$GPUPOOL_RESUME" ]; then p=0.01; else p=0.3; fi'
+    job = submit(
+        url, "ctest-a", "--kind", "training", "--gpus", "1", "--grace", "20s",
+        "--checkpoint-every", "1s", "--", "sh", "-c",
+        f'{pace}; exec {SYSTEM_PY} {pool.counter} --steps {steps} --step-s "$p" --every 5',
+    )  # fmt: skip
+    wait_for(lambda: "step=10" in cli(url, "logs", str(job)).stdout, 90, "progress")
+    (first,) = show(url, job)["gpus"]
+    done = _fault(url, gpu=first["index"], node=first["node"], fault="xid", xid=79)
+    assert done["done"] == "XID 79"
+    wait_for(lambda: show(url, job)["state"] == "succeeded", 120, "the job to finish elsewhere")
+    (again,) = show(url, job)["gpus"]
+    assert (again["node"], again["index"]) != (first["node"], first["index"])
+    assert show(url, job)["attempts"] == 2
+    log = cli(url, "logs", str(job)).stdout
+    assert "SIGTERM: checkpoint saved" in log
+    fields = result_of(log)
+    assert int(fields["result"]) == expected_result(steps) and int(fields["resumed_from"]) > 0
+    events = httpx.get(f"{url}/v1/events", params={"after": 0}).json()["events"]
+    unhealthy = [e["message"] for e in events if e["kind"] == "gpu-unhealthy"]
+    assert any("XID 79" in m and first["node"] in m for m in unhealthy), unhealthy
+    out = [o for n in pool.node_states().values() for o in n["gpus_out"]]
+    assert len(out) == 1 and "XID 79" in out[0]["reason"], out
+    _fault(url, gpu=first["index"], node=first["node"], fault="repair")
+    wait_for(lambda: not any(n["gpus_out"] for n in pool.node_states().values()), 30, "the repair")
+
+
+def test_a_power_cap_is_applied_and_reset_on_the_right_node(pool: Pool) -> None:
+    """Offline inference is memory-bound: its GPU's SM clock is locked while it runs, on
+    its own node (no other card changes), and unlocked once it has ended."""
+    url = pool.url
+    release = pool.root / "release-offline"
+    job = submit(
+        url, "ctest-a", "--kind", "offline-inference", "--gpus", "1", "--",
+        "sh", "-c", f'i=0; while [ ! -e "{release}" ] && [ $i -lt 600 ]; do sleep 0.1; '
+        "i=$((i+1)); done",
+    )  # fmt: skip
+    wait_for(lambda: show(url, job)["state"] == "running", 90, "the job to run")
+    (gpu,) = show(url, job)["gpus"]
+
+    def clocks() -> dict[tuple[str, int], int]:
+        nodes = httpx.get(f"{url}/v1/cluster", timeout=10).json()["nodes"]
+        return {
+            (n["name"], g["index"]): int(g["sm_clock_mhz"] or 0) for n in nodes for g in n["gpus"]
+        }
+
+    top = 1980
+    here = (gpu["node"], gpu["index"])
+    wait_for(lambda: clocks()[here] < top, 30, "the clock lock")
+    assert all(mhz == top for key, mhz in clocks().items() if key != here), clocks()
+    release.touch()
+    wait_for(lambda: show(url, job)["state"] == "succeeded", 60, "the job to end")
+    wait_for(lambda: clocks()[here] == top, 30, "the reset")
+    events = httpx.get(f"{url}/v1/events", params={"after": 0}).json()["events"]
+    caps = [e["message"] for e in events if e["kind"] == "power-cap"]
+    assert len(caps) >= 2 and "applied" in caps[0] and "job left" in caps[-1], caps
+
+
+def test_an_elastic_job_lends_a_gpu_to_an_online_peak_and_gets_it_back(pool: Pool) -> None:
+    """An elastic offline job (1..2 GPUs) beside a 2-GPU blocker: an online job finds no
+    free GPU, the elastic job shrinks to 1 (checkpoints, restarts), the online job runs on
+    the GPU it gave up, and it grows back to 2 once the peak has passed; it stays
+    `running` throughout and the items it has processed never go back."""
+    url = pool.url
+    release = pool.root / "release-blocker"
+    blocker = submit(
+        url, "ctest-b", "--kind", "training", "--gpus", "2", "--",
+        "sh", "-c", f'i=0; while [ ! -e "{release}" ] && [ $i -lt 1200 ]; do sleep 0.1; '
+        "i=$((i+1)); done",
+    )  # fmt: skip
+    counter = f"exec {SYSTEM_PY} {pool.counter} --steps 100000 --step-s 0.02 --every 5"
+    elastic = submit(
+        url, "ctest-a", "--kind", "offline-inference", "--gpus", "1..2", "--grace", "20s",
+        "--", "sh", "-c", counter,
+    )  # fmt: skip
+    ckpt = pool.shared / "checkpoints" / str(elastic) / "counter.json"
+
+    def processed() -> int:
+        try:
+            return int(json.loads(ckpt.read_text())["step"])
+        except (OSError, ValueError, KeyError):
+            return 0
+
+    wait_for(
+        lambda: len(show(url, elastic)["gpus"]) == 2 and processed() > 0
+        and show(url, blocker)["state"] == "running",
+        90,
+        "the elastic job on 2 GPUs beside the blocker",
+    )  # fmt: skip
+    online = submit(
+        url, "web", "--kind", "online-inference", "--gpus", "1", "--",
+        "sh", "-c", "sleep 8; echo served",
+    )  # fmt: skip
+    counts: list[int] = []
+    last, beside = 0, False
+    deadline = time.monotonic() + 120
+    for _ in range(3000):  # bounded: at most 120 s of polls
+        if time.monotonic() > deadline:
+            break
+        job = show(url, elastic)
+        assert job["state"] == "running", job
+        done = processed()
+        assert done >= last, f"processed items went back: {last} -> {done}"
+        last = done
+        if not counts or counts[-1] != len(job["gpus"]):
+            counts.append(len(job["gpus"]))
+        state = show(url, online)["state"]
+        beside = beside or (len(job["gpus"]) == 1 and state == "running")
+        if state == "succeeded" and counts[-1] == 2 and 1 in counts:
+            break
+        time.sleep(0.2)
+    else:
+        raise AssertionError(f"polled too long: GPU counts {counts}")
+    assert beside and 1 in counts and counts[-1] == 2, counts
+    release.touch()
+    assert cli(url, "cancel", str(elastic)).returncode == 0
+    wait_for(lambda: show(url, blocker)["state"] == "succeeded", 60, "the blocker to end")
+
+
+def test_a_service_scales_out_from_measured_load(pool: Pool) -> None:
+    """A service of 1..3 replicas under 40 rps of real HTTP load (gpupool loadgen): the
+    scraper measures the load at each replica's node address, and the service scales out;
+    on Ray, with a GPU of the first replica's node taken meanwhile, the next replica runs
+    on the other node and is reached there."""
+    url = pool.url
+    made = cli(
+        url, "service", "create", "chat", "--team", "web", "--replicas", "1..3",
+        "--replica-rps", "10", "--slo-p99-ms", "500", "--grace", "5", "--",
+        SYSTEM_PY, str(pool.replica), "--slots", "2", "--ms", "20",
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+
+    def replicas() -> list[dict[str, Any]]:
+        view = httpx.get(f"{url}/v1/services/chat", timeout=10).json()
+        return [r for r in view["replicas"] if r["ready"]]
+
+    wait_for(lambda: len(replicas()) == 1, 90, "the first replica to serve")
+    (first,) = replicas()
+    release = pool.root / "release-beside"
+    beside = submit(
+        url, "ctest-b", "--kind", "batch", "--gpus", "1", "--",
+        "sh", "-c", f'i=0; while [ ! -e "{release}" ] && [ $i -lt 1200 ]; do sleep 0.1; '
+        "i=$((i+1)); done",
+    )  # fmt: skip
+    wait_for(lambda: show(url, beside)["state"] == "running", 60, "the job beside it")
+    if pool.kind == "ray":  # best fit: it took the first replica's node's other GPU
+        assert nodes_of(url, beside) == {first["node"]}
+    load = subprocess.Popen(
+        [sys.executable, "-m", "gpupool", "loadgen", "--service", "chat", "--rps", "40",
+         "--duration-s", "40", "--url", url],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        wait_for(lambda: len(replicas()) >= 2, 60, "the service to scale out")
+    finally:
+        load.kill()
+        load.wait(10)
+    ready = replicas()
+    for r in ready:
+        host = r["url"].split("//")[1].split(":")[0]
+        assert host == r["address"]
+        if pool.kind == "ray":
+            assert host == pool.nodes[r["node"]].ip  # reached at its own node's address
+        assert httpx.get(f"{r['url']}/metrics", timeout=5).status_code == 200
+    if pool.kind == "ray":
+        assert {r["node"] for r in ready} == set(pool.nodes)  # replicas on both nodes
+    shown = cli(url, "service", "show", "chat").stdout
+    assert all(r["url"] in shown for r in ready), shown
+    release.touch()
+    assert cli(url, "service", "delete", "chat").returncode == 0
+    wait_for(lambda: show(url, beside)["state"] == "succeeded", 60, "the job beside it")

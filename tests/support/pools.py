@@ -43,6 +43,8 @@ def config_text(root: Path) -> str:
         "teams:\n  - {name: ctest-a}\n  - {name: ctest-b}\n  - {name: web}\n"
         "preemption: {min_runtime_s: 0}\n"
         "autoscale: {restart_backoff_s: 2, restart_backoff_max_s: 8}\n"
+        "energy: {power_capping: true}\n"
+        "elastic: {grow_after_s: 3}\n"
         "isolation:\n  limits:\n    defaults: {batch: {pids: 48}}\n"
         f"storage: {{shared_dir: {root / 'shared'}}}\n"
     )
@@ -73,6 +75,11 @@ class Pool:
     @property
     def url(self) -> str:
         return self.server.url
+
+    @property
+    def replica(self) -> Path:
+        """A service replica a team can run (tests/support/plain_replica.py)."""
+        return self.root / "plain_replica.py"
 
     @property
     def shared(self) -> Path:
@@ -134,9 +141,9 @@ def _root() -> Path:
     root.chmod(0o711)  # the teams' users reach their job directories under it
     (root / "state").mkdir(mode=0o711)
     (root / "serve.yaml").write_text(config_text(root))
-    counter = root / "ckpt_counter.py"
-    shutil.copy(ckpt_counter.__file__, counter)
-    counter.chmod(0o644)
+    for src in (Path(ckpt_counter.__file__), Path(__file__).with_name("plain_replica.py")):
+        shutil.copy(src, root / src.name)
+        (root / src.name).chmod(0o644)
     return root
 
 

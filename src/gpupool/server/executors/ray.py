@@ -210,10 +210,11 @@ class RayExecutor:
         launcher, all in flight at once; a node that does not answer in time is left
         out (and asked again next time). `alive`: the nodes the cluster lists now (name
         -> Ray node id), asked too though no job has run there yet."""
-        for name, ray_node in (alive or {}).items():
-            self._nodes.setdefault(name, ray_node)
+        if alive is not None:  # only the listed nodes: a dead one's launcher never answers
+            for name, ray_node in alive.items():
+                self.remember_node(name, ray_node)
         asks = {}
-        for node in list(self._nodes):
+        for node in list(alive if alive is not None else self._nodes):
             with contextlib.suppress(Exception):
                 asks[node] = self._launcher(node).status.remote()
         out: dict[str, dict[str, Any]] = {}

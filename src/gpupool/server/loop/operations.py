@@ -15,7 +15,6 @@ from gpupool.errors import ConflictError, NotFoundError
 from gpupool.ports.clock.base import Clock
 from gpupool.ports.executor.base import Executor
 from gpupool.ports.telemetry.base import Telemetry
-from gpupool.ports.telemetry.fake import FakeTelemetry
 from gpupool.scheduler import Drain, Hold, Release, Requeue, Scheduler
 from gpupool.server.loop.carry_out import CarryOut
 from gpupool.server.loop.config import FleetMap, LiveConfig
@@ -171,10 +170,11 @@ class Operations:
         """Called by the API (admin): a fault on (or the repair of) a GPU of the fake fleet,
         as `gpupool nodes` numbers it (`node` where indices repeat). The next sample reads
         it and the health check acts as on a real fault. Real GPUs are refused."""
-        if not isinstance(self.telemetry, FakeTelemetry):
+        inject = getattr(self.telemetry, "inject", None)
+        if inject is None:
             raise ConflictError(
-                "the GPUs are real (or on Ray nodes): faults are injected only into the fake "
-                "fleet of `gpupool serve --fake-gpus`"
+                "the GPUs are real: faults are injected only into a fake fleet "
+                "(`gpupool serve --fake-gpus`, or Ray nodes joined with --fake-gpus)"
             )
         with self.state.lock:
             keys = [
@@ -191,7 +191,7 @@ class Operations:
             tele = self.fleet.tele_index.get((k, g))
             if tele is None:
                 raise NotFoundError(f"{where}: the telemetry does not have it")
-            done = self.telemetry.inject(tele, fault, xid=xid, count=count, problem=problem)
+            done = inject(tele, fault, xid=xid, count=count, problem=problem)
             name = self.fleet.cluster.nodes[k].name
             now = self.clock.now()
             self.store.events.add(

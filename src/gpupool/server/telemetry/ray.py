@@ -95,9 +95,16 @@ class NodeTelemetryActor:
 
     def fail_gpu(self, index: int, problem: str) -> None:
         """Inject a fault into a fake GPU (tests); a real GPU cannot be made to fail."""
+        self.inject(index, "lost", problem=problem)
+
+    def inject(
+        self, index: int, fault: str, xid: int | None = None, count: int = 1, problem: str = ""
+    ) -> str:
+        """One of the fake fleet's faults (FakeTelemetry.inject) on local GPU `index`; a
+        node with real GPUs refuses (the answer says why)."""
         if not isinstance(self._tele, FakeTelemetry):
-            raise ConflictError(f"node {self._node}: GPUs are real (NVML); cannot inject faults")
-        self._tele.fail_gpu(index, problem)
+            return f"refused: node {self._node} has real GPUs (NVML); faults cannot be injected"
+        return self._tele.inject(index, fault, xid=xid, count=count, problem=problem)
 
     def close(self) -> None:
         self._tele.close()
@@ -394,9 +401,19 @@ class RayTelemetry(Telemetry):
 
     def fail_gpu(self, index: int, problem: str = "fell off the bus (injected fault)") -> None:
         """Inject a fault into global GPU `index` of a fake node (tests)."""
+        self.inject(index, "lost", problem=problem)
+
+    def inject(
+        self, index: int, fault: str, *, xid: int | None = None, count: int = 1, problem: str = ""
+    ) -> str:
+        """A fake fault on (or the repair of) global GPU `index`, on its node's telemetry
+        actor (the admin's POST /v1/admin/fake-faults); a node with real GPUs refuses."""
         self._flush_loads()
         node, local = self._locate(index)
-        self._call(node, "fail_gpu", local, problem)
+        done: str = self._call(node, "inject", local, fault, xid, count, problem)
+        if done.startswith("refused: "):
+            raise ConflictError(done[len("refused: ") :])
+        return done
 
     def actor(self, node: str) -> Any:
         """The node's actor handle (tests and diagnostics), the loads set so far sent."""
