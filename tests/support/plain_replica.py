@@ -37,7 +37,7 @@ class Stats:
     def text(self) -> str:
         with self.lock:
             lines = [
-                "# TYPE gpupool_replica_requests counter",
+                "# TYPE gpupool_replica_requests_total counter",
                 f"gpupool_replica_requests_total {float(self.requests)}",
                 "# TYPE gpupool_replica_request_latency_seconds histogram",
             ]

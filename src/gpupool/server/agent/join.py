@@ -36,6 +36,7 @@ from gpupool.server.executors.ray_launcher import LEAVING_FILE, NODE_DIR_ENV
 from gpupool.server.executors.ray_nodes import node_resources
 
 LABEL_PREFIX = "gpupool_label_"
+RAY_DRAIN_ENV = "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"
 
 
 @dataclass(frozen=True)
@@ -157,6 +158,9 @@ class NodeJoin:
         }
         (node_dir / "node.json").write_text(json.dumps(record, indent=1), encoding="utf-8")
         env = {**os.environ, NODE_DIR_ENV: str(node_dir), "RAY_USAGE_STATS_ENABLED": "0"}
+        # gpupool has moved the node's jobs by the time it stops Ray: Ray's own drain on
+        # SIGTERM (30 s, for Ray Serve's replicas) would only delay the node's exit
+        env.setdefault(RAY_DRAIN_ENV, "0")
         argv = ray_command(opts, res)
         if shutil.which(argv[0]) is None:
             raise SpecError(
