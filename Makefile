@@ -34,22 +34,23 @@ lint: $(STAMP)
 ## test: lint, then the whole test suite. ruff first (a second); mypy runs beside the tests
 ## (its verdict counts as theirs). The main suite runs in TEST_WORKERS processes (most of its
 ## tests wait on servers and jobs; tests/conftest.py keeps the modules that share a server or
-## a simulation on one worker) at a low CPU priority. Beside it: tests/ray, in a loopback-only
+## a simulation on one worker) at a low CPU priority. Beside it: the tests marked ray_cluster
+## (tests/ray, the Ray runs of tests/e2e/test_pool_e2e.py), in a loopback-only
 ## network namespace (no port can collide with the rest; Ray's timeouts are real time, so it
 ## keeps the normal priority), then the tests marked serial (they hold latencies to a bound)
 ## one at a time at a high priority, so the main suite's load does not reach their latencies.
-## The output of mypy, tests/ray and the serial tests comes last.
+## The output of mypy, the Ray tests and the serial tests comes last.
 TEST_WORKERS ?= 4
 test: $(STAMP)
 	$(BIN)/ruff check src tests bench
 	$(BIN)/ruff format --check src tests bench
 	@out=$$(mktemp -d); \
 	$(BIN)/mypy > $$out/mypy 2>&1 & mypy=$$!; \
-	( RAY_USAGE_STATS_ENABLED=0 GPUPOOL_REQUIRE_RAY=1 unshare -n sh -c 'ip link set lo up && exec "$$@"' sh \
-		$(BIN)/pytest tests/ray > $$out/ray 2>&1; echo $$? > $$out/ray.rc; \
+	( RAY_USAGE_STATS_ENABLED=0 GPUPOOL_REQUIRE_RAY=1 GPUPOOL_REQUIRE_ISOLATION=1 unshare -n sh -c 'ip link set lo up && exec "$$@"' sh \
+		$(BIN)/pytest -m ray_cluster tests/ray tests/e2e/test_pool_e2e.py > $$out/ray 2>&1; echo $$? > $$out/ray.rc; \
 	  GPUPOOL_REQUIRE_ISOLATION=1 nice -n -10 $(BIN)/pytest --ignore=tests/ray -m serial > $$out/serial 2>&1; \
 	  echo $$? > $$out/serial.rc ) & side=$$!; \
-	GPUPOOL_REQUIRE_ISOLATION=1 nice -n 10 $(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup --ignore=tests/ray -m "not serial"; main=$$?; \
+	GPUPOOL_REQUIRE_ISOLATION=1 nice -n 10 $(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup --ignore=tests/ray -m "not serial and not ray_cluster"; main=$$?; \
 	wait $$side; wait $$mypy; mypy_rc=$$?; \
 	echo "mypy:"; cat $$out/mypy; echo "tests/ray:"; cat $$out/ray; echo "serial tests:"; cat $$out/serial; \
 	ray_rc=$$(cat $$out/ray.rc); serial_rc=$$(cat $$out/serial.rc); rm -rf $$out; \

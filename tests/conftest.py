@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import os
+import socket
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -40,6 +42,7 @@ SHARED_RUNS = {
     "test_review_scenario.py": "review-scenario",
     "test_sim_review_source.py": "sim-review-source",
     "test_thermal_placement.py": "thermal-placement",
+    "test_pool_e2e.py": "pool-e2e",
     # both read tests/support/scenario_runs.py's runs of the resource scenarios
     "test_resource_scenarios.py": "scenario-runs",
     "test_scenario_figures.py": "scenario-runs",
@@ -77,7 +80,11 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The modules (and groups) with a slow test first: the workers take tests in this
     order, and a long test started last would leave the other workers idle at the end.
-    Modules move whole: the order of a module's own tests is kept (some share state)."""
+    Modules move whole: the order of a module's own tests is kept (some share state).
+    Tests that need a Ray cluster (tests/ray, and whatever is marked `ray_cluster`) are
+    skipped outside a loopback-only network namespace, or fail the run with
+    GPUPOOL_REQUIRE_RAY=1."""
+    _ray_needs_netns(items)
 
     def unit(item: pytest.Item) -> str:
         group = _group(item.nodeid)
@@ -91,6 +98,39 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             slow.add(unit(item))
     order = {id(item): i for i, item in enumerate(items)}
     items.sort(key=lambda it: (unit(it) not in slow, first[unit(it)], order[id(it)]))
+
+
+RAY_HOW = (
+    "Ray tests need a loopback-only network namespace: RAY_USAGE_STATS_ENABLED=0 "
+    "unshare -n sh -c 'ip link set lo up && exec \"$@\"' sh .venv/bin/pytest -m ray_cluster "
+    "tests/ray tests/e2e/test_pool_e2e.py"
+)
+
+
+def _loopback_only() -> bool:
+    """Only `lo` in this process's network namespace. socket.if_nameindex() asks the
+    kernel for our own namespace; /sys/class/net would show the namespace sysfs was
+    mounted in, which `unshare -n` does not remount."""
+    try:
+        return [name for _, name in socket.if_nameindex()] == ["lo"]
+    except OSError:
+        return False
+
+
+def _ray_needs_netns(items: list[pytest.Item]) -> None:
+    ray_dir = str(Path(__file__).parent / "ray") + os.sep
+    ours = [
+        item
+        for item in items
+        if str(item.path).startswith(ray_dir) or item.get_closest_marker("ray_cluster")
+    ]
+    if not ours or _loopback_only():
+        return
+    if os.environ.get("GPUPOOL_REQUIRE_RAY") == "1":
+        why = "GPUPOOL_REQUIRE_RAY=1 but not in a loopback-only netns. "
+        raise pytest.UsageError(why + RAY_HOW)
+    for item in ours:
+        item.add_marker(pytest.mark.skip(reason=RAY_HOW))
 
 
 @pytest.fixture(scope="session")

@@ -3,7 +3,9 @@
 `gpupool node join` on 127.0.0.2 and 127.0.0.3 with their own node directories,
 `gpupool serve --ray`); both as root with isolation on and checkpoints in shared storage
 (tests/support/pools.py). The tests marked for `ray` alone are what one machine cannot
-show: a node killed with its disk, a node drained by SIGTERM, the nodes' agents."""
+show: a node killed with its disk, a node drained by SIGTERM, the nodes' agents. The `ray`
+ones are marked `ray_cluster`: `make test` runs them beside the main suite in a
+loopback-only network namespace, with tests/ray; the `local` ones in the main suite."""
 
 from __future__ import annotations
 
@@ -28,10 +30,11 @@ from launch_kills import sigkills_around_launches
 from pools import SYSTEM_PY, Pool, local_pool, ray_pool
 from service_proc import cli, wait_for
 
-RAY_ONLY = pytest.mark.parametrize("pool", ["ray"], indirect=True)
+RAY = pytest.param("ray", marks=pytest.mark.ray_cluster)
+RAY_ONLY = pytest.mark.parametrize("pool", [RAY], indirect=True)
 
 
-@pytest.fixture(scope="module", params=["local", "ray"])
+@pytest.fixture(scope="module", params=["local", RAY])
 def pool(request: pytest.FixtureRequest) -> Iterator[Pool]:
     with local_pool() if request.param == "local" else ray_pool() as made:
         yield made
