@@ -41,7 +41,6 @@ from gpupool.ports.executor.base import (
 )
 from gpupool.ports.executor.stops import ask_stop, watched
 from gpupool.server.executors.files import (
-    STDERR_LOG,
     STDOUT_LOG,
     exit_file,
     launch_file,
@@ -719,37 +718,10 @@ class RayExecutor:
             return None
         return gang_exit(job, now_s)
 
-    LOG_TAIL_LIMIT = 64 << 20
-
     def _collect_logs(self, job: RayJob, run: RayRun, ended: Mapping[str, Any] | None) -> None:
-        """Before the attempt is released, copy what the scheduler's run directory lacks
-        of the run's logs from its node (nothing on a shared filesystem, where the sizes
-        the poll reported match: then no call is made); a gang member's go to
-        ``rank-<k>/``."""
-        if job.run_dir is None:
-            return
-        if streams(run):  # what the node has beyond what was copied while it ran
-            if not run.vanished:
-                self._logs.copy([(run, job.handle.attempt)], self.LOG_TAIL_LIMIT)
-            streamed_file(run, job.handle.attempt).unlink(missing_ok=True)
-            return
-        sizes = ended.get("log_sizes") if ended is not None else None
-        for name in (STDOUT_LOG, STDERR_LOG):
-            local = run.log_dir / name
-            have = local.stat().st_size if local.is_file() else 0
-            if isinstance(sizes, dict) and int(sizes.get(name, 0)) <= have:
-                continue
-            try:
-                data: bytes = self._ray.get(
-                    run.launcher.read_log.remote(str(run.log_dir), name, have, self.LOG_TAIL_LIMIT),
-                    timeout=self._timeout,
-                )
-            except Exception:  # the node went: what was streamed is what there is
-                return
-            if data:
-                run.log_dir.mkdir(parents=True, exist_ok=True)
-                with local.open("ab") as f:
-                    f.write(data)
+        """Before the attempt is released: the rest of the run's logs from its node."""
+        if job.run_dir is not None:
+            self._logs.finish(run, job.handle.attempt, ended)
 
     def _forget(self, job_id: str) -> None:
         """The attempt's end has been seen: its launchers release its GPU claims (a dead

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpupool.server.executors.files import STDERR_LOG, STDOUT_LOG, write_json
@@ -80,3 +80,34 @@ class RunLogs:
                 grown[id(run)] = (run, attempt)
             for run, attempt in grown.values():
                 self.save(run, attempt)
+
+    TAIL_LIMIT = 64 << 20
+
+    def finish(self, run: RayRun, attempt: int, ended: Mapping[str, Any] | None) -> None:
+        """Before the attempt is released, copy what the scheduler's copy lacks of the
+        run's logs from its node: beyond what was copied while it ran (a joined node), or
+        (a node on the server's path) what the sizes its poll reported say is missing,
+        nothing on a shared filesystem, where they match; a gang member's go to
+        ``rank-<k>/``."""
+        if streams(run):
+            if not run.vanished:
+                self.copy([(run, attempt)], self.TAIL_LIMIT)
+            streamed_file(run, attempt).unlink(missing_ok=True)
+            return
+        sizes = ended.get("log_sizes") if ended is not None else None
+        for name in LOGS:
+            local = run.log_dir / name
+            have = local.stat().st_size if local.is_file() else 0
+            if isinstance(sizes, dict) and int(sizes.get(name, 0)) <= have:
+                continue
+            try:
+                data: bytes = self._ray.get(
+                    run.launcher.read_log.remote(str(run.log_dir), name, have, self.TAIL_LIMIT),
+                    timeout=self._timeout,
+                )
+            except Exception:  # the node went: what was copied is what there is
+                return
+            if data:
+                run.log_dir.mkdir(parents=True, exist_ok=True)
+                with local.open("ab") as f:
+                    f.write(data)
