@@ -1,0 +1,96 @@
+"""`gpupool node join`'s pieces without a cluster (the real joins run in
+tests/e2e/test_pool_e2e.py): what a node declares, the `ray start` it runs, its labels and
+refusals; the shared storage's section and its probe."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpupool.errors import SpecError
+from gpupool.server.agent.join import (
+    RAY_DRAIN_ENV,
+    JoinOptions,
+    inventory,
+    parse_labels,
+    ray_command,
+    resources,
+    running_jobs,
+)
+from gpupool.server.agent.storage import StorageConfig, parse_storage, prepare_shared, probe
+
+
+def options(tmp_path: Path, **kw: object) -> JoinOptions:
+    base: dict[str, object] = {"head": "10.0.0.1:6379", "name": "n7", "node_dir": tmp_path}
+    base.update(kw)
+    return JoinOptions(**base)  # type: ignore[arg-type]
+
+
+def test_a_node_declares_its_gpus_site_and_labels(tmp_path: Path) -> None:
+    model, count = inventory("4xA100-80GB")
+    assert (model, count) == ("A100-80GB", 4)
+    opts = options(tmp_path, site="east", labels={"rack": "r7"})
+    res = resources(opts, model, count)
+    assert res["gpupool_node_n7"] == 1.0 and res["gpupool_model_A100-80GB"] == 1.0
+    assert res["gpupool_site_east"] == 1.0 and res["gpupool_label_rack_r7"] == 1.0
+    assert sorted(k for k in res if k.startswith("gpupool_n7_gpu")) == [
+        f"gpupool_n7_gpu{i}" for i in range(4)
+    ]
+    argv = ray_command(options(tmp_path, node_ip="10.0.0.7", num_cpus=8), res)
+    assert argv[1:5] == ["start", "--block", "--address", "10.0.0.1:6379"]
+    assert argv[argv.index("--node-ip-address") + 1] == "10.0.0.7"
+    assert argv[argv.index("--temp-dir") + 1] == str(tmp_path.absolute() / "ray")
+    assert argv[argv.index("--num-gpus") + 1] == "0"  # gpupool places GPUs, not Ray
+    assert json.loads(argv[argv.index("--resources") + 1]) == res
+
+
+def test_mixed_models_and_bad_labels_are_refused_with_the_reason() -> None:
+    with pytest.raises(SpecError, match="one model"):
+        inventory("2xA100-80GB,2xH100-80GB")
+    assert parse_labels(["rack=r7", "zone=a-1"]) == {"rack": "r7", "zone": "a-1"}
+    for bad in ("rack", "rack=", "=r7", "rack=r 7", "rack=r/7"):
+        with pytest.raises(SpecError, match="KEY=VALUE"):
+            parse_labels([bad])
+
+
+def test_running_jobs_are_the_agents_records_whose_shim_lives(tmp_path: Path) -> None:
+    agent = tmp_path / "agent"
+    agent.mkdir()
+    me = os.getpid()
+    ticks = int(Path(f"/proc/{me}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    (agent / "job-7.json").write_text(json.dumps({"job_id": "7", "pid": me, "ticks": ticks}))
+    (agent / "job-8.json").write_text(json.dumps({"job_id": "8", "pid": me, "ticks": ticks + 1}))
+    assert running_jobs(tmp_path) == ["7"]
+
+
+@pytest.mark.skipif(Path("/dev/nvidiactl").exists(), reason="this machine has NVIDIA GPUs")
+def test_join_without_gpus_says_how_to_try_it(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "gpupool", "node", "join", "127.0.0.1:1", "--node-dir",
+         str(tmp_path)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert out.returncode != 0
+    assert "--fake-gpus 4xA100-80GB" in out.stderr, out.stderr
+    assert RAY_DRAIN_ENV == "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"
+
+
+def test_the_storage_section_and_its_probe(tmp_path: Path) -> None:
+    assert parse_storage(None, "f.yaml") == StorageConfig()
+    shared = parse_storage({"shared_dir": str(tmp_path)}, "f.yaml")
+    assert shared.checkpoint_dir(12) == tmp_path / "checkpoints" / "12"
+    for bad in ({"shared_dir": "relative/dir"}, {"shared_dir": 3}, {"nfs": "/x"}):
+        with pytest.raises(SpecError):
+            parse_storage(bad, "f.yaml")
+    prepare_shared(tmp_path)
+    assert (tmp_path / "checkpoints").stat().st_mode & 0o777 == 0o711
+    assert probe(tmp_path, "n1") == ""
+    assert list((tmp_path / ".gpupool-probe").iterdir()) == []  # it cleans up
+    (tmp_path / "file").touch()  # a path below a file can never be written
+    missing = probe(tmp_path / "file" / "below", "n1")
+    assert "cannot write and read the shared storage" in missing and "mount it" in missing
