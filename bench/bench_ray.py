@@ -24,12 +24,25 @@ default rate (0.5/s) measures one launch at a time; `--rate 20 --tag burst` subm
 200 jobs within 10 s, so cycles launch several at once (`launch_many`: one `start_many`
 call per node's launcher, all in flight before any is awaited).
 
+Containment (`--contain`, the default when run as root, as `gpupool serve` contains jobs
+then; `--no-contain` to measure without): the RayExecutor is built as `gpupool serve --ray`
+builds it with isolation on, AgentSettings(contain=True, log_max_bytes=...) and an enabled
+`Isolation` creating team users, so each node's launcher starts every attempt in its own
+cgroup (`cgroups.detect()` on the node), as the team's Unix user (gpupool-bench), logs
+capped. The state directory is secured as serve does (`Isolation.secure_state`: 0711, the
+run directories reachable by the job's user); the jobs run `--job-python` (default
+/usr/bin/python3, which any user can run; the same in both modes) and write their marks
+into a 0o1777 directory under /tmp. Results record whether containment was on, the cgroup
+hierarchy, how many jobs ran as the team's user (owner of its mark file) and how many
+attempts had a cgroup (their launch records).
+
 Ray probes an outside address, so this runs only in a loopback-only network namespace:
 
     RAY_USAGE_STATS_ENABLED=0 unshare -n sh -c 'ip link set lo up && exec "$@"' sh \\
         .venv/bin/python bench/bench_ray.py
 
-Writes bench/results/ray.json and ray.md (ray-TAG.* with --tag).
+Writes bench/results/ray.json and ray.md (ray-TAG.* with --tag), with `-contained` at the
+end of the name when containment is on (ray-contained.*, ray-burst-contained.*).
 """
 
 from __future__ import annotations
@@ -284,6 +297,7 @@ def submit_all(
     marks: Path,
     tag: str,
     on_tick: Callable[[int], None],
+    python: str,
 ) -> dict[int, tuple[float, float, Path]]:
     """POST `count` jobs at `rate` per second: job id -> (submit time, answered, mark file)."""
     out: dict[int, tuple[float, float, Path]] = {}
@@ -294,7 +308,7 @@ def submit_all(
             time.sleep(wait)
         mark = marks / f"{tag}-{i}"
         body = {
-            "command": [sys.executable, "-S", "-c", JOB_CODE, str(mark)],
+            "command": [python, "-S", "-c", JOB_CODE, str(mark)],
             "team": "bench",
             "kind": "offline-inference",
             "gpus": 1,
@@ -331,16 +345,58 @@ def wait_done(
         time.sleep(0.2)
 
 
-def python_startup_ms(n: int = 20) -> float:
+def python_startup_ms(python: str, n: int = 20) -> float:
     """`python -S -c pass` alone, median, for reference."""
     import subprocess
 
     times = []
     for _ in range(n):
         t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-S", "-c", "pass"], check=True)
+        subprocess.run([python, "-S", "-c", "pass"], check=True)
         times.append(time.perf_counter() - t0)
     return round(1000 * float(np.median(times)), 1)
+
+
+def containment_setup(contain: bool) -> tuple[Any, Any, dict[str, Any]]:
+    """The RayExecutor's `agent` and `isolation` arguments as `gpupool serve --ray` builds
+    them (main._ray_live), and what the results say of them."""
+    from gpupool.server.executors.ray_launcher import AgentSettings
+    from gpupool.server.isolation import cgroups as cg
+    from gpupool.server.isolation.containment import Isolation, IsolationConfig
+
+    if not contain:
+        return AgentSettings(), None, {"on": False}
+    isolation = Isolation(IsolationConfig(enabled=True, create_users=True))
+    agent = AgentSettings(contain=True, log_max_bytes=isolation.log_max_bytes)
+    cgroups, note = cg.detect()  # what each node's launcher finds (all on this machine)
+    return (
+        agent,
+        isolation,
+        {
+            "on": True,
+            "how": "AgentSettings(contain=True) + Isolation(enabled, create_users): "
+            "each attempt in its own cgroup, run as the team's user, logs capped",
+            "cgroups": note,
+            "cgroup_version": cgroups.version if cgroups is not None else None,
+            "log_max_bytes": isolation.log_max_bytes,
+        },
+    )
+
+
+def contained_counts(
+    jobs: dict[int, tuple[float, float, Path]], run_dir: Callable[[int], Path]
+) -> tuple[list[int], int]:
+    """The owner of each job's mark file (the user it ran as) and how many attempts had a
+    cgroup (the launch record the node's launcher wrote in the run directory: all nodes
+    are on this machine)."""
+    uids = [m.stat().st_uid for _, _, m in jobs.values()]
+    with_cgroup = 0
+    for job_id in jobs:
+        for f in run_dir(job_id).glob("launch-*.json"):
+            with contextlib.suppress(OSError, ValueError):
+                if json.loads(f.read_text()).get("cgroup"):
+                    with_cgroup += 1
+    return uids, with_cgroup
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -351,15 +407,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from gpupool.ports.clock.base import SystemClock
     from gpupool.server.api.app import create_app
     from gpupool.server.executors.ray import RayExecutor
+    from gpupool.server.isolation.containment import sqlite_file
     from gpupool.server.loop.config import LIVE_DEFAULTS, LiveConfig
     from gpupool.server.loop.driver import ray_service
     from gpupool.server.store import Store, database_url
 
+    agent, isolation, contained = containment_setup(args.contain)
     pgids: list[int] = []
+    umask = os.umask(0o022)
+    os.umask(umask)
     with tempfile.TemporaryDirectory(prefix="gpupool-bench-ray-") as tmp_s:
         tmp = Path(tmp_s)
         marks = tmp / "marks"
         marks.mkdir()
+        if isolation is not None:  # the team's user reaches its run directory, writes marks
+            os.chmod(tmp, 0o711)
+            os.chmod(marks, 0o1777)
         print(f"starting Ray {ray.__version__}: head + a1, a2, h1 with {args.gpus} GPUs each")
         t_cluster = time.perf_counter()
         with ray_cluster(args.gpus) as ids:
@@ -375,9 +438,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 ),
                 host="ray",
             )
-            live = ray_service(
-                config, store, SystemClock(), executor=RayExecutor(ids, namespace="gpupool-bench")
-            )
+            executor = RayExecutor(ids, namespace="gpupool-bench", agent=agent, isolation=isolation)
+            live = ray_service(config, store, SystemClock(), executor=executor)
+            if isolation is not None:  # as `gpupool serve` does before any job starts
+                isolation.secure_state(
+                    config.state_dir, live.jobs_dir, sqlite_file(database_url(None, tmp / "db"))
+                )
             probes = Probes(live)
             api = ApiServer(create_app(live, store, auth=False))
             live.start()
@@ -386,7 +452,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             all_jobs: dict[int, tuple[float, float, Path]] = {}
             try:
                 print(f"API on {api.url}; warm-up: {args.warmup} jobs")
-                warm = submit_all(client, api.url, args.warmup, 1.0, marks, "warm", lambda _: None)
+                warm = submit_all(
+                    client,
+                    api.url,
+                    args.warmup,
+                    1.0,
+                    marks,
+                    "warm",
+                    lambda _: None,
+                    args.job_python,
+                )
                 all_jobs.update(warm)
                 wait_done(store, warm, 120, "warm-up")
                 n_cycles, n_steps = len(probes.cycles), len(probes.steps)
@@ -399,7 +474,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     if i % 25 == 0:
                         print(f"  submitted {i}/{args.jobs}  [{loadavg()}]")
 
-                jobs = submit_all(client, api.url, args.jobs, args.rate, marks, "job", tick)
+                jobs = submit_all(
+                    client, api.url, args.jobs, args.rate, marks, "job", tick, args.job_python
+                )
                 submit_span = max(t for t, _, _ in jobs.values()) - min(
                     t for t, _, _ in jobs.values()
                 )
@@ -423,6 +500,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             rows = {j: store.jobs.get(j) for j in jobs}
             store.close()
         print("Ray cluster stopped")
+        os.umask(umask)  # secure_state set 0o077 for this process; the results are public
+        uids, with_cgroup = contained_counts(jobs, config.run_dir)
+        contained["jobs_run_as_uid"] = {str(u): uids.count(u) for u in sorted(set(uids))}
+        contained["attempts_with_cgroup"] = with_cgroup
+        if isolation is not None:
+            user = isolation.user_for("bench")
+            contained["team_user"] = f"{user.name} (uid {user.uid})"
 
         # ---- latency and its parts
         total, api_rt, to_step, in_step, launch, to_first = [], [], [], [], [], []
@@ -460,6 +544,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         results: dict[str, Any] = {
             "machine": describe(),
             "ray": ray.__version__,
+            "containment": contained,
             "load_average": {"before": load_before, "after": load_after},
             "layout": {
                 "head": "no GPUs, num_cpus=1",
@@ -474,7 +559,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "submit_span_s": round(submit_span, 2),
                 "free_gpus": 3 * args.gpus,
                 "gpus_per_job": 1,
-                "command": f"{sys.executable} -S -c {JOB_CODE!r} <file>",
+                "command": f"{args.job_python} -S -c {JOB_CODE!r} <file>",
                 "via": "POST /v1/jobs over HTTP (uvicorn on 127.0.0.1, same process as the loop)",
                 "store": "SQLite",
                 "cycle_s": config.cycle_s,
@@ -495,7 +580,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "launch_return_to_process_start (shim + job start-up)": stats(to_first),
                 },
                 "warmup_first_launches": [round(1000 * x, 1) for x in warm_lat],
-                "python_S_startup_alone": python_startup_ms(),
+                "python_S_startup_alone": python_startup_ms(args.job_python),
             },
             "cpu": {
                 "scheduler_cycle_per_decision_us": {
@@ -535,15 +620,34 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         return results
 
 
+def contained_line(c: dict[str, Any]) -> str:
+    if not c.get("on"):
+        return (
+            "**Containment off** (`--no-contain`): the node launchers start each job as Ray's "
+            f"user (root here), no cgroup, logs uncapped; jobs by uid: {c.get('jobs_run_as_uid')}."
+        )
+    return (
+        f"**Containment on** (`--contain`, as `gpupool serve` as root): {c['how']}. Cgroups: "
+        f"{c['cgroups']} (version {c['cgroup_version']}); log cap {c['log_max_bytes']} bytes; "
+        f"team user {c.get('team_user')}. Measured jobs by uid (owner of the file each "
+        f"wrote): {c.get('jobs_run_as_uid')}; attempts with a cgroup in their launch record: "
+        f"{c.get('attempts_with_cgroup')}."
+    )
+
+
 def markdown(r: dict[str, Any]) -> str:
     m, w, lat, cpu = r["machine"], r["workload"], r["latency_ms"], r["cpu"]
+    contained = r.get("containment", {"on": False})
     cyc = cpu["scheduler_cycle_per_decision_us"]
 
     def row(name: str, s: dict[str, float]) -> str:
         return f"| {name} | {s['p50']} | {s['p90']} | {s['p99']} | {s['max']} | {s['mean']} |"
 
     lines = [
-        "# Live service on Ray: submit to process start, scheduler CPU",
+        "# Live service on Ray: submit to process start, scheduler CPU"
+        + (" (jobs contained)" if contained.get("on") else " (jobs not contained)"),
+        "",
+        contained_line(contained),
         "",
         f"Ray {r['ray']} on {m['cpu']} ({m['cores']} cores, {m['memory_gib']} GiB), "
         f"Python {m['python']}. Load average before / after the measured run: "
@@ -611,7 +715,8 @@ def markdown(r: dict[str, Any]) -> str:
         "",
         "Reproduce: `RAY_USAGE_STATS_ENABLED=0 unshare -n sh -c 'ip link set lo up && exec "
         f'"$@"\' sh .venv/bin/python bench/bench_ray.py --rate {w["rate_per_s"]:g}'
-        + (f" --tag {r['tag']}`" if r.get("tag") else "`"),
+        + (f" --tag {r['tag']}" if r.get("tag") else "")
+        + (" --contain`" if contained.get("on") else " --no-contain`"),
         "",
     ]
     return "\n".join(lines)
@@ -625,6 +730,18 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=6)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     parser.add_argument("--tag", default="", help="results go to ray-TAG.json / .md")
+    parser.add_argument(
+        "--contain",
+        action=argparse.BooleanOptionalAction,
+        default=os.geteuid() == 0,
+        help="contain the jobs as `gpupool serve` does as root (cgroup per attempt, the "
+        "team's user, log cap); default: on when run as root",
+    )
+    parser.add_argument(
+        "--job-python",
+        default="/usr/bin/python3",
+        help="the jobs' interpreter (any user must be able to run it)",
+    )
     args = parser.parse_args()
     if not loopback_only():
         print(HOW, file=sys.stderr)
@@ -637,7 +754,7 @@ def main() -> int:
         return 130
     args.out.mkdir(parents=True, exist_ok=True)
     results["tag"] = args.tag
-    stem = f"ray-{args.tag}" if args.tag else "ray"
+    stem = (f"ray-{args.tag}" if args.tag else "ray") + ("-contained" if args.contain else "")
     (args.out / f"{stem}.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
     (args.out / f"{stem}.md").write_text(markdown(results), encoding="utf-8")
     print(json.dumps(results["latency_ms"], indent=2))

@@ -505,6 +505,26 @@ def test_priming_moves_nothing_and_a_launch_primes(tmp_path: Path) -> None:
     assert wait_exit(ex).outcome == "succeeded"
 
 
+def test_a_ray_node_launcher_primes_its_cgroups_when_asked_to_start() -> None:
+    """The warm launcher on a Ray node primes its cgroups on a helper thread as a
+    start_many call comes in (the grace period overlaps the shims' start); uncontained,
+    nothing. (Built without Ray: only its containment matters here.)"""
+    from gpupool.server.agent.start import Containment
+    from gpupool.server.executors.ray_launcher import NodeLauncher
+
+    fake = FakeCgroups()
+    launcher = NodeLauncher.__new__(NodeLauncher)
+    launcher._containment = Containment(fake)
+    launcher._priming = None
+    assert launcher.start_many([]) == []
+    wait_until(lambda: fake.primed == 1, what="the launcher's prime")
+    bare = NodeLauncher.__new__(NodeLauncher)
+    bare._containment = Containment(None)
+    bare._priming = None
+    assert bare.start_many([]) == []
+    assert bare._priming is None
+
+
 def test_fake_cgroups_follow_what_was_added() -> None:
     fake = FakeCgroups()
     fake.create("gpupool/x", Limits(pids=5), None)

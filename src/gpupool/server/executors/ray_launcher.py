@@ -163,6 +163,7 @@ class NodeLauncher:
             self._nice = None
         self._children: dict[int, subprocess.Popen[bytes]] = {}
         self._lock = threading.Lock()
+        self._priming: threading.Thread | None = None
 
     # ---- what it is
     def info(self) -> dict[str, Any]:
@@ -227,7 +228,21 @@ class NodeLauncher:
             if now is not None and now.decode() != fence[1]:
                 why = "a newer scheduler took over this cluster; this start came from an older one"
                 return [{"error": f"on node {self._node}: {why}"} for _ in launches]
+        self._prime()
         return [self._start(launch) for launch in launches]
+
+    def _prime(self) -> None:
+        """Contained: the first move of a shim into its cgroup after a quiet spell waits
+        out the kernel's grace period (Cgroups.prime); that wait starts now on a helper
+        thread, as LocalExecutor.expect_launch does, so it overlaps the shim's start, the
+        directories and the cgroup's creation. At most one at a time."""
+        cgroups = self._containment.cgroups
+        if cgroups is None or (self._priming is not None and self._priming.is_alive()):
+            return
+        self._priming = threading.Thread(
+            target=cgroups.prime, name="gpupool-cgroup-prime", daemon=True
+        )
+        self._priming.start()
 
     def _start(self, launch: ShimStart) -> dict[str, Any]:
         spec, key = launch.spec, member_key(launch.spec.job_id, launch.rank)
