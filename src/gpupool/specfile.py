@@ -7,9 +7,25 @@ bound to the file's path, so every error names the file, the key and what to cha
 from __future__ import annotations
 
 from collections.abc import Mapping, Set
+from pathlib import Path
 from typing import Any
 
+import yaml
+
 from gpupool.errors import SpecError
+
+
+def config_section(path: Path | None, section: str) -> Any:
+    """The `section:` of a `gpupool serve --config` file as YAML gave it; None where there
+    is no file, no such section, or the file cannot be read or parsed (the service's own
+    config loader reports what is wrong with the file, once)."""
+    if path is None:
+        return None
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return None
+    return raw.get(section) if isinstance(raw, dict) else None
 
 
 class SpecReader:

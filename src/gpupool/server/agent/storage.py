@@ -23,10 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from gpupool.errors import SpecError
-from gpupool.specfile import SpecReader
+from gpupool.specfile import SpecReader, config_section
 
 SECTION = "storage"
 KEYS = frozenset({"shared_dir"})
@@ -64,13 +62,7 @@ def parse_storage(raw: Any, path: str) -> StorageConfig:
 
 def load_storage(path: Path | None) -> StorageConfig:
     """The `storage:` section of the --config file (defaults when absent)."""
-    if path is None:
-        return StorageConfig()
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError):
-        return StorageConfig()  # load_service_config reports what is wrong with the file
-    return parse_storage(raw.get(SECTION) if isinstance(raw, dict) else None, str(path))
+    return parse_storage(config_section(path, SECTION), str(path))
 
 
 def prepare_shared(shared_dir: Path) -> None:

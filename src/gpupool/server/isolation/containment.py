@@ -35,13 +35,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-import yaml
-
 from gpupool.domain.model import JobKind
 from gpupool.errors import SpecError, Unavailable
 from gpupool.ports.executor.base import JobUser, Limits
 from gpupool.server.executors.files import DEFAULT_LOG_MAX_BYTES
-from gpupool.specfile import SpecReader
+from gpupool.specfile import SpecReader, config_section
 
 SECTION = "isolation"
 USER_PREFIX = "gpupool-"
@@ -117,13 +115,7 @@ def parse_isolation(raw: Any, source: str) -> IsolationConfig:
 
 def load_isolation(path: Path | None) -> IsolationConfig:
     """The `isolation:` section of the `--config` file (defaults when absent)."""
-    if path is None:
-        return IsolationConfig()
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError):
-        return IsolationConfig()  # load_service_config reports what is wrong with the file
-    return parse_isolation(raw.get(SECTION) if isinstance(raw, dict) else None, str(path))
+    return parse_isolation(config_section(path, SECTION), str(path))
 
 
 def user_name_for(team: str) -> str:

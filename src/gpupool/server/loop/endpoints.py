@@ -25,11 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from gpupool.errors import SpecError
 from gpupool.server.telemetry.replica_load import Endpoint
-from gpupool.specfile import SpecReader
+from gpupool.specfile import SpecReader, config_section
 
 SECTION = "network"
 KEYS = frozenset({"node_address", "replica_ports"})
@@ -95,13 +93,7 @@ def parse_network(raw: Any, path: str) -> NetworkConfig:
 
 def load_network(path: Path | None) -> NetworkConfig:
     """The `network:` section of the --config file (defaults when absent)."""
-    if path is None:
-        return NetworkConfig()
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError):
-        return NetworkConfig()  # load_service_config reports what is wrong with the file
-    return parse_network(raw.get(SECTION) if isinstance(raw, dict) else None, str(path))
+    return parse_network(config_section(path, SECTION), str(path))
 
 
 def _family(host: str) -> socket.AddressFamily:

@@ -24,8 +24,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-import yaml
-
 from gpupool.domain.lifecycle import JobState
 from gpupool.energy.tariff import load_tariff
 from gpupool.errors import SpecError
@@ -33,7 +31,7 @@ from gpupool.ports.telemetry.base import GpuSample
 from gpupool.server.loop.diskspace import DiskFloor, DiskProbe
 from gpupool.server.store import FleetGpu, GpuMinute, ServiceMinute, Store
 from gpupool.server.telemetry.replica_load import Measured
-from gpupool.specfile import SpecReader
+from gpupool.specfile import SpecReader, config_section
 
 if TYPE_CHECKING:
     from gpupool.domain.model import Cluster
@@ -105,13 +103,7 @@ def parse_history(raw: Any, path: str) -> HistoryConfig:
 
 def load_history(path: Path | None) -> HistoryConfig:
     """The `history:` section of the --config file (defaults when absent)."""
-    if path is None:
-        return HistoryConfig()
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError):
-        return HistoryConfig()  # load_service_config reports what is wrong with the file
-    return parse_history(raw.get(SECTION) if isinstance(raw, dict) else None, str(path))
+    return parse_history(config_section(path, SECTION), str(path))
 
 
 @dataclass

@@ -18,10 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-import yaml
-
 from gpupool.errors import SpecError
 from gpupool.ports.telemetry.base import GpuSample
+from gpupool.specfile import config_section
 
 KEY: Final = "telemetry_miss_limit"
 """The --config file's top-level key (beside the scheduling keys)."""
@@ -75,10 +74,4 @@ def parse_miss_limit(value: Any, path: str) -> int:
 
 def load_miss_limit(path: Path | None) -> int:
     """The --config file's `telemetry_miss_limit:` (the default when absent)."""
-    if path is None:
-        return DEFAULT_MISS_LIMIT
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError):
-        return DEFAULT_MISS_LIMIT  # load_service_config reports what is wrong with the file
-    return parse_miss_limit(raw.get(KEY) if isinstance(raw, dict) else None, str(path))
+    return parse_miss_limit(config_section(path, KEY), str(path))
