@@ -57,6 +57,17 @@ def nodes_of(url: str, job_id: int) -> set[str]:
     return {g["node"] for g in show(url, job_id)["gpus"]}
 
 
+def submit_counter(pool: Pool, steps: int, gpus: int, every: int, *flags: str) -> int:
+    """Team a's checkpointing counter (training): 0.3 s a step on its first attempt, so a
+    loaded host cannot see it finish before the test stops it, 0.01 s once resumed."""
+    pace = 'if [ -n "$GPUPOOL_RESUME" ]; then p=0.01; else p=0.3; fi'
+    run = f'{pace}; exec {SYSTEM_PY} {pool.counter} --steps {steps} --step-s "$p" --every {every}'
+    return submit(
+        pool.url, "ctest-a", "--kind", "training", "--gpus", str(gpus), *flags,
+        "--", "sh", "-c", run,
+    )  # fmt: skip
+
+
 def result_of(log: str) -> dict[str, str]:
     last = [x for x in log.splitlines() if x.startswith("result=")][-1]
     return dict(kv.split("=") for kv in last.split())
@@ -240,12 +251,7 @@ def test_a_killed_node_loses_nothing_its_checkpointing_job_needs(pool: Pool) -> 
     on the other node from its last checkpoint, and the first attempt's output is kept."""
     url = pool.url
     steps = 200
-    pace = 'if [ -n "$GPUPOOL_RESUME" ]; then p=0.01; else p=0.3; fi'
-    job = submit(
-        url, "ctest-a", "--kind", "training", "--gpus", "2", "--checkpoint-every", "1s", "--",
-        "sh", "-c",
-        f'{pace}; exec {SYSTEM_PY} {pool.counter} --steps {steps} --step-s "$p" --every 5',
-    )  # fmt: skip
+    job = submit_counter(pool, steps, 2, 5, "--checkpoint-every", "1s")
     wait_for(lambda: "step=20" in cli(url, "logs", str(job)).stdout, 90, "progress")
     (victim,) = nodes_of(url, job)
     node = pool.nodes[victim]
@@ -271,12 +277,7 @@ def test_a_killed_node_loses_nothing_its_checkpointing_job_needs(pool: Pool) -> 
 def test_a_node_stopped_with_sigterm_drains_its_job_to_the_other(pool: Pool) -> None:
     url = pool.url
     steps = 200
-    pace = 'if [ -n "$GPUPOOL_RESUME" ]; then p=0.01; else p=0.3; fi'
-    job = submit(
-        url, "ctest-a", "--kind", "training", "--gpus", "2", "--grace", "20s", "--",
-        "sh", "-c",
-        f'{pace}; exec {SYSTEM_PY} {pool.counter} --steps {steps} --step-s "$p" --every 50',
-    )  # fmt: skip
+    job = submit_counter(pool, steps, 2, 50, "--grace", "20s")
     wait_for(lambda: "step=10" in cli(url, "logs", str(job)).stdout, 90, "progress")
     (leaving,) = nodes_of(url, job)
     node = pool.nodes[leaving]
@@ -322,12 +323,7 @@ def test_a_failed_gpu_is_drained_and_its_job_resumes_elsewhere(pool: Pool) -> No
     reason, the job leaves with a checkpoint and resumes on another GPU from it."""
     url = pool.url
     steps = 150
-    pace = 'if [ -n "$GPUPOOL_RESUME" ]; then p=0.01; else p=0.3; fi'
-    job = submit(
-        url, "ctest-a", "--kind", "training", "--gpus", "1", "--grace", "20s",
-        "--checkpoint-every", "1s", "--", "sh", "-c",
-        f'{pace}; exec {SYSTEM_PY} {pool.counter} --steps {steps} --step-s "$p" --every 5',
-    )  # fmt: skip
+    job = submit_counter(pool, steps, 1, 5, "--grace", "20s", "--checkpoint-every", "1s")
     wait_for(lambda: "step=10" in cli(url, "logs", str(job)).stdout, 90, "progress")
     (first,) = show(url, job)["gpus"]
     done = _fault(url, gpu=first["index"], node=first["node"], fault="xid", xid=79)
