@@ -27,7 +27,7 @@ import pytest
 
 from gpupool.examples.ckpt_counter import expected_result
 from launch_kills import sigkills_around_launches
-from pools import SYSTEM_PY, Pool, local_pool, ray_pool
+from pools import STATE_DISK_MIB, SYSTEM_PY, Pool, fill, local_pool, ray_pool
 from service_proc import cli, wait_for
 
 RAY = pytest.param("ray", marks=pytest.mark.ray_cluster)
@@ -489,3 +489,22 @@ def test_a_service_scales_out_from_measured_load(pool: Pool) -> None:
     release.touch()
     assert cli(url, "service", "delete", "chat").returncode == 0
     wait_for(lambda: show(url, beside)["state"] == "succeeded", 60, "the job beside it")
+
+
+def test_a_submit_on_a_full_disk_is_refused_with_the_reason(pool: Pool) -> None:
+    """The server's state disk full: `gpupool submit` is refused (507) with what to do,
+    never a 500, the server lives on, and once space is freed submissions go through."""
+    url = pool.url
+    filler = fill(pool.state, STATE_DISK_MIB)
+    try:
+        out = cli(url, "submit", "--team", "ctest-a", "--", "true")
+        assert out.returncode != 0, out.stdout
+        assert "no disk space left" in out.stderr and "free space" in out.stderr, out.stderr
+        assert "Traceback" not in out.stderr
+        raw = httpx.post(f"{url}/v1/jobs", json={"command": ["true"], "team": "ctest-a"})
+        assert raw.status_code == 507, raw.text
+        assert httpx.get(f"{url}/healthz", timeout=10).status_code in (200, 503)
+    finally:
+        filler.unlink()
+    job = submit(url, "ctest-a", "--", "true")
+    wait_for(lambda: show(url, job)["state"] == "succeeded", 60, "a job once space is freed")

@@ -36,6 +36,31 @@ FAST_HEALTH = {
 }
 NODES = {"n1": "127.0.0.2", "n2": "127.0.0.3"}
 GPUS_PER_NODE = 2
+STATE_DISK_MIB = 160
+"""The server's state directory is a tmpfs of this size (root only)."""
+
+
+def fill(disk: Path, size_mib: int) -> Path:
+    """Write a file until `disk` (of `size_mib` MiB) has no space left; returns it (delete
+    it to free the space)."""
+    filler = disk / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        block = b"\0" * 65536
+        for _ in range(size_mib * 16 + 16):  # bounded: more blocks than the disk holds
+            os.write(fd, block)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    shrink = 16
+    while shrink:  # down to the last bytes: a write of a few KiB no longer fits
+        try:
+            with filler.open("ab") as f:
+                f.write(b"\0" * (1024 * shrink))
+        except OSError:
+            shrink //= 2
+    return filler
 
 
 def config_text(root: Path) -> str:
@@ -140,6 +165,9 @@ def _root() -> Path:
     root = Path(tempfile.mkdtemp(prefix="gpupool-pool-", dir="/tmp"))
     root.chmod(0o711)  # the teams' users reach their job directories under it
     (root / "state").mkdir(mode=0o711)
+    # the server's state on a disk of its own, small enough to fill (a full-disk test)
+    opts = f"size={STATE_DISK_MIB}m,mode=0711"
+    subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(root / "state")], check=True)
     (root / "serve.yaml").write_text(config_text(root))
     for src in (Path(ckpt_counter.__file__), Path(__file__).with_name("plain_replica.py")):
         shutil.copy(src, root / src.name)
@@ -155,6 +183,7 @@ def _clean(root: Path, pgids: list[int]) -> None:
         with contextlib.suppress(OSError, ValueError, KeyError):
             os.killpg(int(json.loads(handle.read_text())["pgid"]), signal.SIGKILL)
     subprocess.run(["pkill", "-9", "-f", str(root)], check=False)
+    subprocess.run(["umount", "-l", str(root / "state")], check=False)
     shutil.rmtree(root, ignore_errors=True)
 
 

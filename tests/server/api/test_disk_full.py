@@ -22,6 +22,7 @@ from gpupool.server.api.app import create_app
 from gpupool.server.loop.config import LiveConfig
 from gpupool.server.loop.driver import LiveService
 from gpupool.server.store import Store, database_url, out_of_space
+from pools import fill as fill_disk
 from service_proc import Server, cli
 
 SIZE_MIB = 24
@@ -47,25 +48,7 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
 
 
 def fill(disk: Path) -> Path:
-    """Writes a file until the disk has no space left; returns it (delete it to free)."""
-    filler = disk / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
-    try:
-        block = b"\0" * 65536
-        for _ in range(SIZE_MIB * 16 + 16):  # bounded: more blocks than the disk holds
-            os.write(fd, block)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-    shrink = 16
-    while shrink:  # down to the last bytes: a write of a few KiB no longer fits
-        try:
-            with filler.open("ab") as f:
-                f.write(b"\0" * (1024 * shrink))
-        except OSError:
-            shrink //= 2
-    return filler
+    return fill_disk(disk, SIZE_MIB)
 
 
 def test_out_of_space_is_told_apart_from_other_database_errors() -> None:

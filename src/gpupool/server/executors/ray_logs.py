@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from gpupool.server.executors.files import STDERR_LOG, STDOUT_LOG, write_json
@@ -23,6 +24,29 @@ def offsets(raw: Any) -> dict[str, int]:
     if not isinstance(raw, dict):
         return {}
     return {str(k): int(v) for k, v in raw.items() if isinstance(v, int)}
+
+
+def _append(path: Path, data: bytes) -> bool:
+    """Append all of `data` to `path`, or (the server's disk is full or failing) nothing:
+    a partial write is cut back, so the copy never holds half a chunk."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("ab", buffering=0) as f:
+            start = f.tell()
+            left = memoryview(data)
+            try:
+                while left:
+                    wrote = f.write(left) or 0
+                    if wrote <= 0:
+                        raise OSError("no progress writing the log copy")
+                    left = left[wrote:]
+            except OSError:
+                with contextlib.suppress(OSError):
+                    f.truncate(start)
+                return False
+    except OSError:
+        return False
+    return True
 
 
 class RunLogs:
@@ -71,11 +95,8 @@ class RunLogs:
             pairs = [(run, a, name) for run, a in by_node[node] for name in LOGS]
             grown: dict[int, tuple[RayRun, int]] = {}
             for (run, attempt, name), data in zip(pairs, chunks, strict=True):
-                if not data:
-                    continue
-                run.log_dir.mkdir(parents=True, exist_ok=True)
-                with (run.log_dir / name).open("ab") as f:
-                    f.write(data)
+                if not data or not _append(run.log_dir / name, data):
+                    continue  # nothing new, or no room here: copied again next time
                 run.streamed[name] = run.streamed.get(name, 0) + len(data)
                 grown[id(run)] = (run, attempt)
             for run, attempt in grown.values():
@@ -108,6 +129,4 @@ class RunLogs:
             except Exception:  # the node went: what was copied is what there is
                 return
             if data:
-                run.log_dir.mkdir(parents=True, exist_ok=True)
-                with local.open("ab") as f:
-                    f.write(data)
+                _append(local, data)
