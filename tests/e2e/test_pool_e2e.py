@@ -508,3 +508,38 @@ def test_a_submit_on_a_full_disk_is_refused_with_the_reason(pool: Pool) -> None:
         filler.unlink()
     job = submit(url, "ctest-a", "--", "true")
     wait_for(lambda: show(url, job)["state"] == "succeeded", 60, "a job once space is freed")
+
+
+@RAY_ONLY
+def test_a_machine_joining_under_load_joins_the_pool(pool: Pool) -> None:
+    """A third machine joins (`gpupool node join`) while a job runs: the server, whose fleet
+    is read at start, restarts itself in place to add it; the running job is adopted, not
+    started again; the new node takes work; then it leaves (SIGTERM) and is out again."""
+    url = pool.url
+    job = submit_counter(pool, 400, 2, 5, "--checkpoint-every", "1s")
+    wait_for(lambda: "step=5" in cli(url, "logs", str(job)).stdout, 90, "progress")
+    pid = pool.server.proc.pid if pool.server.proc is not None else 0
+    joined = pool.join("n3")
+
+    def n3_up() -> bool:
+        out = cli(url, "nodes", "--json")
+        if out.returncode != 0:  # the server is restarting
+            return False
+        nodes = json.loads(out.stdout)["nodes"]
+        return any(n["name"] == "n3" and n["state"] == "up" for n in nodes)
+
+    wait_for(n3_up, 180, "n3 in the pool")
+    assert pool.server.proc is not None and pool.server.proc.pid == pid  # restarted in place
+    again = show(url, job)
+    assert again["state"] == "running" and again["attempts"] == 1, again  # adopted
+    events = httpx.get(f"{url}/v1/events", params={"after": 0}).json()["events"]
+    assert any(e["kind"] == "node-joined" and "n3" in e["message"] for e in events)
+    work = [submit(url, "ctest-b", "--gpus", "2", "--", "sh", "-c", "sleep 3") for _ in range(2)]
+    for j in work:
+        wait_for(lambda j=j: show(url, j)["state"] == "succeeded", 90, f"job {j}")
+    assert "n3" in nodes_of(url, work[0]) | nodes_of(url, work[1])
+    joined.proc.send_signal(signal.SIGTERM)
+    assert joined.proc.wait(90) == 0, joined.log.read_text()[-2000:]
+    del pool.nodes["n3"]
+    wait_for(lambda: pool.node_states()["n3"]["state"] != "up", 60, "n3 out of the pool")
+    assert cli(url, "cancel", str(job)).returncode == 0

@@ -35,6 +35,9 @@ FAST_HEALTH = {
     "RAY_health_check_failure_threshold": "3",
 }
 NODES = {"n1": "127.0.0.2", "n2": "127.0.0.3"}
+"""The machines the Ray pool starts with."""
+LATER = {"n3": "127.0.0.4"}
+"""A machine a test joins while the pool runs."""
 GPUS_PER_NODE = 2
 STATE_DISK_MIB = 160
 """The server's state directory is a tmpfs of this size (root only)."""
@@ -123,7 +126,7 @@ class Pool:
 
     def join(self, name: str) -> Joined:
         """Start `gpupool node join` for `name` (again), in its own process group."""
-        ip = NODES[name]
+        ip = {**NODES, **LATER}[name]
         node_dir = self.root / f"node-{name}"
         log = self.root / f"join-{name}.log"
         cmd = [sys.executable, "-m", "gpupool", "node", "join", self.head, "--name", name]

@@ -394,6 +394,16 @@ def serve(opts: ServeOptions) -> int:
     held: list[LiveService] = []
     apps: list[Any] = []
     stopping = threading.Event()
+    restart = threading.Event()
+
+    def restart_for(nodes: list[str]) -> None:
+        """Nodes joined that the fleet does not have: stop serving (the jobs run on), then
+        start again in place (`restart_in_place`), which adopts them with the new fleet."""
+        if restart.is_set():
+            return
+        restart.set()
+        print(f"gpupool: node(s) {', '.join(nodes)} joined: restarting to add them", flush=True)
+        os.kill(os.getpid(), signal.SIGINT)  # uvicorn stops as on Ctrl-C
 
     def take_over() -> Any:
         """Build the live service (recovering from the database), start its loop."""
@@ -402,6 +412,8 @@ def serve(opts: ServeOptions) -> int:
             state_dir, live.jobs_dir, sqlite_file(database_url(opts.db, state_dir))
         )
         live.on_lease_lost = _exit_on_lease_loss
+        if opts.ray is not None:
+            live.nodes.on_new_nodes = restart_for
         _announce(opts, live, url, state_dir)
         if opts.demo:
             submit_demo(store)
@@ -467,7 +479,17 @@ def serve(opts: ServeOptions) -> int:
 
             ray.shutdown()
         lease.release()
+    if restart.is_set():
+        restart_in_place()
     return 0
+
+
+def restart_in_place() -> None:
+    """The same `gpupool serve` command again, in this process (its pid, so a supervisor
+    sees no exit): it recovers from the database and adopts the running jobs."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, "-m", "gpupool", *sys.argv[1:]])
 
 
 def _check_loop_flags(opts: ServeOptions) -> None:

@@ -445,7 +445,8 @@ def ray_service(
         )
 
     def probe() -> dict[str, str]:
-        return {n.name: n.ray_node_id for n in ray_nodes()}
+        """The live gpupool nodes (with GPUs, as the fleet above takes them)."""
+        return {n.name: n.ray_node_id for n in ray_nodes() if n.gpu_count > 0 and n.model}
 
     return LiveService(
         config,

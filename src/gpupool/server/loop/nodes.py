@@ -52,6 +52,11 @@ class Nodes:
         self.cloud = cloud
         self.gone: dict[str, tuple[str | None, float]] = {}
         """Nodes the probe or a lost job took out: (their id then, None if unlisted; when)."""
+        self.on_new_nodes: Callable[[list[str]], None] | None = None
+        """Called (from the loop thread) with the nodes the cluster lists that the fleet
+        does not have (joined since the server started): `gpupool serve` restarts itself
+        in place to add them (running jobs are adopted)."""
+        self.new_nodes: list[str] = []
         self.agents: dict[str, dict[str, Any]] = {}
         """What each node's agent said last (on Ray): see `ask_agents`."""
         self.bad_gpus: dict[tuple[int, int], str] = {}
@@ -71,6 +76,22 @@ class Nodes:
         except Exception as err:  # e.g. the Ray GCS is unreachable for a while
             self.state.loop_error = f"cannot list the live nodes: {err}"
             return None
+
+    def _check_new(self, alive: dict[str, str], now: float) -> None:
+        """Nodes the cluster lists that the fleet does not have: said once, and handed to
+        `on_new_nodes`."""
+        known = {n.name for n in self.fleet.cluster.nodes}
+        new = sorted(set(alive) - known)
+        if not new or new == self.new_nodes:
+            return
+        self.new_nodes = new
+        why = (
+            f"node(s) {', '.join(new)} joined the cluster; the fleet is read at start, so the "
+            "server restarts itself to add them (running jobs are adopted)"
+        )
+        self.store.events.add("node-joined", why, now, data={"nodes": new})
+        if self.on_new_nodes is not None:
+            self.on_new_nodes(new)
 
     def ask_agents(self, alive: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
         """Each node's agent (on Ray, its launcher: leaving, storage check, records, how
@@ -124,6 +145,7 @@ class Nodes:
         if alive is None:
             return
         self.ask_agents(alive)
+        self._check_new(alive, now)
         for node in self.fleet.cluster.nodes:
             name, now_id = node.name, alive.get(node.name)
             held_out = self.agent_reason(name)
