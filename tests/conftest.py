@@ -42,7 +42,6 @@ SHARED_RUNS = {
     "test_review_scenario.py": "review-scenario",
     "test_sim_review_source.py": "sim-review-source",
     "test_thermal_placement.py": "thermal-placement",
-    "test_pool_e2e.py": "pool-e2e",
     # both read tests/support/scenario_runs.py's runs of the resource scenarios
     "test_resource_scenarios.py": "scenario-runs",
     "test_scenario_figures.py": "scenario-runs",

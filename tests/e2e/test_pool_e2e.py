@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -84,7 +85,7 @@ while not os.path.exists(sys.argv[1]):
 
 HOSTILE = """\
 import json, os, signal, subprocess, sys
-a_ckpt, a_pid, a_logs = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+a_ckpt, a_pid, escape_s, a_logs = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4:]
 tried = {}
 try:
     open(os.path.join(a_ckpt, 'secret')).read(); tried['read checkpoint'] = 'allowed'
@@ -110,7 +111,7 @@ for c in children:
     c.kill(); c.wait()
 tried['forked'] = forked
 # an escaped child: its own session, still running when the job ends
-subprocess.Popen(['setsid', 'sleep', '301'], start_new_session=True)
+subprocess.Popen(['setsid', 'sleep', escape_s], start_new_session=True)
 print(json.dumps({'tried': tried, 'user': os.environ.get('USER')}), flush=True)
 """
 
@@ -159,9 +160,10 @@ def test_jobs_run_contained_as_their_teams(pool: Pool) -> None:
     a_pid = _pid_of(str(release))
     logs = [str(p) for p in pool.log_copies(a, node_a)]
     assert all(Path(p).is_file() for p in logs)
+    escape_s = str(300 + zlib.crc32(str(pool.root).encode()) % 1000)  # this pool's alone
     b = submit(
         url, "ctest-b", "--kind", "batch", "--gpus", "1", "--",
-        SYSTEM_PY, "-c", HOSTILE, str(ckpt_a), str(a_pid), *logs,
+        SYSTEM_PY, "-c", HOSTILE, str(ckpt_a), str(a_pid), escape_s, *logs,
     )  # fmt: skip
     wait_for(lambda: show(url, b)["state"] in ("succeeded", "failed"), 90, "team b's job")
     assert show(url, b)["state"] == "succeeded", cli(url, "logs", str(b)).stdout
@@ -174,8 +176,8 @@ def test_jobs_run_contained_as_their_teams(pool: Pool) -> None:
         **{f"read log {k}": "denied" for k in range(len(logs))},
     }
     assert 0 < tried["forked"] < 48  # the pids limit of batch jobs stopped the fork loop
-    # the escaped `setsid sleep 301` was killed with its job, before the job was "ended"
-    assert not _process_running(["sleep", "301"])
+    # the escaped `setsid sleep` was killed with its job, before the job was "ended"
+    assert not _process_running(["sleep", escape_s])
     assert show(url, a)["state"] == "running"
     release.touch()
     wait_for(lambda: show(url, a)["state"] == "succeeded", 60, "team a's job to finish")

@@ -1,6 +1,6 @@
 """What the one core decides, carried out by a real `gpupool serve` process on a fake fleet:
-a quota window, the online reserve, price deferral, a power cap and its reset, a hot GPU
-avoided, and a configuration refused at start. The scheduler's clock is started at a
+a quota window, the online reserve, price deferral, a hot GPU avoided, and a configuration
+refused at start (a power cap and its reset, on both executors: tests/e2e/test_pool_e2e.py). The scheduler's clock is started at a
 chosen moment (--clock-start) so a night window or a cheap hour is now."""
 
 from __future__ import annotations
@@ -160,36 +160,6 @@ def test_a_deadline_job_is_deferred_to_the_cheap_hour_and_starts_before_its_dead
     wait_for(lambda: state(srv.url, job) == "running", 30, "the start in the cheap hour")
     started = float(show(srv.url, job)["started_at"])
     assert at("2037-12-02T00:00:00") <= started <= deadline - 600
-
-
-CAPPED = """\
-teams: [{name: ml}]
-energy: {power_capping: true}
-"""
-
-
-def test_a_power_cap_is_applied_and_reset(serve: Any) -> None:
-    """Offline inference is memory-bound: its GPU's SM clock is locked while it runs and
-    unlocked once it has ended (the cluster view shows the fake GPU's clock)."""
-    srv = serve(CAPPED, "--fake-gpus", "2xA100-80GB")
-    job = submit(srv.url, "--team", "ml", "--kind", "offline-inference", command=QUICK)
-    wait_for(lambda: state(srv.url, job) == "running", 20, "the job to run")
-    (gpu,) = [g["index"] for g in show(srv.url, job)["gpus"]]
-
-    def clock_mhz() -> int:
-        cluster = httpx.get(f"{srv.url}/v1/cluster", timeout=10).json()
-        return int(
-            next(g for n in cluster["nodes"] for g in n["gpus"] if g["index"] == gpu)[
-                "sm_clock_mhz"
-            ]
-        )
-
-    top = 1980
-    wait_for(lambda: clock_mhz() < top, 20, "the clock lock")
-    wait_for(lambda: state(srv.url, job) == "succeeded", 30, "the job to end")
-    wait_for(lambda: clock_mhz() == top, 20, "the reset")
-    caps = [e["message"] for e in events(srv.url) if e["kind"] == "power-cap"]
-    assert len(caps) >= 2 and "applied" in caps[0] and "job left" in caps[-1], caps
 
 
 HOT = """\

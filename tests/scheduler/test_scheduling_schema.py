@@ -205,7 +205,12 @@ def test_unknown_key_is_refused_naming_it_and_the_allowed_ones(tmp_path: Path) -
     message = str(info.value)
     assert message.startswith(f"{path}: top level: unknown key(s) polcy; allowed: ")
     assert message.endswith(
-        ", ".join(sorted(SCHEDULING_KEYS | {"history", "isolation", "telemetry_miss_limit"}))
+        ", ".join(
+            sorted(
+                SCHEDULING_KEYS
+                | {"history", "isolation", "network", "storage", "telemetry_miss_limit"}
+            )
+        )
     )
 
 

@@ -200,7 +200,8 @@ def test_replicas_follow_a_ramp_and_keep_the_slo(tmp_path: Path) -> None:
         assert running and int(running.group(1)) >= 1, shown
         assert rps and float(rps.group(1)) >= 0.0, shown
         assert p99 and float(p99.group(1)) < SLO_MS, shown
-        assert re.search(r"chat-r\d+\s+running\s+\S+\s+\d+\s+\d+\s+[\d.]+\s+\d+", shown), shown
+        row = r"chat-r\d+\s+running\s+\S+\s+\d+\s+http://127\.0\.0\.1:\d+\s+[\d.]+\s+\d+"
+        assert re.search(row, shown), shown
         print(table)
         print(log)
         print(shown)

@@ -173,8 +173,8 @@ class Operations:
         inject = getattr(self.telemetry, "inject", None)
         if inject is None:
             raise ConflictError(
-                "the GPUs are real: faults are injected only into a fake fleet "
-                "(`gpupool serve --fake-gpus`, or Ray nodes joined with --fake-gpus)"
+                "the GPUs are real: faults are injected only into the fake fleet of "
+                "`gpupool serve --fake-gpus` (or of Ray nodes joined with --fake-gpus)"
             )
         with self.state.lock:
             keys = [
