@@ -1,7 +1,8 @@
 """What the one core decides, carried out by a real `gpupool serve` process on a fake fleet:
 a quota window, the online reserve, price deferral, a hot GPU avoided, and a configuration
-refused at start (a power cap and its reset, on both executors: tests/e2e/test_pool_e2e.py). The scheduler's clock is started at a
-chosen moment (--clock-start) so a night window or a cheap hour is now."""
+refused at start (a power cap and its reset, on both executors: tests/e2e/test_pool_e2e.py).
+The scheduler's clock is started at a chosen moment (--clock-start) so a night window or a
+cheap hour is now."""
 
 from __future__ import annotations
 
