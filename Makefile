@@ -40,7 +40,7 @@ lint: $(STAMP)
 ## keeps the normal priority), then the tests marked serial (they hold latencies to a bound)
 ## one at a time at a high priority, so the main suite's load does not reach their latencies.
 ## The output of mypy, the Ray tests and the serial tests comes last.
-TEST_WORKERS ?= 6
+TEST_WORKERS ?= 4
 test: $(STAMP)
 	$(BIN)/ruff check src tests bench
 	$(BIN)/ruff format --check src tests bench
