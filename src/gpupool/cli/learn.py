@@ -26,12 +26,10 @@ from gpupool.cli.output import emit
 from gpupool.cli.table import render
 from gpupool.cli.verbs import HELP
 from gpupool.errors import SpecError
-from gpupool.learning.config import LearningConfig
-from gpupool.learning.guard import GuardConfig
-from gpupool.learning.ordering import LasQueues
 
 if TYPE_CHECKING:
     from gpupool.client import Client
+    from gpupool.learning.config import LearningConfig
 
 DEFAULT_DAYS = 14.0
 
@@ -67,6 +65,12 @@ def add_learn_parser(sub: Any, conn: argparse.ArgumentParser, as_json: Any) -> N
 # ---- the replay ----------------------------------------------------------------------------
 def learning_config_of(body: Mapping[str, Any]) -> LearningConfig:
     """The server's learning section from its JSON (GET /v1/learn's `config`)."""
+    # imported here: NumPy and the learner load only for the learn commands, not for every
+    # `gpupool ls` (this module's parser is built with the other client commands)
+    from gpupool.learning.config import LearningConfig
+    from gpupool.learning.guard import GuardConfig
+    from gpupool.learning.ordering import LasQueues
+
     fields = dict(body)
     guard = GuardConfig(**dict(fields.pop("guard", {})))
     las_body = dict(fields.pop("las", {}))
