@@ -21,6 +21,7 @@ from gpupool.server.agent.join import (
     ray_command,
     resources,
     running_jobs,
+    unreleased_jobs,
 )
 from gpupool.server.agent.storage import StorageConfig, parse_storage, prepare_shared, probe
 
@@ -66,6 +67,10 @@ def test_running_jobs_are_the_agents_records_whose_shim_lives(tmp_path: Path) ->
     (agent / "job-7.json").write_text(json.dumps({"job_id": "7", "pid": me, "ticks": ticks}))
     (agent / "job-8.json").write_text(json.dumps({"job_id": "8", "pid": me, "ticks": ticks + 1}))
     assert running_jobs(tmp_path) == ["7"]
+    # job 8's shim has ended, but the server has not yet released it (copied its output)
+    assert unreleased_jobs(tmp_path) == ["7", "8"]
+    (agent / "job-8.json").unlink()  # released
+    assert unreleased_jobs(tmp_path) == ["7"]
 
 
 @pytest.mark.skipif(Path("/dev/nvidiactl").exists(), reason="this machine has NVIDIA GPUs")

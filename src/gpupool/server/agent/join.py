@@ -8,7 +8,8 @@ like `slurmd`. The Ray processes it starts stay in its process group: SIGKILL to
 is the machine's death (the shims' fences then kill its jobs). SIGTERM or SIGINT drains
 it: the node says it is leaving (a `leaving` file the agent reports to the server, which
 preempts its jobs with their grace and requeues them from their checkpoint elsewhere),
-waits until none of its jobs runs (at most `drain_timeout_s`), then stops Ray and exits 0.
+waits until none of its jobs runs (at most `drain_timeout_s`) and the server has collected
+their last output (at most `HANDOVER_S` more), then stops Ray and exits 0.
 """
 
 from __future__ import annotations
@@ -37,6 +38,10 @@ from gpupool.server.executors.ray_nodes import node_resources
 
 LABEL_PREFIX = "gpupool_label_"
 RAY_DRAIN_ENV = "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"
+HANDOVER_S = 15.0
+"""How long a drained node waits, once its jobs have ended, for the server to collect their
+last output (it polls every cycle: a second or two); a server that is down does not keep
+the machine longer than this."""
 
 
 @dataclass(frozen=True)
@@ -106,6 +111,17 @@ def ray_command(opts: JoinOptions, res: Mapping[str, float]) -> list[str]:
     if opts.num_cpus is not None:
         argv += ["--num-cpus", str(opts.num_cpus)]
     return argv
+
+
+def unreleased_jobs(node_dir: Path) -> list[str]:
+    """The jobs (and gang members) whose attempts the server has not yet seen end: their
+    records stay until it has copied their last output and released their GPUs."""
+    out = []
+    for path in sorted((node_dir / "agent").glob("job-*.json")):
+        entry = read_json(path)
+        if entry:
+            out.append(str(entry.get("job_id", path.stem[4:])))
+    return out
 
 
 def running_jobs(node_dir: Path) -> list[str]:
@@ -203,6 +219,11 @@ class NodeJoin:
                 f"gpupool node {self.opts.name}: {len(left)} job(s) still ran after "
                 f"{self.opts.drain_timeout_s:.0f} s ({', '.join(left)}); they die with the node"
             )
+        # The server's last look: it copies each ended attempt's output from this node and
+        # then releases it (its record goes). Leaving first would take that output along.
+        handover = time.monotonic() + HANDOVER_S
+        while time.monotonic() < handover and proc.poll() is None and unreleased_jobs(node_dir):
+            time.sleep(0.2)
         self.stop_ray()
         self.say(f"gpupool node {self.opts.name}: left the cluster")
         return 0
