@@ -38,7 +38,8 @@ lint: $(STAMP)
 ## (tests/ray, the Ray runs of tests/e2e/test_pool_e2e.py), in a loopback-only
 ## network namespace (no port can collide with the rest; Ray's timeouts are real time, so it
 ## keeps the normal priority), then the tests marked serial (they hold latencies to a bound)
-## one at a time at a high priority, so the main suite's load does not reach their latencies.
+## one at a time at a high priority, so the main suite's load does not reach their latencies
+## (only the files that mark a test serial are collected).
 ## The output of mypy, the Ray tests and the serial tests comes last.
 TEST_WORKERS ?= 4
 test: $(STAMP)
@@ -48,7 +49,7 @@ test: $(STAMP)
 	$(BIN)/mypy > $$out/mypy 2>&1 & mypy=$$!; \
 	( RAY_USAGE_STATS_ENABLED=0 GPUPOOL_REQUIRE_RAY=1 GPUPOOL_REQUIRE_ISOLATION=1 unshare -n sh -c 'ip link set lo up && exec "$$@"' sh \
 		$(BIN)/pytest -m ray_cluster tests/ray tests/e2e/test_pool_e2e.py > $$out/ray 2>&1; echo $$? > $$out/ray.rc; \
-	  GPUPOOL_REQUIRE_ISOLATION=1 nice -n -10 $(BIN)/pytest --ignore=tests/ray -m serial > $$out/serial 2>&1; \
+	  GPUPOOL_REQUIRE_ISOLATION=1 nice -n -10 $(BIN)/pytest -m serial $$(grep -rl --include='test_*.py' 'mark.serial' tests) > $$out/serial 2>&1; \
 	  echo $$? > $$out/serial.rc ) & side=$$!; \
 	GPUPOOL_REQUIRE_ISOLATION=1 nice -n 10 $(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup --ignore=tests/ray -m "not serial and not ray_cluster"; main=$$?; \
 	wait $$side; wait $$mypy; mypy_rc=$$?; \

@@ -11,11 +11,10 @@ import json
 import sys
 from pathlib import Path
 
-import httpx
 import pytest
 
 from gpupool.examples.ckpt_counter import expected_result
-from service_proc import Server, cli, paced_counter, wait_for
+from service_proc import HTTP, Server, cli, paced_counter, wait_for
 
 CONFIG = """\
 teams:
@@ -113,10 +112,10 @@ def test_preempted_training_resumes_from_its_checkpoint(server: Server) -> None:
     assert int(fields["resumed_from"]) > 0  # it resumed from its checkpoint, not from 0
     assert "SIGTERM: checkpoint saved" in log
     # the event stream and the metrics saw it all
-    events = httpx.get(f"{url}/v1/events", params={"after": 0}).json()["events"]
+    events = HTTP.get(f"{url}/v1/events", params={"after": 0}).json()["events"]
     kinds = [e["kind"] for e in events if e["job_id"] == train]
     assert kinds.count("running") == 2 and "preempting" in kinds and "succeeded" in kinds
-    metrics = httpx.get(f"{url}/metrics").text
+    metrics = HTTP.get(f"{url}/metrics").text
     assert 'gpupool_jobs{kind="training",state="succeeded",team="research"} 1.0' in metrics
     assert "DCGM_FI_DEV_GPU_UTIL" in metrics
 

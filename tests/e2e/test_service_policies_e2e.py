@@ -14,10 +14,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
-from service_proc import ROOT, Server, cli, wait_for
+from service_proc import HTTP, ROOT, Server, cli, wait_for
 
 SLEEP = [sys.executable, "-c", "import time; time.sleep(300)"]
 QUICK = [sys.executable, "-c", "import time; time.sleep(6)"]
@@ -52,13 +51,13 @@ def serve(tmp_path: Path) -> Iterator[Any]:
     yield start
     for srv in started:  # the jobs' processes outlive the server: cancel them first
         if srv.proc is not None and srv.proc.poll() is None:
-            for job in httpx.get(f"{srv.url}/v1/jobs", timeout=10).json()["jobs"]:
+            for job in HTTP.get(f"{srv.url}/v1/jobs", timeout=10).json()["jobs"]:
                 if job["state"] in ("pending", "running", "preempting", "suspended"):
-                    httpx.post(f"{srv.url}/v1/jobs/{job['id']}/cancel", timeout=10)
+                    HTTP.post(f"{srv.url}/v1/jobs/{job['id']}/cancel", timeout=10)
             wait_for(
                 lambda srv=srv: all(
                     j["state"] in ("succeeded", "failed", "cancelled")
-                    for j in httpx.get(f"{srv.url}/v1/jobs", timeout=10).json()["jobs"]
+                    for j in HTTP.get(f"{srv.url}/v1/jobs", timeout=10).json()["jobs"]
                 ),
                 30,
                 "the jobs to end",
@@ -75,7 +74,7 @@ def submit(url: str, *args: str, command: list[str] = SLEEP) -> int:
 
 def show(url: str, job_id: int) -> dict[str, Any]:
     """What `gpupool show --json` prints (read over HTTP: polled many times)."""
-    job: dict[str, Any] = httpx.get(f"{url}/v1/jobs/{job_id}", timeout=10).json()
+    job: dict[str, Any] = HTTP.get(f"{url}/v1/jobs/{job_id}", timeout=10).json()
     return job
 
 
@@ -84,7 +83,7 @@ def state(url: str, job_id: int) -> str:
 
 
 def events(url: str) -> list[dict[str, Any]]:
-    body = httpx.get(f"{url}/v1/events", params={"after": 0, "wait": 0}, timeout=10).json()
+    body = HTTP.get(f"{url}/v1/events", params={"after": 0, "wait": 0}, timeout=10).json()
     return list(body["events"])
 
 

@@ -8,10 +8,9 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
-from service_proc import Server, cli, wait_for
+from service_proc import HTTP, Server, cli, wait_for
 
 SLEEP = [sys.executable, "-c", "import time; time.sleep(120)"]
 
@@ -27,13 +26,13 @@ def server(tmp_path: Path) -> Iterator[Server]:
 
 def _submit(url: str, gpus: int, priority: str) -> int:
     body = {"command": SLEEP, "team": "ml", "gpus": gpus, "priority": priority}
-    r = httpx.post(f"{url}/v1/jobs", json=body, timeout=10.0)
+    r = HTTP.post(f"{url}/v1/jobs", json=body, timeout=10.0)
     assert r.status_code == 201, r.text
     return int(r.json()["id"])
 
 
 def _job(url: str, job_id: int) -> dict[str, object]:
-    r = httpx.get(f"{url}/v1/jobs/{job_id}", timeout=10.0)
+    r = HTTP.get(f"{url}/v1/jobs/{job_id}", timeout=10.0)
     assert r.status_code == 200, r.text
     job: dict[str, object] = r.json()
     return job

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import httpx
 import pytest
 
 from gpupool.domain.lifecycle import JobState
@@ -25,7 +24,7 @@ from gpupool.scheduler.scheduler import Scheduler
 from gpupool.sizing.catalog import load_catalog
 from gpupool.sizing.planner import PlanRequest
 from gpupool.sizing.shapes import get_shape
-from service_proc import Server, cli, wait_for
+from service_proc import HTTP, Server, cli, wait_for
 
 CATALOG = load_catalog()
 
@@ -181,7 +180,7 @@ def test_a_sized_job_gets_its_count_on_its_kinds_type_and_its_plan_in_the_note()
 # ---- live: a real `gpupool serve` -----------------------------------------------------------
 def _show(url: str, job_id: int) -> dict[str, object]:
     """The job as the API returns it (what `gpupool show --json` prints)."""
-    shown: dict[str, object] = httpx.get(f"{url}/v1/jobs/{job_id}", timeout=10).json()
+    shown: dict[str, object] = HTTP.get(f"{url}/v1/jobs/{job_id}", timeout=10).json()
     return shown
 
 
@@ -214,6 +213,6 @@ def test_live_a_job_without_a_gpu_model_starts_on_the_idle_h100(tmp_path: Path) 
         text = cli(url, "show", str(job_id)).stdout
         assert "GPU type    H100: A100-80GB preferred (cheapest) but busy, H100 idle" in text
         for j in (busy_id, job_id):
-            httpx.post(f"{url}/v1/jobs/{j}/cancel", timeout=10)
+            HTTP.post(f"{url}/v1/jobs/{j}/cancel", timeout=10)
     finally:
         srv.stop()

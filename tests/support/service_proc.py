@@ -25,6 +25,12 @@ another worker, or any socket the kernel numbers itself, is handed meanwhile."""
 _cursor: list[int] = []
 
 
+HTTP = httpx.Client(timeout=5.0, verify=False, limits=httpx.Limits(max_keepalive_connections=0))
+"""Plain-http requests to the servers under test, through one client built once: each
+`httpx.get` builds a TLS context first (40 ms of CPU, for nothing on http). No connection is
+kept: servers die and come back on the same port."""
+
+
 def free_port() -> int:
     """A loopback port free now, for a server the test starts next. Alone the kernel picks
     it; under xdist (PYTEST_XDIST_WORKER=gwN) it comes from the worker's own range, starting
@@ -122,7 +128,7 @@ class Server:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited: {self.log.read_text()}")
             try:
-                if httpx.get(f"{self.url}/healthz", timeout=1.0).status_code == 200:
+                if HTTP.get(f"{self.url}/healthz", timeout=1.0).status_code == 200:
                     return self
             except httpx.HTTPError:
                 pass
@@ -158,11 +164,15 @@ def cli(url: str, *args: str, timeout_s: float = 30.0) -> subprocess.CompletedPr
 
 
 def wait_for(predicate: object, timeout_s: float, what: str) -> None:
+    """Poll `predicate` until it holds, for at most `timeout_s`. Between polls it waits 0.2 s,
+    or twice what the last poll took (a `gpupool` command is a process of a third of a CPU
+    second): polling keeps to a third of a core, so the suite's parallel tests get the rest."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
+        began = time.monotonic()
         if predicate():  # type: ignore[operator]
             return
-        time.sleep(0.2)
+        time.sleep(min(max(0.2, 2 * (time.monotonic() - began)), 1.0))
     raise AssertionError(f"timed out waiting for {what}")
 
 

@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from browser import chromium, screenshot, watch
-from service_proc import Server, wait_for
+from service_proc import HTTP, Server, wait_for
 
 pytestmark = pytest.mark.slow  # ~30 s: a server, a replica and a browser
 
@@ -56,7 +56,7 @@ class Live:
     waiting_job: int
 
     def get(self, path: str, **params: Any) -> Any:
-        r = httpx.get(f"{self.server.url}{path}", params=params, headers=_auth(self.admin))
+        r = HTTP.get(f"{self.server.url}{path}", params=params, headers=_auth(self.admin))
         r.raise_for_status()
         return r.json()
 
@@ -73,7 +73,7 @@ def _job(url: str, token: str, team: str) -> int:
         "gpu_model": "A100-80GB",
         "grace_s": 1,
     }
-    r = httpx.post(f"{url}/v1/jobs", json=body, headers=_auth(token))
+    r = HTTP.post(f"{url}/v1/jobs", json=body, headers=_auth(token))
     assert r.status_code == 201, r.text
     return int(r.json()["id"])
 
@@ -103,7 +103,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
         url = server.url
         team_tokens = {}
         for team in ("alpha", "beta"):
-            r = httpx.post(
+            r = HTTP.post(
                 f"{url}/v1/tokens",
                 json={"name": f"{team}-bot", "team": team},
                 headers=_auth(admin),
@@ -113,7 +113,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
         alpha_job = _job(url, team_tokens["alpha"], "alpha")
         beta_job = _job(url, team_tokens["beta"], "beta")
         waiting_job = _job(url, team_tokens["beta"], "beta")
-        made = httpx.post(
+        made = HTTP.post(
             f"{url}/v1/services",
             json={
                 "name": "chat",
@@ -154,15 +154,15 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
         live.nodes = [n["name"] for n in live.get("/v1/cluster")["nodes"]]
         yield live
     finally:
-        for j in httpx.get(f"{server.url}/v1/jobs", headers=_auth(admin)).json()["jobs"]:
+        for j in HTTP.get(f"{server.url}/v1/jobs", headers=_auth(admin)).json()["jobs"]:
             if j["state"] in ("pending", "running", "suspended") and j["service"] is None:
-                httpx.post(f"{server.url}/v1/jobs/{j['id']}/cancel", headers=_auth(admin))
-        httpx.delete(f"{server.url}/v1/services/chat", headers=_auth(admin))
+                HTTP.post(f"{server.url}/v1/jobs/{j['id']}/cancel", headers=_auth(admin))
+        HTTP.delete(f"{server.url}/v1/services/chat", headers=_auth(admin))
         try:
             wait_for(
                 lambda: all(
                     j["state"] in ("cancelled", "failed", "succeeded")
-                    for j in httpx.get(f"{server.url}/v1/jobs", headers=_auth(admin)).json()["jobs"]
+                    for j in HTTP.get(f"{server.url}/v1/jobs", headers=_auth(admin)).json()["jobs"]
                 ),
                 20,
                 "the jobs and the replica to stop",
@@ -257,7 +257,7 @@ def test_every_panel_shows_the_pool_to_the_admin(live: Live, browser: Any) -> No
         assert "submitted" in history and "running" in history, history
 
         # it refreshes itself: a job submitted now appears without a reload
-        r = httpx.post(
+        r = HTTP.post(
             f"{live.server.url}/v1/jobs",
             json={"command": ["true"], "name": "late-arrival", "team": "web", "gpus": 0},
             headers=_auth(live.admin),

@@ -11,7 +11,6 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 from fastapi.testclient import TestClient
 
@@ -23,7 +22,7 @@ from gpupool.server.loop.config import LiveConfig
 from gpupool.server.loop.driver import LiveService
 from gpupool.server.store import Store, database_url, out_of_space
 from pools import fill as fill_disk
-from service_proc import Server, cli
+from service_proc import HTTP, Server, cli
 
 SIZE_MIB = 24
 JOB = {"command": ["python", "train.py", "--data", "x" * 2000], "team": "nlp"}
@@ -118,7 +117,7 @@ def test_gpupool_submit_says_why_the_server_refused(small_disk: Path, tmp_path: 
         assert out.returncode != 0
         assert "no disk space left" in out.stderr, out.stderr
         assert "Traceback" not in out.stderr
-        assert httpx.get(f"{server.url}/healthz", timeout=5).status_code in (200, 503)
+        assert HTTP.get(f"{server.url}/healthz", timeout=5).status_code in (200, 503)
         filler.unlink()
         again = cli(server.url, "submit", "--team", "nlp", "--", sys.executable, "-c", "pass")
         assert again.returncode == 0, again.stderr

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import httpx
 import pytest
 from fastapi.testclient import TestClient
 
@@ -25,7 +24,7 @@ from gpupool.server.loop.config import LiveConfig
 from gpupool.server.loop.driver import LiveService
 from gpupool.server.store import Store
 from gpupool.sizing.catalog import load_catalog
-from service_proc import Server, cli, wait_for
+from service_proc import HTTP, Server, cli, wait_for
 from sites_config import CLOUD, FAST, Runner, sites
 
 CATALOG = load_catalog()
@@ -161,7 +160,7 @@ def _serve(tmp_path: Path, gpus: str) -> Server:
 
 def _show(url: str, job_id: int) -> dict[str, object]:
     """The job as the API returns it (what `gpupool show --json` prints)."""
-    shown: dict[str, object] = httpx.get(f"{url}/v1/jobs/{job_id}", timeout=10).json()
+    shown: dict[str, object] = HTTP.get(f"{url}/v1/jobs/{job_id}", timeout=10).json()
     return shown
 
 
@@ -174,7 +173,7 @@ def test_live_refusals_and_a_model_sized_at_submit(tmp_path: Path) -> None:
         assert "A100-80GB" in out.stderr and "RTX-4090" in out.stderr and "NOPE" in out.stderr
         out = cli(url, "submit", "--team", "a", "--gpus", "9", "--", "sleep", "1")
         assert out.returncode != 0 and "the largest node has 8" in out.stderr
-        assert httpx.get(f"{url}/v1/jobs", timeout=10).json()["jobs"] == []  # nothing stored
+        assert HTTP.get(f"{url}/v1/jobs", timeout=10).json()["jobs"] == []  # nothing stored
         out = cli(
             url, "submit", "--team", "a", "--model", "llama-3-70b", "--task", "inference",
             "--precision", "bf16", "--context", "8192", "--batch", "16", "--json",
@@ -191,7 +190,7 @@ def test_live_refusals_and_a_model_sized_at_submit(tmp_path: Path) -> None:
         text = cli(url, "show", str(job_id)).stdout
         assert "plan        4 x A100-80GB (chosen), RTX-4090: does not fit" in text
         assert "GPUs        4 on " in text  # the count the core sized it to, not the 1 sent
-        httpx.post(f"{url}/v1/jobs/{job_id}/cancel", timeout=10)
+        HTTP.post(f"{url}/v1/jobs/{job_id}/cancel", timeout=10)
     finally:
         srv.stop()
 

@@ -46,6 +46,7 @@ from gpupool.server.isolation.containment import (
     parse_isolation,
     user_name_for,
 )
+from service_proc import HTTP
 
 SHIM = (sys.executable, "-I", "-m", "gpupool.server.executors.shim")
 SYSTEM_PY = "/usr/bin/python3"
@@ -583,7 +584,6 @@ def test_through_the_service_a_team_b_job_cannot_reach_team_a_or_the_server(
     """The same attack on a real `gpupool serve` (root, isolation on by default), its
     environment holding a secret."""
     containment.require()
-    import httpx
 
     from service_proc import Server, wait_for
 
@@ -596,7 +596,7 @@ def test_through_the_service_a_team_b_job_cannot_reach_team_a_or_the_server(
         a_code = "import os, time; open(os.environ['GPUPOOL_CHECKPOINT_DIR'] + '/pid', 'w')"
         a_code += ".write(str(os.getpid())); time.sleep(60)"
         jobs = f"{server.url}/v1/jobs"
-        a = httpx.post(jobs, json={"command": [SYSTEM_PY, "-c", a_code], "team": "ctest-a"})
+        a = HTTP.post(jobs, json={"command": [SYSTEM_PY, "-c", a_code], "team": "ctest-a"})
         a_id = a.json()["id"]
         pid_file = state / "jobs" / str(a_id) / "checkpoint" / "pid"
         wait_for(lambda: pid_file.exists() and pid_file.read_text() != "", 30, "team a's job")
@@ -606,17 +606,17 @@ def test_through_the_service_a_team_b_job_cannot_reach_team_a_or_the_server(
         assert "gpupool.server.executors.shim" in Path(f"/proc/{a_shim}/cmdline").read_text()
         argv = [SYSTEM_PY, "-c", textwrap.dedent(HOSTILE), str(state / "jobs" / str(a_id))]
         argv += [str(state / "gpupool.db"), str(server.proc.pid), a_pid, a_shim]
-        b_id = httpx.post(jobs, json={"command": argv, "team": "ctest-b"}).json()["id"]
+        b_id = HTTP.post(jobs, json={"command": argv, "team": "ctest-b"}).json()["id"]
         wait_for(
-            lambda: httpx.get(f"{jobs}/{b_id}").json()["state"] in ("succeeded", "failed"),
+            lambda: HTTP.get(f"{jobs}/{b_id}").json()["state"] in ("succeeded", "failed"),
             30,
             "team b's job",
         )
-        log = httpx.get(f"{jobs}/{b_id}/logs").text
+        log = HTTP.get(f"{jobs}/{b_id}/logs").text
         seen = json.loads(log.splitlines()[-1])
-        assert httpx.get(f"{jobs}/{a_id}").json()["state"] == "running"
-        httpx.post(f"{jobs}/{a_id}/cancel")
-        wait_for(lambda: httpx.get(f"{jobs}/{a_id}").json()["state"] == "cancelled", 30, "cancel")
+        assert HTTP.get(f"{jobs}/{a_id}").json()["state"] == "running"
+        HTTP.post(f"{jobs}/{a_id}/cancel")
+        wait_for(lambda: HTTP.get(f"{jobs}/{a_id}").json()["state"] == "cancelled", 30, "cancel")
     finally:
         server.stop()
     assert {k: v for k, v in seen["tried"].items() if v != "denied"} == {

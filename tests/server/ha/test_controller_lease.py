@@ -20,7 +20,6 @@ from dataclasses import replace
 from itertools import pairwise
 from pathlib import Path
 
-import httpx
 import psycopg
 import pytest
 from sqlalchemy.engine import make_url
@@ -33,7 +32,7 @@ from gpupool.server.loop.config import LIVE_DEFAULTS, LiveConfig
 from gpupool.server.loop.driver import LiveService
 from gpupool.server.store import Store, database_url
 from pgserver import fresh_schema, pg_url  # noqa: F401
-from service_proc import Server, wait_for
+from service_proc import HTTP, Server, wait_for
 
 JOB = r"""
 import os, sys, time
@@ -181,10 +180,10 @@ def test_second_server_stands_by_then_takes_over(tmp_path: Path, db_url: str) ->
     first = Server(state, *args).start()
     second = Server(state, *args).start()  # comes up, as the standby
     try:
-        health = httpx.get(f"{second.url}/healthz", timeout=5).json()
+        health = HTTP.get(f"{second.url}/healthz", timeout=5).json()
         assert health["role"] == "standby", health
-        assert httpx.get(f"{first.url}/healthz", timeout=5).json()["role"] == "active"
-        refused = httpx.get(f"{second.url}/v1/jobs", timeout=5)
+        assert HTTP.get(f"{first.url}/healthz", timeout=5).json()["role"] == "active"
+        refused = HTTP.get(f"{second.url}/v1/jobs", timeout=5)
         assert refused.status_code == 503 and "standby" in refused.json()["detail"]
         n_jobs = 6
         ids = []
@@ -194,7 +193,7 @@ def test_second_server_stands_by_then_takes_over(tmp_path: Path, db_url: str) ->
                 "team": "t",
                 "name": f"j{k}",
             }
-            r = httpx.post(f"{first.url}/v1/jobs", json=body, timeout=10)
+            r = HTTP.post(f"{first.url}/v1/jobs", json=body, timeout=10)
             assert r.status_code == 201, r.text
             ids.append(r.json()["id"])
         wait_for(lambda: sum(x[0] == "start" for x in _lines(log)) >= 3, 30, "a few starts")
@@ -202,7 +201,7 @@ def test_second_server_stands_by_then_takes_over(tmp_path: Path, db_url: str) ->
         first.kill()
         killed_at = time.time()
         wait_for(
-            lambda: httpx.get(f"{second.url}/healthz", timeout=5).json()["role"] == "active",
+            lambda: HTTP.get(f"{second.url}/healthz", timeout=5).json()["role"] == "active",
             10,
             "the standby to take over",
         )
@@ -210,7 +209,7 @@ def test_second_server_stands_by_then_takes_over(tmp_path: Path, db_url: str) ->
         assert took_s < 5, took_s
 
         def done() -> bool:
-            jobs = httpx.get(f"{second.url}/v1/jobs", timeout=5).json()["jobs"]
+            jobs = HTTP.get(f"{second.url}/v1/jobs", timeout=5).json()["jobs"]
             return sum(j["state"] == "succeeded" for j in jobs) == n_jobs
 
         wait_for(done, 60, "every job to succeed on the new controller")

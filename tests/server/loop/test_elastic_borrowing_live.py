@@ -16,10 +16,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
-from service_proc import Server, cli, wait_for
+from service_proc import HTTP, Server, cli, wait_for
 
 CONFIG = """\
 teams:
@@ -47,7 +46,7 @@ def server(tmp_path: Path) -> Server:
 
 
 def _job(url: str, job_id: int) -> dict[str, Any]:
-    got: dict[str, Any] = httpx.get(f"{url}/v1/jobs/{job_id}", timeout=10).json()
+    got: dict[str, Any] = HTTP.get(f"{url}/v1/jobs/{job_id}", timeout=10).json()
     return got
 
 
@@ -97,7 +96,7 @@ def test_elastic_job_lends_two_gpus_to_an_online_peak_and_gets_them_back(
     )
     shown = cli(url, "show", str(offline))
     assert "elastic 2..4" in shown.stdout, shown.stdout
-    refused = httpx.post(
+    refused = HTTP.post(
         f"{url}/v1/jobs",
         json={
             "command": ["true"],
@@ -120,7 +119,7 @@ def test_elastic_job_lends_two_gpus_to_an_online_peak_and_gets_them_back(
     }
     online = []
     for _ in range(2):
-        got = httpx.post(f"{url}/v1/jobs", json=body, timeout=10)
+        got = HTTP.post(f"{url}/v1/jobs", json=body, timeout=10)
         assert got.status_code in (200, 201), got.text
         online.append(int(got.json()["id"]))
     seen_counts: list[int] = []
@@ -151,7 +150,7 @@ def test_elastic_job_lends_two_gpus_to_an_online_peak_and_gets_them_back(
     job = _job(url, offline)
     assert job["preemptions"] == 0 and job["state"] == "running", job
     assert job["attempts"] >= 3, job  # started, restarted on 2, restarted on 4
-    events = httpx.get(f"{url}/v1/events", params={"after": 0}, timeout=10).json()["events"]
+    events = HTTP.get(f"{url}/v1/events", params={"after": 0}, timeout=10).json()["events"]
     mine = [e for e in events if e["job_id"] == offline]
     kinds = [e["kind"] for e in mine]
     assert "preempting" not in kinds and "suspended" not in kinds, kinds
@@ -251,7 +250,7 @@ def test_a_server_killed_mid_resize_finishes_the_resize_once(tmp_path: Path) -> 
         )
 
         def resizing() -> bool:
-            events = httpx.get(f"{url}/v1/events", params={"after": 0}, timeout=10).json()
+            events = HTTP.get(f"{url}/v1/events", params={"after": 0}, timeout=10).json()
             return any(e["kind"] == "resizing" and e["job_id"] == offline for e in events["events"])
 
         wait_for(resizing, 30, "the resize to begin")
@@ -277,7 +276,7 @@ def test_a_server_killed_mid_resize_finishes_the_resize_once(tmp_path: Path) -> 
         wait_for(lambda: _processed(state, offline) > last, 20, "progress on 3 GPUs")
         job = _job(url, offline)
         assert job["attempts"] == 2 and job["preemptions"] == 0, job  # relaunched once
-        events = httpx.get(f"{url}/v1/events", params={"after": 0}, timeout=10).json()
+        events = HTTP.get(f"{url}/v1/events", params={"after": 0}, timeout=10).json()
         kinds = [e["kind"] for e in events["events"] if e["job_id"] == offline]
         assert kinds.count("resized") == 1 and "suspended" not in kinds, kinds
         log = cli(url, "logs", str(offline)).stdout
@@ -292,7 +291,7 @@ def test_a_server_killed_mid_resize_finishes_the_resize_once(tmp_path: Path) -> 
 
 
 def _service(url: str, name: str) -> dict[str, Any]:
-    got: dict[str, Any] = httpx.get(f"{url}/v1/services/{name}", timeout=10).json()
+    got: dict[str, Any] = HTTP.get(f"{url}/v1/services/{name}", timeout=10).json()
     return got
 
 
@@ -388,7 +387,7 @@ def test_service_replicas_borrow_from_an_elastic_job_and_give_the_gpus_back(
         assert seen_counts[0] == 3 and 1 in seen_counts and seen_counts[-1] == 3, seen_counts
         job = _job(url, offline)
         assert job["preemptions"] == 0, job
-        events = httpx.get(f"{url}/v1/events", params={"after": 0}, timeout=10).json()["events"]
+        events = HTTP.get(f"{url}/v1/events", params={"after": 0}, timeout=10).json()["events"]
         lent = [
             e["message"]
             for e in events

@@ -13,11 +13,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from gpupool.examples.ckpt_counter import expected_result
-from service_proc import Server, cli, paced_counter, wait_for
+from service_proc import HTTP, Server, cli, paced_counter, wait_for
 
 STEPS = 100
 """20 s at 0.2 s a step on the first attempt: still running when the fault comes; once
@@ -27,28 +26,28 @@ FAKE = ("--fake-gpus", "2xA100-80GB", "--auth", "none", "--cycle", "0.2", "--sam
 
 def submit(url: str, name: str, command: list[str], **extra: Any) -> int:
     body = {"command": command, "team": "t", "name": name, "kind": "training", **extra}
-    r = httpx.post(f"{url}/v1/jobs", json=body, timeout=10)
+    r = HTTP.post(f"{url}/v1/jobs", json=body, timeout=10)
     assert r.status_code == 201, r.text
     return int(r.json()["id"])
 
 
 def job(url: str, job_id: int) -> dict[str, Any]:
-    r = httpx.get(f"{url}/v1/jobs/{job_id}", timeout=10)
+    r = HTTP.get(f"{url}/v1/jobs/{job_id}", timeout=10)
     assert r.status_code == 200, r.text
     return dict(r.json())
 
 
 def logs(url: str, job_id: int) -> str:
-    return httpx.get(f"{url}/v1/jobs/{job_id}/logs", timeout=10).text
+    return HTTP.get(f"{url}/v1/jobs/{job_id}/logs", timeout=10).text
 
 
 def events(url: str, kind: str) -> list[dict[str, Any]]:
-    body = httpx.get(f"{url}/v1/events", params={"after": 0, "wait": 0}, timeout=10).json()
+    body = HTTP.get(f"{url}/v1/events", params={"after": 0, "wait": 0}, timeout=10).json()
     return [e for e in body["events"] if e["kind"] == kind]
 
 
 def fault(url: str, **body: Any) -> dict[str, Any]:
-    r = httpx.post(f"{url}/v1/admin/fake-faults", json=body, timeout=10)
+    r = HTTP.post(f"{url}/v1/admin/fake-faults", json=body, timeout=10)
     assert r.status_code == 200, r.text
     return dict(r.json())
 

@@ -9,10 +9,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
-from service_proc import Server, cli, wait_for
+from service_proc import HTTP, Server, cli, wait_for
 
 SLEEP = [sys.executable, "-c", "import time; time.sleep(120)"]
 ENV_DUMP = [
@@ -43,7 +42,7 @@ def one_a100(tmp_path: Path) -> Iterator[Server]:
     if srv.proc is not None and srv.proc.poll() is None:
         for job in jobs(srv):
             if job["state"] in ("pending", "running", "suspended"):
-                httpx.post(f"{srv.url}/v1/jobs/{job['id']}/cancel", timeout=10)
+                HTTP.post(f"{srv.url}/v1/jobs/{job['id']}/cancel", timeout=10)
         wait_for(
             lambda: all(j["state"] in ("succeeded", "failed", "cancelled") for j in jobs(srv)),
             30,
@@ -53,12 +52,12 @@ def one_a100(tmp_path: Path) -> Iterator[Server]:
 
 
 def jobs(srv: Server) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = httpx.get(f"{srv.url}/v1/jobs", timeout=10).json()["jobs"]
+    out: list[dict[str, Any]] = HTTP.get(f"{srv.url}/v1/jobs", timeout=10).json()["jobs"]
     return out
 
 
 def job(srv: Server, job_id: int) -> dict[str, Any]:
-    out: dict[str, Any] = httpx.get(f"{srv.url}/v1/jobs/{job_id}", timeout=10).json()
+    out: dict[str, Any] = HTTP.get(f"{srv.url}/v1/jobs/{job_id}", timeout=10).json()
     return out
 
 

@@ -16,7 +16,6 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 import containment
@@ -24,7 +23,7 @@ from containment import open_dir  # noqa: F401
 from gpupool.server.agent.processes import read_start_ticks
 from launch_kills import job_command, marker_lines, sigkills_around_launches
 from pgserver import fresh_schema, pg_url  # noqa: F401
-from service_proc import Server, wait_for
+from service_proc import HTTP, Server, wait_for
 
 SUPPORT = Path(__file__).resolve().parents[2] / "support"
 
@@ -77,7 +76,7 @@ def test_a_shim_killed_while_the_server_is_down_gives_no_second_copy(
             "name": "long",
             "max_retries": 3,
         }
-        job_id = httpx.post(f"{server.url}/v1/jobs", json=body).json()["id"]
+        job_id = HTTP.post(f"{server.url}/v1/jobs", json=body).json()["id"]
         wait_for(lambda: any(ln[0] == "RUN" for ln in marker_lines(shared)), 30, "the job")
     finally:
         server.kill()
@@ -90,9 +89,9 @@ def test_a_shim_killed_while_the_server_is_down_gives_no_second_copy(
     server = Server(state, *args, isolation=True).start()
     try:
         url = f"{server.url}/v1/jobs/{job_id}"
-        wait_for(lambda: httpx.get(url).json()["state"] == "succeeded", 60, "the second attempt")
-        job = httpx.get(url).json()
-        events = httpx.get(f"{server.url}/v1/events", params={"after": 0}).json()["events"]
+        wait_for(lambda: HTTP.get(url).json()["state"] == "succeeded", 60, "the second attempt")
+        job = HTTP.get(url).json()
+        events = HTTP.get(f"{server.url}/v1/events", params={"after": 0}).json()["events"]
     finally:
         server.stop()
     lines = marker_lines(shared)

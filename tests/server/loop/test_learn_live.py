@@ -11,7 +11,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from fastapi.testclient import TestClient
 
@@ -28,7 +27,7 @@ from gpupool.server.loop.config import LIVE_DEFAULTS, LiveConfig
 from gpupool.server.loop.driver import LiveService
 from gpupool.server.loop.learning import Evidence, ShadowTally, check_evidence, outcomes_of
 from gpupool.server.store import NewJob, Store
-from service_proc import Server, cli, wait_for
+from service_proc import HTTP, Server, cli, wait_for
 
 T0 = 1_000_000.0
 DAY = 86_400.0
@@ -544,19 +543,19 @@ team's jobs) trains once 20 jobs finished and is trusted after 10 judged predict
 
 def post_job(url: str, name: str, team: str, sleep_s: float) -> int:
     body = {"name": name, "team": team, "gpus": 1, "command": ["sleep", str(sleep_s)]}
-    got = httpx.post(f"{url}/v1/jobs", json=body, timeout=10)
+    got = HTTP.post(f"{url}/v1/jobs", json=body, timeout=10)
     assert got.status_code == 201, got.text
     job_id: int = got.json()["id"]
     return job_id
 
 
 def job_state(url: str, job_id: int) -> str:
-    state: str = httpx.get(f"{url}/v1/jobs/{job_id}", timeout=10).json()["state"]
+    state: str = HTTP.get(f"{url}/v1/jobs/{job_id}", timeout=10).json()["state"]
     return state
 
 
 def started_at(url: str, job_id: int) -> float:
-    evs = httpx.get(f"{url}/v1/jobs/{job_id}/events", timeout=10).json()["events"]
+    evs = HTTP.get(f"{url}/v1/jobs/{job_id}/events", timeout=10).json()["events"]
     return min(float(e["at_s"]) for e in evs if e["kind"] == "running")
 
 
@@ -609,7 +608,7 @@ def test_shadow_then_promotion_through_the_real_server(tmp_path: Path) -> None:
         out = cli(url, "learn", "promote", "--days", "1", timeout_s=120)
         assert out.returncode == 0, (out.stdout, out.stderr)
         assert "now active" in out.stdout
-        assert httpx.get(f"{url}/v1/learn", timeout=10).json()["mode"] == "active"
+        assert HTTP.get(f"{url}/v1/learn", timeout=10).json()["mode"] == "active"
 
         # every GPU busy, then a long job and a short one; when one GPU frees, the short
         # one starts and the long one waits (2D-LAS would start the long one: it came
@@ -623,7 +622,7 @@ def test_shadow_then_promotion_through_the_real_server(tmp_path: Path) -> None:
         assert job_state(url, long_job) == "pending"
         assert job_state(url, holders[0]) == "running"  # only one GPU had freed
         for j in holders[:3]:
-            httpx.post(f"{url}/v1/jobs/{j}/cancel", timeout=10)
+            HTTP.post(f"{url}/v1/jobs/{j}/cancel", timeout=10)
         wait_for(lambda: job_state(url, long_job) != "pending", 60, "the long job to start")
         assert started_at(url, short_job) < started_at(url, long_job)
     finally:

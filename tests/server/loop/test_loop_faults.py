@@ -52,7 +52,7 @@ from gpupool.server.store import (
     database_url,
 )
 from pgserver import fresh_schema, pg_url  # noqa: F401
-from service_proc import Server, free_port, wait_for
+from service_proc import HTTP, Server, free_port, wait_for
 
 T0 = 1_000.0
 
@@ -344,7 +344,7 @@ def _health(client: httpx.Client, url: str) -> tuple[int, dict[str, Any]]:
 
 def _submit(url: str, command: list[str], timeout_s: float = 10, **extra: Any) -> int:
     body = {"command": command, "team": "t", "name": "j", **extra}
-    r = httpx.post(f"{url}/v1/jobs", json=body, timeout=timeout_s)
+    r = HTTP.post(f"{url}/v1/jobs", json=body, timeout=timeout_s)
     assert r.status_code == 201, r.text
     return int(r.json()["id"])
 
@@ -357,7 +357,7 @@ def _recorded_pid(state: Path, job_id: int) -> bool:
 
 
 def _job(url: str, job_id: int) -> dict[str, Any]:
-    r = httpx.get(f"{url}/v1/jobs/{job_id}", timeout=10)
+    r = HTTP.get(f"{url}/v1/jobs/{job_id}", timeout=10)
     assert r.status_code == 200, r.text
     return dict(r.json())
 
@@ -516,7 +516,7 @@ def test_a_full_state_tmpfs_holds_launches_and_resumes_them(tmp_path: Path) -> N
             _all_succeed(server.url, [waiting, *accepted], 30)
             code, body = _health(client, server.url)
             assert code == 200 and body["launches"]["waiting"] is None, body
-            events = httpx.get(f"{server.url}/v1/events", timeout=10).json()["events"]
+            events = HTTP.get(f"{server.url}/v1/events", timeout=10).json()["events"]
             kinds = {e["kind"] for e in events}
             assert {"launches-waiting", "launches-resumed"} <= kinds, kinds
         finally:

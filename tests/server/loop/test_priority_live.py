@@ -15,11 +15,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from gpupool.examples.ckpt_counter import expected_result
-from service_proc import Server, cli, wait_for
+from service_proc import HTTP, Server, cli, wait_for
 
 STEPS = 400
 """40 s of work at 0.1 s a step: the second job still runs when the online one arrives on a
@@ -35,14 +34,14 @@ def server(tmp_path: Path) -> Iterator[Server]:
         tmp_path / "state", "--fake-gpus", "2xA100-80GB", "--auth", "none", "--sample", "0.5"
     ).start(timeout_s=60.0)
     yield srv
-    for job in httpx.get(f"{srv.url}/v1/jobs", timeout=10).json()["jobs"]:
+    for job in HTTP.get(f"{srv.url}/v1/jobs", timeout=10).json()["jobs"]:
         if job["state"] in ("pending", "running", "preempting", "suspended"):
-            httpx.post(f"{srv.url}/v1/jobs/{job['id']}/cancel", timeout=10)
+            HTTP.post(f"{srv.url}/v1/jobs/{job['id']}/cancel", timeout=10)
     srv.stop()
 
 
 def show(url: str, job_id: int) -> dict[str, Any]:
-    job: dict[str, Any] = httpx.get(f"{url}/v1/jobs/{job_id}", timeout=10).json()
+    job: dict[str, Any] = HTTP.get(f"{url}/v1/jobs/{job_id}", timeout=10).json()
     return job
 
 
@@ -54,11 +53,11 @@ def submit(url: str, *args: str) -> int:
 
 
 def logs(url: str, job_id: int) -> str:
-    return httpx.get(f"{url}/v1/jobs/{job_id}/logs", timeout=10).text
+    return HTTP.get(f"{url}/v1/jobs/{job_id}/logs", timeout=10).text
 
 
 def events(url: str) -> list[dict[str, Any]]:
-    body = httpx.get(f"{url}/v1/events", params={"after": 0, "wait": 0}, timeout=10).json()
+    body = HTTP.get(f"{url}/v1/events", params={"after": 0, "wait": 0}, timeout=10).json()
     return list(body["events"])
 
 

@@ -12,11 +12,10 @@ import socket
 import sys
 from pathlib import Path
 
-import httpx
 import pytest
 
 from gpupool.traces.location import find_traces_dir
-from service_proc import Server, cli, wait_for
+from service_proc import HTTP, Server, cli, wait_for
 
 CONFIG = """\
 teams:
@@ -63,7 +62,7 @@ def test_a_replica_serves_and_is_scraped_at_the_nodes_address(tmp_path: Path) ->
         assert made.returncode == 0, made.stderr
 
         def replica() -> dict[str, object]:
-            reps = httpx.get(f"{url}/v1/services/chat", timeout=5).json()["replicas"]
+            reps = HTTP.get(f"{url}/v1/services/chat", timeout=5).json()["replicas"]
             assert len(reps) <= 1
             return dict(reps[0]) if reps else {}
 
@@ -76,7 +75,7 @@ def test_a_replica_serves_and_is_scraped_at_the_nodes_address(tmp_path: Path) ->
         with pytest.raises(OSError), socket.create_connection(("127.0.0.1", port), timeout=2):
             pass
         for _ in range(10):
-            assert httpx.get(f"{rep['url']}/generate?tokens=4", timeout=5).status_code == 200
+            assert HTTP.get(f"{rep['url']}/generate?tokens=4", timeout=5).status_code == 200
         wait_for(lambda: (replica().get("rps") or 0) > 0, 15, "the scraped rate of the replica")
 
         shown = cli(url, "service", "show", "chat")

@@ -40,7 +40,7 @@ from gpupool.server.review_source import review_from_db
 from gpupool.server.store import NewJob, Store, database_url
 from gpupool.server.telemetry.history import HistoryConfig
 from pgserver import fresh_schema, pg_url  # noqa: F401
-from service_proc import Server, wait_for
+from service_proc import HTTP, Server, wait_for
 
 CONFIG = """\
 teams:
@@ -106,7 +106,7 @@ def test_a_live_run_reviews_from_its_database(tmp_path: Path) -> None:
     ).start()
     try:
         api = server.url
-        made = httpx.post(
+        made = HTTP.post(
             f"{api}/v1/services",
             json={
                 "name": "drifty",
@@ -120,7 +120,7 @@ def test_a_live_run_reviews_from_its_database(tmp_path: Path) -> None:
         )
         assert made.status_code in (200, 201), made.text
         for name, use in USE.items():
-            sent = httpx.post(
+            sent = HTTP.post(
                 f"{api}/v1/jobs",
                 json={
                     "name": name,
@@ -132,7 +132,7 @@ def test_a_live_run_reviews_from_its_database(tmp_path: Path) -> None:
                 timeout=10,
             )
             assert sent.status_code in (200, 201), sent.text
-        waits = httpx.post(  # two cards where one is free: it waits for Resources
+        waits = HTTP.post(  # two cards where one is free: it waits for Resources
             f"{api}/v1/jobs",
             json={"name": "waiter", "team": "ml", "gpus": 2, "command": ["true"]},
             timeout=10,
@@ -140,7 +140,7 @@ def test_a_live_run_reviews_from_its_database(tmp_path: Path) -> None:
         assert waits.status_code in (200, 201), waits.text
 
         def replica_url() -> str | None:
-            seen = httpx.get(f"{api}/v1/services/drifty", timeout=5).json()
+            seen = HTTP.get(f"{api}/v1/services/drifty", timeout=5).json()
             ready = [r["url"] for r in seen["replicas"] if r["ready"]]
             return ready[0] if ready else None
 
@@ -148,7 +148,7 @@ def test_a_live_run_reviews_from_its_database(tmp_path: Path) -> None:
         wait_for(
             lambda: all(
                 j["state"] == "running"
-                for j in httpx.get(f"{api}/v1/jobs", timeout=5).json()["jobs"]
+                for j in HTTP.get(f"{api}/v1/jobs", timeout=5).json()["jobs"]
                 if j["name"] in USE
             ),
             30,
@@ -162,14 +162,14 @@ def test_a_live_run_reviews_from_its_database(tmp_path: Path) -> None:
         sent += drive(replica, 55, time.monotonic() + PHASE_S)
         assert sent > 300
         time.sleep(3.0)  # the last bucket closes and is written
-        ids = [j["id"] for j in httpx.get(f"{api}/v1/jobs", timeout=5).json()["jobs"]]
+        ids = [j["id"] for j in HTTP.get(f"{api}/v1/jobs", timeout=5).json()["jobs"]]
         for job_id in sorted(ids, key=lambda i: i != waits.json()["id"]):  # waiting first
-            httpx.post(f"{api}/v1/jobs/{job_id}/cancel", timeout=10)
-        httpx.delete(f"{api}/v1/services/drifty", timeout=10).raise_for_status()
+            HTTP.post(f"{api}/v1/jobs/{job_id}/cancel", timeout=10)
+        HTTP.delete(f"{api}/v1/services/drifty", timeout=10).raise_for_status()
         wait_for(
             lambda: all(
                 j["state"] in ("cancelled", "succeeded", "failed")
-                for j in httpx.get(f"{api}/v1/jobs", timeout=5).json()["jobs"]
+                for j in HTTP.get(f"{api}/v1/jobs", timeout=5).json()["jobs"]
             ),
             30,
             "every job to end",

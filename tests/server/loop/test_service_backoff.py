@@ -7,11 +7,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 from browser import chromium
-from service_proc import Server, cli, wait_for
+from service_proc import HTTP, Server, cli, wait_for
 
 CONFIG = """\
 teams:
@@ -40,7 +39,7 @@ def test_a_crash_looping_service_backs_off(tmp_path: Path) -> None:
         assert made.returncode == 0, made.stderr
 
         def replica_jobs() -> list[dict[str, object]]:
-            jobs = httpx.get(f"{server.url}/v1/jobs", params={"limit": 1000}, timeout=5).json()
+            jobs = HTTP.get(f"{server.url}/v1/jobs", params={"limit": 1000}, timeout=5).json()
             return [j for j in jobs["jobs"] if j.get("service") == "crashy"]
 
         wait_for(lambda: any(j["state"] == "failed" for j in replica_jobs()), 20, "a failure")
@@ -57,7 +56,7 @@ def test_a_crash_looping_service_backs_off(tmp_path: Path) -> None:
         assert shown.returncode == 0, shown.stderr
         assert "backing off:" in shown.stdout, shown.stdout
         assert "replicas in a row failed soon after they started" in shown.stdout
-        view = httpx.get(f"{server.url}/v1/services/crashy", timeout=5).json()
+        view = HTTP.get(f"{server.url}/v1/services/crashy", timeout=5).json()
         assert view["backoff"]["failures"] >= 2
 
         with chromium() as browser:  # the services panel marks it

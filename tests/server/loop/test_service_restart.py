@@ -13,12 +13,11 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 from gpupool.examples.ckpt_counter import expected_result
 from pgserver import fresh_schema, pg_url  # noqa: F401
-from service_proc import Server, free_port, wait_for
+from service_proc import HTTP, Server, free_port, wait_for
 
 STEPS = 25
 LONG_KEY, LONG_STEPS = 10**6, 30
@@ -74,7 +73,7 @@ def test_sigkill_at_random_points_loses_nothing(tmp_path: Path, db_args: tuple[s
         try:
             # a retried submit after the restart returns the job it created before
             for key, job_id in list(accepted.items())[:2]:
-                r = httpx.post(
+                r = HTTP.post(
                     f"{server.url}/v1/jobs",
                     json=_spec(int(key), go),
                     headers={"Idempotency-Key": key},
@@ -83,7 +82,7 @@ def test_sigkill_at_random_points_loses_nothing(tmp_path: Path, db_args: tuple[s
             deadline = time.monotonic() + rng.uniform(0.3, 2.5)
             while time.monotonic() < deadline:
                 key = str(k)
-                r = httpx.post(
+                r = HTTP.post(
                     f"{server.url}/v1/jobs", json=_spec(k), headers={"Idempotency-Key": key}
                 )
                 if r.status_code in (200, 201):
@@ -92,7 +91,7 @@ def test_sigkill_at_random_points_loses_nothing(tmp_path: Path, db_args: tuple[s
                 time.sleep(rng.uniform(0.0, 0.3))
             if _round == 3:  # the last crash hits a running job, however slow the host
                 key = str(LONG_KEY)
-                r = httpx.post(
+                r = HTTP.post(
                     f"{server.url}/v1/jobs",
                     json=_spec(LONG_KEY, go),
                     headers={"Idempotency-Key": key},
@@ -102,7 +101,7 @@ def test_sigkill_at_random_points_loses_nothing(tmp_path: Path, db_args: tuple[s
                 # Its process has started once it prints (running alone is written
                 # before the process starts).
                 wait_for(
-                    lambda u=job_url: len(httpx.get(f"{u}/logs").text.splitlines()) >= 2,
+                    lambda u=job_url: len(HTTP.get(f"{u}/logs").text.splitlines()) >= 2,
                     60,
                     "the long job to be running before the last crash",
                 )
@@ -114,25 +113,25 @@ def test_sigkill_at_random_points_loses_nothing(tmp_path: Path, db_args: tuple[s
         url = server.url
 
         def all_done() -> bool:
-            jobs = httpx.get(f"{url}/v1/jobs", params={"limit": 10_000}).json()["jobs"]
+            jobs = HTTP.get(f"{url}/v1/jobs", params={"limit": 10_000}).json()["jobs"]
             by_id = {j["id"]: j for j in jobs}
             assert set(accepted.values()) <= set(by_id), "an accepted job was lost"
             return all(by_id[i]["state"] == "succeeded" for i in accepted.values())
 
         wait_for(all_done, 120, "every accepted job to succeed")
-        jobs = httpx.get(f"{url}/v1/jobs", params={"limit": 10_000}).json()["jobs"]
+        jobs = HTTP.get(f"{url}/v1/jobs", params={"limit": 10_000}).json()["jobs"]
         assert len(jobs) == len(accepted)  # idempotent: no duplicates either
         for key, job_id in accepted.items():
             if int(key) % 3 == 2:
                 continue
-            log = httpx.get(f"{url}/v1/jobs/{job_id}/logs").text
+            log = HTTP.get(f"{url}/v1/jobs/{job_id}/logs").text
             results = [ln for ln in log.splitlines() if ln.startswith("result=")]
             assert results, f"job {job_id} printed no result:\n{log}"
             assert int(results[-1].split()[0].split("=")[1]) == expected_result(_steps(int(key)))
         kinds: set[str] = set()
         after = 0
         while True:  # the event stream pages by sequence number
-            page = httpx.get(f"{url}/v1/events", params={"after": after}).json()
+            page = HTTP.get(f"{url}/v1/events", params={"after": after}).json()
             if not page["events"]:
                 break
             kinds |= {e["kind"] for e in page["events"]}

@@ -30,7 +30,7 @@ import pytest
 
 from gpupool.loadgen import OK, RateProfile, replica_urls, run
 from gpupool.traces.location import find_traces_dir
-from service_proc import Server, cli, wait_for
+from service_proc import HTTP, Server, cli, wait_for
 
 CONFIG = """\
 teams:
@@ -47,7 +47,7 @@ DURATION_S = 110.0
 
 
 def scale_events(url: str) -> list[tuple[float, int, int, str]]:
-    s = httpx.get(f"{url}/v1/services/chat", timeout=5).json()
+    s = HTTP.get(f"{url}/v1/services/chat", timeout=5).json()
     out = []
     for e in s["events"]:
         m = re.search(r": (\d+) -> (\d+)$", e["message"])
@@ -115,7 +115,7 @@ def test_replicas_follow_a_ramp_and_keep_the_slo(tmp_path: Path) -> None:
         wait_for(
             lambda: any(
                 r["ready"]
-                for r in httpx.get(f"{url}/v1/services/chat", timeout=5).json()["replicas"]
+                for r in HTTP.get(f"{url}/v1/services/chat", timeout=5).json()["replicas"]
             ),
             30,
             "the first replica to serve",
@@ -211,7 +211,7 @@ def test_replicas_follow_a_ramp_and_keep_the_slo(tmp_path: Path) -> None:
         wait_for(
             lambda: all(
                 j["state"] in ("cancelled", "failed", "succeeded")
-                for j in httpx.get(f"{server.url}/v1/jobs", timeout=5).json()["jobs"]
+                for j in HTTP.get(f"{server.url}/v1/jobs", timeout=5).json()["jobs"]
             ),
             30,
             "the replicas to stop",

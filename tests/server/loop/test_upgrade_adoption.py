@@ -14,10 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import httpx
-
 from gpupool.examples.ckpt_counter import expected_result
-from service_proc import ROOT, Server, free_port, wait_for
+from service_proc import HTTP, ROOT, Server, free_port, wait_for
 
 PREVIOUS_RELEASE = "7498918"
 """The last commit whose modules are gpupool.service.* (the layout before the folders)."""
@@ -70,10 +68,10 @@ def test_a_job_the_previous_release_started_is_adopted_not_run_twice(tmp_path: P
     old = Server(state, *args, port=port, env={**os.environ, "PYTHONPATH": str(old_src)})
     old.start()
     try:
-        job_id = httpx.post(f"{old.url}/v1/jobs", json=spec).json()["id"]
+        job_id = HTTP.post(f"{old.url}/v1/jobs", json=spec).json()["id"]
         job_url = f"{old.url}/v1/jobs/{job_id}"
         wait_for(
-            lambda: "waiting" in httpx.get(f"{job_url}/logs").text,
+            lambda: "waiting" in HTTP.get(f"{job_url}/logs").text,
             60,
             "the job to run under the previous release",
         )
@@ -86,17 +84,17 @@ def test_a_job_the_previous_release_started_is_adopted_not_run_twice(tmp_path: P
     new = Server(state, *args, port=port).start()
     try:
         url = f"{new.url}/v1/jobs/{job_id}"
-        wait_for(lambda: httpx.get(url).json()["state"] == "running", 30, "the adopted job to run")
+        wait_for(lambda: HTTP.get(url).json()["state"] == "running", 30, "the adopted job to run")
         assert shims_named(OLD_SHIM, run_dir) == old_shims, "the same process, not a relaunch"
         go.touch()
-        wait_for(lambda: httpx.get(url).json()["state"] == "succeeded", 120, "the job to end")
-        job = httpx.get(url).json()
+        wait_for(lambda: HTTP.get(url).json()["state"] == "succeeded", 120, "the job to end")
+        job = HTTP.get(url).json()
         assert job["attempts"] == 1 and job["preemptions"] == 0, job
-        log = httpx.get(f"{url}/logs").text
+        log = HTTP.get(f"{url}/logs").text
         results = [ln for ln in log.splitlines() if ln.startswith("result=")]
         assert len(results) == 1, log  # it ran once
         assert int(results[0].split()[0].split("=")[1]) == expected_result(STEPS)
-        events = httpx.get(f"{url}/events").json()["events"]
+        events = HTTP.get(f"{url}/events").json()["events"]
         assert "adopted" in {e["kind"] for e in events}, events
     finally:
         new.stop()

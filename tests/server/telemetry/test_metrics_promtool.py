@@ -18,12 +18,11 @@ import subprocess
 import sys
 from collections.abc import Iterator
 
-import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpupool.server.telemetry.prometheus import QUEUE_WAIT, SUBMIT_TO_START
-from service_proc import Server, wait_for
+from service_proc import HTTP, Server, wait_for
 
 DCGM_LABEL_STYLE = re.compile(
     r"^DCGM_FI_[A-Z0-9_]+ label names should be written in 'snake_case' not 'camelCase'$"
@@ -75,17 +74,17 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         ids = []
         for kind in (*KINDS, "training"):
             body = {"command": [sys.executable, "-c", hold], "team": "nlp", "kind": kind}
-            r = httpx.post(f"{url}/v1/jobs", json=body, timeout=10)
+            r = HTTP.post(f"{url}/v1/jobs", json=body, timeout=10)
             assert r.status_code == 201, r.text
             ids.append(r.json()["id"])
 
         def ended() -> bool:
-            states = [httpx.get(f"{url}/v1/jobs/{i}", timeout=10).json()["state"] for i in ids]
+            states = [HTTP.get(f"{url}/v1/jobs/{i}", timeout=10).json()["state"] for i in ids]
             assert "failed" not in states, states
             return all(s == "succeeded" for s in states)
 
         wait_for(ended, 60, "the four jobs to run on two GPUs and succeed")
-        r = httpx.get(f"{url}/metrics", timeout=10)
+        r = HTTP.get(f"{url}/metrics", timeout=10)
         assert r.status_code == 200, r.text
         yield r.text
     finally:
