@@ -23,13 +23,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
+from browser import chromium
 from gpupool.examples.ckpt_counter import expected_result
 from launch_kills import sigkills_around_launches
 from pools import STATE_DISK_MIB, SYSTEM_PY, Pool, fill, local_pool, ray_pool
-from service_proc import cli, wait_for
+from service_proc import HTTP, cli, wait_for
 
 RAY = pytest.param("ray", marks=pytest.mark.ray_cluster)
 RAY_ONLY = pytest.mark.parametrize("pool", [RAY], indirect=True)
@@ -48,9 +48,11 @@ def submit(url: str, team: str, *args: str) -> int:
 
 
 def show(url: str, job_id: int) -> dict[str, Any]:
-    out = cli(url, "show", str(job_id), "--json")
-    assert out.returncode == 0, out.stderr
-    job: dict[str, Any] = json.loads(out.stdout)
+    """The job as `gpupool show ID --json` prints it (the server's JSON), read over HTTP:
+    the tests poll it, and a command is a process a poll need not start."""
+    got = HTTP.get(f"{url}/v1/jobs/{job_id}", timeout=10)
+    assert got.status_code == 200, got.text
+    job: dict[str, Any] = got.json()
     return job
 
 
@@ -178,9 +180,82 @@ def test_jobs_run_contained_as_their_teams(pool: Pool) -> None:
     assert 0 < tried["forked"] < 48  # the pids limit of batch jobs stopped the fork loop
     # the escaped `setsid sleep` was killed with its job, before the job was "ended"
     assert not _process_running(["sleep", escape_s])
+    shown = cli(url, "show", str(a), "--json")
+    assert shown.returncode == 0, shown.stderr
+    said, read = json.loads(shown.stdout), show(url, a)
+    assert [said[k] for k in ("id", "state", "gpus")] == [read[k] for k in ("id", "state", "gpus")]
     assert show(url, a)["state"] == "running"
     release.touch()
     wait_for(lambda: show(url, a)["state"] == "succeeded", 60, "team a's job to finish")
+
+
+def test_windows_holds_drains_and_their_reasons_in_why_the_dashboard_and_the_review(
+    pool: Pool,
+) -> None:
+    """Team ctest-shift's time window (now, 1 GPU of 4) keeps its second job waiting with
+    `Window`; a hold shows `Held`; the node of its first job drained (`gpupool nodes`:
+    draining, then drained) takes no new job: released, the second job runs elsewhere on
+    Ray and waits with `Resources` on the one local node until the drain is undone. The
+    dashboard in Chromium shows the nodes, the window and the queue's reason; the monthly
+    review reads the run back from the server's database."""
+    url = pool.url
+    release = pool.root / "release-shift"
+    wait_cmd = f'i=0; while [ ! -e "{release}" ] && [ $i -lt 1200 ]; do sleep 0.1; i=$((i+1)); done'
+    first = submit(url, "ctest-shift", "--kind", "batch", "--gpus", "1", "--", "sh", "-c", wait_cmd)
+    wait_for(lambda: show(url, first)["state"] == "running", 90, "the shift's first job")
+    second = submit(url, "ctest-shift", "--kind", "batch", "--gpus", "1", "--", "true")
+
+    def why(job_id: int) -> dict[str, Any]:
+        out = cli(url, "why", str(job_id), "--json")
+        assert out.returncode == 0, out.stderr
+        said: dict[str, Any] = json.loads(out.stdout)
+        return said
+
+    wait_for(lambda: why(second)["reason_code"] == "Window", 30, "the window's reason")
+    assert "time window caps it" in why(second)["reason"], why(second)
+    assert cli(url, "hold", str(second)).returncode == 0
+    wait_for(lambda: why(second)["reason_code"] == "Held", 30, "the hold's reason")
+
+    (drained,) = nodes_of(url, first)
+    out = cli(url, "drain", drained, "--reason", "cabling")
+    assert out.returncode == 0, out.stderr
+    assert pool.node_states()[drained]["state"] == "draining"
+    with chromium() as browser:  # the dashboard: the nodes, the window, the queue
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        page.goto(url + "/")
+        for name in pool.node_states():
+            page.wait_for_selector(f'[data-node="{name}"]', timeout=15_000)
+        row = page.locator(f'#panel-queue tr[data-job="{second}"]')
+        row.wait_for(timeout=15_000)
+        assert "Held" in row.inner_text(), row.inner_text()
+        window = page.locator("#active-window").inner_text(timeout=15_000)
+        assert "Active window" in window and "ctest-shift" in window, window
+    release.touch()
+    wait_for(lambda: show(url, first)["state"] == "succeeded", 60, "the first job to end")
+    wait_for(lambda: pool.node_states()[drained]["state"] == "drained", 30, "drained")
+    assert cli(url, "release", str(second)).returncode == 0
+    if pool.kind == "local":  # one node, drained: the job waits for it
+        wait_for(lambda: why(second)["reason_code"] == "Resources", 30, "no node for it")
+        assert show(url, second)["state"] == "pending"
+        assert cli(url, "drain", drained, "--undo").returncode == 0
+    wait_for(lambda: show(url, second)["state"] == "succeeded", 60, "the second job")
+    if pool.kind == "ray":
+        assert nodes_of(url, second) != {drained}
+        assert cli(url, "drain", drained, "--undo").returncode == 0
+    wait_for(lambda: pool.node_states()[drained]["state"] == "up", 30, "the drain undone")
+    events = HTTP.get(f"{url}/v1/events", params={"after": 0}).json()["events"]
+    drains = [(e["kind"], e["message"]) for e in events if e["kind"].startswith("node-")]
+    assert ("node-drain", "cabling") in drains and drains[-1][0] == "node-undrain", drains
+
+    html = pool.root / "review.html"  # the review, from the live database
+    db = f"sqlite:///{pool.state / 'gpupool.db'}"
+    out = subprocess.run(
+        [sys.executable, "-m", "gpupool", "report", "--db", db, "--html", str(html)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    text = html.read_text()
+    assert "ctest-shift" in text and drained in text
 
 
 def test_sigkills_in_launch_windows_never_run_a_job_twice(pool: Pool) -> None:
@@ -205,7 +280,7 @@ def test_a_crash_looping_service_backs_off(pool: Pool) -> None:
     assert made.returncode == 0, made.stderr
 
     def replicas() -> list[dict[str, Any]]:
-        jobs = httpx.get(f"{pool.url}/v1/jobs", params={"limit": 1000}, timeout=5).json()
+        jobs = HTTP.get(f"{pool.url}/v1/jobs", params={"limit": 1000}, timeout=5).json()
         return [j for j in jobs["jobs"] if j.get("service") == "crashy"]
 
     wait_for(lambda: any(j["state"] == "failed" for j in replicas()), 60, "a failure")
@@ -269,7 +344,7 @@ def test_a_killed_node_loses_nothing_its_checkpointing_job_needs(pool: Pool) -> 
     assert "== attempt 1 ==" in log and "step=20" in log  # the first attempt's output
     fields = result_of(log)
     assert int(fields["result"]) == expected_result(steps) and int(fields["resumed_from"]) > 0
-    events = httpx.get(f"{url}/v1/events", params={"after": 0}).json()["events"]
+    events = HTTP.get(f"{url}/v1/events", params={"after": 0}).json()["events"]
     assert any(e["kind"] == "node-lost" and victim in e["message"] for e in events)
     pool.join(victim)  # the machine comes back: it joins the pool again
     _back_in_the_pool(pool, victim)
@@ -279,8 +354,8 @@ def test_a_killed_node_loses_nothing_its_checkpointing_job_needs(pool: Pool) -> 
 def test_a_node_stopped_with_sigterm_drains_its_job_to_the_other(pool: Pool) -> None:
     url = pool.url
     steps = 200
-    job = submit_counter(pool, steps, 2, 50, "--grace", "20s")
-    wait_for(lambda: "step=10" in cli(url, "logs", str(job)).stdout, 90, "progress")
+    job = submit_counter(pool, steps, 2, 10, "--grace", "20s")
+    wait_for(lambda: "step=10 " in cli(url, "logs", str(job)).stdout, 90, "progress")
     (leaving,) = nodes_of(url, job)
     node = pool.nodes[leaving]
     node.proc.send_signal(signal.SIGTERM)
@@ -291,7 +366,7 @@ def test_a_node_stopped_with_sigterm_drains_its_job_to_the_other(pool: Pool) -> 
     log = cli(url, "logs", str(job)).stdout
     assert "SIGTERM: checkpoint saved" in log  # it left with its grace, not killed
     assert int(result_of(log)["result"]) == expected_result(steps)
-    events = httpx.get(f"{url}/v1/events", params={"after": 0}).json()["events"]
+    events = HTTP.get(f"{url}/v1/events", params={"after": 0}).json()["events"]
     assert any("is leaving" in e["message"] for e in events), events[-10:]
     pool.join(leaving)
     _back_in_the_pool(pool, leaving)
@@ -315,7 +390,7 @@ def test_join_refuses_a_second_agent_on_one_node_dir_and_bad_labels(pool: Pool) 
 
 
 def _fault(url: str, **body: Any) -> dict[str, Any]:
-    r = httpx.post(f"{url}/v1/admin/fake-faults", json=body, timeout=30)
+    r = HTTP.post(f"{url}/v1/admin/fake-faults", json=body, timeout=30)
     assert r.status_code == 200, r.text
     return dict(r.json())
 
@@ -338,7 +413,7 @@ def test_a_failed_gpu_is_drained_and_its_job_resumes_elsewhere(pool: Pool) -> No
     assert "SIGTERM: checkpoint saved" in log
     fields = result_of(log)
     assert int(fields["result"]) == expected_result(steps) and int(fields["resumed_from"]) > 0
-    events = httpx.get(f"{url}/v1/events", params={"after": 0}).json()["events"]
+    events = HTTP.get(f"{url}/v1/events", params={"after": 0}).json()["events"]
     unhealthy = [e["message"] for e in events if e["kind"] == "gpu-unhealthy"]
     assert any("XID 79" in m and first["node"] in m for m in unhealthy), unhealthy
     out = [o for n in pool.node_states().values() for o in n["gpus_out"]]
@@ -361,7 +436,7 @@ def test_a_power_cap_is_applied_and_reset_on_the_right_node(pool: Pool) -> None:
     (gpu,) = show(url, job)["gpus"]
 
     def clocks() -> dict[tuple[str, int], int]:
-        nodes = httpx.get(f"{url}/v1/cluster", timeout=10).json()["nodes"]
+        nodes = HTTP.get(f"{url}/v1/cluster", timeout=10).json()["nodes"]
         return {
             (n["name"], g["index"]): int(g["sm_clock_mhz"] or 0) for n in nodes for g in n["gpus"]
         }
@@ -373,7 +448,7 @@ def test_a_power_cap_is_applied_and_reset_on_the_right_node(pool: Pool) -> None:
     release.touch()
     wait_for(lambda: show(url, job)["state"] == "succeeded", 60, "the job to end")
     wait_for(lambda: clocks()[here] == top, 30, "the reset")
-    events = httpx.get(f"{url}/v1/events", params={"after": 0}).json()["events"]
+    events = HTTP.get(f"{url}/v1/events", params={"after": 0}).json()["events"]
     caps = [e["message"] for e in events if e["kind"] == "power-cap"]
     assert len(caps) >= 2 and "applied" in caps[0] and "job left" in caps[-1], caps
 
@@ -453,7 +528,7 @@ def test_a_service_scales_out_from_measured_load(pool: Pool) -> None:
     assert made.returncode == 0, made.stderr
 
     def replicas() -> list[dict[str, Any]]:
-        view = httpx.get(f"{url}/v1/services/chat", timeout=10).json()
+        view = HTTP.get(f"{url}/v1/services/chat", timeout=10).json()
         return [r for r in view["replicas"] if r["ready"]]
 
     wait_for(lambda: len(replicas()) == 1, 90, "the first replica to serve")
@@ -483,7 +558,7 @@ def test_a_service_scales_out_from_measured_load(pool: Pool) -> None:
         assert host == r["address"]
         if pool.kind == "ray":
             assert host == pool.nodes[r["node"]].ip  # reached at its own node's address
-        assert httpx.get(f"{r['url']}/metrics", timeout=5).status_code == 200
+        assert HTTP.get(f"{r['url']}/metrics", timeout=5).status_code == 200
     if pool.kind == "ray":
         assert {r["node"] for r in ready} == set(pool.nodes)  # replicas on both nodes
     shown = cli(url, "service", "show", "chat").stdout
@@ -503,9 +578,9 @@ def test_a_submit_on_a_full_disk_is_refused_with_the_reason(pool: Pool) -> None:
         assert out.returncode != 0, out.stdout
         assert "no disk space left" in out.stderr and "free space" in out.stderr, out.stderr
         assert "Traceback" not in out.stderr
-        raw = httpx.post(f"{url}/v1/jobs", json={"command": ["true"], "team": "ctest-a"})
+        raw = HTTP.post(f"{url}/v1/jobs", json={"command": ["true"], "team": "ctest-a"})
         assert raw.status_code == 507, raw.text
-        assert httpx.get(f"{url}/healthz", timeout=10).status_code in (200, 503)
+        assert HTTP.get(f"{url}/healthz", timeout=10).status_code in (200, 503)
     finally:
         filler.unlink()
     job = submit(url, "ctest-a", "--", "true")
@@ -534,7 +609,7 @@ def test_a_machine_joining_under_load_joins_the_pool(pool: Pool) -> None:
     assert pool.server.proc is not None and pool.server.proc.pid == pid  # restarted in place
     again = show(url, job)
     assert again["state"] == "running" and again["attempts"] == 1, again  # adopted
-    events = httpx.get(f"{url}/v1/events", params={"after": 0}).json()["events"]
+    events = HTTP.get(f"{url}/v1/events", params={"after": 0}).json()["events"]
     assert any(e["kind"] == "node-joined" and "n3" in e["message"] for e in events)
     work = [submit(url, "ctest-b", "--gpus", "2", "--", "sh", "-c", "sleep 3") for _ in range(2)]
     for j in work:

@@ -2,7 +2,8 @@
 conftest.py's 3-node Ray cluster: the fleet and its telemetry come from the nodes, a
 mix of jobs runs on exactly the node and GPUs the core chose (each job says where it
 ran), `gpupool logs` streams a remote job's output, and a killed node shows up in the
-events and the metrics while its job is requeued and finishes elsewhere."""
+events and the metrics while its job is requeued and finishes elsewhere; and a second server
+on the same PostgreSQL database stands by and takes the cluster over."""
 
 from __future__ import annotations
 
@@ -11,15 +12,16 @@ import json
 import os
 import signal
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from gpupool.examples.ckpt_counter import expected_result
-from service_proc import Server, cli, paced_counter, wait_for
+from pgserver import fresh_schema, pg_url  # noqa: F401
+from service_proc import HTTP, Server, cli, paced_counter, wait_for
 
 PY = sys.executable
 UNTIL = (
@@ -110,7 +112,7 @@ def where(log: str) -> tuple[str, list[int]]:
 
 def test_the_fleet_and_its_telemetry_come_from_the_ray_nodes(server: Server) -> None:
     assert "node a1: 4xA100-80GB, site" in server.log.read_text()
-    view = httpx.get(f"{server.url}/v1/cluster").json()
+    view = HTTP.get(f"{server.url}/v1/cluster").json()
     nodes = {n["name"]: n for n in view["nodes"]}
     assert {k: (n["gpu_model"], n["state"]) for k, n in nodes.items()} == {
         "a1": ("A100-80GB", "up"),
@@ -121,7 +123,7 @@ def test_the_fleet_and_its_telemetry_come_from_the_ray_nodes(server: Server) -> 
     wait_for(
         lambda: all(
             g["util_pct"] is not None
-            for n in httpx.get(f"{server.url}/v1/cluster").json()["nodes"]
+            for n in HTTP.get(f"{server.url}/v1/cluster").json()["nodes"]
             for g in n["gpus"]
         ),
         30,
@@ -234,21 +236,89 @@ def test_a_killed_node_is_in_the_events_and_metrics_and_its_job_finishes_elsewhe
     ray_cluster.cluster.remove_node(ray_cluster.nodes[node], allow_graceful=False)
 
     def metric(line: str) -> bool:
-        return line in httpx.get(f"{url}/metrics").text
+        return line in HTTP.get(f"{url}/metrics").text
 
     wait_for(
         lambda: metric(f'gpupool_node_lost_total{{node="{node}"}} 1.0'), 60, "the node-lost metric"
     )
     up = [
         x
-        for x in httpx.get(f"{url}/metrics").text.splitlines()
+        for x in HTTP.get(f"{url}/metrics").text.splitlines()
         if x.startswith(f'gpupool_node_up{{node="{node}",')
     ]
     assert len(up) == 1 and up[0].endswith('state="lost"} 0.0'), up
-    events = httpx.get(f"{url}/v1/events", params={"after": 0}).json()["events"]
+    events = HTTP.get(f"{url}/v1/events", params={"after": 0}).json()["events"]
     lost = [e for e in events if e["kind"] == "node-lost"]
     assert lost and node in lost[0]["message"], events[-10:]
     wait_for(lambda: show(url, victim)["state"] == "succeeded", 120, "the victim to finish")
     job = show(url, victim)
     assert job["attempts"] >= 2 and {g["node"] for g in job["gpus"]} != {node}
     assert_resumed_result(cli(url, "logs", str(victim)).stdout, steps)
+
+
+STARTS = """\
+import os, sys, time
+line = f"start {os.environ['GPUPOOL_JOB_ID']} {os.environ['GPUPOOL_ATTEMPT']}\\n"
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+os.write(fd, line.encode())
+os.close(fd)
+time.sleep(float(sys.argv[2]))
+"""
+
+
+def test_a_standby_on_postgresql_takes_over_the_ray_cluster(
+    ray_cluster: Any,
+    pg_url: str,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """Two `gpupool serve --ray` on one PostgreSQL database and one Ray cluster: the second
+    stands by (and joins no Ray cluster) until the first is SIGKILLed, then takes over: the
+    jobs the first started are adopted where they run, none starts twice, the queue runs on."""
+    state = tmp_path / "state"
+    starts = tmp_path / "starts.log"
+    script = tmp_path / "job.py"
+    script.write_text(STARTS)
+    args = ("--db", fresh_schema(pg_url), "--ray", ray_cluster.cluster.address)
+    args += ("--ray-namespace", "gpupool-standby", "--auth", "none", "--cycle", "0.2")
+    first = Server(state, *args).start(timeout_s=120)
+    second = Server(state, *args).start(timeout_s=120)
+    try:
+        assert HTTP.get(f"{second.url}/healthz", timeout=5).json()["role"] == "standby"
+        assert HTTP.get(f"{first.url}/healthz", timeout=5).json()["role"] == "active"
+        ids = []
+        for k in range(8):  # 4 run long enough to be adopted, 4 wait on them or run after
+            body = {
+                "command": [PY, str(script), str(starts), "12" if k < 4 else "1"],
+                "team": "ml", "name": f"j{k}", "gpus": 2, "gpu_model": "A100-80GB",
+            }  # fmt: skip
+            r = HTTP.post(f"{first.url}/v1/jobs", json=body, timeout=10)
+            assert r.status_code == 201, r.text
+            ids.append(r.json()["id"])
+
+        def started() -> set[str]:
+            text = starts.read_text() if starts.exists() else ""
+            return {line.split()[1] for line in text.splitlines()}
+
+        wait_for(lambda: len(started()) >= 2, 60, "jobs to start on the first server")
+        first.kill()
+        killed_at = time.monotonic()
+        wait_for(
+            lambda: HTTP.get(f"{second.url}/healthz", timeout=5).json()["role"] == "active",
+            60,
+            "the standby to take over",
+        )
+        print(f"the standby took over in {time.monotonic() - killed_at:.1f} s")
+
+        def states() -> list[str]:
+            jobs = HTTP.get(f"{second.url}/v1/jobs", timeout=5).json()["jobs"]
+            return [j["state"] for j in jobs]
+
+        wait_for(lambda: states().count("succeeded") == len(ids), 120, "every job to end")
+        lines = starts.read_text().splitlines()
+        assert sorted(line.split()[1] for line in lines) == sorted(map(str, ids)), lines
+        assert all(line.split()[2] == "1" for line in lines), lines  # none started twice
+        events = HTTP.get(f"{second.url}/v1/events", params={"after": 0}).json()["events"]
+        assert any(e["kind"] == "adopted" for e in events), [e["kind"] for e in events]
+    finally:
+        second.stop()
+        first.stop()

@@ -10,6 +10,7 @@ The Ray pool must run in a loopback-only network namespace (tests/ray/conftest.p
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import os
 import shutil
@@ -66,9 +67,20 @@ def fill(disk: Path, size_mib: int) -> Path:
     return filler
 
 
+def _shift_hours(now: datetime.datetime) -> tuple[str, str]:
+    """A time window from three hours before `now` to three after (UTC): open for a
+    test's life, whatever the hour."""
+    fmt = "%H:%M"
+    span = datetime.timedelta(hours=3)
+    return (now - span).strftime(fmt), (now + span).strftime(fmt)
+
+
 def config_text(root: Path) -> str:
+    start, end = _shift_hours(datetime.datetime.now(datetime.UTC))
     return (
         "teams:\n  - {name: ctest-a}\n  - {name: ctest-b}\n  - {name: web}\n"
+        "  - {name: ctest-shift}\n"
+        f'windows:\n  - {{from: "{start}", to: "{end}", teams: {{ctest-shift: {{max: 0.25}}}}}}\n'
         "preemption: {min_runtime_s: 0}\n"
         "autoscale: {restart_backoff_s: 2, restart_backoff_max_s: 8}\n"
         "energy: {power_capping: true}\n"
