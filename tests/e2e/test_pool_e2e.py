@@ -587,6 +587,44 @@ def test_a_submit_on_a_full_disk_is_refused_with_the_reason(pool: Pool) -> None:
     wait_for(lambda: show(url, job)["state"] == "succeeded", 60, "a job once space is freed")
 
 
+def test_the_online_reserve_and_sizing_at_submit(pool: Pool) -> None:
+    """Runs after online work was seen (the elastic and service tests), so the 20% online
+    reserve holds: training that checkpoints 40 GiB a GPU cannot leave within a cycle, so
+    three of four run and the fourth waits with `Reserve`; an online job takes the last GPU,
+    preempting nothing. A job given by its model is sized at submit."""
+    url = pool.url
+    release = pool.root / "release-reserve"
+    hold = f'i=0; while [ ! -e "{release}" ] && [ $i -lt 1200 ]; do sleep 0.1; i=$((i+1)); done'
+    train = [
+        submit(url, "ctest-a", "--kind", "training", "--checkpoint-gib", "40", "--", "sh", "-c",
+               hold)
+        for _ in range(4)
+    ]  # fmt: skip
+
+    def states() -> list[str]:
+        return [show(url, j)["state"] for j in train]
+
+    wait_for(lambda: states().count("running") == 3, 60, "three to run")
+    (waiting,) = [j for j in train if show(url, j)["state"] == "pending"]
+    wait_for(lambda: show(url, waiting)["reason_code"] == "Reserve", 30, "the reserve's reason")
+    online = submit(
+        url, "web", "--kind", "online-inference", "--priority", "high", "--", "sh", "-c", hold
+    )
+    wait_for(lambda: show(url, online)["state"] == "running", 60, "the online job to start")
+    assert states().count("running") == 3  # nothing was preempted
+    release.touch()
+    wait_for(lambda: states().count("succeeded") == 4, 90, "the training to end")
+
+    sized = submit(
+        url, "ctest-b", "--model", "llama-3-8b", "--task", "inference", "--precision", "bf16",
+        "--", "true",
+    )  # fmt: skip
+    wait_for(lambda: show(url, sized)["state"] == "succeeded", 60, "the sized job")
+    text = cli(url, "show", str(sized)).stdout
+    assert "sized by    llama-3-8b inference bf16" in text, text
+    assert show(url, sized)["gpus"][0]["node"] in pool.node_states(), show(url, sized)
+
+
 @RAY_ONLY
 def test_a_machine_joining_under_load_joins_the_pool(pool: Pool) -> None:
     """A third machine joins (`gpupool node join`) while a job runs: the server, whose fleet
