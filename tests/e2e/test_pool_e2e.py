@@ -645,6 +645,15 @@ def test_a_machine_joining_under_load_joins_the_pool(pool: Pool) -> None:
 
     wait_for(n3_up, 180, "n3 in the pool")
     assert pool.server.proc is not None and pool.server.proc.pid == pid  # restarted in place
+
+    def temps() -> dict[str, list[float]]:
+        nodes = HTTP.get(f"{url}/v1/cluster", timeout=10).json()["nodes"]
+        return {n["name"]: [float(g["temp_c"] or 0) for g in n["gpus"]] for n in nodes}
+
+    # n3's telemetry reads its hot aisle (--fake-inlet 45 C; idle in 30 C air a card
+    # reads some 34 C)
+    wait_for(lambda: len(temps().get("n3", [])) == 2, 30, "n3's telemetry")
+    assert min(temps()["n3"]) >= 45.0, temps()
     again = show(url, job)
     assert again["state"] == "running" and again["attempts"] == 1, again  # adopted
     events = HTTP.get(f"{url}/v1/events", params={"after": 0}).json()["events"]

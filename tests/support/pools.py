@@ -39,6 +39,8 @@ NODES = {"n1": "127.0.0.2", "n2": "127.0.0.3"}
 """The machines the Ray pool starts with."""
 LATER = {"n3": "127.0.0.4"}
 """A machine a test joins while the pool runs."""
+LATER_INLET = "0=45,1=45"
+"""Its GPUs breathe 45 C air (`gpupool node join --fake-inlet`), the others 30 C."""
 GPUS_PER_NODE = 2
 STATE_DISK_MIB = 160
 """The server's state directory is a tmpfs of this size (root only)."""
@@ -145,6 +147,8 @@ class Pool:
         cmd += ["--node-ip", ip, "--node-dir", str(node_dir)]
         cmd += ["--fake-gpus", f"{GPUS_PER_NODE}xA100-80GB", "--num-cpus", "1"]
         cmd += ["--drain-timeout", "60", "--label", "rack=r1"]
+        if name in LATER:  # the late machine stands in a hot aisle
+            cmd += ["--fake-inlet", LATER_INLET]
         with log.open("ab") as out:
             proc = subprocess.Popen(
                 cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True

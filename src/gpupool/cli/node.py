@@ -47,6 +47,11 @@ def add_node_parser(sub: Any) -> None:
         metavar="SPEC",
         help="declare fake GPUs instead of reading NVML, e.g. 4xA100-80GB (to try gpupool)",
     )
+    j.add_argument(
+        "--fake-inlet",
+        metavar="GPU=CELSIUS,...",
+        help="with --fake-gpus: the inlet air of some of them, e.g. 0=45,1=45 (a hot aisle)",
+    )
     j.add_argument("--node-ip", metavar="ADDRESS", help="this node's address in the cluster")
     j.add_argument("--site", default="", help="the cluster (site) this node belongs to")
     j.add_argument(
@@ -76,6 +81,7 @@ def run_node(args: argparse.Namespace) -> int:
         name=name,
         node_dir=node_dir,
         fake_gpus=args.fake_gpus,
+        fake_inlet=args.fake_inlet,
         node_ip=args.node_ip,
         site=args.site,
         labels=parse_labels(args.label),

@@ -25,7 +25,7 @@ from gpupool.domain.quota import TeamQuota
 from gpupool.errors import ConflictError, SpecError
 from gpupool.ports.clock.base import Clock, StartedClock, SystemClock
 from gpupool.ports.telemetry.base import Telemetry
-from gpupool.ports.telemetry.fake import FakeTelemetry
+from gpupool.ports.telemetry.fake import FakeTelemetry, parse_inlet
 from gpupool.scheduler.config import SchedulerConfig
 from gpupool.scheduler.config_schema import SCHEDULING_KEYS, parse_scheduling
 from gpupool.server.agent.storage import SECTION as STORAGE_SECTION
@@ -225,24 +225,6 @@ def service_scheduling(opts: ServeOptions) -> SchedulerConfig:
         if opts.max_starts is not None
         else (16 if opts.ray is not None else None),
     )
-
-
-def parse_inlet(text: str | None) -> dict[int, float]:
-    """--fake-inlet 0=45,1=45 -> {0: 45.0, 1: 45.0}."""
-    out: dict[int, float] = {}
-    for part in (text or "").split(","):
-        if not part.strip():
-            continue
-        gpu, sep, temp = part.partition("=")
-        try:
-            if not sep:
-                raise ValueError
-            out[int(gpu)] = float(temp)
-        except ValueError:
-            raise SpecError(
-                f"--fake-inlet {text!r}: write GPU=CELSIUS pairs, e.g. 0=45,1=45"
-            ) from None
-    return out
 
 
 def open_clock(start: str | None, speed: float) -> Clock:

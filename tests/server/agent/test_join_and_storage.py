@@ -16,6 +16,7 @@ from gpupool.errors import SpecError
 from gpupool.server.agent.join import (
     RAY_DRAIN_ENV,
     JoinOptions,
+    NodeJoin,
     inventory,
     parse_labels,
     ray_command,
@@ -99,3 +100,26 @@ def test_the_storage_section_and_its_probe(tmp_path: Path) -> None:
     (tmp_path / "file").touch()  # a path below a file can never be written
     missing = probe(tmp_path / "file" / "below", "n1")
     assert "cannot write and read the shared storage" in missing and "mount it" in missing
+
+
+def test_a_joined_nodes_fake_inlet_reaches_its_telemetry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`gpupool node join --fake-inlet 0=45` puts the hot aisle in the node's Ray processes'
+    environment; its telemetry actor's fake GPUs breathe it (GPU 1 the room's 30 C)."""
+    from gpupool.server.telemetry.ray import FAKE_INLET_ENV, NodeTelemetryActor
+
+    monkeypatch.setenv(FAKE_INLET_ENV, "0=45")
+    actor = NodeTelemetryActor("n1", "A100-80GB", 2)
+    if actor.source() != "fake":
+        pytest.skip("this machine has NVIDIA GPUs: its telemetry is NVML")
+    hot, room = actor.sample(0.0)
+    assert hot.temp_c >= 45.0 > room.temp_c, (hot, room)
+    # and join refuses an inlet without fake GPUs to give it to, or for a GPU it lacks
+    for fake, why in ((None, "add --fake-gpus"), ("2xA100-80GB", "has GPUs 0-1")):
+        opts = JoinOptions(
+            head="127.0.0.1:1", name="n1", node_dir=tmp_path, fake_gpus=fake,
+            fake_inlet="0=45" if fake is None else "2=45",
+        )  # fmt: skip
+        with pytest.raises(SpecError, match=why):
+            NodeJoin(opts, say=lambda _line: None).run()

@@ -329,3 +329,22 @@ class FakeTelemetry(Telemetry):
 
     def close(self) -> None:
         """Nothing to release."""
+
+
+def parse_inlet(text: str | None) -> dict[int, float]:
+    """--fake-inlet 0=45,1=45 -> {0: 45.0, 1: 45.0}: the inlet air of some fake GPUs (a hot
+    aisle), for `gpupool serve --fake-gpus` and `gpupool node join --fake-gpus`."""
+    out: dict[int, float] = {}
+    for part in (text or "").split(","):
+        if not part.strip():
+            continue
+        gpu, sep, temp = part.partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            out[int(gpu)] = float(temp)
+        except ValueError:
+            raise SpecError(
+                f"--fake-inlet {text!r}: write GPU=CELSIUS pairs, e.g. 0=45,1=45"
+            ) from None
+    return out

@@ -31,10 +31,12 @@ from pathlib import Path
 from typing import Any
 
 from gpupool.errors import SpecError
+from gpupool.ports.telemetry.fake import parse_inlet
 from gpupool.server.agent.processes import alive
 from gpupool.server.executors.files import read_json
 from gpupool.server.executors.ray_launcher import LEAVING_FILE, NODE_DIR_ENV
 from gpupool.server.executors.ray_nodes import node_resources
+from gpupool.server.telemetry.ray import FAKE_INLET_ENV
 
 LABEL_PREFIX = "gpupool_label_"
 RAY_DRAIN_ENV = "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"
@@ -52,6 +54,9 @@ class JoinOptions:
     name: str
     node_dir: Path
     fake_gpus: str | None = None
+    fake_inlet: str | None = None
+    """With fake GPUs: the inlet air of some of them (`0=45,1=45`), as `gpupool serve
+    --fake-inlet` gives it, read by the node's telemetry (a hot aisle to rehearse)."""
     node_ip: str | None = None
     site: str = ""
     labels: Mapping[str, str] = field(default_factory=dict)
@@ -148,7 +153,15 @@ class NodeJoin:
 
     def run(self) -> int:
         opts = self.opts
+        if opts.fake_inlet and not opts.fake_gpus:
+            raise SpecError("--fake-inlet is for fake GPUs: add --fake-gpus")
         model, count = inventory(opts.fake_gpus)
+        if opts.fake_inlet:
+            bad = sorted(set(parse_inlet(opts.fake_inlet)) - set(range(count)))
+            if bad:
+                raise SpecError(
+                    f"--fake-inlet names GPU {bad[0]}, but this node has GPUs 0-{count - 1}"
+                )
         node_dir = opts.node_dir.absolute()
         (node_dir / "agent").mkdir(parents=True, exist_ok=True)
         lock = open(node_dir / ".join.lock", "a+b")  # noqa: SIM115 - held while we run
@@ -169,11 +182,14 @@ class NodeJoin:
             "labels": dict(opts.labels),
             "head": opts.head,
             "node_ip": opts.node_ip or "",
+            "fake_inlet": opts.fake_inlet or "",
             "pid": os.getpid(),
             "started_at": time.time(),
         }
         (node_dir / "node.json").write_text(json.dumps(record, indent=1), encoding="utf-8")
         env = {**os.environ, NODE_DIR_ENV: str(node_dir), "RAY_USAGE_STATS_ENABLED": "0"}
+        if opts.fake_inlet:
+            env[FAKE_INLET_ENV] = opts.fake_inlet
         # gpupool has moved the node's jobs by the time it stops Ray: Ray's own drain on
         # SIGTERM (30 s, for Ray Serve's replicas) would only delay the node's exit
         env.setdefault(RAY_DRAIN_ENV, "0")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -27,11 +28,15 @@ from typing import Any, Final
 from gpupool.energy.powercap import SetPowerCap
 from gpupool.errors import ConflictError, NotFoundError, SpecError
 from gpupool.ports.telemetry.base import ApplyResult, GpuInfo, GpuSample, Telemetry, lost_sample
-from gpupool.ports.telemetry.fake import FakeTelemetry, parse_fleet
+from gpupool.ports.telemetry.fake import FakeTelemetry, parse_fleet, parse_inlet
 from gpupool.server.executors.ray import DEFAULT_NAMESPACE
 from gpupool.server.executors.ray_nodes import ray_nodes
 from gpupool.server.telemetry.misses import DEFAULT_MISS_LIMIT, KEY, MissCounter
 from gpupool.server.telemetry.nvml import NoGpuError, NvmlTelemetry
+
+FAKE_INLET_ENV = "GPUPOOL_FAKE_INLET"
+"""A joined node's `--fake-inlet` (GPU=CELSIUS pairs), in its Ray processes' environment:
+the inlet air of some of its fake GPUs."""
 
 ACTOR_PREFIX: Final = "gpupool-telemetry-"
 SAMPLE_TIMEOUT_S: Final = 2.0
@@ -68,7 +73,8 @@ class NodeTelemetryActor:
                     f"node {node}: NVML sees no GPU and the node declares none; declare its "
                     "GPUs with node_resources(name, model, gpus)"
                 ) from None
-            self._tele = FakeTelemetry(f"{gpu_count}x{model}")
+            inlet = parse_inlet(os.environ.get(FAKE_INLET_ENV, ""))
+            self._tele = FakeTelemetry(f"{gpu_count}x{model}", inlet_c=inlet)
             self._source = "fake"
 
     def node_id(self) -> str:
