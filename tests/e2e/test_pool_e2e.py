@@ -593,6 +593,14 @@ def test_the_online_reserve_and_sizing_at_submit(pool: Pool) -> None:
     three of four run and the fourth waits with `Reserve`; an online job takes the last GPU,
     preempting nothing. A job given by its model is sized at submit."""
     url = pool.url
+
+    def busy() -> list[tuple[int, str]]:
+        jobs = HTTP.get(f"{url}/v1/jobs", params={"limit": 1000}, timeout=10).json()["jobs"]
+        return [(j["id"], j["state"]) for j in jobs if j["state"] in ("running", "preempting")]
+
+    # what earlier tests started (a deleted service's replicas stop with their grace) ends
+    # first: the pool's four GPUs are free
+    wait_for(lambda: not busy(), 120, "the pool to be idle")
     release = pool.root / "release-reserve"
     hold = f'i=0; while [ ! -e "{release}" ] && [ $i -lt 1200 ]; do sleep 0.1; i=$((i+1)); done'
     train = [
@@ -604,7 +612,13 @@ def test_the_online_reserve_and_sizing_at_submit(pool: Pool) -> None:
     def states() -> list[str]:
         return [show(url, j)["state"] for j in train]
 
-    wait_for(lambda: states().count("running") == 3, 60, "three to run")
+    def seen() -> str:
+        return str([(show(url, j)["state"], show(url, j)["reason_code"]) for j in train])
+
+    try:
+        wait_for(lambda: states().count("running") == 3, 90, "three to run")
+    except AssertionError as err:
+        raise AssertionError(f"{err}: {seen()}") from None
     (waiting,) = [j for j in train if show(url, j)["state"] == "pending"]
     wait_for(lambda: show(url, waiting)["reason_code"] == "Reserve", 30, "the reserve's reason")
     online = submit(

@@ -207,6 +207,8 @@ def job_pids(job_id: str) -> list[int]:
 
 def test_a_gang_starts_whole_or_not_at_all(gang_cluster: Any, tmp_path: Path) -> None:
     ex = RayExecutor(namespace="gang-none")
+    for node in ("g1", "g3"):  # their launchers first: a new one takes seconds on a busy host
+        ex.launcher_info(node)
     ex.START_TIMEOUT_S = 5.0
     # another job holds GPU 1 of g3, so rank 1 of the gang is refused while rank 0, on g1,
     # is started: the gang must not run on with rank 0 alone
