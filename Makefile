@@ -35,9 +35,9 @@ lint: $(STAMP)
 ## (its verdict counts as theirs). The main suite runs in TEST_WORKERS processes (most of its
 ## tests wait on servers and jobs; tests/conftest.py keeps the modules that share a server or
 ## a simulation on one worker) at a low CPU priority. Beside it: the tests marked ray_cluster
-## (tests/ray, and beside it the Ray runs of tests/e2e/test_pool_e2e.py), each in its own
-## loopback-only network namespace (no port can collide with the rest; Ray's timeouts are
-## real time, so they keep the normal priority), then the tests marked serial (they hold latencies to a bound)
+## (tests/ray, the Ray runs of tests/e2e/test_pool_e2e.py), in a loopback-only
+## network namespace (no port can collide with the rest; Ray's timeouts are real time, so it
+## keeps the normal priority), then the tests marked serial (they hold latencies to a bound)
 ## one at a time at a high priority, so the main suite's load does not reach their latencies
 ## (only the files that mark a test serial are collected).
 ## The output of mypy, the Ray tests and the serial tests comes last.
@@ -47,19 +47,15 @@ test: $(STAMP)
 	$(BIN)/ruff format --check src tests bench
 	@out=$$(mktemp -d); \
 	$(BIN)/mypy > $$out/mypy 2>&1 & mypy=$$!; \
-	( ( RAY_USAGE_STATS_ENABLED=0 GPUPOOL_REQUIRE_RAY=1 GPUPOOL_REQUIRE_ISOLATION=1 unshare -n sh -c 'ip link set lo up && exec "$$@"' sh \
-		$(BIN)/pytest -m ray_cluster tests/ray > $$out/ray 2>&1; echo $$? > $$out/ray.rc ) & ray=$$!; \
-	  RAY_USAGE_STATS_ENABLED=0 GPUPOOL_REQUIRE_RAY=1 GPUPOOL_REQUIRE_ISOLATION=1 unshare -n sh -c 'ip link set lo up && exec "$$@"' sh \
-		$(BIN)/pytest -m ray_cluster tests/e2e/test_pool_e2e.py > $$out/pool 2>&1; echo $$? > $$out/pool.rc; \
-	  wait $$ray; \
+	( RAY_USAGE_STATS_ENABLED=0 GPUPOOL_REQUIRE_RAY=1 GPUPOOL_REQUIRE_ISOLATION=1 unshare -n sh -c 'ip link set lo up && exec "$$@"' sh \
+		$(BIN)/pytest -m ray_cluster tests/ray tests/e2e/test_pool_e2e.py > $$out/ray 2>&1; echo $$? > $$out/ray.rc; \
 	  GPUPOOL_REQUIRE_ISOLATION=1 nice -n -10 $(BIN)/pytest -m serial $$(grep -rl --include='test_*.py' 'mark.serial' tests) > $$out/serial 2>&1; \
 	  echo $$? > $$out/serial.rc ) & side=$$!; \
 	GPUPOOL_REQUIRE_ISOLATION=1 nice -n 10 $(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup --ignore=tests/ray -m "not serial and not ray_cluster"; main=$$?; \
 	wait $$side; wait $$mypy; mypy_rc=$$?; \
-	echo "mypy:"; cat $$out/mypy; echo "tests/ray:"; cat $$out/ray; \
-	echo "the pool's Ray runs (tests/e2e/test_pool_e2e.py):"; cat $$out/pool; echo "serial tests:"; cat $$out/serial; \
-	ray_rc=$$(cat $$out/ray.rc); pool_rc=$$(cat $$out/pool.rc); serial_rc=$$(cat $$out/serial.rc); rm -rf $$out; \
-	[ $$main -eq 0 ] && [ $$ray_rc -eq 0 ] && [ $$pool_rc -eq 0 ] && [ $$serial_rc -eq 0 ] && [ $$mypy_rc -eq 0 ]
+	echo "mypy:"; cat $$out/mypy; echo "tests/ray:"; cat $$out/ray; echo "serial tests:"; cat $$out/serial; \
+	ray_rc=$$(cat $$out/ray.rc); serial_rc=$$(cat $$out/serial.rc); rm -rf $$out; \
+	[ $$main -eq 0 ] && [ $$ray_rc -eq 0 ] && [ $$serial_rc -eq 0 ] && [ $$mypy_rc -eq 0 ]
 
 ## bench: speed targets, results written to bench/results/
 bench: $(STAMP)
