@@ -118,26 +118,30 @@ def ray_command(opts: JoinOptions, res: Mapping[str, float]) -> list[str]:
     return argv
 
 
-def unreleased_jobs(node_dir: Path) -> list[str]:
-    """The jobs (and gang members) whose attempts the server has not yet seen end: their
-    records stay until it has copied their last output and released their GPUs."""
+def _records(node_dir: Path) -> list[tuple[str, dict[str, Any]]]:
+    """The agent's records on this node: (job or gang member, record)."""
     out = []
     for path in sorted((node_dir / "agent").glob("job-*.json")):
         entry = read_json(path)
         if entry:
-            out.append(str(entry.get("job_id", path.stem[4:])))
+            out.append((str(entry.get("job_id", path.stem[4:])), entry))
     return out
+
+
+def unreleased_jobs(node_dir: Path) -> list[str]:
+    """The jobs (and gang members) whose attempts the server has not yet seen end: their
+    records stay until it has copied their last output and released their GPUs."""
+    return [job for job, _ in _records(node_dir)]
 
 
 def running_jobs(node_dir: Path) -> list[str]:
     """The jobs (and gang members) whose shims still run on this node, from its agent's
     records."""
-    out = []
-    for path in sorted((node_dir / "agent").glob("job-*.json")):
-        entry = read_json(path)
-        if entry and alive(int(entry.get("pid", 0)), int(entry.get("ticks", -1))):
-            out.append(str(entry.get("job_id", path.stem[4:])))
-    return out
+    return [
+        job
+        for job, entry in _records(node_dir)
+        if alive(int(entry.get("pid", 0)), int(entry.get("ticks", -1)))
+    ]
 
 
 class NodeJoin:
