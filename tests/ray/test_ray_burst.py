@@ -108,7 +108,7 @@ def burst(ray_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterato
                 str(state),
             ],
             check=False,
-            timeout=60,
+            timeout=120,
         )
 
 

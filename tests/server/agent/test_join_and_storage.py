@@ -8,11 +8,13 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 
 from gpupool.errors import SpecError
+from gpupool.server.agent import join
 from gpupool.server.agent.join import (
     RAY_DRAIN_ENV,
     JoinOptions,
@@ -123,3 +125,59 @@ def test_a_joined_nodes_fake_inlet_reaches_its_telemetry(
         )  # fmt: skip
         with pytest.raises(SpecError, match=why):
             NodeJoin(opts, say=lambda _line: None).run()
+
+
+def fake_ray(tmp_path: Path, fails: int) -> Path:
+    """A `ray` that fails to start `fails` times (as a raylet whose agents came up too late
+    does), then runs until stopped; each try leaves a line in `tries`."""
+    script = tmp_path / "ray"
+    script.write_text(
+        "#!/bin/sh\n"
+        f'echo try >> "{tmp_path}/tries"\n'
+        f'[ "$(wc -l < "{tmp_path}/tries")" -le {fails} ] && exit 3\n'
+        "exec sleep 60\n",
+        encoding="utf-8",
+    )
+    script.chmod(0o755)
+    return script
+
+
+def test_ray_that_fails_to_start_is_tried_again_with_a_backoff(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(join, "START_BACKOFF_S", 0.05)
+    said: list[str] = []
+    opts = options(tmp_path / "node", fake_gpus="2xA100-80GB", ray=str(fake_ray(tmp_path, fails=2)))
+    joined = NodeJoin(opts, say=said.append)
+    rc: list[int] = []
+    runner = threading.Thread(target=lambda: rc.append(joined.run()))
+    runner.start()
+    try:
+        for _ in range(200):  # bounded: 10 s
+            if (tmp_path / "tries").is_file() and len(
+                (tmp_path / "tries").read_text().splitlines()
+            ) == 3:
+                break
+            threading.Event().wait(0.05)
+    finally:
+        joined.leave.set()
+        runner.join(40)
+    assert rc == [0], said
+    retries = [line for line in said if "trying again" in line]
+    assert len(retries) == 2, said
+    assert "exit 3" in retries[0] and "in 0.05 s (try 2 of 4)" in retries[0], said
+    assert "in 0.1 s (try 3 of 4)" in retries[1], said
+    assert said[-1].endswith("left the cluster"), said
+
+
+def test_ray_that_never_starts_ends_the_join_after_its_tries(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(join, "START_BACKOFF_S", 0.01)
+    said: list[str] = []
+    opts = options(
+        tmp_path / "node", fake_gpus="2xA100-80GB", ray=str(fake_ray(tmp_path, fails=99))
+    )
+    assert NodeJoin(opts, say=said.append).run() == 3
+    assert len((tmp_path / "tries").read_text().splitlines()) == join.START_TRIES
+    assert said[-1].endswith(f"Ray did not start (exit 3) ({join.START_TRIES} tries); leaving")

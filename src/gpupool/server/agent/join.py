@@ -40,6 +40,14 @@ from gpupool.server.telemetry.ray import FAKE_INLET_ENV
 
 LABEL_PREFIX = "gpupool_label_"
 RAY_DRAIN_ENV = "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"
+START_TRIES = 4
+"""How many times `ray start` is tried when it fails while starting (see START_WINDOW_S)."""
+START_WINDOW_S = 120.0
+"""A `ray start --block` that exits within this long of being started failed to start (on
+a busy machine Ray's raylet gives up when its agents are slow to come up): it is tried
+again after a backoff. One that ran longer had joined: its end is the node's end."""
+START_BACKOFF_S = 2.0
+"""The wait before the second try; it doubles for each further one."""
 HANDOVER_S = 15.0
 """How long a drained node waits, once its jobs have ended, for the server to collect their
 last output (it polls every cycle: a second or two); a server that is down does not keep
@@ -206,21 +214,45 @@ class NodeJoin:
             f"gpupool node {opts.name}: {count}x{model} joining {opts.head}"
             f"{' as ' + opts.node_ip if opts.node_ip else ''}; node directory {node_dir}"
         )
-        # The same process group as ours: a SIGKILL to it is the machine's death.
-        self._proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL)
         try:
-            return self._wait(node_dir)
+            return self._run_ray(argv, env, node_dir)
         finally:
             lock.close()
 
-    def _wait(self, node_dir: Path) -> int:
+    def _run_ray(self, argv: list[str], env: Mapping[str, str], node_dir: Path) -> int:
+        """Start Ray, again with a backoff while it fails to start, and stay until the node
+        leaves."""
+        for attempt in range(1, START_TRIES + 1):
+            # The same process group as ours: a SIGKILL to it is the machine's death.
+            self._proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL)
+            started = time.monotonic()
+            rc = self._wait(node_dir)
+            if rc is None:
+                return 0
+            failed_start = time.monotonic() - started < START_WINDOW_S
+            if not failed_start or attempt == START_TRIES:
+                why = "did not start" if failed_start else "stopped"
+                tries = f" ({attempt} tries)" if failed_start else ""
+                self.say(f"gpupool node {self.opts.name}: Ray {why} (exit {rc}){tries}; leaving")
+                return rc or 1
+            backoff_s = START_BACKOFF_S * 2.0 ** (attempt - 1)
+            self.say(
+                f"gpupool node {self.opts.name}: Ray did not start (exit {rc}); trying again "
+                f"in {backoff_s:g} s (try {attempt + 1} of {START_TRIES})"
+            )
+            if self.leave.wait(backoff_s):
+                return 0
+        return 1  # not reached: the last try returns above
+
+    def _wait(self, node_dir: Path) -> int | None:
+        """Until Ray exits (its exit status) or the node is asked to leave (drained and
+        stopped: None)."""
         proc = self._proc
         assert proc is not None
         while not self.leave.wait(0.5):
             rc = proc.poll()
             if rc is not None:
-                self.say(f"gpupool node {self.opts.name}: Ray stopped (exit {rc}); leaving")
-                return rc or 1
+                return rc
         # Draining: the agent tells the server, which moves the jobs with their grace.
         (node_dir / "agent" / LEAVING_FILE).write_text(str(time.time()), encoding="utf-8")
         deadline = time.monotonic() + self.opts.drain_timeout_s
@@ -246,7 +278,7 @@ class NodeJoin:
             time.sleep(0.2)
         self.stop_ray()
         self.say(f"gpupool node {self.opts.name}: left the cluster")
-        return 0
+        return None
 
     def stop_ray(self) -> None:
         """Stop the node's Ray processes (ray start --block stops its children on SIGTERM)."""

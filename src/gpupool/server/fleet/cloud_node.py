@@ -1,9 +1,12 @@
-"""Start or stop one "cloud" node: a Ray worker that joins the cluster as a gpupool node.
+"""Start or stop one "cloud" node: a machine that joins the Ray cluster as a gpupool node.
 
 This is the stand-in for a cloud's node launcher that the sites file names under
 `cloud: {start, stop}`; a real deployment replaces it with its provider's API call (start
-an instance whose boot runs `ray start --address ...` with the same resources). It must
-return quickly: the service learns that the node joined from the Ray node list.
+an instance whose boot runs `gpupool node join HEAD_ADDRESS --name ... --site ...`). Here
+the "instance" is `gpupool node join` on this machine with fake GPUs, its node directory
+under the state directory: the same agent, the same retries while Ray fails to start, the
+same drain on stop. `start` returns at once: the service learns that the node joined from
+the Ray node list.
 
     python -m gpupool.server.fleet.cloud_node start --address 127.0.0.1:6379 --node c1 \\
         --model H100-80GB --gpus 4 --site cloud --state-dir .gpupool
@@ -13,28 +16,16 @@ return quickly: the service learns that the node joined from the Ray node list.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from gpupool.server.executors.ray_nodes import node_resources
-
 
 def _pid_file(state_dir: Path, node: str) -> Path:
     return state_dir / "cloud" / f"{node}.pid"
-
-
-def _ray_cli() -> str:
-    here = Path(sys.executable).parent / "ray"
-    found = str(here) if here.is_file() else shutil.which("ray")
-    if found is None:
-        raise SystemExit("cloud_node: the `ray` command is not installed next to this Python")
-    return found
 
 
 def start(args: argparse.Namespace) -> int:
@@ -45,26 +36,34 @@ def start(args: argparse.Namespace) -> int:
             print(f"cloud node {args.node} already runs (pid {pid})")
             return 0
     pid_file.parent.mkdir(parents=True, exist_ok=True)
-    resources = node_resources(args.node, args.model, args.gpus, args.site)
     argv = [
-        _ray_cli(),
-        "start",
-        "--block",
-        f"--address={args.address}",
-        f"--num-cpus={args.num_cpus}",
-        "--num-gpus=0",
-        f"--resources={json.dumps(resources)}",
-        f"--object-store-memory={args.object_store_mib * 1024 * 1024}",
-        "--disable-usage-stats",
+        sys.executable,
+        "-m",
+        "gpupool",
+        "node",
+        "join",
+        args.address,
+        "--name",
+        args.node,
+        "--fake-gpus",
+        f"{args.gpus}x{args.model}",
+        "--node-dir",
+        str(args.state_dir.absolute() / "cloud" / args.node),
+        "--num-cpus",
+        str(args.num_cpus),
+        "--drain-timeout",
+        str(args.drain_timeout_s),
     ]
-    log = pid_file.with_suffix(".ray.log")
+    if args.site:
+        argv += ["--site", args.site]
+    log = pid_file.with_suffix(".join.log")
     with log.open("ab") as out:
-        # its own session: `stop` signals the whole group (raylet and workers)
+        # its own session: `stop` signals the whole group (the join and its Ray processes)
         proc = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True
         )
     pid_file.write_text(str(proc.pid), encoding="utf-8")
-    print(f"cloud node {args.node}: started `ray start --block` (pid {proc.pid}, log {log})")
+    print(f"cloud node {args.node}: started `gpupool node join` (pid {proc.pid}, log {log})")
     return 0
 
 
@@ -84,8 +83,8 @@ def stop(args: argparse.Namespace) -> int:
         print(f"cloud node {args.node}: not started here (no {pid_file})")
         return 0
     pgid = int(pid_file.read_text(encoding="utf-8"))
-    try:
-        os.killpg(pgid, signal.SIGTERM)
+    try:  # the join drains the node and stops its Ray; what is left then is killed
+        os.kill(pgid, signal.SIGTERM)
     except ProcessLookupError:
         pid_file.unlink()
         print(f"cloud node {args.node}: already gone")
@@ -111,7 +110,8 @@ def _group_alive(pgid: int) -> bool:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m gpupool.server.fleet.cloud_node",
-        description="Start or stop a Ray worker node standing in for a cloud instance.",
+        description="Start or stop a node standing in for a cloud instance (gpupool node join "
+        "with fake GPUs).",
     )
     sub = p.add_subparsers(dest="action", required=True)
     s = sub.add_parser("start", help="start the node (returns at once)")
@@ -121,12 +121,19 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--gpus", type=int, required=True, help="GPUs it declares")
     s.add_argument("--site", default="", help="its site in the sites file")
     s.add_argument("--num-cpus", type=int, default=1)
-    s.add_argument("--object-store-mib", type=int, default=80)
+    s.add_argument(
+        "--drain-timeout-s", type=float, default=60.0, help="on stop, how long its jobs may take"
+    )
     s.add_argument("--state-dir", type=Path, required=True)
     t = sub.add_parser("stop", help="stop the node started by `start`")
     t.add_argument("--node", required=True)
     t.add_argument("--state-dir", type=Path, required=True)
-    t.add_argument("--grace-s", type=float, default=5.0)
+    t.add_argument(
+        "--grace-s",
+        type=float,
+        default=90.0,
+        help="how long the node may take to drain and leave before it is killed",
+    )
     args = p.parse_args(argv)
     return start(args) if args.action == "start" else stop(args)
 
