@@ -422,6 +422,11 @@ class Scheduler:
         """A restored job was being stopped for its time limit: it ends as failed (why)."""
         self.book.expiring[job_id] = why
 
+    def online_seen_before(self, gpu_models: frozenset[str]) -> None:
+        """Online inference was submitted for these models (all when empty) before a
+        restart: the online reserve that holds once online work was seen holds again."""
+        self.fleet.online_seen(gpu_models)
+
     # ---- services -----------------------------------------------------------------------------
     def add_service(self, template: ServiceTemplate) -> None:
         """A new service, or new settings for one (its replicas stay; the next cycle scales

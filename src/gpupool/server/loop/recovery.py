@@ -71,6 +71,8 @@ class Recovery:
             self.services.load(svc)
             made = len(self.store.services.replicas(svc.name, False))
             self.scheduler.restore_service(svc.name, made)
+        for model in self.store.jobs.online_models():  # the reserve once online work was seen
+            self.scheduler.online_seen_before(frozenset({model}) if model else frozenset())
         now = self.clock.now()
         if self.learning:  # what finished before this start is the learner's first history
             self.scheduler.learning_seed(outcomes_of(self.store.history.finished_runs(None, now)))

@@ -21,6 +21,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from gpupool.domain.job_fields import JOB_FIELDS, as_json
+from gpupool.domain.model import JobKind
 from gpupool.errors import ConflictError, GpupoolError, IllegalTransition, SpecError
 from gpupool.server.store.base import Repository, transaction
 from gpupool.server.store.checks import check_job, check_state, illegal_move, missing_job
@@ -356,6 +357,14 @@ class Jobs(Repository):
         query = select(JOBS).where(JOBS.c.state.not_in(TERMINAL)).order_by(JOBS.c.id)
         with self.db.read() as s:
             return [job_row(plain(r)) for r in s.execute(query)]
+
+    @transaction
+    def online_models(self) -> builtins.list[str | None]:
+        """The GPU models online inference was ever submitted for (None: any model): the
+        online reserve that holds once online work was seen outlives a restart."""
+        query = select(JOBS.c.gpu_model).where(JOBS.c.kind == JobKind.ONLINE.value).distinct()
+        with self.db.read() as s:
+            return sorted((r[0] for r in s.execute(query)), key=lambda m: (m is not None, m or ""))
 
     @transaction
     def counts(self) -> dict[tuple[str, str, str], int]:
