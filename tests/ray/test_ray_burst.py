@@ -116,8 +116,16 @@ def drive(service: LiveService, done: Callable[[], bool], timeout_s: float, what
     end = time.monotonic() + timeout_s
     while not done():
         if time.monotonic() > end:
-            events = service.store.events.after(0, limit=1000)
-            raise AssertionError(f"timed out waiting for {what}: {events[-15:]}")
+            events = service.store.events.after(0, limit=10_000)
+            cloud = [f"{e.kind}: {e.message}" for e in events if e.kind.startswith("cloud")]
+            logs = sorted((service.config.state_dir / "cloud").glob("*.log"))
+            tails = "\n".join(
+                f"--- {p.name}:\n{p.read_text(errors='replace')[-3000:]}" for p in logs
+            )
+            raise AssertionError(
+                f"timed out waiting for {what}; the cloud's events: {cloud}; the last "
+                f"events: {events[-5:]}\n{tails}"
+            )
         service.step()
         time.sleep(0.1)
 
