@@ -48,7 +48,9 @@ def test_a_node_declares_its_gpus_site_and_labels(tmp_path: Path) -> None:
     argv = ray_command(options(tmp_path, node_ip="10.0.0.7", num_cpus=8), res)
     assert argv[1:5] == ["start", "--block", "--address", "10.0.0.1:6379"]
     assert argv[argv.index("--node-ip-address") + 1] == "10.0.0.7"
-    assert argv[argv.index("--temp-dir") + 1] == str(tmp_path.absolute() / "ray")
+    ray_dir = Path(argv[argv.index("--temp-dir") + 1])
+    assert ray_dir == join.ray_dir(tmp_path)
+    assert len(str(ray_dir)) + join.RAY_SOCKET_SUFFIX <= join.SOCKET_PATH_MAX
     assert argv[argv.index("--num-gpus") + 1] == "0"  # gpupool places GPUs, not Ray
     assert json.loads(argv[argv.index("--resources") + 1]) == res
 
@@ -181,3 +183,21 @@ def test_ray_that_never_starts_ends_the_join_after_its_tries(
     assert NodeJoin(opts, say=said.append).run() == 3
     assert len((tmp_path / "tries").read_text().splitlines()) == join.START_TRIES
     assert said[-1].endswith(f"Ray did not start (exit 3) ({join.START_TRIES} tries); leaving")
+
+
+def test_a_node_directory_too_deep_for_rays_sockets_gets_a_short_ray_directory(
+    tmp_path: Path,
+) -> None:
+    short = Path("/var/lib/gpupool/n1")
+    assert join.ray_dir(short) == short / "ray"
+    deep = tmp_path / ("d" * 60) / "node"
+    far = join.ray_dir(deep)
+    assert far != deep / "ray" and len(str(far)) + join.RAY_SOCKET_SUFFIX <= join.SOCKET_PATH_MAX
+    assert join.ray_dir(deep) == far  # the same node directory, the same Ray directory
+    join.link_ray_dir(deep)
+    try:
+        assert (deep / "ray").is_symlink() and (deep / "ray").resolve() == far.resolve()
+        join.link_ray_dir(deep)  # again: nothing changes
+        assert (deep / "ray").resolve() == far.resolve()
+    finally:
+        far.rmdir()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -23,6 +24,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -118,12 +120,43 @@ def ray_command(opts: JoinOptions, res: Mapping[str, float]) -> list[str]:
     ray = opts.ray or str(Path(sys.executable).with_name("ray"))
     argv = [ray, "start", "--block", "--address", opts.head, "--num-gpus", "0"]
     argv += ["--resources", json.dumps(dict(res)), "--disable-usage-stats"]
-    argv += ["--temp-dir", str(opts.node_dir.absolute() / "ray")]
+    argv += ["--temp-dir", str(ray_dir(opts.node_dir))]
     if opts.node_ip:
         argv += ["--node-ip-address", opts.node_ip]
     if opts.num_cpus is not None:
         argv += ["--num-cpus", str(opts.num_cpus)]
     return argv
+
+
+SOCKET_PATH_MAX = 107
+"""The longest path of a Unix socket (sun_path less its terminating NUL)."""
+RAY_SOCKET_SUFFIX = len("/session_2026-12-06_19-30-23_659825_4194303/sockets/plasma_store")
+"""What Ray adds below its directory for the deepest of its sockets."""
+
+
+def ray_dir(node_dir: Path) -> Path:
+    """Ray's directory for the node: `ray` in the node directory, or, where that path is
+    too long for Ray's Unix sockets below it, a short one in the system's temporary
+    directory named after the node directory (`ray` in the node directory then links to
+    it, so the node's files are still found there)."""
+    inside = node_dir.absolute() / "ray"
+    if len(str(inside)) + RAY_SOCKET_SUFFIX <= SOCKET_PATH_MAX:
+        return inside
+    digest = hashlib.sha1(str(node_dir.absolute()).encode()).hexdigest()[:12]
+    return Path(tempfile.gettempdir()) / f"gpupool-ray-{digest}"
+
+
+def link_ray_dir(node_dir: Path) -> None:
+    """Make the node's Ray directory; a short one outside is linked from the node
+    directory."""
+    target = ray_dir(node_dir)
+    target.mkdir(parents=True, exist_ok=True)
+    inside = node_dir.absolute() / "ray"
+    inside.parent.mkdir(parents=True, exist_ok=True)
+    if target != inside and not inside.is_symlink():
+        if inside.exists():
+            shutil.rmtree(inside, ignore_errors=True)
+        inside.symlink_to(target, target_is_directory=True)
 
 
 def _records(node_dir: Path) -> list[tuple[str, dict[str, Any]]]:
@@ -185,6 +218,7 @@ class NodeJoin:
                 "or give this one its own --node-dir"
             ) from None
         (node_dir / "agent" / LEAVING_FILE).unlink(missing_ok=True)
+        link_ray_dir(node_dir)
         res = resources(opts, model, count)
         record = {
             "name": opts.name,
