@@ -604,6 +604,21 @@ def cmd_scenario(args: argparse.Namespace) -> int:
         print()
         print(
             render(
+                ["scenario", "GPUs/job", "jobs", "started", "never started", "mean wait h",
+                 "max wait h"],
+                [
+                    [r.name, width, w["jobs"], w["started"], w["never_started"],
+                     round(w["mean_wait_s"] / 3600, 2), round(w["max_wait_s"] / 3600, 2)]
+                    for r in results
+                    for width, w in r.summary.get("by_width", {}).items()
+                ],
+                title="Waits by width (to the first start; a job never started waited until "
+                "the horizon)",
+            )
+        )  # fmt: skip
+        print()
+        print(
+            render(
                 [
                     "scenario",
                     "cost $",

@@ -60,12 +60,32 @@ class Claim:
 Command = Start | Preempt | Claim
 
 
+@dataclass(frozen=True)
+class Reservation:
+    """GPUs a plan keeps for a waiting job from `start_s` (policies/cycle/reservations.py):
+    the core tells it (`gpupool why`, the dashboard); it starts nothing."""
+
+    job_id: str
+    pool: str
+    start_s: float
+    gpus: tuple[tuple[int, int], ...]
+    """(node, GPU index) it is to start on."""
+    idle: tuple[tuple[int, int], ...]
+    """Those of them idle now, kept idle for it (its nodes drain)."""
+
+    @property
+    def nodes(self) -> tuple[int, ...]:
+        return tuple(sorted({n for n, _ in self.gpus}))
+
+
 @runtime_checkable
 class IndexedRunning(Protocol):
     """What the core's running jobs offer a CycleView beyond a mapping: the reads a plan
     makes over many running jobs, answered from its records without a view per job."""
 
     def ends(self, gpu_type: str) -> list[tuple[float, int]]: ...
+
+    def job_ends(self, gpu_type: str) -> list[tuple[str, float]]: ...
 
     def batch_in(
         self, gpu_type: str, teams: Set[str] | None, also: Set[str]
@@ -103,6 +123,9 @@ class CycleView:
     reserve: Mapping[str, int]
     rules: PreemptionRules
     rng: np.random.Generator
+    reservations: bool = False
+    """Reservations of specific GPUs with backfill (policies/cycle/reservations.py);
+    False: one EASY reservation per pool, counted in GPUs."""
     placement: ScoringPolicy = field(default_factory=ConsolidatePolicy)
     claims: Mapping[str, frozenset[str]] = field(default_factory=dict)
     """Each waiting claimant's victims (still writing their checkpoints)."""
@@ -114,6 +137,8 @@ class CycleView:
     counts them; None: counted from `running`."""
     holders: ReserveHolders | None = None
     """The reserve rules' counts, as the core made them; None: counted from `running`."""
+    reserved: list[Reservation] = field(default_factory=list)
+    """What the plan reserved (it fills this in): the core publishes it after planning."""
     _allowed: dict[tuple[str, str], BoolArray] = field(default_factory=dict)
     _tables: dict[str, VictimTable] = field(default_factory=dict, init=False, repr=False)
 
@@ -136,6 +161,12 @@ class CycleView:
         return [
             (r.est_end_s, r.spec.gpu_count) for r in self.running.values() if r.gpu_type == gpu_type
         ]
+
+    def job_ends(self, gpu_type: str) -> list[tuple[str, float]]:
+        """(job, expected end) of each running job of the pool, in no order."""
+        if isinstance(self.running, IndexedRunning):
+            return self.running.job_ends(gpu_type)
+        return [(j, r.est_end_s) for j, r in self.running.items() if r.gpu_type == gpu_type]
 
     def batch_in(
         self, gpu_type: str, teams: Set[str] | None, also: Set[str] = frozenset()

@@ -24,7 +24,7 @@ from gpupool.domain.quota import QuotaBook
 from gpupool.domain.state import ClusterState
 from gpupool.errors import ConflictError, NotFoundError, PlanRejected
 from gpupool.learning.history import JobFacts
-from gpupool.policies.contract import Claim, Preempt, Start
+from gpupool.policies.contract import Claim, Preempt, Reservation, Start
 from gpupool.scheduler.commands import Command, Expire, Launch, Resize, Stop
 from gpupool.scheduler.config import SchedulerConfig
 from gpupool.scheduler.elastic import Elastic, PendingResize
@@ -98,6 +98,8 @@ class JobBook:
         """When each (team, pool) last got room under its guarantee (a job left)."""
         self.ready_claims: list[str] = []
         """Claimants whose victims ended by themselves: the next cycle starts them first."""
+        self.reservations: dict[str, Reservation] = {}
+        """The GPUs the last plan kept for waiting jobs (`gpupool why`, the dashboard)."""
         self.on_hold: set[str] = set()
         """Jobs that start only once released (held while waiting, or once requeued)."""
         self.expiring: dict[str, str] = {}

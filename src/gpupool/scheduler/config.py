@@ -133,6 +133,11 @@ class SchedulerConfig:
     """A submitted job that idle GPUs could hold brings the next cycle forward to its
     arrival, so it starts at once instead of waiting out cycle_s; the cycle after that is
     due cycle_s later. False: cycles run only every cycle_s."""
+    reservations: bool = False
+    """Reservations of specific GPUs with backfill (policies/cycle/reservations.py): the
+    first blocked job of each team's queue, and any job waiting a day, keeps the GPUs it
+    will start on, and a job its team's limit cannot hold yet keeps the room its team frees.
+    False: one EASY reservation per pool, counted in GPUs (wide jobs can starve)."""
     online_reserve: float = 0.2
     """Share of each pool (GPUs, rounded up) kept for online inference: idle, or held by
     training and batch work that vacates within preemption.reserve_vacate_s."""

@@ -59,6 +59,7 @@ SCHEDULING_KEYS: frozenset[str] = frozenset(
         "policy",
         "cycle_s",
         "start_on_submit",
+        "reservations",
         "online_reserve",
         "online_reserve_on",
         "share_cap",
@@ -250,6 +251,7 @@ def parse_scheduling(
         start_on_submit=r.flag(
             raw.get("start_on_submit", defaults.start_on_submit), "start_on_submit"
         ),
+        reservations=r.flag(raw.get("reservations", defaults.reservations), "reservations"),
         online_reserve=r.number(
             raw.get("online_reserve", defaults.online_reserve), "online_reserve"
         ),

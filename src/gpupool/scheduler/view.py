@@ -114,6 +114,16 @@ class RunningViews(Mapping[str, RunningView]):
             if r.gpu_type == gpu_type
         ]
 
+    def job_ends(self, gpu_type: str) -> list[tuple[str, float]]:
+        """(job, expected end) of each running job in the pool: what a reservation of
+        specific GPUs reads, straight from the records."""
+        now = self._now
+        return [
+            (job_id, expected_end_s(r, now))
+            for job_id, r in self._running.items()
+            if r.gpu_type == gpu_type
+        ]
+
     def victim_table(self, gpu_type: str, vacating: Set[str], max_per_job: int) -> VictimTable:
         """CycleView.victim_table straight from the records: the same entries as one made
         from every view (cycle.victim_table), without a view per job."""
@@ -228,6 +238,7 @@ def cycle_view(
         team_nodes=fleet.team_nodes,
         reserve=reserve,
         rules=cfg.preemption,
+        reservations=cfg.reservations,
         rng=rng,
         placement=placement,
         claims={c: frozenset(v) for c, v in book.claims.items()},

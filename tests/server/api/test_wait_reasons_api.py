@@ -16,6 +16,7 @@ from gpupool.cli.render import job_table, why_text
 from gpupool.ports.clock.fake import ManualClock
 from gpupool.ports.executor.fake import FakeExecutor
 from gpupool.ports.telemetry.fake import FakeTelemetry
+from gpupool.scheduler.cycle.wait_reasons import clock_text
 from gpupool.server.api.app import create_app
 from gpupool.server.loop.config import LIVE_DEFAULTS, LiveConfig
 from gpupool.server.loop.driver import LiveService
@@ -126,3 +127,43 @@ def test_a_job_no_pool_can_run_ends_unplaceable(api: Api) -> None:
     ended = api.job(row.id)
     assert ended["state"] == "failed" and ended["reason_code"] == "Unplaceable"
     assert why_text(ended).startswith(f"job {row.id} failed: Unplaceable\n  cannot run here")
+
+
+def test_a_blocked_wide_job_holds_a_reservation_that_why_shows(tmp_path: Path) -> None:
+    """With `reservations: true`: a 2-GPU job behind a running 1-GPU job of 10 min keeps
+    both GPUs from when that job is expected to end; the idle one stays idle for it
+    (draining) except for a job that ends before then."""
+    store = Store(database_url(None, tmp_path / "db"))
+    store.migrate()
+    clock = ManualClock(T0)
+    config = dataclasses.replace(LIVE_DEFAULTS, online_reserve=0.0, reservations=True)
+    service = LiveService(
+        LiveConfig(tmp_path / "state", config, sample_s=0.0, host="h"),
+        store,
+        FakeExecutor(),
+        FakeTelemetry("2xA100-80GB"),
+        clock,
+    )
+    with TestClient(create_app(service, store, auth=False)) as client:
+        api = Api(service, clock, client)
+        first = api.submit(gpus=1, team="ml", duration_s=600)
+        api.step()
+        wide = api.submit(gpus=2, team="ml", duration_s=60)
+        api.step()
+        long_one = api.submit(gpus=1, team="ml", duration_s=3600)
+        short_one = api.submit(gpus=1, team="ml", duration_s=120)
+        api.step()
+        api.step()
+        assert api.job(first)["state"] == "running"
+        assert api.job(short_one)["state"] == "running"  # it leaves before the wide job
+        assert api.job(long_one)["state"] == "pending"
+        held = api.job(wide)
+        assert held["reason_code"] == "Reserved", held
+        ends = T0 + 1.0 + 600  # the first job started at the first step
+        # the node's name in the fake fleet is host/model; the idle GPU was kept for it
+        assert held["reason"] == (
+            f"Reserved: 2 A100-80GB GPUs on h/A100-80GB from {clock_text(ends)}, draining"
+        ), held
+        assert why_text(held).startswith(f"job {wide} pending: Reserved\n  2 A100-80GB GPUs on")
+    service.stop()
+    store.close()

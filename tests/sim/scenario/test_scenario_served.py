@@ -68,6 +68,19 @@ def test_served_summary_shows_the_wide_job_that_never_ran() -> None:
     assert by["4"]["avg_jct_h"] == pytest.approx(2.0, abs=0.01)
     assert by["4"]["oldest_never_started_wait_h"] is None
     assert (by["1"]["started"], by["1"]["finished"]) == (1, 1)
+    # waits to the first start; the 8-GPU job that never started waited until the horizon
+    widths = s["by_width"]
+    assert list(widths) == ["1", "4", "8"]
+    assert widths["8"] == {
+        "jobs": 1,
+        "started": 0,
+        "finished": 0,
+        "mean_wait_s": 9 * H,
+        "max_wait_s": 9 * H,
+        "never_started": 1,
+    }
+    assert widths["4"]["never_started"] == 0 and widths["4"]["max_wait_s"] < 60
+    assert s["max_wait_s"] == 9 * H
     assert by["1"]["avg_jct_h"] == pytest.approx(1.0, abs=0.02)
     assert sum(w["gpu_hours"] for w in by.values()) == pytest.approx(spent, abs=0.1)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from gpupool.domain.model import JobSpec
 from gpupool.policies.contract import Command, CyclePolicy, CycleView, Start
 from gpupool.policies.cycle.easy import backfills, shadow
+from gpupool.policies.cycle.reservations import Reservations
 from gpupool.policies.registry import register
 
 
@@ -20,30 +21,47 @@ class FifoPolicy(CyclePolicy):
         commands: list[Command] = []
         usage = view.usage()
         queue = sorted(view.pending, key=lambda p: (p.spec.submit_s, p.spec.job_id))
-        # EASY reservations, one per pool: a job blocked in one pool holds back nothing in
-        # another (their GPUs are disjoint).
+        # Reservations of specific GPUs (view.reservations), or EASY reservations, one
+        # per pool: a job blocked in one pool holds back nothing in another.
+        reservations = Reservations(view, scratch) if view.reservations and self.backfill else None
         shadows: dict[str, tuple[float, int] | None] = {}
         for p in queue:
-            job = p.spec
-            key = (job.team, p.gpu_type)
-            plan = view.placement.place(scratch, job, view.rng, view.allowed(job, p.gpu_type))
-            if plan is not None and usage.get(key, 0) + job.gpu_count > view.quotas.maximum(
-                job.team, p.gpu_type, view.now_s
+            job, pool = p.spec, p.gpu_type
+            key = (job.team, pool)
+            allowed = view.allowed(job, pool)
+            plan = view.placement.place(scratch, job, view.rng, allowed)
+            limit = view.quotas.maximum(job.team, pool, view.now_s)
+            if usage.get(key, 0) + job.gpu_count > limit and (
+                plan is not None
+                or (reservations is not None and reservations.capped(job, pool, limit))
             ):
                 # Held by its team's maximum, not by capacity: like a job held by a QOS
-                # limit, it waits without blocking the queue.
+                # limit, it does not block the queue (with reservations, its team's jobs
+                # behind it take the team's room only if they leave it in time).
+                if reservations is not None:
+                    reservations.hold_quota(job, pool, usage.get(key, 0), limit)
                 continue
-            if plan is not None:
-                ok, shadows[p.gpu_type] = backfills(view, job, shadows.get(p.gpu_type))
+            if reservations is not None:
+                if not reservations.quota_allows(job, pool):
+                    continue
+                if plan is None:
+                    plan = reservations.place_before(job, pool, allowed, view.rng)
+                if plan is None:
+                    reservations.reserve(job, pool, p.ready_s, allowed)
+                    continue
+            elif plan is not None:
+                ok, shadows[pool] = backfills(view, job, shadows.get(pool))
                 if not ok:
                     continue
             if plan is None:
                 if not self.backfill:
                     break
-                if shadows.get(p.gpu_type) is None:
-                    shadows[p.gpu_type] = shadow(view, scratch, job, p.gpu_type)
+                if shadows.get(pool) is None:
+                    shadows[pool] = shadow(view, scratch, job, pool)
                 continue
             scratch.allocate(job, plan)
+            if reservations is not None:
+                reservations.started(job, pool, plan)
             commands.append(Start(job.job_id, plan))
             usage[key] = usage.get(key, 0) + job.gpu_count
         return commands

@@ -22,6 +22,7 @@ from gpupool.policies.contract import (
     Start,
 )
 from gpupool.policies.cycle.easy import backfills, over_maximum, shadow, team_milli
+from gpupool.policies.cycle.reservations import Reservations
 from gpupool.policies.preemption import may_hold_reserve
 from gpupool.policies.registry import register
 
@@ -49,9 +50,14 @@ class PriorityQuotaPolicy(CyclePolicy):
             for key, held in running_usage.items()
         }
         held = {t: np.zeros(view.state.node_count, dtype=np.bool_) for t in view.pool_nodes}
+        # Reservations of specific GPUs (view.reservations), or one EASY reservation per
+        # pool (`shadows`, below).
+        reservations = Reservations(view, scratch) if view.reservations else None
 
         def start(job: JobSpec, gpu_type: str, plan: Placement) -> None:
             scratch.allocate(job, plan)
+            if reservations is not None:
+                reservations.started(job, gpu_type, plan)
             commands.append(Start(job.job_id, plan))
             key = (job.team, gpu_type)
             usage[key] = usage.get(key, 0) + job.gpu_count
@@ -134,13 +140,21 @@ class PriorityQuotaPolicy(CyclePolicy):
         planned = dict(usage)
         for p in waiting:
             key = (p.spec.team, p.gpu_type)
-            if planned.get(key, 0) + p.spec.gpu_count <= view.quotas.guaranteed(
-                p.spec.team, p.gpu_type, view.now_s
+            guaranteed = view.quotas.guaranteed(p.spec.team, p.gpu_type, view.now_s)
+            batch = p.spec.kind is not JobKind.ONLINE
+            if planned.get(key, 0) + p.spec.gpu_count <= guaranteed and (
+                reservations is None or not batch or reservations.quota_allows(p.spec, p.gpu_type)
             ):
                 planned[key] = planned.get(key, 0) + p.spec.gpu_count
                 entitled.append(p)
-            else:
-                borrowing.append(p)
+                continue
+            if reservations is not None and batch and p.spec.gpu_count <= guaranteed:
+                # The first of its team's jobs that its guarantee cannot hold now but will
+                # once the team's jobs end: the team's jobs behind it take that room only
+                # if they leave it in time (else a wide job is overtaken forever).
+                ahead = [e.spec for e in entitled if (e.spec.team, e.gpu_type) == key]
+                reservations.hold_quota(p.spec, p.gpu_type, planned.get(key, 0), guaranteed, ahead)
+            borrowing.append(p)
         borrowing.sort(
             key=lambda p: (
                 p.spec.kind is not JobKind.ONLINE,
@@ -173,9 +187,15 @@ class PriorityQuotaPolicy(CyclePolicy):
                     and not within
                     and not online
                     and not by_priority
+                    and (reservations is None or not reservations.made)
                 ):
-                    continue  # a borrowing batch job has no other way in than free GPUs
-                if over_maximum(view, scratch, usage, job, t):
+                    # A borrowing batch job has no other way in than free GPUs (or, where
+                    # GPUs are reserved, those it would leave before their reservation).
+                    continue
+                if over_maximum(view, scratch, usage, job, t) and (
+                    reservations is None
+                    or reservations.capped(job, t, view.quotas.maximum(job.team, t, view.now_s))
+                ):
                     # At its team's maximum: a whole-GPU job may only take the place of
                     # its own team's work that it outranks (preempting others would take
                     # it past).
@@ -192,7 +212,16 @@ class PriorityQuotaPolicy(CyclePolicy):
                         and online
                     ):
                         online_held[t] += job.gpu_count
+                    if reservations is not None and not online:
+                        limit = view.quotas.maximum(job.team, t, view.now_s)
+                        reservations.hold_quota(job, t, usage.get((job.team, t), 0), limit)
                     continue
+                if (
+                    reservations is not None
+                    and not online
+                    and not reservations.quota_allows(job, t)
+                ):
+                    continue  # its team's room is kept for a job of the team ahead of it
                 if (
                     not within
                     and p.preemptions >= view.rules.max_per_job
@@ -217,11 +246,14 @@ class PriorityQuotaPolicy(CyclePolicy):
                     and not self._reserve_ok(view, scratch, p, online_held[t], fast_held)
                 ):
                     continue  # borrowing must leave the online reserve quick to free
-                plan = view.placement.place(scratch, job, view.rng, view.allowed(job, t, held[t]))
-                if plan is not None and not online:
+                allowed = view.allowed(job, t, held[t])
+                plan = view.placement.place(scratch, job, view.rng, allowed)
+                if reservations is None and plan is not None and not online:
                     ok, shadows[t] = backfills(view, job, shadows.get(t))
                     if not ok:
                         continue
+                if plan is None and reservations is not None and reservations.made:
+                    plan = reservations.place_before(job, t, allowed, view.rng, overrides=online)
                 if plan is not None:
                     start(job, t, plan)
                     if online:
@@ -241,7 +273,10 @@ class PriorityQuotaPolicy(CyclePolicy):
                     if online:
                         online_held[t] += job.gpu_count
                     continue
-                if shadows.get(t) is None:
+                if reservations is not None:
+                    if not online:
+                        reservations.reserve(job, t, p.ready_s, allowed)
+                elif shadows.get(t) is None:
                     shadows[t] = shadow(view, scratch, job, t)
         return commands
 

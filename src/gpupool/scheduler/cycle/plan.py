@@ -75,13 +75,17 @@ class PolicyPlan:
         lg = self.ordering
         if lg is None:
             view = cycle_view(book, fleet, self.placement, self.rng, now, deferred)
-            self.apply(policy.plan(view), now, out)
+            commands = policy.plan(view)
+            book.reservations = {r.job_id: r for r in view.reserved}
+            self.apply(commands, now, out)
             return
         waiting = [book.records[job_id] for q in book.queues.by_team.values() for _, job_id in q]
         use, learned = lg.ranks(now, waiting)
         ctx.published.rank = use
         rng = copy.deepcopy(self.rng) if shadow and learned is not None else None
-        plan = policy.plan(cycle_view(book, fleet, self.placement, self.rng, now, deferred, use))
+        view = cycle_view(book, fleet, self.placement, self.rng, now, deferred, use)
+        plan = policy.plan(view)
+        book.reservations = {r.job_id: r for r in view.reserved}
         if rng is not None and learned is not None:
             view = cycle_view(book, fleet, self.placement, self.rng, now, deferred, learned)
             view.rng = rng

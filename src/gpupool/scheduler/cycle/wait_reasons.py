@@ -16,6 +16,9 @@ Codes, checked in this order (the first that holds is the reason):
 * JobLimit, CpuJobLimit  its team runs as many (CPU-only) jobs as its limit allows.
 * Window, QuotaMax   its team holds its maximum of the pool (a time window's or the
                      team's own).
+* Reserved           GPUs are kept for it from a time worked out from the running jobs'
+                     ends; jobs behind it use them only where they end before
+                     (`draining`: some of them stand idle for it now).
 * Priority           jobs ahead of it (higher priority, or earlier) wait for the same pool.
 * Resources          no node has room for it now (the numbers: what it needs, the largest
                      free block, the pool's free GPUs).
@@ -28,6 +31,7 @@ gate), and Unplaceable for a job no pool can ever run.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -37,6 +41,7 @@ import numpy as np
 
 from gpupool.domain.model import MILLI_PER_GPU, JobKind
 from gpupool.domain.state import ClusterState
+from gpupool.policies.contract import Reservation
 from gpupool.policies.preemption import may_hold_reserve
 from gpupool.scheduler.book import JobBook, JobWatcher
 from gpupool.scheduler.commands import Command, Wait
@@ -70,6 +75,7 @@ CODES = (
     "CpuJobLimit",
     "Window",
     "QuotaMax",
+    "Reserved",
     "Priority",
     "Resources",
     "Reserve",
@@ -347,6 +353,9 @@ def _reason(
                 span = f"{clock_text(window.start_s)}-{clock_text(window.end_s)}"
                 return WaitReason("Window", f"the {span} time window caps it: {numbers}")
             return WaitReason("QuotaMax", numbers)
+    reserved = core.book.reservations.get(job_id)
+    if reserved is not None:
+        return WaitReason("Reserved", _reserved(core, reserved, model))
     ahead, head = place
     fits = job.gpu_count == 0 or pools.fits(r)
     if ahead > 0 and not (fits and _reserve_blocks(core, r, pools, now)):
@@ -363,6 +372,19 @@ def _reason(
     return WaitReason(
         "Scheduling", "it fits the free GPUs now; it is considered again at the next cycle"
     )
+
+
+def _reserved(core: WaitInputs, reserved: Reservation, model: str) -> str:
+    """`8 A100-80GB GPUs on a3 from 14:20, draining`: the GPUs kept for it, and whether
+    some of them stand idle for it now."""
+    names = [core.fleet.cluster.nodes[n].name for n in reserved.nodes]
+    when = (
+        "when the jobs on them end (no end is known)"
+        if math.isinf(reserved.start_s)
+        else f"from {clock_text(reserved.start_s)}"
+    )
+    draining = ", draining" if reserved.idle else ""
+    return f"{_gpus(len(reserved.gpus), model)} on {', '.join(names)} {when}{draining}"
 
 
 def _resources(core: WaitInputs, r: JobRecord, pools: _Pools, model: str) -> str:

@@ -290,13 +290,48 @@ def served_summary(jobs: list[Run], horizon_s: float) -> dict[str, Any]:
             else None,
         }
     spent = sum(r.gpu_s for r in jobs)
+    by_width, max_wait_s = waits_by_width(jobs, horizon_s)
     return {
         "finished_gpu_hours": round(sum(r.gpu_s for r in finished) / 3600, 1),
         "unfinished_gpu_hours": round(sum(r.gpu_s for r in unfinished) / 3600, 1),
         "unfinished_started_jobs": sum(1 for r in unfinished if r.first_start_s is not None),
         "gpu_hours_per_finished_job": round(spent / 3600 / len(finished), 2) if finished else None,
         "by_gpus": by_gpus,
+        "by_width": by_width,
+        "max_wait_s": max_wait_s,
     }
+
+
+def waits_by_width(jobs: list[Run], horizon_s: float) -> tuple[dict[str, Any], float | None]:
+    """How long jobs of each width (GPUs per job, as a string) waited for their first
+    start: a job that never started waited until the horizon, so a width that starves
+    shows it. With the longest wait of all jobs (None: no jobs)."""
+    widths: dict[int, list[float]] = defaultdict(list)
+    never: dict[int, int] = defaultdict(int)
+    counts: dict[int, list[int]] = defaultdict(lambda: [0, 0, 0])  # jobs, started, finished
+    for r in jobs:
+        n = r.spec.gpu_count
+        first = r.first_start_s
+        started = first is not None
+        widths[n].append((horizon_s if first is None else first) - r.spec.submit_s)
+        never[n] += not started
+        c = counts[n]
+        c[0] += 1
+        c[1] += started
+        c[2] += r.state is JobState.FINISHED
+    out = {
+        str(n): {
+            "jobs": counts[n][0],
+            "started": counts[n][1],
+            "finished": counts[n][2],
+            "mean_wait_s": round(float(np.mean(widths[n])), 1),
+            "max_wait_s": round(max(widths[n]), 1),
+            "never_started": never[n],
+        }
+        for n in sorted(widths)
+    }
+    waits = [w for ws in widths.values() for w in ws]
+    return out, round(max(waits), 1) if waits else None
 
 
 def _count(items: Any) -> dict[str, int]:
