@@ -49,10 +49,16 @@ class Api:
 
 @pytest.fixture
 def api(tmp_path: Path) -> Iterator[Api]:
+    yield from serving(tmp_path)
+
+
+def serving(tmp_path: Path, reservations: bool = False) -> Iterator[Api]:
+    """A service over a real SQLite store, a fake fleet of 2 A100-80GB and a manual clock;
+    no online reserve."""
     store = Store(database_url(None, tmp_path / "db"))
     store.migrate()
     clock = ManualClock(T0)
-    config = dataclasses.replace(LIVE_DEFAULTS, online_reserve=0.0)
+    config = dataclasses.replace(LIVE_DEFAULTS, online_reserve=0.0, reservations=reservations)
     service = LiveService(
         LiveConfig(tmp_path / "state", config, sample_s=0.0, host="h"),
         store,
@@ -133,19 +139,7 @@ def test_a_blocked_wide_job_holds_a_reservation_that_why_shows(tmp_path: Path) -
     """With `reservations: true`: a 2-GPU job behind a running 1-GPU job of 10 min keeps
     both GPUs from when that job is expected to end; the idle one stays idle for it
     (draining) except for a job that ends before then."""
-    store = Store(database_url(None, tmp_path / "db"))
-    store.migrate()
-    clock = ManualClock(T0)
-    config = dataclasses.replace(LIVE_DEFAULTS, online_reserve=0.0, reservations=True)
-    service = LiveService(
-        LiveConfig(tmp_path / "state", config, sample_s=0.0, host="h"),
-        store,
-        FakeExecutor(),
-        FakeTelemetry("2xA100-80GB"),
-        clock,
-    )
-    with TestClient(create_app(service, store, auth=False)) as client:
-        api = Api(service, clock, client)
+    for api in serving(tmp_path, reservations=True):
         first = api.submit(gpus=1, team="ml", duration_s=600)
         api.step()
         wide = api.submit(gpus=2, team="ml", duration_s=60)
@@ -165,5 +159,3 @@ def test_a_blocked_wide_job_holds_a_reservation_that_why_shows(tmp_path: Path) -
             f"Reserved: 2 A100-80GB GPUs on h/A100-80GB from {clock_text(ends)}, draining"
         ), held
         assert why_text(held).startswith(f"job {wide} pending: Reserved\n  2 A100-80GB GPUs on")
-    service.stop()
-    store.close()
