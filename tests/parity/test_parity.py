@@ -259,3 +259,58 @@ def test_an_executor_that_cannot_resize_keeps_elastic_jobs_whole(tmp_path: Path)
             service.step()
     actions = [(a, j) for _, a, j in service.record.decisions]
     assert ("preempt", "1") in actions and not any(a == "resize" for a, _ in actions), actions
+
+
+# A 4-GPU node: a 3-GPU job runs 100 s; a 4-GPU job arrives and holds a reservation from
+# 100 s; a 1-GPU job of 30 s backfills onto the GPU kept for it (it ends first), a 1-GPU
+# job of 500 s waits until the wide job has run.
+RESERVED_JOBS = [(0, "1", 3, 100.0), (5, "2", 4, 50.0), (10, "3", 1, 30.0), (15, "4", 1, 500.0)]
+RESERVED_DONE = [(40, "3"), (100, "1"), (150, "2"), (650, "4")]
+
+
+def test_live_and_simulated_drivers_reserve_alike(tmp_path: Path) -> None:
+    fleet = "4xA100-80GB"
+    cluster, _ = build_cluster(FakeTelemetry(fleet).inventory(), "h")
+    events: list[Submitted | Finished | GpuDown] = [
+        Submitted(float(t), JobSpec(j, gpu_count=g, team="ml", submit_s=float(t), duration_s=d))
+        for t, j, g, d in RESERVED_JOBS
+    ]
+    events += [Finished(float(t), j) for t, j in RESERVED_DONE]
+    simulated = run_events(cluster, events, (), "priority-quota", RULES, reservations=True)
+
+    clock = ManualClock(0.0)
+    store = Store(f"sqlite:///{tmp_path}/parity.db")
+    store.migrate()
+    executor = FakeExecutor()
+    config = dataclasses.replace(
+        LIVE_DEFAULTS, policy="priority-quota", preemption=RULES, reservations=True
+    )
+    service = LiveService(
+        LiveConfig(tmp_path / "state", config, sample_s=0.0, host="h"),
+        store,
+        executor,
+        FakeTelemetry(fleet),
+        clock,
+    )
+    for t in sorted({t for t, *_ in RESERVED_JOBS} | {t for t, _ in RESERVED_DONE}):
+        clock.t = float(t)
+        for tj, j, g, d in RESERVED_JOBS:
+            if tj == t:
+                row, _ = store.jobs.submit(
+                    NewJob(name=f"job{j}", team="ml", kind="training", priority=0, gpu_count=g,
+                           command=("true",), duration_s=d),
+                    float(t),
+                )  # fmt: skip
+                assert str(row.id) == j
+        for td, j in RESERVED_DONE:
+            if td == t:
+                executor.finish(j, 0)
+        for _ in range(4):
+            service.step()
+    live = service.record.decisions
+    assert live == simulated
+    assert [(t, j) for t, a, j in live if a == "start"] == [
+        (0.0, "1"), (10.0, "3"), (100.0, "2"), (150.0, "4")
+    ]  # fmt: skip
+    reasons = [e.message for e in store.events.after(0, limit=1000) if e.job_id == 2]
+    assert any(m.startswith("Reserved: 4 A100-80GB GPUs on") for m in reasons), reasons

@@ -49,6 +49,7 @@ def _core(
     policy: str,
     rules: PreemptionRules | None,
     elastic: ElasticConfig | None = None,
+    reservations: bool = False,
 ) -> Scheduler:
     """The core as the live service runs it by default: a cycle a second, the 20% online
     reserve once online inference was submitted (service.live.LIVE_DEFAULTS)."""
@@ -60,6 +61,7 @@ def _core(
         online_reserve_on="online-seen",
         preemption=rules or PreemptionRules(60.0, 3, reserve_vacate_s=30.0),
         elastic=elastic or ElasticConfig(),
+        reservations=reservations,
     )
     return Scheduler(cluster, config)
 
@@ -71,10 +73,11 @@ def run_events(
     policy: str = "priority-quota",
     rules: PreemptionRules | None = None,
     elastic: ElasticConfig | None = None,
+    reservations: bool = False,
 ) -> list[tuple[float, str, str]]:
     """(time, start|resume|preempt|expire|resize, job id) for every decision, in order.
     A resized elastic job restarts on its new GPUs at once, as a preempted job leaves."""
-    scheduler = _core(cluster, teams, policy, rules, elastic)
+    scheduler = _core(cluster, teams, policy, rules, elastic, reservations)
     out: list[tuple[float, str, str]] = []
 
     def record(t: float, decisions: Sequence[Command]) -> None:
