@@ -32,8 +32,7 @@ class FifoPolicy(CyclePolicy):
             plan = view.placement.place(scratch, job, view.rng, allowed)
             limit = view.quotas.maximum(job.team, pool, view.now_s)
             if usage.get(key, 0) + job.gpu_count > limit and (
-                plan is not None
-                or (reservations is not None and reservations.capped(job, pool, limit))
+                plan is not None or (reservations is not None and reservations.capped(pool, limit))
             ):
                 # Held by its team's maximum, not by capacity: like a job held by a QOS
                 # limit, it does not block the queue (with reservations, its team's jobs

@@ -194,7 +194,7 @@ class PriorityQuotaPolicy(CyclePolicy):
                     continue
                 if over_maximum(view, scratch, usage, job, t) and (
                     reservations is None
-                    or reservations.capped(job, t, view.quotas.maximum(job.team, t, view.now_s))
+                    or reservations.capped(t, view.quotas.maximum(job.team, t, view.now_s))
                 ):
                     # At its team's maximum: a whole-GPU job may only take the place of
                     # its own team's work that it outranks (preempting others would take

@@ -152,7 +152,7 @@ class Reservations:
             at = end
         self.quota_heads[key] = (job.job_id, at if short <= 0 else math.inf)
 
-    def capped(self, job: JobSpec, pool: str, limit: int) -> bool:
+    def capped(self, pool: str, limit: int) -> bool:
         """Whether `limit` caps the team below the pool's size: a team without a limit of
         its own is held by capacity, so it gets a reservation of GPUs instead."""
         return limit < int(self.scratch.gpu_count[self.view.pool_nodes[pool]].sum())
@@ -181,7 +181,7 @@ class Reservations:
             for r in self.made
             if r.pool == pool and r.start_s >= end
             for n, g in r.idle
-            if n < len(allowed) and allowed[n]
+            if allowed[n]
         ]
         if not lent:
             return None
