@@ -91,6 +91,12 @@ def add_job_parsers(sub: Any, conn: argparse.ArgumentParser, as_json: Any) -> No
         help="when the job should be done: a Unix time in seconds (e.g. 1767225600), or a "
         "duration from now with units (90s, 30m, 2h, 1h30m, 1d); sent as deadline_at",
     )
+    p.add_argument(
+        "--user",
+        metavar="NAME",
+        help="who submits it inside its team (fair share orders a team's queue by its "
+        "users' GPU use); default: the token's name",
+    )
     p.add_argument("--user-region", metavar="REGION", help="where the job's users are")
     p.add_argument(
         "--latency-bound-ms",
@@ -231,6 +237,7 @@ def cmd_submit(client: Client, args: argparse.Namespace) -> int:
         "cwd": args.cwd,
         "dataset": args.dataset,
         "user_region": args.user_region,
+        "user": args.user,
     }
     spec.update({k: v for k, v in plain.items() if v is not None})
     spec.update(gpu_request(args.gpus, args.gpu_mem))

@@ -64,6 +64,9 @@ class JobFields:
     gpu_count_min: int | None = None
     """An elastic job (`--gpus 2..4`): it runs on this many GPUs up to gpu_count, lending
     the rest to online work at its peak. None: exactly gpu_count."""
+    user: str | None = None
+    """Who submitted it inside its team (`--user`; stored as `user_name`): fair share
+    orders a team's queue by its users' use. None: the submitting token's name."""
 
     def __post_init__(self) -> None:
         # a list or a caller's dict would make two equal specs compare unequal or change later

@@ -89,6 +89,9 @@ class JobSpec:
     name: str = ""
     """The job's name or model, where the submitter or the trace gives one: what a learned
     predictor of GPU-time may key on. Decisions never depend on it otherwise."""
+    user: str = ""
+    """Who submitted it inside its team: fair share orders a team's queue by its users'
+    use (scheduler/user_shares.py). "": the team's one anonymous user."""
 
     def __post_init__(self) -> None:
         if self.gpu_mem_mib is not None and (self.gpu_mem_mib <= 0 or self.gpu_count != 1):

@@ -131,7 +131,8 @@ class CycleView:
     """Each waiting claimant's victims (still writing their checkpoints)."""
     rank: Mapping[str, int] | None = None
     """An order of the waiting jobs inside each priority class (position, first runs
-    first), given by the core to its ordered policies (policies/cycle/ordered.py); None: age."""
+    first), given by the core to its ordered policies (policies/cycle/ordered.py) and, where
+    a team has several users, by fair share (scheduler/user_shares.py); None: age."""
     held: Mapping[tuple[str, str], int] | None = None
     """GPUs each (team, pool) holds in running jobs, vacating ones excluded, as the core
     counts them; None: counted from `running`."""
@@ -227,6 +228,9 @@ class CycleView:
 
 class CyclePolicy:
     name = "cycle"
+    orders_by_rank = False
+    """It orders each priority class by `CycleView.rank` when the core gives one (fair
+    share inside a team); fifo and backfill keep the submit order."""
 
     def queue_key(self, job: JobSpec, ready_s: float) -> tuple[object, ...]:
         """Order of each team's queue; the driver shows a policy the head of each queue."""

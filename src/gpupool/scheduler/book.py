@@ -31,6 +31,7 @@ from gpupool.scheduler.elastic import Elastic, PendingResize
 from gpupool.scheduler.fleet import Fleet
 from gpupool.scheduler.jobs import WAITING, JobRecord, TeamQueues
 from gpupool.scheduler.ordering import CoreLearning
+from gpupool.scheduler.user_shares import UserShares
 from gpupool.sizing.planner import PlanRequest
 
 QueueEntry = tuple[tuple[object, ...], str]
@@ -114,6 +115,8 @@ class JobBook:
         self.timed = bool(config.time_limit_s)
         """Some job may have a time limit (a kind's default, or its own)."""
         self.watchers: list[JobWatcher] = []
+        self.shares = UserShares(config.fair_share)
+        """Each team's users' GPU use: fair share inside a team (scheduler/user_shares.py)."""
         self.launch_note: Callable[[JobRecord], str] = lambda r: ""
         """Which GPU type a job got and why (set by the pool-choice stage)."""
 
@@ -206,6 +209,7 @@ class JobBook:
         self.timed = self.timed or r.spec.time_limit_s is not None
         self.records[r.job_id] = r
         self.active[r.job_id] = r
+        self.shares.note(r.spec)
         if service is not None:
             self.replicas[service][r.job_id] = r
 
@@ -444,6 +448,7 @@ class JobBook:
             self.queues.remove(r)
         if r.state in (JobState.RUNNING, JobState.PREEMPTING):
             self.engine.release(job_id, at, "finish" if state is JobState.FINISHED else "stop")
+            self.shares.stopped(r, at)
         if r.state is JobState.PREEMPTING and state is JobState.CANCELLED:
             r.state = check_transition(job_id, r.state, JobState.SUSPENDED)
         r.state = check_transition(job_id, r.state, state)
@@ -468,6 +473,7 @@ class JobBook:
         jobs that were waiting for its GPUs."""
         r = self.record(job_id)
         self.engine.release(job_id, at, "suspend")
+        self.shares.stopped(r, at)
         self.running.pop(job_id, None)
         self.vacating.discard(job_id)
         self.dirty = True
@@ -486,6 +492,8 @@ class JobBook:
             self.held[(r.spec.team, r.gpu_type)] -= r.spec.gpu_count
             self.room_since[(r.spec.team, r.gpu_type)] = at
         self.engine.release(job_id, at, f"lost ({reason})")
+        if r.state in (JobState.RUNNING, JobState.PREEMPTING):
+            self.shares.stopped(r, at)
         self.running.pop(job_id, None)
         self.vacating.discard(job_id)
         r.state = check_transition(job_id, r.state, JobState.SUSPENDED)

@@ -119,6 +119,16 @@ class ElasticConfig:
 
 
 @dataclass(frozen=True)
+class FairShareConfig:
+    """Fair share inside a team (scheduler/user_shares.py): users: each team's queue is
+    ordered by its users' GPU use, so one user's hundred jobs do not all go ahead of
+    another's one; half_life_h: how fast past use is forgotten (Slurm's default week)."""
+
+    users: bool = True
+    half_life_h: float = 168.0
+
+
+@dataclass(frozen=True)
 class SchedulerConfig:
     """Every knob a decision depends on; the fleet and its prices come separately."""
 
@@ -179,6 +189,7 @@ class SchedulerConfig:
     """The wall-time limit of one run of a job, per kind, for jobs that give none
     (`default_time_limit_h`); a kind absent here runs unlimited."""
     elastic: ElasticConfig = field(default_factory=ElasticConfig)
+    fair_share: FairShareConfig = field(default_factory=FairShareConfig)
     max_starts_per_cycle: int | None = None
     """Apply at most this many of a plan's starts; the rest are planned again next cycle
     (a live executor that takes long per launch keeps its loop responsive)."""

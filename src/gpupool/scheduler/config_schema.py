@@ -34,6 +34,7 @@ from gpupool.scheduler.config import (
     TYPE_CHOICES,
     ElasticConfig,
     EnergyConfig,
+    FairShareConfig,
     PlacementConfig,
     SchedulerConfig,
     SharingConfig,
@@ -74,6 +75,7 @@ SCHEDULING_KEYS: frozenset[str] = frozenset(
         "default_time_limit_h",
         "elastic",
         "learning",
+        "fair_share",
     }
 )
 """The top-level keys of the scheduling section (a scenario file has more around them)."""
@@ -315,6 +317,17 @@ def parse_scheduling(
         if "default_time_limit_h" in raw
         else defaults.time_limit_s,
         learning=learning,
+        fair_share=_fair_share(r, raw["fair_share"], defaults.fair_share)
+        if "fair_share" in raw
+        else defaults.fair_share,
+    )
+
+
+def _fair_share(r: ConfigReader, raw: Any, d: FairShareConfig) -> FairShareConfig:
+    m = r.section(raw, "fair_share", {"users", "half_life_h"})
+    return FairShareConfig(
+        r.flag(m.get("users", d.users), "fair_share.users"),
+        r.number(m.get("half_life_h", d.half_life_h), "fair_share.half_life_h", positive=True),
     )
 
 

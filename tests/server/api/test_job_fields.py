@@ -56,7 +56,7 @@ SAMPLES: list[dict[str, Any]] = [
         "latency_bound_ms": 50.0,
         "state_gib_per_gpu": 2.0,
     },
-    {**COMMON, "kind": "training", "gpu_count": 2, "gpu_count_min": 1},
+    {**COMMON, "kind": "training", "gpu_count": 2, "gpu_count_min": 1, "user": "ada"},
     {**COMMON, "kind": "batch", "gpu_count": 1, "gpu_mem_mib": 20_480},
     {**COMMON, "kind": "training", "gpu_count": 1, "sizing": SIZING},
 ]

@@ -19,9 +19,6 @@ own: a job that runs keeps running as under priority-quota.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-from gpupool.policies.contract import CycleView, PendingView
 from gpupool.policies.cycle.priority_quota import PriorityQuotaPolicy
 from gpupool.policies.registry import register
 
@@ -34,13 +31,6 @@ class OrderedPolicy(PriorityQuotaPolicy):
     """The rule order this policy is (las, gittins); None: the configured learning.rule."""
     learned: bool = False
     """Whether a predictor takes part (the learned policy)."""
-
-    def class_order(self, view: CycleView) -> Callable[[PendingView], tuple[object, ...]]:
-        rank = view.rank
-        if rank is None:
-            return super().class_order(view)
-        last = len(rank)
-        return lambda p: (rank.get(p.spec.job_id, last), p.ready_s, p.spec.job_id)
 
 
 class LasPolicy(OrderedPolicy):

@@ -29,10 +29,16 @@ from gpupool.policies.registry import register
 
 class PriorityQuotaPolicy(CyclePolicy):
     name = "priority-quota"
+    orders_by_rank = True
 
     def class_order(self, view: CycleView) -> Callable[[PendingView], tuple[object, ...]]:
-        """The order inside a priority class: oldest ready first (ordered.py overrides)."""
-        return lambda p: (p.ready_s, p.spec.job_id)
+        """The order inside a priority class: the core's rank where it gives one (fair
+        share inside a team, an ordered policy's order), else oldest ready first."""
+        rank = view.rank
+        if rank is None:
+            return lambda p: (p.ready_s, p.spec.job_id)
+        last = len(rank)
+        return lambda p: (rank.get(p.spec.job_id, last), p.ready_s, p.spec.job_id)
 
     def plan(self, view: CycleView) -> list[Command]:
         scratch = view.state.copy()

@@ -74,7 +74,11 @@ class PolicyPlan:
         book, fleet, policy = self.book, self.fleet, self.policy
         lg = self.ordering
         if lg is None:
-            view = cycle_view(book, fleet, self.placement, self.rng, now, deferred)
+            rank = None
+            if book.shares.active and policy.orders_by_rank:
+                queued = (book.records[j] for q in book.queues.by_team.values() for _, j in q)
+                rank = book.shares.rank(now, queued, book.running.values())
+            view = cycle_view(book, fleet, self.placement, self.rng, now, deferred, rank)
             commands = policy.plan(view)
             book.reservations = {r.job_id: r for r in view.reserved}
             self.apply(commands, now, out)

@@ -245,6 +245,14 @@ class JobIn(BaseModel):
     )
     name: str | None = Field(None, min_length=1, max_length=128)
     team: str | None = Field(None, min_length=1, max_length=64, pattern=NAME)
+    user: str | None = Field(
+        None,
+        min_length=1,
+        max_length=64,
+        pattern=NAME,
+        description="Who submits it inside its team (fair share orders a team's queue by "
+        "its users' GPU use); default: the token's name.",
+    )
     kind: KINDS = "training"
     priority: Annotated[int, Strict()] | Literal["low", "normal", "high"] = "normal"
     gpus: int = Field(

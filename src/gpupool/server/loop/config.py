@@ -242,6 +242,7 @@ def spec_of(row: JobRow) -> JobSpec:
         time_limit_s=row.time_limit_s,
         gpu_count_min=row.gpu_count_min,
         name=row.name,
+        user=row.user or row.owner or "",
     )
 
 

@@ -30,7 +30,7 @@ from gpupool.server.store.rows import JOB_ROW_FIELDS, JobRow, NewJob, Purged
 from gpupool.server.store.states import SETTABLE, STATES, TERMINAL, TRANSITIONS
 from gpupool.server.store.tables import EVENTS, JOBS, EventModel, JobModel
 
-COLUMN_OF: dict[str, str] = {"owner": "owner_token"}
+COLUMN_OF: dict[str, str] = {"owner": "owner_token", "user": "user_name"}
 """The JobFields stored under another column name."""
 
 

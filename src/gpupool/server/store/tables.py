@@ -94,6 +94,8 @@ class JobModel(Base):
     service: Mapped[str | None] = mapped_column(String, index=True)
     port: Mapped[int | None] = mapped_column(Integer)
     """The loopback port a replica serves on (its attempt's; set at launch)."""
+    # who submitted it inside its team, for fair share (revision 0011)
+    user_name: Mapped[str | None] = mapped_column(String)
 
 
 class ServiceModel(Base):
