@@ -121,3 +121,31 @@ def test_the_earliest_gpus_on_one_node_or_whole_nodes() -> None:
                                                       *((1, g) for g in range(4))))  # fmt: skip
     # a GPU that is never free: no reservation
     assert earliest_gpus(times, [2], 2) is None
+
+
+@pytest.mark.parametrize("policy", ("fifo", "backfill", "priority-quota"))
+def test_a_team_at_a_maximum_as_big_as_the_pool_is_not_started_past_it(policy: str) -> None:
+    """Regression: a maximum equal to the pool was left to capacity with reservations on,
+    but jobs sharing a GPU count a whole GPU each against it, so a whole-GPU job found a
+    free GPU and its start was refused by the core (PlanRejected). It waits instead, with
+    GPUs reserved, and starts once the shares end."""
+    cfg = parse_scenario(
+        {
+            "name": "shares-at-max",
+            "horizon_h": 6,
+            "cycle_s": 60,
+            "policy": policy,
+            "reservations": True,
+            "cluster": [{"gpu_type": "H200", "nodes": 1, "gpus_per_node": 2}],
+            "teams": [{"name": "t", "max": {"H200": 2}}],
+            "workload": [],
+        }
+    )
+    shares = tuple(
+        JobSpec(f"share{k}", team="t", gpu_milli=500, submit_s=0.0, duration_s=H) for k in range(2)
+    )
+    whole = JobSpec("whole", team="t", submit_s=60.0, duration_s=600.0)
+    rows = run_scenario(cfg, workload=Workload(jobs=(*shares, whole))).jobs
+    start = {r["job_id"]: r["start_s"] for r in rows}
+    assert start["share0"] == start["share1"] == 0.0
+    assert start["whole"] is not None and start["whole"] >= H, start

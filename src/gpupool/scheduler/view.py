@@ -116,13 +116,19 @@ class RunningViews(Mapping[str, RunningView]):
 
     def job_ends(self, gpu_type: str) -> list[tuple[str, float]]:
         """(job, expected end) of each running job in the pool: what a reservation of
-        specific GPUs reads, straight from the records."""
-        now = self._now
-        return [
-            (job_id, expected_end_s(r, now))
-            for job_id, r in self._running.items()
-            if r.gpu_type == gpu_type
-        ]
+        specific GPUs reads, straight from the records. A job with a time limit is stopped
+        at it, so it ends by then whatever its estimate says (live jobs give no duration)."""
+        now, limit_of = self._now, self._book.time_limit_s
+        out = []
+        for job_id, r in self._running.items():
+            if r.gpu_type != gpu_type:
+                continue
+            end = expected_end_s(r, now)
+            limit = limit_of(r.spec)
+            if limit is not None:
+                end = min(end, max(now, r.run_started_s + limit))
+            out.append((job_id, end))
+        return out
 
     def victim_table(self, gpu_type: str, vacating: Set[str], max_per_job: int) -> VictimTable:
         """CycleView.victim_table straight from the records: the same entries as one made

@@ -138,12 +138,20 @@ def test_a_job_no_pool_can_run_ends_unplaceable(api: Api) -> None:
 def test_a_blocked_wide_job_holds_a_reservation_that_why_shows(tmp_path: Path) -> None:
     """With `reservations: true`: a 2-GPU job behind a running 1-GPU job of 10 min keeps
     both GPUs from when that job is expected to end; the idle one stays idle for it
-    (draining) except for a job that ends before then."""
+    (draining) except for a job that ends before then, which takes it (no longer
+    draining: told at once, not after the reasons' refresh)."""
     for api in serving(tmp_path, reservations=True):
         first = api.submit(gpus=1, team="ml", duration_s=600)
         api.step()
         wide = api.submit(gpus=2, team="ml", duration_s=60)
         api.step()
+        held = api.job(wide)
+        assert held["reason_code"] == "Reserved", held
+        ends = T0 + 1.0 + 600  # the first job started at the first step
+        # the node's name in the fake fleet is host/model; the idle GPU is kept for it
+        kept = f"Reserved: 2 A100-80GB GPUs on h/A100-80GB from {clock_text(ends)}"
+        assert held["reason"] == f"{kept}, draining", held
+        assert why_text(held).startswith(f"job {wide} pending: Reserved\n  2 A100-80GB GPUs on")
         long_one = api.submit(gpus=1, team="ml", duration_s=3600)
         short_one = api.submit(gpus=1, team="ml", duration_s=120)
         api.step()
@@ -151,11 +159,4 @@ def test_a_blocked_wide_job_holds_a_reservation_that_why_shows(tmp_path: Path) -
         assert api.job(first)["state"] == "running"
         assert api.job(short_one)["state"] == "running"  # it leaves before the wide job
         assert api.job(long_one)["state"] == "pending"
-        held = api.job(wide)
-        assert held["reason_code"] == "Reserved", held
-        ends = T0 + 1.0 + 600  # the first job started at the first step
-        # the node's name in the fake fleet is host/model; the idle GPU was kept for it
-        assert held["reason"] == (
-            f"Reserved: 2 A100-80GB GPUs on h/A100-80GB from {clock_text(ends)}, draining"
-        ), held
-        assert why_text(held).startswith(f"job {wide} pending: Reserved\n  2 A100-80GB GPUs on")
+        assert api.job(wide)["reason"] == kept

@@ -31,7 +31,8 @@ class FifoPolicy(CyclePolicy):
             allowed = view.allowed(job, pool)
             plan = view.placement.place(scratch, job, view.rng, allowed)
             limit = view.quotas.maximum(job.team, pool, view.now_s)
-            if usage.get(key, 0) + job.gpu_count > limit and (
+            over = usage.get(key, 0) + job.gpu_count > limit
+            if over and (
                 plan is not None or (reservations is not None and reservations.capped(pool, limit))
             ):
                 # Held by its team's maximum, not by capacity: like a job held by a QOS
@@ -43,7 +44,7 @@ class FifoPolicy(CyclePolicy):
             if reservations is not None:
                 if not reservations.quota_allows(job, pool):
                     continue
-                if plan is None:
+                if plan is None and not over:
                     plan = reservations.place_before(job, pool, allowed, view.rng)
                 if plan is None:
                     reservations.reserve(job, pool, p.ready_s, allowed)

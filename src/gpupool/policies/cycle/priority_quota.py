@@ -198,7 +198,8 @@ class PriorityQuotaPolicy(CyclePolicy):
                     # A borrowing batch job has no other way in than free GPUs (or, where
                     # GPUs are reserved, those it would leave before their reservation).
                     continue
-                if over_maximum(view, scratch, usage, job, t) and (
+                at_max = over_maximum(view, scratch, usage, job, t)
+                if at_max and (
                     reservations is None
                     or reservations.capped(t, view.quotas.maximum(job.team, t, view.now_s))
                 ):
@@ -225,6 +226,7 @@ class PriorityQuotaPolicy(CyclePolicy):
                 if (
                     reservations is not None
                     and not online
+                    and not within  # an entitled job was asked when the queue was classified
                     and not reservations.quota_allows(job, t)
                 ):
                     continue  # its team's room is kept for a job of the team ahead of it
@@ -253,6 +255,10 @@ class PriorityQuotaPolicy(CyclePolicy):
                 ):
                     continue  # borrowing must leave the online reserve quick to free
                 allowed = view.allowed(job, t, held[t])
+                if at_max:  # at a maximum as big as the pool: it waits for GPUs, reserved
+                    if reservations is not None and not online:
+                        reservations.reserve(job, t, p.ready_s, allowed)
+                    continue
                 plan = view.placement.place(scratch, job, view.rng, allowed)
                 if reservations is None and plan is not None and not online:
                     ok, shadows[t] = backfills(view, job, shadows.get(t))

@@ -66,6 +66,10 @@ class WaitInputs:
 
 REFRESH_S = 60.0
 """A reason whose code is unchanged but whose numbers moved is told again at most this often."""
+DRAINING = ", draining"
+"""How a Reserved reason ends while GPUs stand idle for the job: told at once when it comes
+or goes (the rest of a sentence with an unchanged code, only once per REFRESH_S)."""
+
 
 CODES = (
     "Held",
@@ -383,7 +387,7 @@ def _reserved(core: WaitInputs, reserved: Reservation, model: str) -> str:
         if math.isinf(reserved.start_s)
         else f"from {clock_text(reserved.start_s)}"
     )
-    draining = ", draining" if reserved.idle else ""
+    draining = DRAINING if reserved.idle else ""
     return f"{_gpus(len(reserved.gpus), model)} on {', '.join(names)} {when}{draining}"
 
 
@@ -523,7 +527,8 @@ class WaitReasons(JobWatcher):
             if last is not None and last[0] == why.code:
                 if last[1] == why.sentence:
                     continue
-                if now - last[2] < REFRESH_S - 1e-9:
+                drains = last[1].endswith(DRAINING) != why.sentence.endswith(DRAINING)
+                if now - last[2] < REFRESH_S - 1e-9 and not drains:
                     self.due = True  # its numbers moved: told once the refresh is due
                     continue
             out.append(Wait(job_id, why.sentence, why.code))

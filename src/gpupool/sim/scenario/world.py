@@ -557,14 +557,18 @@ class ScenarioSim:
         for r in core.visible(now):
             waiting[(r.spec.team, r.gpu_type)].append(r)
         previous, self.owed_since = self.owed_since, {}
+        reserving = self.cfg.scheduling.reservations
         for (team, gpu_type), recs in waiting.items():
             room = core.quotas.guaranteed(team, gpu_type, now) - core.usage(team, gpu_type)
             # What the team would run first is owed first: jobs holding a claim on GPUs
             # that are being vacated for them, then the queue's order.
             recs.sort(key=lambda r: r.spec.job_id not in core.book.claims)
+            guaranteed = core.quotas.guaranteed(team, gpu_type, now)
             for r in recs:
                 job_id = r.spec.job_id
                 if r.spec.gpu_count > room:
+                    if reserving and r.spec.gpu_count <= guaranteed:
+                        break  # the team's room is kept for it: the jobs behind are not owed
                     continue
                 room -= r.spec.gpu_count
                 since = previous.get(job_id)
