@@ -30,7 +30,7 @@ from gpupool.errors import SpecError
 from gpupool.federation.topology import Topology
 from gpupool.learning.history import Outcome
 from gpupool.learning.predictor import Predictor
-from gpupool.policies.contract import CyclePolicy, CycleView, cycle_policy
+from gpupool.policies.contract import CyclePolicy, CycleView, Reservation, cycle_policy
 from gpupool.policies.cycle.ordered import OrderedPolicy
 from gpupool.policies.placement.base import ScoringPolicy
 from gpupool.policies.placement.best_fit import BestFitPolicy
@@ -623,6 +623,11 @@ class Scheduler:
     def running(self) -> Mapping[str, JobRecord]:
         """Jobs holding GPUs: running, or preempted and still writing their checkpoint."""
         return self.book.running
+
+    @property
+    def reservations(self) -> Mapping[str, Reservation]:
+        """The GPUs the last plan kept for waiting jobs, by job (config.reservations)."""
+        return self.book.reservations
 
     @property
     def replicas(self) -> Mapping[str, Mapping[str, JobRecord]]:

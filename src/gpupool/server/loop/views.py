@@ -90,6 +90,7 @@ class Views:
                 for part in p.shares:
                     for g in part.gpus:
                         jobs_on[(part.node, g)] = job_id
+            kept_for = {gpu: r for r in self.scheduler.reservations.values() for gpu in r.gpus}
             samples = {s.index: s for s in self.state.samples}
             sig = self.state.signals
             reclaimable = set(sig.reclaimable) if sig is not None else set()
@@ -122,6 +123,12 @@ class Views:
                             "problem": s.problem if s else "",
                             "job_id": int(jobs_on[(k, g)]) if (k, g) in jobs_on else None,
                             "reclaimable": tele in reclaimable,
+                            "reserved_for": int(kept_for[(k, g)].job_id)
+                            if (k, g) in kept_for
+                            else None,
+                            "reserved_from": kept_for[(k, g)].start_s
+                            if (k, g) in kept_for
+                            else None,
                             "out": g in out,
                             "out_reason": out.get(g, ""),
                         }

@@ -259,10 +259,14 @@ function drawCluster(view) {
       const who = g.job_id === null
         ? h("span", { class: "muted" }, "idle")
         : h("span", { class: "who" }, jobLabel(g.job_id));
-      const cls = ["gpu", g.job_id === null ? "idle" : "busy", g.healthy ? "" : "unhealthy"];
+      const kept = g.reserved_for === null || g.reserved_for === undefined ? null
+        : h("span", { class: "badge kept", title: "kept for a waiting wide job: nothing that "
+            + "would still run when it starts may take it" }, `reserved for #${g.reserved_for}`);
+      const cls = ["gpu", g.job_id === null ? "idle" : "busy", g.healthy ? "" : "unhealthy",
+        kept === null ? "" : "reserved"];
       return h("div", { class: cls.join(" "), "data-gpu": `${node.name}/${g.index}` },
         h("div", {}, h("b", {}, `GPU ${g.index}`), " ", g.model,
-          g.reclaimable ? h("span", { class: "badge warn" }, "reclaimable") : null,
+          g.reclaimable ? h("span", { class: "badge warn" }, "reclaimable") : null, kept,
           g.healthy ? null : h("span", { class: "badge bad" }, g.problem || "unhealthy")),
         h("div", {}, who),
         h("div", {}, "memory ", used === null ? "–" : `${(used / 1024).toFixed(1)}`,
