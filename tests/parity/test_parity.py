@@ -268,22 +268,33 @@ RESERVED_JOBS = [(0, "1", 3, 100.0), (5, "2", 4, 50.0), (10, "3", 1, 30.0), (15,
 RESERVED_DONE = [(40, "3"), (100, "1"), (150, "2"), (650, "4")]
 
 
-def test_live_and_simulated_drivers_reserve_alike(tmp_path: Path) -> None:
-    fleet = "4xA100-80GB"
+def _both_drivers(
+    tmp_path: Path,
+    fleet: str,
+    jobs: list[tuple[int, str, int, float, str]],
+    done: list[tuple[int, str]],
+    reservations: bool = False,
+) -> tuple[list[tuple[float, str, str]], list[tuple[float, str, str]], Store]:
+    """The decisions of the simulator's event driver and of the live service (a store,
+    a fake executor, a manual clock) on the same submits (t, id, GPUs, duration, user)
+    and ends, with priority-quota; and the live service's store."""
     cluster, _ = build_cluster(FakeTelemetry(fleet).inventory(), "h")
     events: list[Submitted | Finished | GpuDown] = [
-        Submitted(float(t), JobSpec(j, gpu_count=g, team="ml", submit_s=float(t), duration_s=d))
-        for t, j, g, d in RESERVED_JOBS
+        Submitted(
+            float(t),
+            JobSpec(j, gpu_count=g, team="ml", submit_s=float(t), duration_s=d, user=u),
+        )
+        for t, j, g, d, u in jobs
     ]
-    events += [Finished(float(t), j) for t, j in RESERVED_DONE]
-    simulated = run_events(cluster, events, (), "priority-quota", RULES, reservations=True)
+    events += [Finished(float(t), j) for t, j in done]
+    simulated = run_events(cluster, events, (), "priority-quota", RULES, reservations=reservations)
 
     clock = ManualClock(0.0)
     store = Store(f"sqlite:///{tmp_path}/parity.db")
     store.migrate()
     executor = FakeExecutor()
     config = dataclasses.replace(
-        LIVE_DEFAULTS, policy="priority-quota", preemption=RULES, reservations=True
+        LIVE_DEFAULTS, policy="priority-quota", preemption=RULES, reservations=reservations
     )
     service = LiveService(
         LiveConfig(tmp_path / "state", config, sample_s=0.0, host="h"),
@@ -292,25 +303,45 @@ def test_live_and_simulated_drivers_reserve_alike(tmp_path: Path) -> None:
         FakeTelemetry(fleet),
         clock,
     )
-    for t in sorted({t for t, *_ in RESERVED_JOBS} | {t for t, _ in RESERVED_DONE}):
+    for t in sorted({t for t, *_ in jobs} | {t for t, _ in done}):
         clock.t = float(t)
-        for tj, j, g, d in RESERVED_JOBS:
+        for tj, j, g, d, u in jobs:
             if tj == t:
                 row, _ = store.jobs.submit(
                     NewJob(name=f"job{j}", team="ml", kind="training", priority=0, gpu_count=g,
-                           command=("true",), duration_s=d),
+                           command=("true",), duration_s=d, user=u or None),
                     float(t),
                 )  # fmt: skip
                 assert str(row.id) == j
-        for td, j in RESERVED_DONE:
+        for td, j in done:
             if td == t:
                 executor.finish(j, 0)
         for _ in range(4):
             service.step()
-    live = service.record.decisions
+    return simulated, service.record.decisions, store
+
+
+def test_live_and_simulated_drivers_reserve_alike(tmp_path: Path) -> None:
+    jobs = [(t, j, g, d, "") for t, j, g, d in RESERVED_JOBS]
+    simulated, live, store = _both_drivers(
+        tmp_path, "4xA100-80GB", jobs, RESERVED_DONE, reservations=True
+    )
     assert live == simulated
     assert [(t, j) for t, a, j in live if a == "start"] == [
         (0.0, "1"), (10.0, "3"), (100.0, "2"), (150.0, "4")
     ]  # fmt: skip
     reasons = [e.message for e in store.events.after(0, limit=1000) if e.job_id == 2]
     assert any(m.startswith("Reserved: 4 A100-80GB GPUs on") for m in reasons), reasons
+
+
+def test_live_and_simulated_drivers_share_a_team_fairly_alike(tmp_path: Path) -> None:
+    """Two GPUs: alice queues four jobs, then bob one; when alice's first two end, the
+    freed GPUs go to bob first, then to alice's third, in both drivers (without fair share
+    alice's third and fourth would take them)."""
+    jobs = [(0, str(k), 1, 100.0, "alice") for k in range(1, 5)] + [(5, "5", 1, 100.0, "bob")]
+    done = [(100, "1"), (100, "2"), (200, "3"), (200, "5"), (300, "4")]
+    simulated, live, _ = _both_drivers(tmp_path, "2xA100-80GB", jobs, done)
+    assert live == simulated
+    assert [(t, j) for t, a, j in live if a == "start"] == [
+        (0.0, "1"), (0.0, "2"), (100.0, "5"), (100.0, "3"), (200.0, "4")
+    ]  # fmt: skip
