@@ -11,7 +11,7 @@ from gpupool.domain.model import JobSpec
 from gpupool.errors import SpecError
 from gpupool.scheduler.config import FairShareConfig
 from gpupool.scheduler.jobs import JobRecord
-from gpupool.scheduler.user_shares import QUANTUM_S, UserShares, fair_order
+from gpupool.scheduler.user_shares import QUANTUM_S, UserShares, fair_order, priority_boosts
 from gpupool.sim.scenario.config import parse_scenario
 from gpupool.sim.scenario.runner import run_scenario
 from gpupool.sim.scenario.workload import Workload
@@ -131,3 +131,42 @@ def test_a_bad_fair_share_section_is_refused_with_the_key() -> None:
         _starts((), "priority-quota", {"half_life_h": -1})
     with pytest.raises(SpecError, match="fair_share"):
         _starts((), "priority-quota", {"user": True})
+
+
+def _priorities(jobs: tuple[JobSpec, ...], aging_h: float | None) -> dict[str, float]:
+    cfg = parse_scenario(
+        {
+            "name": "aging",
+            "horizon_h": 30,
+            "cycle_s": 60,
+            "priority_aging_h": aging_h,
+            "cluster": [{"gpu_type": "H200", "nodes": 1, "gpus_per_node": 1}],
+            "teams": [{"name": "t", "guaranteed": {"H200": 1}}],
+            "workload": [],
+        }
+    )
+    rows = run_scenario(cfg, workload=Workload(jobs=jobs)).jobs
+    return {r["job_id"]: math.inf if r["start_s"] is None else r["start_s"] for r in rows}
+
+
+def test_a_low_priority_job_rises_with_its_wait() -> None:
+    """One GPU: a priority-0 job waits from 0 behind a stream of 1-h priority-5 jobs
+    submitted every hour. Without aging it waits for the whole stream (20 h); with a
+    point per hour it outranks the stream's new jobs once it has waited 5 h, and runs
+    next (the running job is not preempted: aging orders the queue only)."""
+    stream = tuple(
+        JobSpec(f"hi{k:02d}", team="t", priority=5, submit_s=k * H, duration_s=H - 60)
+        for k in range(20)
+    )
+    low = JobSpec("low", team="t", priority=0, submit_s=30.0, duration_s=600.0)
+    plain = _priorities((*stream, low), None)
+    assert plain["low"] >= 19 * H, plain["low"] / H
+    aged = _priorities((*stream, low), 1.0)
+    assert 5 * H <= aged["low"] <= 7 * H, aged["low"] / H
+    assert aged["hi00"] == 0.0  # and nothing was preempted for it
+
+
+def test_priority_boosts_count_whole_periods_and_say_when_the_next_comes() -> None:
+    waiting = [_record("a", "", 0.0), _record("b", "", 1800.0)]
+    boosts, next_s = priority_boosts(2 * H + 60, waiting, H)
+    assert boosts == {"a": 2, "b": 1} and next_s == 2.5 * H

@@ -133,6 +133,9 @@ class CycleView:
     """An order of the waiting jobs inside each priority class (position, first runs
     first), given by the core to its ordered policies (policies/cycle/ordered.py) and, where
     a team has several users, by fair share (scheduler/user_shares.py); None: age."""
+    priority_boost: Mapping[str, int] = field(default_factory=dict)
+    """Priority points waiting jobs gained by aging (`priority_aging_h`): they order the
+    queue as if their priority were that much higher; preemption ignores them."""
     held: Mapping[tuple[str, str], int] | None = None
     """GPUs each (team, pool) holds in running jobs, vacating ones excluded, as the core
     counts them; None: counted from `running`."""

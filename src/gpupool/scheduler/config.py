@@ -190,6 +190,9 @@ class SchedulerConfig:
     (`default_time_limit_h`); a kind absent here runs unlimited."""
     elastic: ElasticConfig = field(default_factory=ElasticConfig)
     fair_share: FairShareConfig = field(default_factory=FairShareConfig)
+    priority_aging_h: float | None = None
+    """Priority aging: a waiting batch or training job gains one priority point per this
+    many hours of waiting, in the queue's order (not in preemption); None: none."""
     max_starts_per_cycle: int | None = None
     """Apply at most this many of a plan's starts; the rest are planned again next cycle
     (a live executor that takes long per launch keeps its loop responsive)."""

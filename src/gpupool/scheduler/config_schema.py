@@ -76,6 +76,7 @@ SCHEDULING_KEYS: frozenset[str] = frozenset(
         "elastic",
         "learning",
         "fair_share",
+        "priority_aging_h",
     }
 )
 """The top-level keys of the scheduling section (a scenario file has more around them)."""
@@ -320,6 +321,9 @@ def parse_scheduling(
         fair_share=_fair_share(r, raw["fair_share"], defaults.fair_share)
         if "fair_share" in raw
         else defaults.fair_share,
+        priority_aging_h=None
+        if raw.get("priority_aging_h") is None
+        else r.number(raw["priority_aging_h"], "priority_aging_h", positive=True),
     )
 
 

@@ -1,4 +1,5 @@
-"""Fair share inside a team: its users' GPU use, decayed, orders the team's queue.
+"""Fair share inside a team: its users' GPU use, decayed, orders the team's queue; and
+priority aging (`priority_aging_h`), which raises a waiting job's place with its wait.
 
 The policy orders the queue as always (teams, priority classes, age); inside each team and
 class the jobs keep the places the team's jobs had, and the user who used least takes the
@@ -74,26 +75,31 @@ class UserShares:
         return out
 
     def rank(
-        self, now: float, waiting: Iterable[JobRecord], running: Iterable[JobRecord]
+        self,
+        now: float,
+        waiting: Iterable[JobRecord],
+        running: Iterable[JobRecord],
+        boost: Mapping[str, int] | None = None,
     ) -> dict[str, int]:
         """Positions of the waiting jobs: the policy's class order (online first, then
-        priority, then age), with each team's places in a class refilled fairly."""
+        priority, raised by `boost` where aging gives one, then age), with each team's
+        places in a class refilled fairly."""
+        online = JobKind.ONLINE
+        lift = boost or {}
+
+        def priority(r: JobRecord) -> int:
+            return r.spec.priority + lift.get(r.job_id, 0)
+
         jobs = sorted(
-            waiting,
-            key=lambda r: (
-                r.spec.kind is not JobKind.ONLINE,
-                -r.spec.priority,
-                r.ready_s,
-                r.job_id,
-            ),
+            waiting, key=lambda r: (r.spec.kind is not online, -priority(r), r.ready_s, r.job_id)
         )
         groups: dict[tuple[str, bool, int], list[int]] = defaultdict(list)
         for k, r in enumerate(jobs):
-            groups[(r.spec.team, r.spec.kind is JobKind.ONLINE, r.spec.priority)].append(k)
-        used = self.usage(now, running)
+            groups[(r.spec.team, r.spec.kind is online, priority(r))].append(k)
+        used = self.usage(now, running) if self.active else {}
         for slots in groups.values():
             members = [jobs[k] for k in slots]
-            if len({r.spec.user for r in members}) > 1:
+            if self.active and len({r.spec.user for r in members}) > 1:
                 for k, r in zip(slots, fair_order(members, used), strict=True):
                     jobs[k] = r
         return {r.job_id: k for k, r in enumerate(jobs)}
@@ -120,3 +126,22 @@ def fair_order(members: list[JobRecord], used: Mapping[UserKey, float]) -> list[
         charge[user] += r.spec.gpu_count * QUANTUM_S
         out.append(r)
     return out
+
+
+def priority_boosts(
+    now: float, waiting: Iterable[JobRecord], aging_s: float
+) -> tuple[dict[str, int], float]:
+    """Priority aging: each waiting batch or training job gains one priority point per
+    `aging_s` it has waited (since it last became runnable), for the queue's order only
+    (preemption still compares the priorities given). Returns the boosts and when the next
+    one changes (the order must be planned again then)."""
+    boosts: dict[str, int] = {}
+    next_s = math.inf
+    for r in waiting:
+        if r.spec.kind is JobKind.ONLINE:
+            continue
+        points = int(max(0.0, now - r.ready_s) // aging_s)
+        if points:
+            boosts[r.job_id] = points
+        next_s = min(next_s, r.ready_s + (points + 1) * aging_s)
+    return boosts, next_s

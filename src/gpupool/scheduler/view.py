@@ -216,6 +216,7 @@ def cycle_view(
     now: float,
     deferred: set[str],
     rank: Mapping[str, int] | None = None,
+    boost: Mapping[str, int] | None = None,
 ) -> CycleView:
     """What the policy plans from. Running jobs are seen through RunningViews (each made
     when the plan first reads it) and the totals the book keeps, so a cycle costs what the
@@ -249,6 +250,7 @@ def cycle_view(
         placement=placement,
         claims={c: frozenset(v) for c, v in book.claims.items()},
         rank=rank,
+        priority_boost=boost or {},
         held=book.held,
         holders=reserve_holders(book, fleet.pool_nodes, reserve),
     )

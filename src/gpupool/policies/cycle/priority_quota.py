@@ -140,7 +140,12 @@ class PriorityQuotaPolicy(CyclePolicy):
         # Within each team, online first, then by priority and age; what fits inside the
         # team's guarantee is entitled (and may reclaim), the rest borrows by fair share.
         tail = self.class_order(view)
-        waiting.sort(key=lambda p: (p.spec.kind is not JobKind.ONLINE, -p.spec.priority, *tail(p)))
+        boost = view.priority_boost
+
+        def priority(p: PendingView) -> int:
+            return p.spec.priority + boost.get(p.spec.job_id, 0) if boost else p.spec.priority
+
+        waiting.sort(key=lambda p: (p.spec.kind is not JobKind.ONLINE, -priority(p), *tail(p)))
         entitled: list[PendingView] = []
         borrowing: list[PendingView] = []
         planned = dict(usage)
@@ -165,7 +170,7 @@ class PriorityQuotaPolicy(CyclePolicy):
             key=lambda p: (
                 p.spec.kind is not JobKind.ONLINE,
                 view.quotas.fair_rank(p.spec.team),
-                -p.spec.priority,
+                -priority(p),
                 *tail(p),
             )
         )

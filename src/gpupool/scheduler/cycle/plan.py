@@ -12,6 +12,7 @@ limits are dropped and the plan is made once more with those teams hidden.
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Sequence
 from typing import ClassVar
 
@@ -25,6 +26,7 @@ from gpupool.scheduler.commands import Command
 from gpupool.scheduler.cycle.base import CycleContext
 from gpupool.scheduler.fleet import Fleet
 from gpupool.scheduler.ordering import CoreLearning
+from gpupool.scheduler.user_shares import priority_boosts
 from gpupool.scheduler.view import cycle_view
 
 
@@ -55,9 +57,13 @@ class PolicyPlan:
         self.ordering = ordering
         self.over_limit = False
         """The last plan started more of a team than its limits allow (the rest dropped)."""
+        self.next_boost_s = math.inf
+        """When a waiting job next gains a priority point by aging: the order changes."""
 
     def run(self, ctx: CycleContext) -> list[Command]:
         book = self.book
+        if ctx.now_s >= self.next_boost_s:  # a waiting job gained a priority point
+            book.dirty = True
         ctx.published.changed = book.dirty or bool(ctx.out)
         out: list[Command] = []
         if book.dirty:
@@ -74,11 +80,14 @@ class PolicyPlan:
         book, fleet, policy = self.book, self.fleet, self.policy
         lg = self.ordering
         if lg is None:
-            rank = None
-            if book.shares.active and policy.orders_by_rank:
-                queued = (book.records[j] for q in book.queues.by_team.values() for _, j in q)
-                rank = book.shares.rank(now, queued, book.running.values())
-            view = cycle_view(book, fleet, self.placement, self.rng, now, deferred, rank)
+            rank = boost = None
+            aging_h = book.config.priority_aging_h
+            if policy.orders_by_rank and (book.shares.active or aging_h is not None):
+                queued = [book.records[j] for q in book.queues.by_team.values() for _, j in q]
+                if aging_h is not None:
+                    boost, self.next_boost_s = priority_boosts(now, queued, aging_h * 3600.0)
+                rank = book.shares.rank(now, queued, book.running.values(), boost)
+            view = cycle_view(book, fleet, self.placement, self.rng, now, deferred, rank, boost)
             commands = policy.plan(view)
             book.reservations = {r.job_id: r for r in view.reserved}
             self.apply(commands, now, out)
