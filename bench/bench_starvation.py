@@ -1,0 +1,190 @@
+"""Does any job starve for its width? Every shipped scenario with its own policy, and a
+scenario of our own (a team capped just above its widest jobs, a stream of narrow ones)
+under every cycle policy; each with `reservations` off and on.
+
+A job starves here when it fits its team's maximum, has waited at least 48 h and is still
+unstarted at the horizon. The issue asks for none where the teams can serve their load;
+a team's load is its submitted GPU-hours (work x GPUs) over what its maximum can serve in
+the horizon, so an overloaded team (load > 1: daynight-off's training) is shown apart.
+Writes bench/results/starvation.{json,md}.
+
+    .venv/bin/python bench/bench_starvation.py [--only daynight-off] [--workers 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import defaultdict
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from gpupool.domain.model import JobKind, JobSpec
+from gpupool.domain.quota import QuotaBook
+from gpupool.sim.scenario.config import ScenarioConfig, load_scenario, parse_scenario
+from gpupool.sim.scenario.generators import GenContext, build_workload
+from gpupool.sim.scenario.runner import run_scenario
+from gpupool.sim.scenario.workload import Workload
+from gpupool.traces.location import find_traces_dir
+from machine import describe
+
+ROOT = Path(__file__).resolve().parents[1]
+STARVED_AFTER_S = 48 * 3600.0
+POLICIES = ("fifo", "backfill", "priority-quota", "las", "gittins")
+CAPPED = "capped-team"
+"""Our own: one team capped at 16 of 32 GPUs, 16-GPU jobs among a stream of 1-GPU ones."""
+
+
+def capped_team() -> tuple[dict[str, Any], Workload]:
+    """Four 8-GPU nodes; team `wide` may hold 16 GPUs: a 16-GPU job of 4 h every 12 h,
+    and a 1-GPU job of 2 h every 20 min (about 11 of its 16 GPUs busy on average: the
+    team can serve its load, but its narrow jobs always hold part of its 16)."""
+    raw = {
+        "name": CAPPED,
+        "horizon_h": 168,
+        "cycle_s": 60,
+        "cluster": [{"gpu_type": "H200", "nodes": 4, "gpus_per_node": 8}],
+        "teams": [
+            {"name": "wide", "guaranteed": {"H200": 16}, "max": {"H200": 16}},
+            {"name": "other", "guaranteed": {"H200": 16}},
+        ],
+        "workload": [],
+    }
+    h = 3600.0
+    jobs = [
+        JobSpec(f"w{k:02d}", gpu_count=16, team="wide", submit_s=k * 12 * h, duration_s=4 * h)
+        for k in range(12)
+    ]
+    jobs += [
+        JobSpec(f"n{k:04d}", team="wide", submit_s=1200.0 * k + 60, duration_s=2 * h)
+        for k in range(int(150 * h / 1200))
+    ]
+    jobs += [
+        JobSpec(f"o{k:03d}", gpu_count=4, team="other", submit_s=k * 3 * h, duration_s=6 * h)
+        for k in range(50)
+    ]
+    return raw, Workload(jobs=tuple(sorted(jobs, key=lambda j: (j.submit_s, j.job_id))))
+
+
+def runs(only: str | None) -> list[tuple[str, str, bool]]:
+    shipped = sorted(p.stem for p in (ROOT / "scenarios").glob("*.yaml"))
+    items = [(name, "", on) for name in shipped for on in (False, True)]
+    items += [(CAPPED, policy, on) for policy in POLICIES for on in (False, True)]
+    return [i for i in items if only is None or i[0] == only]
+
+
+def one(item: tuple[str, str, bool]) -> dict[str, Any]:
+    name, policy, on = item
+    workload: Workload | None = None
+    if name == CAPPED:
+        raw, workload = capped_team()
+        cfg: ScenarioConfig = parse_scenario(raw)
+    else:
+        cfg = load_scenario(ROOT / "scenarios" / f"{name}.yaml")
+        ctx = GenContext(cfg.horizon_s, find_traces_dir(ROOT / "scenarios"))
+        workload = build_workload(cfg.workload, cfg.seed, ctx)
+    sched = cfg.scheduling
+    cfg = replace(cfg, scheduling=replace(sched, policy=policy or sched.policy, reservations=on))
+    t0 = time.perf_counter()
+    result = run_scenario(cfg, workload=workload)
+    horizon = cfg.horizon_s
+    pools: dict[str, int] = defaultdict(int)
+    for p in cfg.pools:
+        pools[p.key] += p.nodes * p.gpus_per_node
+    quotas = QuotaBook(cfg.scheduling.teams, pools, ())
+    work: dict[str, float] = defaultdict(float)
+    for job in workload.jobs:
+        if job.kind is not JobKind.ONLINE and job.submit_s < horizon:
+            work[job.team] += job.gpu_count * min(job.duration_s or 0.0, horizon - job.submit_s)
+    starved: dict[str, int] = defaultdict(int)
+    capacity: dict[str, float] = {}
+    for r in result.jobs:
+        team, pool = r["team"], r["pool"]
+        limit = quotas.maximum(team, pool, 0.0)
+        capacity[team] = max(capacity.get(team, 0.0), limit * horizon)
+        waited = horizon - r["submit_s"]
+        if (
+            r["kind"] != "online-inference"
+            and r["start_s"] is None
+            and r["gpus"] <= limit
+            and waited >= STARVED_AFTER_S
+        ):
+            starved[team] += 1
+    load = {t: round(work[t] / capacity[t], 2) if capacity.get(t) else None for t in work}
+    served = [t for t, v in load.items() if v is not None and v <= 1.0]
+    return {
+        "scenario": name,
+        "policy": cfg.scheduling.policy,
+        "reservations": on,
+        "starved": dict(sorted(starved.items())),
+        "starved_where_served": sum(n for t, n in starved.items() if t in served),
+        "team_load": dict(sorted(load.items())),
+        "max_wait_h": round(result.summary["max_wait_s"] / 3600, 1),
+        "avg_jct_h": round(result.summary["avg_jct_s"] / 3600, 2)
+        if result.summary.get("avg_jct_s")
+        else None,
+        "utilization": result.summary["gpu_hours_utilization"],
+        "wall_s": round(time.perf_counter() - t0, 1),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", help="one scenario (a file name without .yaml, or capped-team)")
+    ap.add_argument("--workers", type=int, default=2)
+    args = ap.parse_args(argv)
+    items = runs(args.only)
+    started = time.perf_counter()
+    with ProcessPoolExecutor(args.workers) as pool:
+        rows = list(pool.map(one, items))
+    for r in rows:
+        print(
+            f"{r['scenario']:22} {r['policy']:15} res={'on ' if r['reservations'] else 'off'} "
+            f"starved={r['starved']} where-served={r['starved_where_served']} "
+            f"load={r['team_load']} jct={r['avg_jct_h']}",
+            file=sys.stderr,
+        )
+    out = ROOT / "bench" / "results"
+    payload = {
+        "machine": describe(),
+        "wall_s": round(time.perf_counter() - started, 1),
+        "runs": rows,
+    }
+    if args.only is None:
+        (out / "starvation.json").write_text(json.dumps(payload, indent=1) + "\n")
+        (out / "starvation.md").write_text(markdown(payload))
+    return 0
+
+
+def markdown(payload: dict[str, Any]) -> str:
+    lines = [
+        "# Starvation by width: jobs that fit their team's maximum, waited 48 h, never started",
+        "",
+        "`.venv/bin/python bench/bench_starvation.py` (every shipped scenario with its own",
+        "policy; `capped-team`, our own, under every cycle policy). Team load: submitted",
+        "GPU-hours over what the team's maximum serves in the horizon; a team above 1 cannot",
+        "serve its load and is not counted in `where served`.",
+        "",
+        f"Machine: {payload['machine']}. Wall: {payload['wall_s']} s.",
+        "",
+        "| scenario | policy | reservations | starved (by team) | where served | team load "
+        "| max wait h | mean JCT h | util |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in payload["runs"]:
+        starved = ", ".join(f"{t}: {n}" for t, n in r["starved"].items()) or "none"
+        load = ", ".join(f"{t}: {v}" for t, v in r["team_load"].items())
+        lines.append(
+            f"| {r['scenario']} | {r['policy']} | {'on' if r['reservations'] else 'off'} "
+            f"| {starved} | {r['starved_where_served']} | {load} | {r['max_wait_h']} "
+            f"| {r['avg_jct_h']} | {r['utilization']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
