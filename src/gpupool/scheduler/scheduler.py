@@ -422,6 +422,12 @@ class Scheduler:
         """A restored job was being stopped for its time limit: it ends as failed (why)."""
         self.book.expiring[job_id] = why
 
+    def users_used_before(self, used: Sequence[tuple[str, str, float, float]]) -> None:
+        """Fair share inside a team after a restart: (team, user, GPU-seconds, ended at) of
+        the runs that ended before it, charged as when they ended."""
+        for team, user, gpu_s, at in used:
+            self.book.shares.charge((team, user), gpu_s, at)
+
     def online_seen_before(self, gpu_models: frozenset[str]) -> None:
         """Online inference was submitted for these models (all when empty) before a
         restart: the online reserve that holds once online work was seen holds again."""

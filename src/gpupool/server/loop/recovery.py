@@ -74,6 +74,10 @@ class Recovery:
         for model in self.store.jobs.online_models():  # the reserve once online work was seen
             self.scheduler.online_seen_before(frozenset({model}) if model else frozenset())
         now = self.clock.now()
+        fair = self.scheduler.config.fair_share
+        if fair.users:  # each user's use, from the runs that ended within ten half-lives
+            since = now - 10 * fair.half_life_h * 3600.0
+            self.scheduler.users_used_before(self.store.history.users_use(since, now))
         if self.learning:  # what finished before this start is the learner's first history
             self.scheduler.learning_seed(outcomes_of(self.store.history.finished_runs(None, now)))
         self.recover()

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sqlalchemy import delete, func, insert, select
+from sqlalchemy.orm import Session
 
 from gpupool.errors import SpecError
 from gpupool.server.store.base import Repository, transaction
@@ -120,23 +121,7 @@ class History(Repository):
         query = query.order_by(JobModel.ended_at, JobModel.id)
         with self.db.read() as s:
             jobs = list(s.scalars(query))
-            on: dict[int, float] = {}
-            since: dict[int, float] = {}
-            ids = [m.id for m in jobs]
-            for chunk in range(0, len(ids), 500):
-                events = s.scalars(
-                    select(EventModel)
-                    .where(EventModel.job_id.in_(ids[chunk : chunk + 500]))
-                    .order_by(EventModel.seq)
-                )
-                for e in events:
-                    before, after = (e.data or {}).get("from"), (e.data or {}).get("to")
-                    if before is None or after is None or e.job_id is None:
-                        continue
-                    if after in ON_GPU and before not in ON_GPU:
-                        since[e.job_id] = e.at_s
-                    elif before in ON_GPU and after not in ON_GPU and e.job_id in since:
-                        on[e.job_id] = on.get(e.job_id, 0.0) + e.at_s - since.pop(e.job_id)
+            on = _time_on_gpus(s, [m.id for m in jobs])
             return [
                 FinishedRun(
                     m.id,
@@ -150,3 +135,51 @@ class History(Repository):
                 )
                 for m in jobs
             ]
+
+    @transaction
+    def users_use(self, since_s: float, until_s: float) -> list[tuple[str, str, float, float]]:
+        """(team, user, GPU-seconds, ended at) of each job of its own that ended between
+        since_s and until_s, whatever its end, in order of ending: what fair share inside a
+        team charged its users, read back by a restarted server. The user is the one given
+        at submit, else the submitting token's name."""
+        query = (
+            select(JobModel)
+            .where(
+                JobModel.service.is_(None),
+                JobModel.gpu_count > 0,
+                JobModel.ended_at.is_not(None),
+                JobModel.ended_at >= since_s,
+                JobModel.ended_at <= until_s,
+            )
+            .order_by(JobModel.ended_at, JobModel.id)
+        )
+        with self.db.read() as s:
+            jobs = list(s.scalars(query))
+            on = _time_on_gpus(s, [m.id for m in jobs])
+            return [
+                (m.team, m.user_name or m.owner_token or "", m.gpu_count * on[m.id], ended)
+                for m in jobs
+                if on.get(m.id) and (ended := m.ended_at) is not None
+            ]
+
+
+def _time_on_gpus(s: Session, ids: Sequence[int]) -> dict[int, float]:
+    """Seconds each job spent on its GPUs (running, or checkpointing to leave), summed over
+    its runs, from its state-change events."""
+    on: dict[int, float] = {}
+    since: dict[int, float] = {}
+    for chunk in range(0, len(ids), 500):
+        events = s.scalars(
+            select(EventModel)
+            .where(EventModel.job_id.in_(ids[chunk : chunk + 500]))
+            .order_by(EventModel.seq)
+        )
+        for e in events:
+            before, after = (e.data or {}).get("from"), (e.data or {}).get("to")
+            if before is None or after is None or e.job_id is None:
+                continue
+            if after in ON_GPU and before not in ON_GPU:
+                since[e.job_id] = e.at_s
+            elif before in ON_GPU and after not in ON_GPU and e.job_id in since:
+                on[e.job_id] = on.get(e.job_id, 0.0) + e.at_s - since.pop(e.job_id)
+    return on
