@@ -588,10 +588,12 @@ def test_a_submit_on_a_full_disk_is_refused_with_the_reason(pool: Pool) -> None:
 
 
 def test_the_online_reserve_and_sizing_at_submit(pool: Pool) -> None:
-    """Runs after online work was seen (the elastic and service tests), so the 20% online
-    reserve holds: training that checkpoints 40 GiB a GPU cannot leave within a cycle, so
-    three of four run and the fourth waits with `Reserve`; an online job takes the last GPU,
-    preempting nothing. A job given by its model is sized at submit."""
+    """Once online work was seen (a short online job first: the module's tests may run
+    on other workers, so the elastic and service tests' may not have run on this pool),
+    the 20% online reserve holds: training that checkpoints 40 GiB a GPU cannot leave
+    within a cycle, so three of four run and the fourth waits with `Reserve`; an online
+    job takes the last GPU, preempting nothing. A job given by its model is sized at
+    submit."""
     url = pool.url
 
     def busy() -> list[tuple[int, str]]:
@@ -601,6 +603,8 @@ def test_the_online_reserve_and_sizing_at_submit(pool: Pool) -> None:
     # what earlier tests started (a deleted service's replicas stop with their grace) ends
     # first: the pool's four GPUs are free
     wait_for(lambda: not busy(), 120, "the pool to be idle")
+    seen_online = submit(url, "web", "--kind", "online-inference", "--", "true")
+    wait_for(lambda: show(url, seen_online)["state"] == "succeeded", 60, "online work seen")
     release = pool.root / "release-reserve"
     hold = f'i=0; while [ ! -e "{release}" ] && [ $i -lt 1200 ]; do sleep 0.1; i=$((i+1)); done'
     train = [
