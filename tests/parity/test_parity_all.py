@@ -239,6 +239,7 @@ def legs(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[Normal], list[N
     return simulated, live, store
 
 
+@pytest.mark.slow  # long: started first (tests/conftest.py orders slow modules first)
 def test_the_live_service_over_the_simulated_world_decides_as_the_simulator(
     legs: tuple[list[Normal], list[Normal], Store],
 ) -> None:

@@ -430,6 +430,7 @@ def workloads(draw: st.DrawFn) -> list[JobSpec]:
     return jobs
 
 
+@pytest.mark.slow  # long: started first (tests/conftest.py orders slow modules first)
 @settings(max_examples=40, deadline=None)
 @given(workloads(), st.booleans(), st.sampled_from((1_800.0, 7_200.0)))
 def test_the_rules_hold_with_a_wrong_model_in_charge(

@@ -171,6 +171,7 @@ def _lines(log: Path) -> list[tuple[str, int, int, str, float, int]]:
     return out
 
 
+@pytest.mark.slow  # long: started first (tests/conftest.py orders slow modules first)
 def test_second_server_stands_by_then_takes_over(tmp_path: Path, db_url: str) -> None:
     state = tmp_path / "state"  # one state directory: the standby adopts the jobs' processes
     log = tmp_path / "jobs.log"

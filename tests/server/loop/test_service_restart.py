@@ -59,6 +59,7 @@ def db_args(request: pytest.FixtureRequest) -> tuple[str, ...]:
     return ("--db", fresh_schema(request.getfixturevalue("pg_url")))
 
 
+@pytest.mark.slow  # long: started first (tests/conftest.py orders slow modules first)
 def test_sigkill_at_random_points_loses_nothing(tmp_path: Path, db_args: tuple[str, ...]) -> None:
     rng = random.Random(20261130)
     state = tmp_path / "state"

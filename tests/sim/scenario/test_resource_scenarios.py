@@ -72,6 +72,7 @@ def test_hetero_aware_puts_small_models_on_the_cheap_cards(
     assert aware["kinds"]["training"]["gpu_hours"] < blind["kinds"]["training"]["gpu_hours"]
 
 
+@pytest.mark.slow  # long: started first (tests/conftest.py orders slow modules first)
 def test_energy_aware_cuts_electricity_and_misses_no_deadline(
     energy: tuple[ScenarioResult, ScenarioResult],
 ) -> None:
