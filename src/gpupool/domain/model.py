@@ -29,10 +29,23 @@ class Node:
     cpu_milli: int
     mem_mib: int
     cluster: str = "default"
+    labels: tuple[tuple[str, str], ...] = ()
+    """(key, value) pairs, sorted by key: where the node sits in the network (`rack=r1`,
+    domain/topology.py)."""
 
     def __post_init__(self) -> None:
         if self.gpu_count < 0 or self.cpu_milli < 0 or self.mem_mib < 0:
             raise SpecError(f"node {self.name}: counts must be >= 0")
+        keys = [k for k, _ in self.labels]
+        if keys != sorted(set(keys)):
+            raise SpecError(f"node {self.name}: labels must be sorted by key, one value each")
+
+    def label(self, key: str) -> str | None:
+        """The node's value of label `key`; None when it has none."""
+        for k, v in self.labels:
+            if k == key:
+                return v
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +105,12 @@ class JobSpec:
     user: str = ""
     """Who submitted it inside its team: fair share orders a team's queue by its users'
     use (scheduler/user_shares.py). "": the team's one anonymous user."""
+    topology: str | None = None
+    """A gang (wider than a node) must run inside one domain of this topology level
+    (`--topology rack`): it waits for one rather than spread. None: anywhere."""
+    topology_preferred: str | None = None
+    """A gang runs inside one domain of this level when one has room, else anywhere its
+    `topology` allows (`--topology-preferred rack`)."""
 
     def __post_init__(self) -> None:
         if self.gpu_mem_mib is not None and (self.gpu_mem_mib <= 0 or self.gpu_count != 1):

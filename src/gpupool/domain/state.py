@@ -10,6 +10,7 @@ import numpy as np
 import numpy.typing as npt
 
 from gpupool.domain.model import MILLI_PER_GPU, Cluster, JobKind, JobSpec, NodeShare, Placement
+from gpupool.domain.topology import Topology, domain_ids
 from gpupool.errors import ConflictError, PlanRejected
 
 IntArray = npt.NDArray[np.int64]
@@ -102,6 +103,10 @@ class ClusterState:
         Kept only while `one_team_per_card` is set."""
         self.team_ids: dict[str, int] = {}
         """Append-only and shared with copies, like `free_keys`: an id means one team."""
+        self.topology = Topology()
+        """The network levels placement keeps gangs inside (`set_topology`)."""
+        self.level_ids: tuple[IntArray, ...] = ()
+        """Per topology level (narrowest first), each node's domain id (NO_DOMAIN: none)."""
 
     def copy(self) -> ClusterState:
         """A scratch copy a policy may allocate on while it plans; the real state is untouched."""
@@ -130,6 +135,17 @@ class ClusterState:
         return other
 
     # ---- read side -------------------------------------------------------------------
+    def set_topology(self, topology: Topology) -> None:
+        """The fleet's network levels (before anything is placed; copies share them)."""
+        self.topology = topology
+        self.level_ids = tuple(domain_ids(self.cluster.nodes, lv) for lv in topology.levels)
+
+    def idle_nodes(self) -> BoolArray:
+        """Nodes of the widest size with every GPU free: what a gang's whole shares need."""
+        width = self.max_gpus_per_node
+        mask: BoolArray = (self.whole_free == width) & (self.gpu_count == width)
+        return mask
+
     def model_mask(self, models: frozenset[str]) -> BoolArray:
         mask = self._model_masks.get(models)
         if mask is None:

@@ -22,6 +22,7 @@ from gpupool.domain.lifecycle import TERMINAL, JobState, check_transition
 from gpupool.domain.model import MILLI_PER_GPU, JobKind, JobSpec, Placement
 from gpupool.domain.quota import QuotaBook
 from gpupool.domain.state import ClusterState
+from gpupool.domain.topology import spanned_level
 from gpupool.errors import ConflictError, NotFoundError, PlanRejected
 from gpupool.learning.history import JobFacts
 from gpupool.policies.contract import Claim, Preempt, Reservation, Start
@@ -180,11 +181,15 @@ class JobBook:
         return base + max(0.0, at - since - overhead) * r.speed
 
     def speed_of(self, r: JobRecord, cap_speed: float | None = None) -> float:
-        """Work per second: the power cap's slowdown times co-location's on shared GPUs."""
+        """Work per second: the power cap's slowdown times co-location's on shared GPUs,
+        and a gang's all-reduce slowdown when it spans network domains."""
         cap = r.cap_speed if cap_speed is None else cap_speed
         if self.elastic.declared:
             cap *= self.elastic.fraction(r)  # an elastic job below its size runs slower
         placement = self.state.placements.get(r.spec.job_id)
+        if placement is not None and len(placement.shares) > 1 and self.state.level_ids:
+            level = spanned_level(self.state.level_ids, placement.nodes)
+            cap *= self.state.topology.speed(placement.gpu_count, level)
         if placement is None or r.spec.gpu_milli == MILLI_PER_GPU:
             return cap  # a whole GPU is never shared
         speed = cap

@@ -13,6 +13,7 @@ from typing import Any
 
 from gpupool.domain.calibration import CheckpointModel, ColocationModel
 from gpupool.domain.quota import QuotaWindow, TeamQuota
+from gpupool.domain.topology import Topology
 from gpupool.federation.burst import BurstRules
 from gpupool.learning.config import LearningConfig
 from gpupool.policies.preemption import PreemptionRules
@@ -196,6 +197,9 @@ class SchedulerConfig:
     max_starts_per_cycle: int | None = None
     """Apply at most this many of a plan's starts; the rest are planned again next cycle
     (a live executor that takes long per launch keeps its loop responsive)."""
+    topology: Topology = field(default_factory=Topology)
+    """The fleet's network levels (node labels), whether placement keeps gangs inside
+    them, and the cost model of a gang spanning them (domain/topology.py)."""
     learning: LearningConfig = field(default_factory=LearningConfig)
     """The ordered policies' order (`las`, `gittins`, `learned`): rule, model, guard, age
     bound; `mode` shadow or active goes with `policy: learned` (docs/learned-policy.md)."""

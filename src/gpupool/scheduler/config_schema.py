@@ -20,6 +20,7 @@ from typing import Any
 from gpupool.domain.calibration import CheckpointModel
 from gpupool.domain.model import JobKind
 from gpupool.domain.quota import QuotaWindow, TeamQuota, clock_s
+from gpupool.domain.topology import StepModel, Topology
 from gpupool.errors import SpecError
 from gpupool.learning.config import LearningConfig
 from gpupool.learning.guard import GuardConfig
@@ -41,6 +42,7 @@ from gpupool.scheduler.config import (
     TeamLimits,
     ThermalConfig,
 )
+from gpupool.sizing.interconnect import link_busbw_gb_s
 from gpupool.specfile import SpecReader
 
 __all__ = [
@@ -77,6 +79,7 @@ SCHEDULING_KEYS: frozenset[str] = frozenset(
         "learning",
         "fair_share",
         "priority_aging_h",
+        "topology",
     }
 )
 """The top-level keys of the scheduling section (a scenario file has more around them)."""
@@ -324,7 +327,40 @@ def parse_scheduling(
         priority_aging_h=None
         if raw.get("priority_aging_h") is None
         else r.number(raw["priority_aging_h"], "priority_aging_h", positive=True),
+        topology=_topology(r, raw["topology"], defaults.topology)
+        if "topology" in raw
+        else defaults.topology,
     )
+
+
+def _topology(r: ConfigReader, raw: Any, d: Topology) -> Topology:
+    """`topology: {levels: [rack, block], placement: aware, links: [nvlink, infiniband,
+    infiniband], step: {...}}`: levels narrowest first; a link per level and one for a gang
+    spanning the widest (names of data/interconnect_links.csv, or GB/s)."""
+    m = r.section(raw, "topology", {"levels", "placement", "links", "step"})
+    levels = tuple(
+        str(v) for v in r.entries(m.get("levels", d.levels), "topology.levels", "labels")
+    )
+    for level in levels:
+        if not level or not all(c.isalnum() or c == "-" for c in level):
+            raise r.fail("topology.levels", f"{level!r}: a label key has letters, digits and -")
+    placement = m.get("placement", "aware" if d.aware else "blind")
+    if placement not in ("aware", "blind"):
+        raise r.fail("topology.placement", f"{placement!r}: choose aware or blind")
+    links = r.entries(m.get("links", d.busbw_gb_s), "topology.links", "links")
+    busbw = tuple(link_busbw_gb_s(v, f"{r.path}: topology.links[{k}]") for k, v in enumerate(links))
+    st = r.section(m.get("step"), "topology.step", {"grad_gb", "compute_s", "overlap"})
+    step = StepModel(
+        r.number(st.get("grad_gb", d.step.grad_gb), "topology.step.grad_gb", positive=True),
+        r.number(st.get("compute_s", d.step.compute_s), "topology.step.compute_s", positive=True),
+        r.number(st.get("overlap", d.step.overlap), "topology.step.overlap"),
+    )
+    if step.overlap > 1:
+        raise r.fail("topology.step.overlap", "the share of backward overlapped is at most 1")
+    try:
+        return Topology(levels, placement == "aware", busbw, step)
+    except SpecError as err:
+        raise r.fail("topology", str(err)) from None
 
 
 def _fair_share(r: ConfigReader, raw: Any, d: FairShareConfig) -> FairShareConfig:

@@ -144,6 +144,7 @@ class Scheduler:
         self.state.colocate = True
         self.state.share_cap = cfg.share_cap
         self.state.one_team_per_card = bool(cfg.sharing.one_team_per_card)
+        self.state.set_topology(cfg.topology)
         self.rng = np.random.default_rng(seed)
         self.placement: ScoringPolicy = placement_policy(cfg, self.state.models)
         """Where a job goes inside its pool (`placement.policy`), for the cycle policy's

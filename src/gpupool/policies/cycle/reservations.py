@@ -18,6 +18,7 @@ import numpy as np
 
 from gpupool.domain.model import JobSpec, Placement
 from gpupool.domain.state import BoolArray, ClusterState
+from gpupool.domain.topology import NO_DOMAIN
 from gpupool.policies.contract import CycleView, Reservation
 
 RESERVE_AFTER_S = 24 * 3600.0
@@ -103,6 +104,9 @@ class Reservations:
         times = self.free_at(pool)
         nodes = [n for n in np.flatnonzero(allowed).tolist() if n in times]
         found = earliest_gpus(times, nodes, job.gpu_count)
+        wide = job.gpu_count > self.scratch.max_gpus_per_node
+        if job.topology is not None and self.scratch.topology.placing and wide:
+            found = earliest_in_domain(self.scratch, job.topology, times, nodes, job.gpu_count)
         if found is None:
             return
         start_s, gpus = found
@@ -193,6 +197,22 @@ class Reservations:
         finally:
             for n, g in lent:
                 scratch.set_gpu_out(n, g, True)
+
+
+def earliest_in_domain(
+    state: ClusterState, level: str, times: dict[int, list[float]], nodes: list[int], need: int
+) -> tuple[float, tuple[tuple[int, int], ...]] | None:
+    """`earliest_gpus` for a gang that requires one domain of `level`: the domain where its
+    GPUs come free first (None: no domain of it has enough)."""
+    if level not in state.topology.levels:
+        return None
+    ids = state.level_ids[state.topology.levels.index(level)]
+    found = None
+    for d in sorted({int(ids[n]) for n in nodes} - {NO_DOMAIN}):
+        inside = earliest_gpus(times, [n for n in nodes if ids[n] == d], need)
+        if inside is not None and (found is None or inside[0] < found[0]):
+            found = inside
+    return found
 
 
 def earliest_gpus(

@@ -15,6 +15,12 @@ import numpy as np
 from gpupool.domain.fragmentation import TaskShape
 from gpupool.domain.model import MILLI_PER_GPU, JobSpec, NodeShare, Placement
 from gpupool.domain.state import BoolArray, ClusterState, IntArray
+from gpupool.policies.placement.domains import (
+    domain_masks,
+    fullest_first,
+    packing_tie_break,
+    shared_by,
+)
 
 
 class ScoringPolicy:
@@ -52,6 +58,8 @@ class ScoringPolicy:
             return int(candidates[0])
         scores = self.scores(state, job, candidates)
         top = candidates[scores == scores.max()]
+        if top.size > 1 and state.topology.placing:
+            top = packing_tie_break(state, top)
         if top.size == 1:
             return int(top[0])
         return int(top[np.argmin(state.tie_rank[top])])
@@ -81,18 +89,43 @@ class ScoringPolicy:
         rng: np.random.Generator,
         allowed: BoolArray | None = None,
     ) -> Placement | None:
-        """A job wider than any node: whole idle nodes, then the remainder on one node.
-
-        Only whole-GPU jobs may span nodes. CPU and memory are split in proportion to GPUs.
-        """
-        width = state.max_gpus_per_node
-        if job.shares_gpu or width == 0:
+        """A gang: a job wider than any node, on whole idle nodes and the remainder on one
+        more. With topology levels (domains.py), inside one domain of the level it asks
+        for (required: else it waits; preferred: else as below), else the smallest domain
+        of any level that has room, else spread over the fullest domains' nodes."""
+        if job.shares_gpu or state.max_gpus_per_node == 0:
             return None
+        if not state.topology.placing:
+            return self.spread(state, job, rng, allowed)
+        idle = state.idle_nodes() if allowed is None else state.idle_nodes() & allowed
+        required, preferred = job.topology, job.topology_preferred
+        tries = [preferred] if preferred is not None else []
+        tries += [required] if required is not None else list(state.topology.levels)
+        for level in tries:
+            for mask in domain_masks(state, job, idle, level):
+                placed = self.spread(state, job, rng, mask if allowed is None else mask & allowed)
+                if placed is not None and (
+                    required is None or shared_by(state, required, placed.nodes)
+                ):
+                    return placed
+        if required is not None:
+            return None  # it waits for a domain rather than spread
+        return self.spread(state, job, rng, allowed)
+
+    def spread(
+        self,
+        state: ClusterState,
+        job: JobSpec,
+        rng: np.random.Generator,
+        allowed: BoolArray | None = None,
+    ) -> Placement | None:
+        """Whole idle nodes, then the remainder on one node. Only whole-GPU jobs may span
+        nodes. CPU and memory are split in proportion to GPUs."""
+        width = state.max_gpus_per_node
         full, rest = divmod(job.gpu_count, width)
         per_gpu_cpu, per_gpu_mem = job.cpu_milli // job.gpu_count, job.mem_mib // job.gpu_count
         idle = (
-            (state.whole_free == width)
-            & (state.gpu_count == width)
+            state.idle_nodes()
             & (state.cpu_left >= per_gpu_cpu * width)
             & (state.mem_left >= per_gpu_mem * width)
             & state.model_mask(job.gpu_models)
@@ -102,7 +135,7 @@ class ScoringPolicy:
         idle_nodes = np.flatnonzero(idle)
         if idle_nodes.size < full:
             return None
-        chosen = [int(i) for i in idle_nodes[:full]]
+        chosen = fullest_first(state, idle_nodes)[:full]
         shares = [
             NodeShare(
                 i, tuple(range(width)), MILLI_PER_GPU, per_gpu_cpu * width, per_gpu_mem * width

@@ -42,6 +42,7 @@ import numpy as np
 from gpupool.domain.model import MILLI_PER_GPU, JobKind
 from gpupool.domain.state import ClusterState
 from gpupool.policies.contract import Reservation
+from gpupool.policies.placement.domains import roomiest_domain
 from gpupool.policies.preemption import may_hold_reserve
 from gpupool.scheduler.book import JobBook, JobWatcher
 from gpupool.scheduler.commands import Command, Wait
@@ -188,6 +189,8 @@ class _Pools:
                     or int(idle.sum()) > full
                     or bool((state.whole_free[others] >= rest).any())
                 )
+                if hit and job.topology is not None and state.topology.placing:
+                    hit = roomiest_domain(state, job.topology, allowed) >= full
             else:
                 hit = bool((state.fits_mask(job) & allowed).any())
             self.fitting[key] = hit
@@ -430,6 +433,20 @@ def _resources(core: WaitInputs, r: JobRecord, pools: _Pools, model: str) -> str
         full, rest = divmod(job.gpu_count, width)
         idle = int(_idle_nodes(state, allowed).sum())
         more = f" and {rest} on one more node" if rest else ""
+        level = job.topology
+        if level is not None and state.topology.placing:
+            if level not in state.topology.levels:
+                return (
+                    f"requires one {level} (--topology {level}), but the fleet has no "
+                    f"topology level {level!r} (levels: {', '.join(state.topology.levels)}); "
+                    "resubmit with one of them, or without --topology"
+                )
+            most = roomiest_domain(state, level, allowed)
+            return (
+                f"needs {_gpus(job.gpu_count, model)} inside one {level} (--topology "
+                f"{level}): {full} idle {width}-GPU nodes{more} there; the most idle in any "
+                f"{level} is {most} ({idle} idle nodes in the pool; it waits rather than spread)"
+            )
         return (
             f"needs {_gpus(job.gpu_count, model)} across nodes: {full} idle {width}-GPU "
             f"nodes{more}; {idle} nodes are idle ({total} GPUs free in the pool)"
@@ -448,8 +465,7 @@ def _resources(core: WaitInputs, r: JobRecord, pools: _Pools, model: str) -> str
 
 def _idle_nodes(state: ClusterState, allowed: np.ndarray) -> np.ndarray:
     """Allowed nodes with every GPU free: what a job wider than a node needs."""
-    width = state.max_gpus_per_node
-    mask: np.ndarray = allowed & (state.whole_free == width) & (state.gpu_count == width)
+    mask: np.ndarray = allowed & state.idle_nodes()
     return mask
 
 

@@ -36,6 +36,9 @@ class PoolSpec:
     """The cluster (federation site) the nodes belong to; empty: the scenario's only one."""
     price_usd_per_gpu_hour: float | None = None
     """What a GPU-hour here costs; None: the catalogue price of the GPU type."""
+    domains: tuple[tuple[str, int], ...] = ()
+    """(topology level, nodes per domain): consecutive nodes share a label value
+    (`domains: {rack: 8}` labels nodes 0-7 rack=rack1, 8-15 rack=rack2, ...)."""
 
     @property
     def key(self) -> str:
@@ -110,6 +113,7 @@ def parse_scenario(raw: Any, path: str = "<scenario>") -> ScenarioConfig:
                 "mem_mib",
                 "site",
                 "price_usd_per_gpu_hour",
+                "domains",
             },
         )
         if "gpu_type" not in m:
@@ -126,6 +130,12 @@ def parse_scenario(raw: Any, path: str = "<scenario>") -> ScenarioConfig:
                 None
                 if price is None
                 else r.number(price, f"cluster[{k}].price_usd_per_gpu_hour", positive=True),
+                tuple(
+                    (str(level), r.integer(per, f"cluster[{k}].domains.{level}", 1))
+                    for level, per in r.section(
+                        m.get("domains"), f"cluster[{k}].domains", set(m.get("domains") or ())
+                    ).items()
+                ),
             )
         )
     if len({pl.key for pl in pools}) != len(pools):

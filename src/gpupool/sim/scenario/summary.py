@@ -13,6 +13,7 @@ import numpy as np
 
 from gpupool.domain.lifecycle import TERMINAL, JobState
 from gpupool.domain.model import MILLI_PER_GPU, JobKind
+from gpupool.domain.topology import spanned_level
 from gpupool.sim.scenario.runs import Run
 from gpupool.sim.scenario.world import ScenarioSim
 
@@ -102,6 +103,7 @@ def scenario_summary(sim: ScenarioSim, wall_s: float) -> dict[str, Any]:
         "waited_with": {code: len(ids) for code, ids in sorted(sim.waited_with.items())},
         **served_summary(jobs, cfg.horizon_s),
         **borrowing(sim, jobs),
+        **gang_domains(sim),
         "wall_s": round(wall_s, 2),
     }
 
@@ -128,6 +130,34 @@ def borrowing(sim: ScenarioSim, jobs: list[Run]) -> dict[str, Any]:
             "restart_gpu_hours": round(restart, 2),
             "offline_gpu_hours_lost_to_borrowing": round(lent + restart, 2),
             "by_team": {t: round(h, 2) for t, h in sorted(by_team.items())},
+        }
+    }
+
+
+def gang_domains(sim: ScenarioSim) -> dict[str, Any]:
+    """Where the gangs ran, with topology levels: per start, the narrowest level one
+    domain of which held it (`across` when none), for all gangs and for those that
+    require a level; and the mean speed the spanning cost them (domain/topology.py)."""
+    state = sim.engine.state
+    levels = state.topology.levels
+    if not levels:
+        return {}
+    names = (*levels, "across")
+    starts = {"all": dict.fromkeys(names, 0), "required": dict.fromkeys(names, 0)}
+    speeds: list[float] = []
+    for d in sim.engine.log.decisions:
+        if d.action != "start" or d.placement is None or len(d.placement.shares) < 2:
+            continue
+        level = spanned_level(state.level_ids, d.placement.nodes)
+        starts["all"][names[level]] += 1
+        if sim.runs[d.job_id].spec.topology is not None:
+            starts["required"][names[level]] += 1
+        speeds.append(state.topology.speed(d.placement.gpu_count, level))
+    return {
+        "topology": {
+            "placement": "aware" if state.topology.aware else "blind",
+            "gang_starts": starts,
+            "mean_gang_speed": round(float(np.mean(speeds)), 4) if speeds else None,
         }
     }
 

@@ -76,9 +76,14 @@ ProgressFn = Callable[[int, int], None]
 def _cluster(cfg: ScenarioConfig) -> tuple[Cluster, dict[str, BoolArray], list[str]]:
     nodes: list[Node] = []
     node_pool: list[str] = []
+    first: dict[str, int] = {}
+    """Per topology level, the number of the next pool's first domain."""
     for pool in cfg.pools:
         prefix = f"{pool.site}-" if pool.site else ""
         for k in range(pool.nodes):
+            labels = tuple(
+                sorted((lv, f"{lv}{first.get(lv, 0) + k // per + 1}") for lv, per in pool.domains)
+            )
             nodes.append(
                 Node(
                     f"{prefix}{pool.gpu_type}-{k:03d}",
@@ -87,9 +92,12 @@ def _cluster(cfg: ScenarioConfig) -> tuple[Cluster, dict[str, BoolArray], list[s
                     pool.cpu_milli,
                     pool.mem_mib,
                     cluster=pool.site or cfg.name,
+                    labels=labels,
                 )
             )
             node_pool.append(pool.key)
+        for lv, per in pool.domains:
+            first[lv] = first.get(lv, 0) + -(-pool.nodes // per)
     masks = {
         pool.key: np.array([key == pool.key for key in node_pool], dtype=np.bool_)
         for pool in cfg.pools

@@ -206,6 +206,9 @@ def _placed(p: Params, rng: np.random.Generator, jobs: Sequence[JobSpec]) -> tup
             changes["dataset_gb"] = float(sizes[i])
         if models:
             changes["gpu_models"] = models
+        for key in ("topology", "topology_preferred"):
+            if p.given(key):
+                changes[key] = p.text(key)
         out.append(replace(job, **changes) if changes else job)  # type: ignore[arg-type]
     return tuple(out)
 

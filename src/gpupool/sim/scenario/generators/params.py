@@ -74,6 +74,9 @@ _PLACEMENT: dict[str, object] = {
     "dataset_gb_min": 0.0,
     "dataset_gb_max": 0.0,
     "gpu_models": [],
+    # a gang runs inside one domain of this topology level (required) or tries to (preferred)
+    "topology": None,
+    "topology_preferred": None,
 }
 
 PARAMETERS: dict[str, dict[str, object]] = {
