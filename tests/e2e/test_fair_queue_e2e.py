@@ -148,3 +148,36 @@ def _dashboard_marks_the_reserved_gpus(url: str, wide: int) -> None:
         assert badges == [f"reserved for #{wide}"] * 4, badges
         assert not seen.console_errors, seen.console_errors
         page.close()
+
+
+RACKS = ("r1", "r2", "r1", "r2")
+RACKED_FLEET = ",".join(f"1x2xA100-80GB@rack={rack}" for rack in RACKS)
+"""node1..node4, two GPUs each, in racks r1, r2, r1, r2: index order crosses racks."""
+
+
+def test_a_labelled_fake_fleet_packs_racks_and_checks_what_a_gang_asks(serve: Any) -> None:
+    """`--fake-gpus` as nodes with labels: `gpupool nodes` shows them; the second 2-GPU
+    job joins the first one's rack (node3) where topology-blind best fit takes the next
+    node (node2, the other rack); a gang is refused here with what to do (this service
+    runs a job on one machine), and a level the topology lacks is refused by name."""
+    srv = serve("teams:\n  - {name: ml}\ntopology: {levels: [rack]}\n", RACKED_FLEET)
+    url = srv.url
+    nodes = {n["name"]: n["labels"] for n in HTTP.get(f"{url}/v1/cluster").json()["nodes"]}
+    assert nodes == {f"node{k}": {"rack": r} for k, r in enumerate(RACKS, start=1)}
+    listed = cli(url, "nodes").stdout
+    assert "rack=r1" in listed and "rack=r2" in listed, listed
+    first = _submit(url, gpus=2)
+    wait_for(lambda: first in _running(url), 30, "the first job")
+    second = _submit(url, gpus=2)
+    wait_for(lambda: second in _running(url), 30, "the second job")
+    where = {j: {g["node"] for g in _job(url, j)["gpus"]} for j in (first, second)}
+    assert where == {first: {"node1"}, second: {"node3"}}, where
+    gang = HTTP.post(
+        f"{url}/v1/jobs", json={"command": LONG, "team": "ml", "gpus": 4, "topology": "rack"}
+    )
+    assert gang.status_code == 422 and "--ray" in gang.text, gang.text
+    odd = HTTP.post(
+        f"{url}/v1/jobs", json={"command": LONG, "team": "ml", "gpus": 1, "topology": "block"}
+    )
+    assert odd.status_code == 422 and "no level 'block'" in odd.text, odd.text
+    _cancel(url, first, second)

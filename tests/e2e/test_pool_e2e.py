@@ -28,7 +28,7 @@ import pytest
 from browser import chromium
 from gpupool.examples.ckpt_counter import expected_result
 from launch_kills import sigkills_around_launches
-from pools import STATE_DISK_MIB, SYSTEM_PY, Pool, fill, local_pool, ray_pool
+from pools import RACKS, STATE_DISK_MIB, SYSTEM_PY, Pool, fill, local_pool, ray_pool
 from service_proc import HTTP, cli, wait_for
 
 RAY = pytest.param("ray", marks=pytest.mark.ray_cluster)
@@ -314,8 +314,16 @@ def test_joined_machines_are_the_pool(pool: Pool) -> None:
     assert "launcher pid" in cli(pool.url, "nodes").stdout
     for node in pool.nodes.values():
         record = json.loads((node.node_dir / "node.json").read_text())
-        assert record["node_ip"] == node.ip and record["labels"] == {"rack": "r1"}
+        assert record["node_ip"] == node.ip and record["labels"] == {"rack": RACKS[node.name]}
         assert (node.node_dir / "ray").is_dir()  # Ray's own files stay in the node dir
+    # the labels reach the server: a gang that requires a rack waits (n1 and n2 are in
+    # racks of their own) and says why, rather than spread over the two
+    labels = {n["name"]: n["labels"] for n in HTTP.get(f"{pool.url}/v1/cluster").json()["nodes"]}
+    assert labels == {"n1": {"rack": "r1"}, "n2": {"rack": "r2"}}, labels
+    gang = submit(pool.url, "ctest-b", "--gpus", "4", "--topology", "rack", "--", "true")
+    wait_for(lambda: "inside one rack" in cli(pool.url, "why", str(gang)).stdout, 30, "the reason")
+    assert show(pool.url, gang)["state"] == "pending"
+    assert cli(pool.url, "cancel", str(gang)).returncode == 0
 
 
 def _back_in_the_pool(pool: Pool, name: str) -> None:
@@ -680,8 +688,13 @@ def test_a_machine_joining_under_load_joins_the_pool(pool: Pool) -> None:
     for j in work:
         wait_for(lambda j=j: show(url, j)["state"] == "succeeded", 90, f"job {j}")
     assert "n3" in nodes_of(url, work[0]) | nodes_of(url, work[1])
+    # n3 is in n1's rack: a gang that requires a rack now runs there, one member a node
+    assert cli(url, "cancel", str(job)).returncode == 0
+    wait_for(lambda: show(url, job)["state"] == "cancelled", 60, "the counter to end")
+    gang = submit(url, "ctest-b", "--gpus", "4", "--topology", "rack", "--", "sh", "-c", "sleep 1")
+    wait_for(lambda: show(url, gang)["state"] == "succeeded", 90, "the rack's gang")
+    assert nodes_of(url, gang) == {"n1", "n3"}, show(url, gang)
     joined.proc.send_signal(signal.SIGTERM)
     assert joined.proc.wait(90) == 0, joined.log.read_text()[-2000:]
     del pool.nodes["n3"]
     wait_for(lambda: pool.node_states()["n3"]["state"] != "up", 60, "n3 out of the pool")
-    assert cli(url, "cancel", str(job)).returncode == 0

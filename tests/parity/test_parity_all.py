@@ -43,7 +43,7 @@ from gpupool.server.loop.config import LiveConfig
 from gpupool.server.loop.driver import LiveService
 from gpupool.server.store import NewJob, Store
 from gpupool.sim.eventsim import replay
-from gpupool.sim.scenario.config import ScenarioConfig, load_scenario
+from gpupool.sim.scenario.config import ScenarioConfig, load_scenario, parse_scenario
 from gpupool.sim.scenario.fleet import SimulatedFleet
 from gpupool.sim.scenario.generators import GenContext, build_workload
 from gpupool.sim.scenario.workload import Workload
@@ -107,10 +107,12 @@ ONLINE = (
 )
 
 
-def live_workload(cfg: ScenarioConfig) -> Workload:
+def live_workload(
+    cfg: ScenarioConfig, online: tuple[tuple[str, float, float], ...] = ONLINE
+) -> Workload:
     """The parity scenario's jobs as the live API can state them: renamed to the ids the
     store assigns (1, 2, ... in arrival order), no CPU or memory requests, no services but
-    two online jobs in their place."""
+    `online` jobs in their place."""
     wl = build_workload(cfg.workload, cfg.seed, GenContext(cfg.horizon_s, None))
     jobs = list(wl.jobs) + [
         JobSpec(
@@ -123,7 +125,7 @@ def live_workload(cfg: ScenarioConfig) -> Workload:
             user_region="us-east",
             latency_bound_ms=60.0,
         )
-        for name, at_h, hours in ONLINE
+        for name, at_h, hours in online
     ]
     jobs.sort(key=lambda j: (j.submit_s, j.job_id))
     ids = {j.job_id: str(k + 1) for k, j in enumerate(jobs)}
@@ -152,6 +154,8 @@ def new_job(j: JobSpec, sized: PlanRequest | None) -> NewJob:
         latency_bound_ms=j.latency_bound_ms,
         state_gib_per_gpu=j.state_gib_per_gpu,
         sizing=sizing_of(sized) if sized is not None else None,
+        topology=j.topology,
+        topology_preferred=j.topology_preferred,
     )
 
 
@@ -183,20 +187,24 @@ def run_live(cfg: ScenarioConfig, wl: Workload, tmp: Path) -> tuple[list[Normal]
     world = fleet.world
     store = Store(f"sqlite:///{tmp}/parity.db")
     store.migrate()
-    sites = SitesConfig(
-        topology=world.topology,  # type: ignore[arg-type]
-        node_site={
-            n: world.cluster.nodes[world.core.fleet.node_index[n]].cluster
-            for n, _, _ in fleet.onprem_nodes()
-        },
-        placement=cfg.scheduling.placement.site,
-        value_of_time_usd_per_h=cfg.scheduling.placement.value_of_time_usd_per_h,
-        burst=burst_rules(cfg.scheduling.burst, len(world.cloud_nodes)),
-        cloud_nodes=fleet.cloud_nodes(),
-        start_command=("start", "{node}"),
-        stop_command=("stop", "{node}"),
-        check_s=cfg.scheduling.cycle_s,
-        join_timeout_s=1e9,
+    sites = (
+        None
+        if world.topology is None
+        else SitesConfig(
+            topology=world.topology,  # type: ignore[arg-type]
+            node_site={
+                n: world.cluster.nodes[world.core.fleet.node_index[n]].cluster
+                for n, _, _ in fleet.onprem_nodes()
+            },
+            placement=cfg.scheduling.placement.site,
+            value_of_time_usd_per_h=cfg.scheduling.placement.value_of_time_usd_per_h,
+            burst=burst_rules(cfg.scheduling.burst, len(world.cloud_nodes)),
+            cloud_nodes=fleet.cloud_nodes(),
+            start_command=("start", "{node}"),
+            stop_command=("stop", "{node}"),
+            check_s=cfg.scheduling.cycle_s,
+            join_timeout_s=1e9,
+        )
     )
     config = LiveConfig(
         tmp / "state",
@@ -204,6 +212,7 @@ def run_live(cfg: ScenarioConfig, wl: Workload, tmp: Path) -> tuple[list[Normal]
         sample_s=0.0,
         host=cfg.name,
         nodes=fleet.onprem_nodes(),
+        node_labels=fleet.node_labels(),
         sites=sites,
         seed=cfg.seed,
     )
@@ -275,3 +284,55 @@ def test_the_live_service_gives_the_waiting_jobs_the_simulators_reasons(
     assert waits == [n for n in live if n[1] == "wait"]
     codes = Counter(str(n[3]) for n in waits)
     assert {"Resources", "Priority", "Deferred", "Window", "WaitingForVictims"} <= set(codes)
+
+
+RACKED = {
+    "name": "racks-parity",
+    "seed": 3,
+    "horizon_h": 12,
+    "cycle_s": 60,
+    "policy": "priority-quota",
+    "reservations": True,
+    "online_reserve": 0.0,
+    "topology": {"levels": ["rack"], "links": ["nvlink", "infiniband"]},
+    "cluster": [{"gpu_type": "A100-80GB", "nodes": 8, "gpus_per_node": 8, "domains": {"rack": 4}}],
+    "teams": [
+        {"name": "research", "guaranteed": {"A100-80GB": 48}},
+        {"name": "product", "guaranteed": {"A100-80GB": 16}},
+    ],
+    "workload": [
+        {"generator": "backlog", "name": "gang", "team": "research", "count": 10,
+         "spread_h": 8, "gpu_choices": [16, 32], "gpu_weights": [0.5, 0.5],
+         "work_h_min": 1, "work_h_max": 4, "topology": "rack"},
+        {"generator": "backlog", "name": "pref", "team": "research", "count": 8,
+         "spread_h": 8, "gpu_choices": [16, 24], "gpu_weights": [0.5, 0.5],
+         "work_h_min": 1, "work_h_max": 3, "topology_preferred": "rack"},
+        {"generator": "backlog", "name": "narrow", "team": "product", "count": 30,
+         "spread_h": 10, "gpu_choices": [1, 2, 4, 8], "gpu_weights": [0.25, 0.25, 0.25, 0.25],
+         "work_h_min": 0.5, "work_h_max": 3},
+    ],
+}  # fmt: skip
+"""Two racks of four 8-GPU nodes: gangs that require a rack, gangs that prefer one, and
+narrow jobs, with reservations (a gang's reservation stays inside one rack)."""
+
+
+def test_the_live_service_keeps_gangs_in_their_racks_as_the_simulator(tmp_path: Path) -> None:
+    """The same racks, the same gangs: the live service launches each where the simulator
+    does (every gang that requires a rack inside one) and gives the same waits."""
+    cfg = parse_scenario(RACKED)
+    wl = live_workload(cfg, online=())
+    sim = ScenarioSim(cfg, wl)
+    sim.commands = []
+    sim.run()
+    simulated = [normal(t, c) for t, c in sim.commands]
+    live, _ = run_live(cfg, wl, tmp_path)
+    assert live == simulated
+    required = {j.job_id for j in wl.jobs if j.topology == "rack"}
+    rack_of = [n.label("rack") for n in sim.cluster.nodes]
+    gangs = [n for n in live if n[1] == "launch" and n[2] in required]
+    assert len(gangs) >= 5, len(gangs)
+    for launch in gangs:
+        racks = {rack_of[node] for node, _ in launch[4]}  # type: ignore[union-attr]
+        assert len(racks) == 1, launch
+    reasons = [str(n[4]) for n in live if n[1] == "wait" and n[2] in required]
+    assert any("inside one rack" in r for r in reasons), reasons[:3]

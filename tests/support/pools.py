@@ -39,6 +39,9 @@ NODES = {"n1": "127.0.0.2", "n2": "127.0.0.3"}
 """The machines the Ray pool starts with."""
 LATER = {"n3": "127.0.0.4"}
 """A machine a test joins while the pool runs."""
+RACKS = {"n1": "r1", "n2": "r2", "n3": "r1"}
+"""Each machine's rack (`gpupool node join --label rack=...`): n1 and n2 share none, so a
+gang that requires a rack waits until n3 joins n1's."""
 LATER_INLET = "0=45,1=45"
 """Its GPUs breathe 45 C air (`gpupool node join --fake-inlet`), the others 30 C."""
 GPUS_PER_NODE = 2
@@ -87,6 +90,7 @@ def config_text(root: Path) -> str:
         "autoscale: {restart_backoff_s: 2, restart_backoff_max_s: 8}\n"
         "energy: {power_capping: true}\n"
         "elastic: {grow_after_s: 3}\n"
+        "topology: {levels: [rack]}\n"
         "isolation:\n  limits:\n    defaults: {batch: {pids: 48}}\n"
         f"storage: {{shared_dir: {root / 'shared'}}}\n"
     )
@@ -146,7 +150,7 @@ class Pool:
         cmd = [sys.executable, "-m", "gpupool", "node", "join", self.head, "--name", name]
         cmd += ["--node-ip", ip, "--node-dir", str(node_dir)]
         cmd += ["--fake-gpus", f"{GPUS_PER_NODE}xA100-80GB", "--num-cpus", "1"]
-        cmd += ["--drain-timeout", "60", "--label", "rack=r1"]
+        cmd += ["--drain-timeout", "60", "--label", f"rack={RACKS[name]}"]
         if name in LATER:  # the late machine stands in a hot aisle
             cmd += ["--fake-inlet", LATER_INLET]
         with log.open("ab") as out:

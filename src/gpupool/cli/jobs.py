@@ -97,6 +97,18 @@ def add_job_parsers(sub: Any, conn: argparse.ArgumentParser, as_json: Any) -> No
         help="who submits it inside its team (fair share orders a team's queue by its "
         "users' GPU use); default: the token's name",
     )
+    p.add_argument(
+        "--topology",
+        metavar="LEVEL",
+        help="a job wider than a node (a gang) runs inside one domain of this topology "
+        "level, e.g. rack (a node label key the service's `topology: levels:` names), or "
+        "waits for one rather than spread",
+    )
+    p.add_argument(
+        "--topology-preferred",
+        metavar="LEVEL",
+        help="a gang runs inside one domain of this level when one has room, else anywhere",
+    )
     p.add_argument("--user-region", metavar="REGION", help="where the job's users are")
     p.add_argument(
         "--latency-bound-ms",
@@ -238,6 +250,8 @@ def cmd_submit(client: Client, args: argparse.Namespace) -> int:
         "dataset": args.dataset,
         "user_region": args.user_region,
         "user": args.user,
+        "topology": args.topology,
+        "topology_preferred": args.topology_preferred,
     }
     spec.update({k: v for k, v in plain.items() if v is not None})
     spec.update(gpu_request(args.gpus, args.gpu_mem))

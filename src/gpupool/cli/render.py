@@ -300,12 +300,14 @@ def _agent(agent: dict[str, Any]) -> str:
 
 
 def node_table(nodes: list[dict[str, Any]]) -> str:
-    """`gpupool nodes`: each node's model, site, GPUs, busy GPUs, state and agent."""
+    """`gpupool nodes`: each node's model, site, labels, GPUs, busy GPUs, state and agent."""
     rows = [
         [
             n.get("name", "?"),
             n.get("gpu_model") or "-",
             n.get("site") or "-",
+            printable(",".join(f"{k}={v}" for k, v in sorted((n.get("labels") or {}).items())))
+            or "-",
             len(n.get("gpus") or []),
             sum(g.get("job_id") is not None for g in n.get("gpus") or []),
             _node_state(n),
@@ -314,7 +316,7 @@ def node_table(nodes: list[dict[str, Any]]) -> str:
         for n in nodes
     ]
     return (
-        table.render(["node", "model", "site", "GPUs", "busy", "state", "agent"], rows)
+        table.render(["node", "model", "site", "labels", "GPUs", "busy", "state", "agent"], rows)
         if rows
         else "no nodes"
     )

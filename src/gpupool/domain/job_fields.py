@@ -67,6 +67,10 @@ class JobFields:
     user: str | None = None
     """Who submitted it inside its team (`--user`; stored as `user_name`): fair share
     orders a team's queue by its users' use. None: the submitting token's name."""
+    topology: str | None = None
+    """A gang runs inside one domain of this topology level (`--topology rack`) or waits."""
+    topology_preferred: str | None = None
+    """A gang runs inside one domain of this level when one has room (`--topology-preferred`)."""
 
     def __post_init__(self) -> None:
         # a list or a caller's dict would make two equal specs compare unequal or change later

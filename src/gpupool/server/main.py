@@ -25,12 +25,14 @@ from gpupool.domain.quota import TeamQuota
 from gpupool.errors import ConflictError, SpecError
 from gpupool.ports.clock.base import Clock, StartedClock, SystemClock
 from gpupool.ports.telemetry.base import Telemetry
-from gpupool.ports.telemetry.fake import FakeTelemetry, parse_inlet
+from gpupool.ports.telemetry.fake import FakeTelemetry, fake_nodes, parse_inlet
 from gpupool.scheduler.config import SchedulerConfig
 from gpupool.scheduler.config_schema import SCHEDULING_KEYS, parse_scheduling
 from gpupool.server.agent.storage import SECTION as STORAGE_SECTION
 from gpupool.server.agent.storage import StorageConfig, load_storage, prepare_shared, probe
 from gpupool.server.executors.local import LocalExecutor
+from gpupool.server.fleet.labels import SECTION as LABELS_SECTION
+from gpupool.server.fleet.labels import load_labels, merge_labels
 from gpupool.server.fleet.sites import load_sites
 from gpupool.server.ha.lease import Lease, controller_lease
 from gpupool.server.isolation.containment import SECTION as ISOLATION_SECTION
@@ -173,6 +175,7 @@ def load_service_config(path: Path | None, defaults: SchedulerConfig) -> Schedul
         STORAGE_SECTION,
         NETWORK_SECTION,
         MISS_LIMIT_KEY,
+        LABELS_SECTION,
     )
     allowed = SCHEDULING_KEYS | set(sections)
     top = SpecReader(str(path)).mapping({} if raw is None else raw, "top level", allowed)
@@ -224,6 +227,19 @@ def service_scheduling(opts: ServeOptions) -> SchedulerConfig:
         max_starts_per_cycle=opts.max_starts
         if opts.max_starts is not None
         else (16 if opts.ray is not None else None),
+    )
+
+
+def with_fake_nodes(config: LiveConfig, fake_gpus: str | None) -> LiveConfig:
+    """A fake fleet given as nodes (`--fake-gpus 2x8xA100-80GB@rack=r1,...`) is the
+    service's declared fleet, each node with its labels (--config `labels:` win per key)."""
+    nodes = fake_nodes(fake_gpus) if fake_gpus else ()
+    if not nodes:
+        return config
+    return dataclasses.replace(
+        config,
+        nodes=tuple((n.name, n.model, n.gpu_count) for n in nodes),
+        node_labels=merge_labels(((n.name, n.labels) for n in nodes), config.node_labels),
     )
 
 
@@ -350,7 +366,9 @@ def serve(opts: ServeOptions) -> int:
         storage=open_storage(opts.config),
         network=load_network(opts.config),
         telemetry_miss_limit=load_miss_limit(opts.config),
+        node_labels=load_labels(opts.config),
     )
+    config = with_fake_nodes(config, opts.fake_gpus if opts.ray is None else None)
     scheme = "https" if opts.tls_cert is not None else "http"
     url = f"{scheme}://{opts.host}:{opts.port}"
     lease = controller_lease(store.url)

@@ -14,12 +14,13 @@ import pytest
 from fastapi.testclient import TestClient
 
 from gpupool.domain.job_fields import JOB_FIELDS, JobFields
+from gpupool.domain.topology import Topology
 from gpupool.ports.clock.fake import ManualClock
 from gpupool.ports.executor.fake import FakeExecutor
 from gpupool.ports.telemetry.fake import FakeTelemetry
 from gpupool.server.api.app import create_app
 from gpupool.server.api.schemas import JOB_IN_NAME, JOB_IN_OMITS, JOB_JSON_OMITS, JobIn, job_json
-from gpupool.server.loop.config import LiveConfig
+from gpupool.server.loop.config import LIVE_DEFAULTS, LiveConfig
 from gpupool.server.loop.driver import LiveService
 from gpupool.server.store import NewJob, Store, database_url
 from gpupool.server.store.jobs import COLUMN_OF
@@ -58,6 +59,8 @@ SAMPLES: list[dict[str, Any]] = [
     },
     {**COMMON, "kind": "training", "gpu_count": 2, "gpu_count_min": 1, "user": "ada"},
     {**COMMON, "kind": "batch", "gpu_count": 1, "gpu_mem_mib": 20_480},
+    {**COMMON, "kind": "training", "gpu_count": 2, "topology": "rack"},
+    {**COMMON, "kind": "training", "gpu_count": 2, "topology_preferred": "nvlink"},
     {**COMMON, "kind": "training", "gpu_count": 1, "sizing": SIZING},
 ]
 """Jobs the API takes: together they give every field but the API's omissions a value
@@ -120,8 +123,10 @@ def _body(sample: dict[str, Any]) -> dict[str, Any]:
 def api(tmp_path: Path) -> Iterator[tuple[TestClient, Store, dict[str, str]]]:
     store = Store(database_url(None, tmp_path / "db"))
     store.migrate()
+    topology = Topology(levels=("nvlink", "rack"))  # the levels a sample asks for
+    scheduling = dataclasses.replace(LIVE_DEFAULTS, topology=topology)
     service = LiveService(
-        LiveConfig(state_dir=tmp_path / "state", sample_s=0.0, host="h"),
+        LiveConfig(state_dir=tmp_path / "state", scheduling=scheduling, sample_s=0.0, host="h"),
         store,
         FakeExecutor(),
         FakeTelemetry("2xA100-80GB"),

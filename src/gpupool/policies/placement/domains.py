@@ -62,8 +62,9 @@ def fullest_first(state: ClusterState, nodes: IntArray) -> list[int]:
         count = int(ids.max()) + 1 if labelled.any() else 1
         room = np.bincount(ids[idle & labelled], minlength=count)
         keys.append(np.where(labelled[nodes], room[np.maximum(ids[nodes], 0)], 1 << 30))
-    # np.lexsort sorts by its last key first: the narrowest level's room leads.
-    order = np.lexsort((state.tie_rank[nodes], *reversed(keys)))
+    # np.lexsort sorts by its last key first: the narrowest level's room leads, then the
+    # node's index (the order a topology-blind gang takes them in).
+    order = np.lexsort((nodes, *reversed(keys)))
     return [int(nodes[k]) for k in order]
 
 

@@ -31,8 +31,66 @@ FAKE_MEM_MHZ: Final = 3201
 #: A fake fleet larger than this is a typo, not a test.
 MAX_FAKE_GPUS: Final = 1024
 
-_FLEET_PART: Final = re.compile(r"^(?:(\d+)\s*[x×*]\s*)?(\S.*)$", re.IGNORECASE)
-_FLEET_EXAMPLE: Final = "write it like 4xA100-80GB or 2xH100,2xRTX-4090"
+_FLEET_PART: Final = re.compile(
+    r"^(?:(\d+)\s*[x×*]\s*)?(?:(\d+)\s*[x×*]\s*)?([^@]*?)\s*((?:@[^@]*)*)$", re.IGNORECASE
+)
+_FLEET_EXAMPLE: Final = (
+    "write it like 4xA100-80GB or 2xH100,2xRTX-4090, or as nodes with labels: "
+    "2x8xA100-80GB@rack=r1,2x8xA100-80GB@rack=r2"
+)
+
+
+@dataclass(frozen=True)
+class FakeNode:
+    """A node of a fake fleet given as nodes (`2x8xA100-80GB@rack=r1`: two such nodes)."""
+
+    name: str
+    model: str
+    gpu_count: int
+    labels: tuple[tuple[str, str], ...]
+
+
+def _parts(spec: str) -> list[tuple[int, int, str, tuple[tuple[str, str], ...], bool]]:
+    """Each part's (nodes, GPUs per node, model, labels, given as nodes)."""
+    parts = [p.strip() for p in spec.split(",")]
+    if not spec.strip() or any(not p for p in parts):
+        raise SpecError(f"fake fleet {spec!r}: empty part; {_FLEET_EXAMPLE}")
+    out = []
+    for part in parts:
+        match = _FLEET_PART.match(part)
+        if match is None or not match.group(3):
+            raise SpecError(f"fake fleet {spec!r}: cannot read {part!r}; {_FLEET_EXAMPLE}")
+        first, second, name, tail = match.groups()
+        labels: dict[str, str] = {}
+        for word in tail.split("@")[1:]:
+            key, eq, value = word.partition("=")
+            if not (eq and key and value) or not all(c.isalnum() or c == "-" for c in key):
+                raise SpecError(
+                    f"fake fleet {spec!r}: label {word!r}: write @KEY=VALUE (a key of letters, "
+                    f"digits and -); {_FLEET_EXAMPLE}"
+                )
+            labels[key] = value
+        if second is not None:
+            nodes, count = int(first), int(second)
+        else:
+            nodes, count = 1, 1 if first is None else int(first)
+        as_nodes = second is not None or bool(labels)
+        out.append((nodes, count, name.strip(), tuple(sorted(labels.items())), as_nodes))
+    return out
+
+
+def fake_nodes(spec: str) -> tuple[FakeNode, ...]:
+    """The nodes of a fake fleet given as nodes or with labels (`node1`, `node2`, ... in
+    order); () for the plain form (`4xA100-80GB`: one node per model, as on one machine)."""
+    parts = _parts(spec)
+    if not any(as_nodes for *_, as_nodes in parts):
+        return ()
+    out: list[FakeNode] = []
+    for nodes, count, name, labels, _ in parts:
+        model = parse_fleet(f"1x{name}")[0].model
+        for _ in range(nodes):
+            out.append(FakeNode(f"node{len(out) + 1}", model, count, labels))
+    return tuple(out)
 
 
 def parse_fleet(spec: str, catalog: Catalog | None = None) -> list[GpuInfo]:
@@ -41,18 +99,11 @@ def parse_fleet(spec: str, catalog: Catalog | None = None) -> list[GpuInfo]:
     Memory and the power limit (the TDP) come from the catalogue; clocks are the H200's.
     """
     cat = catalog if catalog is not None else load_catalog()
-    parts = [p.strip() for p in spec.split(",")]
-    if not spec.strip() or any(not p for p in parts):
-        raise SpecError(f"fake fleet {spec!r}: empty part; {_FLEET_EXAMPLE}")
     out: list[GpuInfo] = []
-    for part in parts:
-        match = _FLEET_PART.match(part)
-        if match is None:  # pragma: no cover - the pattern accepts any non-blank part
-            raise SpecError(f"fake fleet {spec!r}: cannot read {part!r}; {_FLEET_EXAMPLE}")
-        count = 1 if match.group(1) is None else int(match.group(1))
-        name = match.group(2).strip()
+    for nodes, per_node, name, _, _ in _parts(spec):
+        count = nodes * per_node
         if count < 1:
-            raise SpecError(f"fake fleet {spec!r}: {part!r} has no GPUs; {_FLEET_EXAMPLE}")
+            raise SpecError(f"fake fleet {spec!r}: {name!r} has no GPUs; {_FLEET_EXAMPLE}")
         if name not in cat:
             raise SpecError(
                 f"fake fleet {spec!r}: unknown GPU {name!r}; known GPUs: "

@@ -37,10 +37,10 @@ from gpupool.ports.telemetry.fake import parse_inlet
 from gpupool.server.agent.processes import alive
 from gpupool.server.executors.files import read_json
 from gpupool.server.executors.ray_launcher import LEAVING_FILE, NODE_DIR_ENV
-from gpupool.server.executors.ray_nodes import node_resources
+from gpupool.server.executors.ray_nodes import label_resource, node_resources
+from gpupool.server.fleet.labels import check_label
 from gpupool.server.telemetry.ray import FAKE_INLET_ENV
 
-LABEL_PREFIX = "gpupool_label_"
 RAY_DRAIN_ENV = "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"
 START_TRIES = 4
 """How many times `ray start` is tried when it fails while starting (see START_WINDOW_S)."""
@@ -79,8 +79,13 @@ class JoinOptions:
 def inventory(fake_gpus: str | None) -> tuple[str, int]:
     """This machine's GPU model and count: declared fake, else found through NVML."""
     if fake_gpus:
-        from gpupool.ports.telemetry.fake import parse_fleet
+        from gpupool.ports.telemetry.fake import fake_nodes, parse_fleet
 
+        if fake_nodes(fake_gpus):
+            raise SpecError(
+                f"--fake-gpus {fake_gpus!r}: a joining node declares its own GPUs "
+                "(4xA100-80GB); give its place in the network with --label rack=r1"
+            )
         gpus = parse_fleet(fake_gpus)
     else:
         from gpupool.server.telemetry.nvml import NoGpuError, NvmlTelemetry
@@ -110,7 +115,7 @@ def resources(opts: JoinOptions, model: str, count: int) -> dict[str, float]:
     and one per label (`gpupool_label_<key>_<value>`)."""
     res = node_resources(opts.name, model, count, opts.site)
     for key, value in sorted(opts.labels.items()):
-        res[f"{LABEL_PREFIX}{key}_{value}"] = 1.0
+        res[label_resource(key, value)] = 1.0
     return res
 
 
@@ -348,13 +353,13 @@ def run_join(opts: JoinOptions) -> int:
 
 
 def parse_labels(values: Sequence[str]) -> dict[str, str]:
-    """KEY=VALUE words into a mapping; letters, digits, '-' and '_' only (they become
-    Ray resource names)."""
+    """KEY=VALUE words into a mapping (they become Ray resource names): a key of letters,
+    digits and '-', a value of letters, digits, '-' and '_'."""
     out: dict[str, str] = {}
     for word in values:
         key, eq, value = word.partition("=")
-        ok = eq and key and value and all(c.isalnum() or c in "-_" for c in key + value)
-        if not ok:
+        if not eq:
             raise SpecError(f"label {word!r}: write KEY=VALUE with letters, digits, - and _")
+        check_label(key, value, f"label {word!r}")
         out[key] = value
     return out

@@ -35,6 +35,8 @@ MAX_ID = 2**31 - 1
 JobId = Annotated[int, Path(ge=1, le=MAX_ID)]
 PRIORITIES = {"low": 0, "normal": 50, "high": 100}
 NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+LABEL_KEY = r"^[A-Za-z0-9][A-Za-z0-9-]*$"
+"""A node label key: letters, digits and - (a Ray resource name carries it before an _)."""
 KINDS = Literal["training", "online-inference", "offline-inference", "batch"]
 MAX_STATE_GIB = 1e5
 """state_gib_per_gpu: at most 100 TiB of checkpoint per GPU."""
@@ -252,6 +254,22 @@ class JobIn(BaseModel):
         pattern=NAME,
         description="Who submits it inside its team (fair share orders a team's queue by "
         "its users' GPU use); default: the token's name.",
+    )
+    topology: str | None = Field(
+        None,
+        min_length=1,
+        max_length=64,
+        pattern=LABEL_KEY,
+        description="A gang (wider than a node) runs inside one domain of this topology "
+        "level (a node label key such as rack) or waits for one.",
+    )
+    topology_preferred: str | None = Field(
+        None,
+        min_length=1,
+        max_length=64,
+        pattern=LABEL_KEY,
+        description="A gang runs inside one domain of this topology level when one has "
+        "room, else anywhere its `topology` allows.",
     )
     kind: KINDS = "training"
     priority: Annotated[int, Strict()] | Literal["low", "normal", "high"] = "normal"

@@ -11,6 +11,18 @@ from typing import Any
 NODE_PREFIX = "gpupool_node_"
 MODEL_PREFIX = "gpupool_model_"
 SITE_PREFIX = "gpupool_site_"
+LABEL_PREFIX = "gpupool_label_"
+"""`gpupool_label_<key>_<value>`: a node label (keys have no `_`, so the first one splits)."""
+
+
+def label_resource(key: str, value: str) -> str:
+    return f"{LABEL_PREFIX}{key}_{value}"
+
+
+def labels_of(resources: Mapping[str, float]) -> tuple[tuple[str, str], ...]:
+    """A Ray node's labels, read back from its label resources, sorted by key."""
+    pairs = (k[len(LABEL_PREFIX) :].partition("_") for k in resources if k.startswith(LABEL_PREFIX))
+    return tuple(sorted((key, value) for key, _, value in pairs if key and value))
 
 
 def gpu_resource(node: str, index: int) -> str:
@@ -39,6 +51,8 @@ class RayNode:
     site: str = ""
     address: str = ""
     """Ray's NodeManagerAddress: where the node's processes are reached."""
+    labels: tuple[tuple[str, str], ...] = ()
+    """Where it sits in the network (`gpupool node join --label rack=r1`)."""
 
 
 def ray_nodes() -> list[RayNode]:
@@ -68,6 +82,7 @@ def ray_nodes() -> list[RayNode]:
                 count,
                 sites[0] if sites else "",
                 str(entry.get("NodeManagerAddress") or ""),
+                labels_of(res),
             )
         )
     return sorted(found, key=lambda n: n.name)

@@ -21,6 +21,7 @@ from gpupool.ports.telemetry.base import GpuInfo
 from gpupool.scheduler.config import SchedulerConfig
 from gpupool.server.agent.storage import StorageConfig
 from gpupool.server.executors.mps import Mps, NoMps
+from gpupool.server.fleet.labels import NodeLabels
 from gpupool.server.fleet.sites import SitesConfig, with_cloud_nodes
 from gpupool.server.loop.diskspace import DiskFloor
 from gpupool.server.loop.endpoints import NetworkConfig
@@ -78,6 +79,8 @@ class LiveConfig:
     (which join `nodes` here, down until started). None: one cluster."""
     node_sites: tuple[tuple[str, str], ...] = ()
     """(node, site) the nodes declared themselves (e.g. a Ray node's site resource)."""
+    node_labels: NodeLabels = ()
+    """(node, its labels): where each node sits in the network (server/fleet/labels.py)."""
     seed: int = 0
     """Seeds the core's random choices (placement ties of random policies)."""
     source: str = "the scheduling configuration"
@@ -152,13 +155,25 @@ def build_cluster(
 
 
 def build_fleet(
-    fleet: Sequence[tuple[str, str, int]], name: str, sites: Mapping[str, str] | None = None
+    fleet: Sequence[tuple[str, str, int]],
+    name: str,
+    sites: Mapping[str, str] | None = None,
+    labels: NodeLabels = (),
 ) -> tuple[Cluster, dict[tuple[int, int], int]]:
-    """One node per (name, model, count) entry, in its site (`sites`, else `name`);
-    (node, local GPU) -> the same local index."""
+    """One node per (name, model, count) entry, in its site (`sites`, else `name`), with
+    its `labels`; (node, local GPU) -> the same local index."""
     where = sites or {}
+    labelled = dict(labels)
     nodes = tuple(
-        Node(n, model, count, 1_000_000, 1 << 30, cluster=where.get(n, name))
+        Node(
+            n,
+            model,
+            count,
+            1_000_000,
+            1 << 30,
+            cluster=where.get(n, name),
+            labels=labelled.get(n, ()),
+        )
         for n, model, count in fleet
     )
     devices = {(k, g): g for k, node in enumerate(nodes) for g in range(node.gpu_count)}
@@ -204,13 +219,19 @@ def map_fleet(config: LiveConfig, inventory: Sequence[GpuInfo]) -> FleetMap:
                 )
             if site is not None:
                 site_of[name] = site
-        cluster, devices = build_fleet(fleet, config.host, site_of)
+        cluster, devices = build_fleet(fleet, config.host, site_of, config.node_labels)
         # The telemetry's GPUs stand for the fleet's, in fleet order, where it has them.
         order = sorted(devices)
         known = {g.index for g in inventory}
         tele_index = {key: i for i, key in enumerate(order) if i in known}
     else:
         cluster, devices = build_cluster(inventory, config.host)
+        if config.node_labels:  # `labels:` of --config, by this machine's node names
+            labelled = dict(config.node_labels)
+            nodes = tuple(
+                dataclasses.replace(n, labels=labelled.get(n.name, n.labels)) for n in cluster.nodes
+            )
+            cluster = Cluster(cluster.name, nodes)
         tele_index = dict(devices)
     key_of = {(cluster.nodes[k].name, dev): (k, g) for (k, g), dev in devices.items()}
     gpu_info = {g.index: g for g in inventory}
@@ -243,6 +264,8 @@ def spec_of(row: JobRow) -> JobSpec:
         gpu_count_min=row.gpu_count_min,
         name=row.name,
         user=row.user or row.owner or "",
+        topology=row.topology,
+        topology_preferred=row.topology_preferred,
     )
 
 

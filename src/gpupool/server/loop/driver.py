@@ -30,6 +30,7 @@ from gpupool.ports.telemetry.fake import FakeTelemetry
 from gpupool.scheduler import Scheduler, pool_key
 from gpupool.scheduler.config_schema import check_fleet
 from gpupool.server.executors.mps import Mps, detect_mps
+from gpupool.server.fleet.labels import merge_labels
 from gpupool.server.fleet.sites import CloudNodes, pool_prices, with_cloud_nodes
 from gpupool.server.ha.lease import Lease
 from gpupool.server.loop.carry_out import CarryOut
@@ -431,6 +432,7 @@ def ray_service(
         config,
         nodes=tuple((n.name, n.model, n.gpu_count) for n in found),
         node_sites=tuple((n.name, n.site) for n in found if n.site),
+        node_labels=merge_labels(((n.name, n.labels) for n in found), config.node_labels),
     )
     if executor is None:
         executor = RayExecutor({n.name: n.ray_node_id for n in found})

@@ -138,6 +138,7 @@ class Views:
                         "name": node.name,
                         "gpu_model": node.gpu_model,
                         "site": node.cluster,
+                        "labels": dict(node.labels),
                         "state": self.nodes.state_of(node.name),
                         "healthy": self.nodes.healthy(node.name),
                         "lost_total": self.nodes.lost_total(node.name),

@@ -96,6 +96,9 @@ class JobModel(Base):
     """The loopback port a replica serves on (its attempt's; set at launch)."""
     # who submitted it inside its team, for fair share (revision 0011)
     user_name: Mapped[str | None] = mapped_column(String)
+    # the topology level a gang requires or prefers (revision 0012)
+    topology: Mapped[str | None] = mapped_column(String)
+    topology_preferred: Mapped[str | None] = mapped_column(String)
 
 
 class ServiceModel(Base):

@@ -62,6 +62,10 @@ class SimulatedFleet:
             if k not in cloud
         )
 
+    def node_labels(self) -> tuple[tuple[str, tuple[tuple[str, str], ...]], ...]:
+        """Each labelled node's labels (where it sits in the network)."""
+        return tuple((n.name, n.labels) for n in self.world.cluster.nodes if n.labels)
+
     def cloud_nodes(self) -> tuple[CloudNode, ...]:
         nodes = self.world.cluster.nodes
         return tuple(

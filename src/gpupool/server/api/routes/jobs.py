@@ -55,6 +55,18 @@ def new_job(api: ApiState, body: JobIn, who: Principal) -> NewJob:
         sizing=sizing,
         gangs=api.gangs,
     )
+    levels = api.scheduling.topology.levels
+    for flag, level in (
+        ("topology", body.topology),
+        ("topology-preferred", body.topology_preferred),
+    ):
+        if level is not None and level not in levels:
+            have = f"its levels are {', '.join(levels)}" if levels else "it names no levels"
+            raise HTTPException(
+                422,
+                f"--{flag} {level}: this service's topology has no level {level!r} ({have}; "
+                "`topology: levels:` in the --config file, with node labels of those keys)",
+            )
     given = {
         name: getattr(body, JOB_IN_NAME.get(name, name))
         for name in JOB_FIELDS
