@@ -6,6 +6,8 @@ guarantee with a wide job waiting on cards scattered among replicas."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from gpupool.domain.lifecycle import JobState
 from gpupool.domain.model import Cluster, JobKind, JobSpec, Node
 from gpupool.domain.quota import TeamQuota
@@ -68,3 +70,23 @@ def test_cards_being_lent_count_for_the_online_team_so_the_lender_keeps_its_guar
     assert core.book.held[("batch", MODEL)] == 6
     assert core.book.held[("serving", MODEL)] == 2
     assert core.records["r2"].state is JobState.PENDING
+
+
+def test_a_replica_borrows_on_the_node_that_already_serves_so_the_other_stays_whole() -> None:
+    core = core_of(serving_gpus=4, batch_gpus=4)
+    narrow = dataclasses.replace(offline("narrow", low=1), gpu_count=2)
+    core.observe(Submitted(0, narrow))
+    core.observe(Submitted(0, offline("wide", low=2)))
+    for k in range(2):
+        core.observe(Submitted(0, replica(f"r{k}", 0)))
+    core.cycle(0)
+    serving_node = core.state.placements["narrow"].shares[0].node
+    assert {core.state.placements[f"r{k}"].shares[0].node for k in range(2)} == {serving_node}
+    core.observe(Submitted(60, replica("r2", 60)))
+    (resize,) = of(Resize, core.cycle(120))
+    # the narrow job shares its node with replicas: it lends, the wide one keeps its node
+    assert resize.job_id == "narrow"  # type: ignore[attr-defined]
+    assert resize.reason == "lent 1 GPU to online job r2: 2 -> 1"  # type: ignore[attr-defined]
+    core.observe(Resized(140, "narrow"))
+    assert core.state.placements["r2"].shares[0].node == serving_node
+    assert core.state.placements["wide"].gpu_count == 4
