@@ -139,6 +139,10 @@ class CycleView:
     held: Mapping[tuple[str, str], int] | None = None
     """GPUs each (team, pool) holds in running jobs, vacating ones excluded, as the core
     counts them; None: counted from `running`."""
+    lending: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    """GPUs the elastic lends in flight move between teams: the online jobs waiting for
+    them are hidden from the plan and their donors still hold the cards until they left,
+    so `usage` alone shows the online team short of what it has been given."""
     holders: ReserveHolders | None = None
     """The reserve rules' counts, as the core made them; None: counted from `running`."""
     reserved: list[Reservation] = field(default_factory=list)
@@ -156,6 +160,13 @@ class CycleView:
                 continue
             key = (r.spec.team, r.gpu_type)
             out[key] = out.get(key, 0) + r.spec.gpu_count
+        return out
+
+    def usage_after_lends(self) -> dict[tuple[str, str], int]:
+        """`usage` with the lends in flight done: what quotas and guarantees compare."""
+        out = self.usage()
+        for key, n in self.lending.items():
+            out[key] = out.get(key, 0) + n
         return out
 
     def ends(self, gpu_type: str) -> list[tuple[float, int]]:

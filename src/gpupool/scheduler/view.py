@@ -208,6 +208,23 @@ def reserve_holders(
     return ReserveHolders(online_all, online, fast)
 
 
+def lends_in_flight(book: JobBook, lent: Set[str]) -> dict[tuple[str, str], int]:
+    """GPUs per (team, pool) that the lends in flight move: each online job waiting for a
+    lend counts for its team, the cards its donor is giving up no longer for the donor's."""
+    moved: dict[tuple[str, str], int] = {}
+    for job_id in lent:
+        r = book.records[job_id]
+        key = (r.spec.team, r.gpu_type)
+        moved[key] = moved.get(key, 0) + r.spec.gpu_count
+    for job_id, p in book.elastic.pending.items():
+        donor = book.running.get(job_id)
+        if not p.lent_to or donor is None:
+            continue
+        key = (donor.spec.team, donor.gpu_type)
+        moved[key] = moved.get(key, 0) - max(0, donor.spec.gpu_count - p.placement.gpu_count)
+    return moved
+
+
 def cycle_view(
     book: JobBook,
     fleet: Fleet,
@@ -252,5 +269,6 @@ def cycle_view(
         rank=rank,
         priority_boost=boost or {},
         held=book.held,
+        lending=lends_in_flight(book, lent) if lent else {},
         holders=reserve_holders(book, fleet.pool_nodes, reserve),
     )

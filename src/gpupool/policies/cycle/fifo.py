@@ -19,7 +19,7 @@ class FifoPolicy(CyclePolicy):
     def plan(self, view: CycleView) -> list[Command]:
         scratch = view.state.copy()
         commands: list[Command] = []
-        usage = view.usage()
+        usage = view.usage_after_lends()
         queue = sorted(view.pending, key=lambda p: (p.spec.submit_s, p.spec.job_id))
         # Reservations of specific GPUs (view.reservations), or EASY reservations, one
         # per pool: a job blocked in one pool holds back nothing in another.

@@ -42,7 +42,7 @@ class PriorityQuotaPolicy(CyclePolicy):
 
     def plan(self, view: CycleView) -> list[Command]:
         scratch = view.state.copy()
-        running_usage = view.usage()
+        running_usage = view.usage_after_lends()
         usage = dict(running_usage)
         for p in view.pending:  # a job waiting on its victims already counts for its team
             if p.spec.job_id in view.claimed:

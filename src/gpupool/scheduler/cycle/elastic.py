@@ -115,6 +115,17 @@ class ElasticLend:
             )
         return out
 
+    @staticmethod
+    def gathering(
+        scratch: ClusterState, donors: list[tuple[JobRecord, NodeShare]]
+    ) -> list[tuple[JobRecord, NodeShare]]:
+        """Donors on the nodes holding the least other work first (at each priority): the
+        replicas gather where replicas already are, and a node they have not reached
+        stays whole for a wide job (replicas scattered over the cards many jobs lent
+        leave a job that comes back a few free cards on every node and a node on none)."""
+        others = (scratch.other_on_gpu > 0).sum(axis=1)
+        return sorted(donors, key=lambda d: (d[0].spec.priority, int(others[d[1].node])))
+
     def lend_one(
         self,
         scratch: ClusterState,
@@ -128,7 +139,7 @@ class ElasticLend:
         the online job's team maximum once the donor gave its card back."""
         key = (r.spec.team, r.gpu_type)
         limit = self.book.quotas.maximum(r.spec.team, r.gpu_type, now)
-        for d, share in self.donors(r.gpu_type):
+        for d, share in self.gathering(scratch, self.donors(r.gpu_type)):
             donor_key = (d.spec.team, d.gpu_type)
             after = self.book.held[key] + delta[key] + 1 - (donor_key == key)
             if after > limit:
