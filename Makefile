@@ -68,6 +68,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/bench_resources.py
 	$(BIN)/python bench/bench_reservations.py
 	$(BIN)/python bench/bench_starvation.py
+	$(BIN)/python bench/bench_topology.py
 	$(BIN)/python bench/sharing_placement.py
 	$(BIN)/python bench/bench_cycle.py
 	$(BIN)/python bench/predictor_accuracy.py
