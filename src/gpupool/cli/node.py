@@ -59,7 +59,8 @@ def add_node_parser(sub: Any) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="a label for the node (repeat for several)",
+        help="a label for the node, e.g. rack=r7 (repeat for several): where it sits in "
+        "the network, for the server's `topology: levels:` (a key of letters, digits and -)",
     )
     j.add_argument("--num-cpus", type=int, help="CPUs Ray may use here (default: all)")
     j.add_argument(

@@ -52,7 +52,9 @@ def add_serve_parser(sub: Any) -> None:
     sp.add_argument(
         "--fake-gpus",
         help="run on a fake fleet, e.g. 4xA100-80GB or "
-        "2xH100,2xRTX-4090: jobs run as real processes that get no GPU",
+        "2xH100,2xRTX-4090: jobs run as real processes that get no GPU; as nodes with "
+        "labels (where they sit in the network, for `topology:` in --config): "
+        "2x8xA100-80GB@rack=r1,2x8xA100-80GB@rack=r2",
     )
     sp.add_argument(
         "--auth",
