@@ -208,7 +208,7 @@ def test_unknown_key_is_refused_naming_it_and_the_allowed_ones(tmp_path: Path) -
         ", ".join(
             sorted(
                 SCHEDULING_KEYS
-                | {"history", "isolation", "network", "storage", "telemetry_miss_limit"}
+                | {"history", "isolation", "labels", "network", "storage", "telemetry_miss_limit"}
             )
         )
     )
