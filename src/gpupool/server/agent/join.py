@@ -357,9 +357,13 @@ def parse_labels(values: Sequence[str]) -> dict[str, str]:
     digits and '-', a value of letters, digits, '-' and '_'."""
     out: dict[str, str] = {}
     for word in values:
-        key, eq, value = word.partition("=")
-        if not eq:
-            raise SpecError(f"label {word!r}: write KEY=VALUE with letters, digits, - and _")
-        check_label(key, value, f"label {word!r}")
+        key, _, value = word.partition("=")
+        try:
+            check_label(key, value, f"label {word!r}")
+        except SpecError:
+            raise SpecError(
+                f"label {word!r}: write KEY=VALUE, a key of letters, digits and - and a "
+                "value of letters, digits, - and _ (e.g. rack=r7)"
+            ) from None
         out[key] = value
     return out
