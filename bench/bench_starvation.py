@@ -5,7 +5,8 @@ under every cycle policy; each with `reservations` off and on.
 A job starves here when it fits its team's maximum, has waited at least 48 h and is still
 unstarted at the horizon. The issue asks for none where the teams can serve their load;
 a team's load is its submitted GPU-hours (work x GPUs) over what its maximum can serve in
-the horizon, so an overloaded team (load > 1: daynight-off's training) is shown apart.
+the horizon (in static mode: what its island, its guarantee, can serve), so an overloaded
+team (load > 1: daynight-off's training) is shown apart.
 Writes bench/results/starvation.{json,md}.
 
     .venv/bin/python bench/bench_starvation.py [--only daynight-off] [--workers 2]
@@ -102,9 +103,12 @@ def one(item: tuple[str, str, bool]) -> dict[str, Any]:
             work[job.team] += job.gpu_count * min(job.duration_s or 0.0, horizon - job.submit_s)
     starved: dict[str, int] = defaultdict(int)
     capacity: dict[str, float] = {}
+    static = cfg.scheduling.mode == "static"
     for r in result.jobs:
         team, pool = r["team"], r["pool"]
         limit = quotas.maximum(team, pool, 0.0)
+        if static:  # each team is confined to its island: whole nodes of its guarantee
+            limit = min(limit, quotas.guaranteed(team, pool, 0.0))
         capacity[team] = max(capacity.get(team, 0.0), limit * horizon)
         waited = horizon - r["submit_s"]
         if (
@@ -128,6 +132,8 @@ def one(item: tuple[str, str, bool]) -> dict[str, Any]:
         if result.summary.get("avg_jct_s")
         else None,
         "utilization": result.summary["gpu_hours_utilization"],
+        "guarantee_violation_s": result.summary["guarantee_violation_s"],
+        "preemptions": result.summary["preemptions"],
         "wall_s": round(time.perf_counter() - t0, 1),
     }
 
@@ -145,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{r['scenario']:22} {r['policy']:15} res={'on ' if r['reservations'] else 'off'} "
             f"starved={r['starved']} where-served={r['starved_where_served']} "
-            f"load={r['team_load']} jct={r['avg_jct_h']}",
+            f"load={r['team_load']} jct={r['avg_jct_h']} max_wait={r['max_wait_h']} "
+            f"viol_s={r['guarantee_violation_s']} preempt={r['preemptions']} wall={r['wall_s']}",
             file=sys.stderr,
         )
     out = ROOT / "bench" / "results"
@@ -167,7 +174,8 @@ def markdown(payload: dict[str, Any]) -> str:
         "`.venv/bin/python bench/bench_starvation.py` (every shipped scenario with its own",
         "policy; `capped-team`, our own, under every cycle policy). Team load: submitted",
         "GPU-hours over what the team's maximum serves in the horizon; a team above 1 cannot",
-        "serve its load and is not counted in `where served`.",
+        "serve its load and is not counted in `where served`. In static mode a team's",
+        "maximum is its island (its guarantee): it can use no other GPU.",
         "",
         f"Machine: {payload['machine']}. Wall: {payload['wall_s']} s.",
         "",
