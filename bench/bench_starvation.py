@@ -180,8 +180,8 @@ def markdown(payload: dict[str, Any]) -> str:
         f"Machine: {payload['machine']}. Wall: {payload['wall_s']} s.",
         "",
         "| scenario | policy | reservations | starved (by team) | where served | team load "
-        "| max wait h | mean JCT h | util |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| max wait h | mean JCT h | util | guarantee violation s | preemptions |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in payload["runs"]:
         starved = ", ".join(f"{t}: {n}" for t, n in r["starved"].items()) or "none"
@@ -189,7 +189,8 @@ def markdown(payload: dict[str, Any]) -> str:
         lines.append(
             f"| {r['scenario']} | {r['policy']} | {'on' if r['reservations'] else 'off'} "
             f"| {starved} | {r['starved_where_served']} | {load} | {r['max_wait_h']} "
-            f"| {r['avg_jct_h']} | {r['utilization']} |"
+            f"| {r['avg_jct_h']} | {r['utilization']} | {r['guarantee_violation_s']} "
+            f"| {r['preemptions']} |"
         )
     return "\n".join(lines) + "\n"
 
