@@ -140,6 +140,11 @@ class ClusterState:
         self.topology = topology
         self.level_ids = tuple(domain_ids(self.cluster.nodes, lv) for lv in topology.levels)
 
+    def domains_of(self, level: str) -> IntArray | None:
+        """Each node's domain id at topology `level`; None when the topology has no such level."""
+        levels = self.topology.levels
+        return self.level_ids[levels.index(level)] if level in levels else None
+
     def idle_nodes(self) -> BoolArray:
         """Nodes of the widest size with every GPU free: what a gang's whole shares need."""
         width = self.max_gpus_per_node

@@ -89,8 +89,8 @@ class Topology:
 
 
 def domain_ids(nodes: Sequence[Node], level: str) -> npt.NDArray[np.int64]:
-    """Per node, its domain's number at `level` (in order of first appearance by value),
-    or NO_DOMAIN where the node has no such label."""
+    """Per node, its domain's number at `level` (domains numbered by their label values
+    in sorted order), or NO_DOMAIN where the node has no such label."""
     values = sorted({v for n in nodes if (v := n.label(level)) is not None})
     index = {v: k for k, v in enumerate(values)}
     ids = [index[v] if (v := n.label(level)) is not None else NO_DOMAIN for n in nodes]

@@ -204,9 +204,9 @@ def earliest_in_domain(
 ) -> tuple[float, tuple[tuple[int, int], ...]] | None:
     """`earliest_gpus` for a gang that requires one domain of `level`: the domain where its
     GPUs come free first (None: no domain of it has enough)."""
-    if level not in state.topology.levels:
+    ids = state.domains_of(level)
+    if ids is None:
         return None
-    ids = state.level_ids[state.topology.levels.index(level)]
     found = None
     for d in sorted({int(ids[n]) for n in nodes} - {NO_DOMAIN}):
         inside = earliest_gpus(times, [n for n in nodes if ids[n] == d], need)
