@@ -6,7 +6,12 @@ A job starves here when it fits its team's maximum, has waited at least 48 h and
 unstarted at the horizon. The issue asks for none where the teams can serve their load;
 a team's load is its submitted GPU-hours (work x GPUs) over what its maximum can serve in
 the horizon (in static mode: what its island, its guarantee, can serve), so an overloaded
-team (load > 1: daynight-off's training) is shown apart.
+team (load > 1: daynight-off's training) is shown apart. So is a job that waited while the
+whole pool was full (its GPUs allocated at least FULL_POOL of the time, on average, from
+the job's submission to the horizon): every team may be within its own load while together
+they ask more than the pool has (review-planted's second half, with the 64-GPU fine-tune);
+there the question is whether a width is passed over, which `width starts` answers: the
+lowest share of a width's jobs that started, over the share of all the team's jobs.
 Writes bench/results/starvation.{json,md}.
 
     .venv/bin/python bench/bench_starvation.py [--only daynight-off] [--workers 2]
@@ -35,6 +40,8 @@ from machine import describe
 
 ROOT = Path(__file__).resolve().parents[1]
 STARVED_AFTER_S = 48 * 3600.0
+FULL_POOL = 0.9
+"""A pool whose GPUs were allocated this share of a job's wait, on average, had no room."""
 POLICIES = ("fifo", "backfill", "priority-quota", "las", "gittins")
 CAPPED = "capped-team"
 """Our own: one team capped at 16 of 32 GPUs, 16-GPU jobs among a stream of 1-GPU ones."""
@@ -102,6 +109,9 @@ def one(item: tuple[str, str, bool]) -> dict[str, Any]:
         if job.kind is not JobKind.ONLINE and job.submit_s < horizon:
             work[job.team] += job.gpu_count * min(job.duration_s or 0.0, horizon - job.submit_s)
     starved: dict[str, int] = defaultdict(int)
+    in_full_pool: dict[str, int] = defaultdict(int)
+    submitted: dict[tuple[str, int], list[int]] = defaultdict(lambda: [0, 0])
+    by_hour = result.utilization_by_hour
     capacity: dict[str, float] = {}
     static = cfg.scheduling.mode == "static"
     for r in result.jobs:
@@ -111,6 +121,10 @@ def one(item: tuple[str, str, bool]) -> dict[str, Any]:
             limit = min(limit, quotas.guaranteed(team, pool, 0.0))
         capacity[team] = max(capacity.get(team, 0.0), limit * horizon)
         waited = horizon - r["submit_s"]
+        if r["kind"] != "online-inference" and r["gpus"] <= limit:
+            for key in ((team, r["gpus"]), (team, 0)):
+                submitted[key][0] += 1
+                submitted[key][1] += r["start_s"] is not None
         if (
             r["kind"] != "online-inference"
             and r["start_s"] is None
@@ -118,14 +132,25 @@ def one(item: tuple[str, str, bool]) -> dict[str, Any]:
             and waited >= STARVED_AFTER_S
         ):
             starved[team] += 1
+            hours = by_hour[int(r["submit_s"] // 3600) :]
+            if hours and sum(hours) / len(hours) >= FULL_POOL:
+                in_full_pool[team] += 1
     load = {t: round(work[t] / capacity[t], 2) if capacity.get(t) else None for t in work}
     served = [t for t, v in load.items() if v is not None and v <= 1.0]
+    width_starts = {}  # the lowest started share of a width, over the team's share
+    for team in sorted(starved):
+        total, ran = submitted[(team, 0)]
+        shares = [n_ran / n for (t, w), (n, n_ran) in submitted.items() if t == team and w and n]
+        if total and ran and shares:
+            width_starts[team] = round(min(shares) / (ran / total), 2)
     return {
         "scenario": name,
         "policy": cfg.scheduling.policy,
         "reservations": on,
         "starved": dict(sorted(starved.items())),
-        "starved_where_served": sum(n for t, n in starved.items() if t in served),
+        "starved_where_served": sum(n - in_full_pool[t] for t, n in starved.items() if t in served),
+        "starved_in_full_pool": dict(sorted(in_full_pool.items())),
+        "width_starts": width_starts,
         "team_load": dict(sorted(load.items())),
         "max_wait_h": round(result.summary["max_wait_s"] / 3600, 1),
         "avg_jct_h": round(result.summary["avg_jct_s"] / 3600, 2)
@@ -175,20 +200,29 @@ def markdown(payload: dict[str, Any]) -> str:
         "policy; `capped-team`, our own, under every cycle policy). Team load: submitted",
         "GPU-hours over what the team's maximum serves in the horizon; a team above 1 cannot",
         "serve its load and is not counted in `where served`. In static mode a team's",
-        "maximum is its island (its guarantee): it can use no other GPU.",
+        "maximum is its island (its guarantee): it can use no other GPU. `in a full pool`:",
+        f"starved jobs whose pool had its GPUs allocated >= {FULL_POOL:.0%} of their wait, on",
+        "average (not counted in `where served`: the pool had no room for anyone).",
+        "`width starts`: for each team with starved jobs, the lowest share of one width's",
+        "jobs that started over the share of all its jobs (the issue asks >= 0.5 where a",
+        "team or the pool is overloaded).",
         "",
         f"Machine: {payload['machine']}. Wall: {payload['wall_s']} s.",
         "",
-        "| scenario | policy | reservations | starved (by team) | where served | team load "
+        "| scenario | policy | reservations | starved (by team) | where served "
+        "| in a full pool | width starts | team load "
         "| max wait h | mean JCT h | util | guarantee violation s | preemptions |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in payload["runs"]:
         starved = ", ".join(f"{t}: {n}" for t, n in r["starved"].items()) or "none"
         load = ", ".join(f"{t}: {v}" for t, v in r["team_load"].items())
+        full = ", ".join(f"{t}: {n}" for t, n in r["starved_in_full_pool"].items()) or "-"
+        widths = ", ".join(f"{t}: {v}" for t, v in r["width_starts"].items()) or "-"
         lines.append(
             f"| {r['scenario']} | {r['policy']} | {'on' if r['reservations'] else 'off'} "
-            f"| {starved} | {r['starved_where_served']} | {load} | {r['max_wait_h']} "
+            f"| {starved} | {r['starved_where_served']} | {full} | {widths} | {load} "
+            f"| {r['max_wait_h']} "
             f"| {r['avg_jct_h']} | {r['utilization']} | {r['guarantee_violation_s']} "
             f"| {r['preemptions']} |"
         )

@@ -109,6 +109,39 @@ def test_a_job_its_teams_limit_holds_is_not_overtaken_by_the_teams_narrow_jobs(
     assert started["four"] < min(t for j, t in started.items() if j.startswith("narrow3"))
 
 
+def test_a_job_waiting_past_a_day_borrows_before_the_fair_share_order() -> None:
+    """Three 8-GPU nodes, two teams guaranteed nothing. Team x runs a 16-GPU job for 60 h
+    and asks for a third node's 8 GPUs at 2 h; team y, which has used less, sends a 1-GPU
+    job of 3 h every 30 min from 1 h. The fair-share order puts y's jobs first each cycle,
+    so they take each GPU the third node frees and x's job would wait for the stream's end
+    (53.5 h). Once it has waited a day (26 h) it borrows first, its reservation drains the
+    node, and it starts when y's running jobs have ended (within 3 h)."""
+    cfg = parse_scenario(
+        {
+            "name": "aged-borrower",
+            "horizon_h": 80,
+            "cycle_s": 60,
+            "policy": "priority-quota",
+            "reservations": True,
+            "cluster": [{"gpu_type": "H200", "nodes": 3, "gpus_per_node": 8}],
+            "teams": [{"name": "x"}, {"name": "y"}],
+            "workload": [],
+        }
+    )
+    jobs = (
+        JobSpec("long", gpu_count=16, team="x", submit_s=0.0, duration_s=60 * H),
+        JobSpec("node", gpu_count=8, team="x", submit_s=2 * H, duration_s=2 * H),
+        *(
+            JobSpec(f"y{k}", gpu_count=1, team="y", submit_s=(1 + 0.5 * k) * H, duration_s=3 * H)
+            for k in range(100)
+        ),
+    )
+    rows = run_scenario(cfg, workload=Workload(jobs=jobs)).jobs
+    start = {r["job_id"]: r["start_s"] for r in rows}
+    assert start["node"] is not None
+    assert 26 * H <= start["node"] <= 29 * H + 15 * 60, start["node"] / H
+
+
 def test_the_earliest_gpus_on_one_node_or_whole_nodes() -> None:
     now = 100.0
     times = {0: [now, 500.0, 300.0, now], 1: [200.0, 200.0, 200.0, 200.0], 2: [math.inf] * 4}

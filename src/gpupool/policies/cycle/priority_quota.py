@@ -166,9 +166,19 @@ class PriorityQuotaPolicy(CyclePolicy):
                 ahead = [e.spec for e in entitled if (e.spec.team, e.gpu_type) == key]
                 reservations.hold_quota(p.spec, p.gpu_type, planned.get(key, 0), guaranteed, ahead)
             borrowing.append(p)
+
+        def aged_first(p: PendingView) -> tuple[bool, float]:
+            # With reservations, a job that has waited past the age bound borrows (and
+            # reserves) before the fair-share order, oldest first: an order that moves with
+            # the teams' use would hand its drained GPUs to another job every cycle.
+            if reservations is None or not reservations.aged(p.spec, p.ready_s):
+                return (True, 0.0)
+            return (False, p.ready_s)
+
         borrowing.sort(
             key=lambda p: (
                 p.spec.kind is not JobKind.ONLINE,
+                *aged_first(p),
                 view.quotas.fair_rank(p.spec.team),
                 -priority(p),
                 *tail(p),

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from gpupool.domain.model import JobSpec, Placement
+from gpupool.domain.model import JobKind, JobSpec, Placement
 from gpupool.domain.state import BoolArray, ClusterState
 from gpupool.domain.topology import NO_DOMAIN
 from gpupool.policies.contract import CycleView, Reservation
@@ -56,6 +56,10 @@ class Reservations:
         if key not in self.heads:
             return True
         return self.view.now_s - ready_s >= RESERVE_AFTER_S
+
+    def aged(self, job: JobSpec, ready_s: float) -> bool:
+        """Whether a batch job has waited past RESERVE_AFTER_S."""
+        return job.kind is not JobKind.ONLINE and self.view.now_s - ready_s >= RESERVE_AFTER_S
 
     def free_at(self, pool: str) -> dict[int, list[float]]:
         """When each GPU of the pool's nodes is expected to be whole and idle: now if it
