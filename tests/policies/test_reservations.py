@@ -142,6 +142,41 @@ def test_a_job_waiting_past_a_day_borrows_before_the_fair_share_order() -> None:
     assert 26 * H <= start["node"] <= 29 * H + 15 * 60, start["node"] / H
 
 
+def test_an_older_job_wider_than_the_guarantee_is_not_behind_the_teams_held_job() -> None:
+    """Team t is guaranteed 4 of 16 GPUs; team o runs 8 GPUs for 30 h. t asks for 12 GPUs
+    at 30 min (it can only borrow) and sends a 1-GPU job of 5 h every hour: one of them
+    always waits for t's guaranteed room, and holds it. The 12-GPU job came first, and
+    that room can never hold it, so it is not behind the held job: it starts when o's job
+    ends (30 h), not after the stream (50 h)."""
+    cfg = parse_scenario(
+        {
+            "name": "wide-before-held",
+            "horizon_h": 80,
+            "cycle_s": 60,
+            "policy": "priority-quota",
+            "reservations": True,
+            "cluster": [{"gpu_type": "H200", "nodes": 2, "gpus_per_node": 8}],
+            "teams": [
+                {"name": "t", "guaranteed": {"H200": 4}},
+                {"name": "o", "guaranteed": {"H200": 12}},
+            ],
+            "workload": [],
+        }
+    )
+    jobs = (
+        JobSpec("other", gpu_count=8, team="o", submit_s=0.0, duration_s=30 * H),
+        JobSpec("wide", gpu_count=12, team="t", submit_s=0.5 * H, duration_s=10 * H),
+        *(
+            JobSpec(f"n{k}", gpu_count=1, team="t", submit_s=k * H, duration_s=5 * H)
+            for k in range(50)
+        ),
+    )
+    rows = run_scenario(cfg, workload=Workload(jobs=jobs)).jobs
+    start = {r["job_id"]: r["start_s"] for r in rows}
+    assert start["wide"] is not None
+    assert 30 * H <= start["wide"] <= 30 * H + 15 * 60, start["wide"] / H
+
+
 def test_the_earliest_gpus_on_one_node_or_whole_nodes() -> None:
     now = 100.0
     times = {0: [now, 500.0, 300.0, now], 1: [200.0, 200.0, 200.0, 200.0], 2: [math.inf] * 4}

@@ -164,7 +164,9 @@ class PriorityQuotaPolicy(CyclePolicy):
                 # once the team's jobs end: the team's jobs behind it take that room only
                 # if they leave it in time (else a wide job is overtaken forever).
                 ahead = [e.spec for e in entitled if (e.spec.team, e.gpu_type) == key]
-                reservations.hold_quota(p.spec, p.gpu_type, planned.get(key, 0), guaranteed, ahead)
+                reservations.hold_quota(
+                    p.spec, p.gpu_type, planned.get(key, 0), guaranteed, ahead, p.ready_s
+                )
             borrowing.append(p)
 
         def aged_first(p: PendingView) -> tuple[bool, float]:
@@ -236,13 +238,14 @@ class PriorityQuotaPolicy(CyclePolicy):
                         online_held[t] += job.gpu_count
                     if reservations is not None and not online:
                         limit = view.quotas.maximum(job.team, t, view.now_s)
-                        reservations.hold_quota(job, t, usage.get((job.team, t), 0), limit)
+                        held_now = usage.get((job.team, t), 0)
+                        reservations.hold_quota(job, t, held_now, limit, ready_s=p.ready_s)
                     continue
                 if (
                     reservations is not None
                     and not online
                     and not within  # an entitled job was asked when the queue was classified
-                    and not reservations.quota_allows(job, t)
+                    and not reservations.quota_allows(job, t, p.ready_s)
                 ):
                     continue  # its team's room is kept for a job of the team ahead of it
                 if (
@@ -546,7 +549,9 @@ class PriorityQuotaPolicy(CyclePolicy):
                     break
         if len(picked) < need_nodes or not victims:
             return None
-        return picked, sorted(victims.items())
+        # In the order admitted: a victim that takes its team below its guarantee (the
+        # last one admitted for that team) comes after the others the core checks first.
+        return picked, list(victims.items())
 
 
 register("cycle", "priority-quota")(PriorityQuotaPolicy)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -20,6 +21,17 @@ from gpupool.domain.model import JobKind, JobSpec, Placement
 from gpupool.domain.state import BoolArray, ClusterState
 from gpupool.domain.topology import NO_DOMAIN
 from gpupool.policies.contract import CycleView, Reservation
+
+
+class QuotaHold(NamedTuple):
+    """The first job of a (team, pool) that its team's limit holds."""
+
+    job_id: str
+    room_at_s: float
+    """When the team's running jobs are expected to have left it room."""
+    ready_s: float
+    limit: int
+
 
 RESERVE_AFTER_S = 24 * 3600.0
 """A job that has waited this long holds a reservation even behind its queue's head."""
@@ -43,8 +55,8 @@ class Reservations:
         self.heads: set[tuple[str, str]] = set()
         """(team, pool) queues whose first blocked job holds a reservation."""
         self._free_at: dict[str, dict[int, list[float]]] = {}
-        self.quota_heads: dict[tuple[str, str], tuple[str, float]] = {}
-        """(team, pool) -> the first job its team's maximum holds, and when the team's
+        self.quota_heads: dict[tuple[str, str], QuotaHold] = {}
+        """(team, pool) -> the first job its team's limit holds, and when the team's
         running jobs are expected to have left it room."""
 
     def wants(self, job: JobSpec, pool: str, ready_s: float) -> bool:
@@ -126,13 +138,20 @@ class Reservations:
         self.view.reserved.append(made)
 
     def hold_quota(
-        self, job: JobSpec, pool: str, held: int, limit: int, ahead: Sequence[JobSpec] = ()
+        self,
+        job: JobSpec,
+        pool: str,
+        held: int,
+        limit: int,
+        ahead: Sequence[JobSpec] = (),
+        ready_s: float = -math.inf,
     ) -> None:
         """Its team holds `held` GPUs of the pool, and `limit` (its maximum, or the
         guarantee it is entitled to) has no room for the job: the first such job of the
         team keeps the room its team's jobs free as they end; jobs of the team behind it
         may take that room only if they end before it comes (`quota_allows`). `ahead`: jobs
-        of the team counted in `held` that are about to start."""
+        of the team counted in `held` that are about to start; `ready_s`: since when the
+        job has waited (a job wider than `limit` that has waited longer is not behind it)."""
         key = (job.team, pool)
         if key in self.quota_heads or job.shares_gpu:
             return
@@ -158,18 +177,26 @@ class Reservations:
                 break
             short -= gpus
             at = end
-        self.quota_heads[key] = (job.job_id, at if short <= 0 else math.inf)
+        self.quota_heads[key] = QuotaHold(
+            job.job_id, at if short <= 0 else math.inf, ready_s, limit
+        )
 
     def capped(self, pool: str, limit: int) -> bool:
         """Whether `limit` caps the team below the pool's size: a team without a limit of
         its own is held by capacity, so it gets a reservation of GPUs instead."""
         return limit < int(self.scratch.gpu_count[self.view.pool_nodes[pool]].sum())
 
-    def quota_allows(self, job: JobSpec, pool: str) -> bool:
+    def quota_allows(self, job: JobSpec, pool: str, ready_s: float = math.inf) -> bool:
         """Whether a job may take its team's room in the pool: nothing of its team waits
-        for the maximum ahead of it, or it is expected to end before that job's room comes."""
+        for the limit ahead of it, or it is expected to end before that job's room comes.
+        The held job itself may start wherever it finds room (borrowing), and so may a job
+        the limit can never hold that has waited longer (it is not behind the held job)."""
         head = self.quota_heads.get((job.team, pool))
-        return head is None or expected_end_s(self.view.now_s, job) <= head[1]
+        if head is None or head.job_id == job.job_id:
+            return True
+        if job.gpu_count > head.limit and ready_s < head.ready_s:
+            return True
+        return expected_end_s(self.view.now_s, job) <= head.room_at_s
 
     def place_before(
         self,
