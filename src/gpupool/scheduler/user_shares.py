@@ -93,15 +93,16 @@ class UserShares:
         jobs = sorted(
             waiting, key=lambda r: (r.spec.kind is not online, -priority(r), r.ready_s, r.job_id)
         )
-        groups: dict[tuple[str, bool, int], list[int]] = defaultdict(list)
-        for k, r in enumerate(jobs):
-            groups[(r.spec.team, r.spec.kind is online, priority(r))].append(k)
-        used = self.usage(now, running) if self.active else {}
-        for slots in groups.values():
-            members = [jobs[k] for k in slots]
-            if self.active and len({r.spec.user for r in members}) > 1:
-                for k, r in zip(slots, fair_order(members, used), strict=True):
-                    jobs[k] = r
+        if self.active:
+            groups: dict[tuple[str, bool, int], list[int]] = defaultdict(list)
+            for k, r in enumerate(jobs):
+                groups[(r.spec.team, r.spec.kind is online, priority(r))].append(k)
+            used = self.usage(now, running)
+            for slots in groups.values():
+                members = [jobs[k] for k in slots]
+                if len({r.spec.user for r in members}) > 1:
+                    for k, r in zip(slots, fair_order(members, used), strict=True):
+                        jobs[k] = r
         return {r.job_id: k for k, r in enumerate(jobs)}
 
 
