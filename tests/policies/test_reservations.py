@@ -109,6 +109,26 @@ def test_a_job_its_teams_limit_holds_is_not_overtaken_by_the_teams_narrow_jobs(
     assert started["four"] < min(t for j, t in started.items() if j.startswith("narrow3"))
 
 
+def _starts(
+    nodes: int, teams: list[dict[str, object]], jobs: tuple[JobSpec, ...]
+) -> dict[str, float | None]:
+    """Start times under priority-quota with reservations, on `nodes` 8-GPU nodes."""
+    cfg = parse_scenario(
+        {
+            "name": "teams",
+            "horizon_h": 80,
+            "cycle_s": 60,
+            "policy": "priority-quota",
+            "reservations": True,
+            "cluster": [{"gpu_type": "H200", "nodes": nodes, "gpus_per_node": 8}],
+            "teams": teams,
+            "workload": [],
+        }
+    )
+    rows = run_scenario(cfg, workload=Workload(jobs=jobs)).jobs
+    return {r["job_id"]: r["start_s"] for r in rows}
+
+
 def test_a_job_waiting_past_a_day_borrows_before_the_fair_share_order() -> None:
     """Three 8-GPU nodes, two teams guaranteed nothing. Team x runs a 16-GPU job for 60 h
     and asks for a third node's 8 GPUs at 2 h; team y, which has used less, sends a 1-GPU
@@ -116,18 +136,6 @@ def test_a_job_waiting_past_a_day_borrows_before_the_fair_share_order() -> None:
     so they take each GPU the third node frees and x's job would wait for the stream's end
     (53.5 h). Once it has waited a day (26 h) it borrows first, its reservation drains the
     node, and it starts when y's running jobs have ended (within 3 h)."""
-    cfg = parse_scenario(
-        {
-            "name": "aged-borrower",
-            "horizon_h": 80,
-            "cycle_s": 60,
-            "policy": "priority-quota",
-            "reservations": True,
-            "cluster": [{"gpu_type": "H200", "nodes": 3, "gpus_per_node": 8}],
-            "teams": [{"name": "x"}, {"name": "y"}],
-            "workload": [],
-        }
-    )
     jobs = (
         JobSpec("long", gpu_count=16, team="x", submit_s=0.0, duration_s=60 * H),
         JobSpec("node", gpu_count=8, team="x", submit_s=2 * H, duration_s=2 * H),
@@ -136,8 +144,7 @@ def test_a_job_waiting_past_a_day_borrows_before_the_fair_share_order() -> None:
             for k in range(100)
         ),
     )
-    rows = run_scenario(cfg, workload=Workload(jobs=jobs)).jobs
-    start = {r["job_id"]: r["start_s"] for r in rows}
+    start = _starts(3, [{"name": "x"}, {"name": "y"}], jobs)
     assert start["node"] is not None
     assert 26 * H <= start["node"] <= 29 * H + 15 * 60, start["node"] / H
 
@@ -148,21 +155,6 @@ def test_an_older_job_wider_than_the_guarantee_is_not_behind_the_teams_held_job(
     always waits for t's guaranteed room, and holds it. The 12-GPU job came first, and
     that room can never hold it, so it is not behind the held job: it starts when o's job
     ends (30 h), not after the stream (50 h)."""
-    cfg = parse_scenario(
-        {
-            "name": "wide-before-held",
-            "horizon_h": 80,
-            "cycle_s": 60,
-            "policy": "priority-quota",
-            "reservations": True,
-            "cluster": [{"gpu_type": "H200", "nodes": 2, "gpus_per_node": 8}],
-            "teams": [
-                {"name": "t", "guaranteed": {"H200": 4}},
-                {"name": "o", "guaranteed": {"H200": 12}},
-            ],
-            "workload": [],
-        }
-    )
     jobs = (
         JobSpec("other", gpu_count=8, team="o", submit_s=0.0, duration_s=30 * H),
         JobSpec("wide", gpu_count=12, team="t", submit_s=0.5 * H, duration_s=10 * H),
@@ -171,8 +163,8 @@ def test_an_older_job_wider_than_the_guarantee_is_not_behind_the_teams_held_job(
             for k in range(50)
         ),
     )
-    rows = run_scenario(cfg, workload=Workload(jobs=jobs)).jobs
-    start = {r["job_id"]: r["start_s"] for r in rows}
+    teams = [{"name": "t", "guaranteed": {"H200": 4}}, {"name": "o", "guaranteed": {"H200": 12}}]
+    start = _starts(2, teams, jobs)
     assert start["wide"] is not None
     assert 30 * H <= start["wide"] <= 30 * H + 15 * 60, start["wide"] / H
 
