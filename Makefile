@@ -41,7 +41,7 @@ lint: $(STAMP)
 ## one at a time at a high priority, so the main suite's load does not reach their latencies
 ## (only the files that mark a test serial are collected).
 ## The output of mypy, the Ray tests and the serial tests comes last.
-TEST_WORKERS ?= 5
+TEST_WORKERS ?= 4
 test: $(STAMP)
 	$(BIN)/ruff check src tests bench
 	$(BIN)/ruff format --check src tests bench
