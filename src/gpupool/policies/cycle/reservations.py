@@ -67,11 +67,15 @@ class Reservations:
         key = (job.team, pool)
         if key not in self.heads:
             return True
+        return self.waited_long(ready_s)
+
+    def waited_long(self, ready_s: float) -> bool:
+        """Whether a job ready since `ready_s` has waited past RESERVE_AFTER_S."""
         return self.view.now_s - ready_s >= RESERVE_AFTER_S
 
     def aged(self, job: JobSpec, ready_s: float) -> bool:
         """Whether a batch job has waited past RESERVE_AFTER_S."""
-        return job.kind is not JobKind.ONLINE and self.view.now_s - ready_s >= RESERVE_AFTER_S
+        return job.kind is not JobKind.ONLINE and self.waited_long(ready_s)
 
     def free_at(self, pool: str) -> dict[int, list[float]]:
         """When each GPU of the pool's nodes is expected to be whole and idle: now if it
