@@ -60,6 +60,9 @@ class EnergyMeter:
     teams: dict[str, Ledger] = field(default_factory=lambda: defaultdict(Ledger))
     sites: dict[str, Ledger] = field(default_factory=lambda: defaultdict(Ledger))
     idle: dict[str, Ledger] = field(default_factory=lambda: defaultdict(Ledger))
+    _draws: dict[tuple[int, JobKind, float | None], tuple[float, float, float]] = field(
+        default_factory=dict, init=False, repr=False
+    )
 
     def _rates(self, site: str, t_s: float) -> tuple[float, float | None]:
         tariff = self.tariffs.get(site)
@@ -71,9 +74,23 @@ class EnergyMeter:
     def job_power_w(self, node: int, kind: JobKind, cap_frac: float | None) -> float:
         """One whole GPU's draw for a job of this kind, at a point of its cap curve if
         capped (a power limit or a locked clock, facts.md §3)."""
-        load = load_of(kind)
-        draw = self.power.gpu_power_w(float(self.tdp_w[node]), load)
-        return draw if cap_frac is None else draw * power_frac_at(load, cap_frac)
+        return self.draw_w(node, kind, cap_frac)[2]
+
+    def draw_w(
+        self, node: int, kind: JobKind, cap_frac: float | None
+    ) -> tuple[float, float, float]:
+        """(TDP, idle draw, working draw) of one whole GPU of `node` for a job of this kind.
+        Worked out once per key: the simulator charges every running job every cycle, and
+        the power model and the fleet's TDPs do not change during a run."""
+        key = (node, kind, cap_frac)
+        got = self._draws.get(key)
+        if got is None:
+            tdp = float(self.tdp_w[node])
+            load = load_of(kind)
+            draw = self.power.gpu_power_w(tdp, load)
+            busy = draw if cap_frac is None else draw * power_frac_at(load, cap_frac)
+            got = self._draws[key] = (tdp, self.power.gpu_power_w(tdp, Load.IDLE), busy)
+        return got
 
     def charge_job(
         self,
@@ -90,13 +107,10 @@ class EnergyMeter:
         """`gpus` whole-GPU equivalents held for idle_s (starting) plus busy_s (working)."""
         if idle_s <= 0 and busy_s <= 0:
             return
-        tdp = float(self.tdp_w[node])
+        tdp, idle_w, busy_w = self.draw_w(node, kind, cap_frac)
         if tdp <= 0:
             return
-        joules = gpus * (
-            self.power.gpu_power_w(tdp, Load.IDLE) * idle_s
-            + self.job_power_w(node, kind, cap_frac) * busy_s
-        )
+        joules = gpus * (idle_w * idle_s + busy_w * busy_s)
         site = self.node_site[node]
         kwh = joules * self.pue / J_PER_KWH
         price, carbon = self._rates(site, t_s)

@@ -150,7 +150,7 @@ def gang_domains(sim: ScenarioSim) -> dict[str, Any]:
             continue
         level = spanned_level(state.level_ids, d.placement.nodes)
         starts["all"][names[level]] += 1
-        if sim.runs[d.job_id].spec.topology is not None:
+        if sim.job(d.job_id).spec.topology is not None:
             starts["required"][names[level]] += 1
         speeds.append(state.topology.speed(d.placement.gpu_count, level))
     return {
@@ -193,18 +193,19 @@ def resource_summary(sim: ScenarioSim, jobs: list[Run]) -> dict[str, Any]:
     events = sim.cloud_events
     currencies = sorted({t.currency for t in sim.tariff_of.values() if t is not None})
     clusters: dict[str, Any] = {}
+    runs = sim.runs
     for site in sorted(set(sim.node_site)):
         entry: dict[str, Any] = sim.meter.sites[site].rounded()
         entry["idle_energy_kwh"] = round(sim.meter.idle[site].energy_kwh, 2)
-        held = [r for r in sim.runs.values() if r.gpu_type and site_of(sim, r.gpu_type) == site]
+        held = [r for r in runs.values() if r.gpu_type and site_of(sim, r.gpu_type) == site]
         entry["gpu_hours"] = round(sum(r.gpu_s for r in held) / 3600, 1)
         clusters[site] = entry
     by_type: dict[str, float] = defaultdict(float)
-    for r in sim.runs.values():
+    for r in runs.values():
         if r.gpu_type:
             by_type[sim.cfg.pool(r.gpu_type).gpu_type] += r.gpu_s / 3600
     out: dict[str, Any] = {
-        "cost_usd": round(sum(run_cost_usd(sim, r) for r in sim.runs.values()) + cloud_usd, 2),
+        "cost_usd": round(sum(run_cost_usd(sim, r) for r in runs.values()) + cloud_usd, 2),
         "cloud_cost_usd": round(cloud_usd, 2),
         "energy_kwh": round(total.energy_kwh, 2),
         "electricity_cost": round(total.electricity_cost, 2),
@@ -244,8 +245,9 @@ def resource_summary(sim: ScenarioSim, jobs: list[Run]) -> dict[str, Any]:
 def job_rows(sim: ScenarioSim) -> list[dict[str, Any]]:
     """Per job: where it ran, when, and its energy, electricity cost and carbon."""
     rows = []
-    for job_id in sorted(sim.runs):
-        r = sim.runs[job_id]
+    runs = sim.runs
+    for job_id in sorted(runs):
+        r = runs[job_id]
         if r.service is not None:
             continue
         ledger = sim.meter.jobs.get(job_id)

@@ -239,7 +239,9 @@ class Recorder:
 
     def energy(self, node: int, gpus: tuple[int, ...], t_s: float, joules_each: float) -> None:
         if joules_each > 0:
-            self.energy_j[node, list(gpus), self.bucket(t_s)] += joules_each
+            b = self.bucket(t_s)
+            for g in gpus:  # item by item: far cheaper than a fancy index for a few cards
+                self.energy_j[node, g, b] += joules_each
 
     def idle_energy(self, t_s: float, joules: np.ndarray) -> None:
         """Per card, the idle draw of its unheld part over one cycle."""

@@ -441,28 +441,30 @@ class ScenarioSim:
     # ---- progress -------------------------------------------------------------------------
     def advance(self, run: Run, a: float, b: float) -> float | None:
         """Run from a to b; return the finish time if the work completes."""
-        if run.state is not JobState.RUNNING or b <= a:
+        if b <= a or run.rec.state is not JobState.RUNNING:
             return None
         t = a
         if run.overhead_s > 0:
             use = min(b - t, run.overhead_s)
             run.overhead_s -= use
             t += use
-        if t >= b or run.spec.duration_s is None:
+        spec = run.rec.spec
+        if t >= b or spec.duration_s is None:
             self.charge(run, a, t - a, b - t)
             self.account(run, a, b)
             return None
         span = b - t
-        need = (run.spec.duration_s - run.done_s) / run.speed
+        speed = run.speed
+        need = (spec.duration_s - run.done_s) / speed
         step = min(span, need)
         self.charge(run, a, t - a, step)
-        run.done_s += step * run.speed
+        run.done_s += step * speed
         run.run_time_s += step
         run.since_snapshot_s += step
-        interval = run.spec.checkpoint_interval_s
+        interval = spec.checkpoint_interval_s
         if run.since_snapshot_s >= interval:
             run.since_snapshot_s %= interval
-            run.saved_s = run.done_s - run.since_snapshot_s * run.speed
+            run.saved_s = run.done_s - run.since_snapshot_s * speed
         if need <= span:
             self.account(run, a, t + need)
             return t + need
@@ -470,24 +472,24 @@ class ScenarioSim:
         return None
 
     def charge(self, run: Run, t: float, idle_s: float, busy_s: float) -> None:
-        placement = self.state.placements.get(run.spec.job_id)
-        if placement is None:
+        """The energy a job's cards drew over one span: idle_s starting, then busy_s working."""
+        spec = run.rec.spec
+        placement = self.state.placements.get(spec.job_id)
+        if placement is None or (idle_s <= 0 and busy_s <= 0):
             return
-        share = run.spec.gpu_milli / MILLI_PER_GPU
-        rec = self.recorder
+        share = spec.gpu_milli / MILLI_PER_GPU
+        rec, meter = self.recorder, self.meter
         for part in placement.shares:
             if rec is not None:  # what each of its cards draws (the meter's model, no PUE)
-                tdp = float(self.meter.tdp_w[part.node])
+                tdp, idle_w, busy_w = meter.draw_w(part.node, spec.kind, run.cap_frac)
                 if tdp > 0:
-                    idle_w = self.meter.power.gpu_power_w(tdp, Load.IDLE)
-                    busy_w = self.meter.job_power_w(part.node, run.spec.kind, run.cap_frac)
                     rec.energy(part.node, part.gpus, t, share * (idle_w * idle_s + busy_w * busy_s))
-            self.meter.charge_job(
-                run.spec.job_id,
-                run.spec.team,
+            meter.charge_job(
+                spec.job_id,
+                spec.team,
                 part.node,
                 len(part.gpus) * share,
-                run.spec.kind,
+                spec.kind,
                 run.cap_frac,
                 t,
                 idle_s,
@@ -498,14 +500,15 @@ class ScenarioSim:
         run.held_s += max(0.0, b - a)
         lo, hi = max(a, 0.0), min(b, self.cfg.horizon_s)
         if hi > lo:
-            run.gpu_s += run.spec.gpu_count * (hi - lo) * run.spec.gpu_milli / MILLI_PER_GPU
+            spec = run.rec.spec
+            run.gpu_s += spec.gpu_count * (hi - lo) * spec.gpu_milli / MILLI_PER_GPU
             if self.recorder is not None:
-                placement = self.state.placements.get(run.spec.job_id)
+                placement = self.state.placements.get(spec.job_id)
                 if placement is not None:
-                    self.recorder.hold(run.spec.job_id, placement, run.spec.gpu_milli, lo, hi)
-            full = self.core.book.elastic.declared.get(run.spec.job_id)
-            if full is not None and run.state is JobState.RUNNING:
-                run.lent_gpu_s += (full - run.spec.gpu_count) * (hi - lo)
+                    self.recorder.hold(spec.job_id, placement, spec.gpu_milli, lo, hi)
+            full = self.core.book.elastic.declared.get(spec.job_id)
+            if full is not None and run.rec.state is JobState.RUNNING:
+                run.lent_gpu_s += (full - spec.gpu_count) * (hi - lo)
 
     # ---- services ---------------------------------------------------------------------------
     def serve(self, now: float, end: float) -> None:
