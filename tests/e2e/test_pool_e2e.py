@@ -271,7 +271,7 @@ def test_sigkills_in_launch_windows_never_run_a_job_twice(pool: Pool) -> None:
         window_s=0.05 if ray else 0.03, end_s=180.0, intent_wait_s=30.0 if ray else 3.0,
     )  # fmt: skip
     print(pool.kind, seen)
-    assert seen["kills"] == 20 and seen["jobs"] >= 20 and seen["starts"] >= seen["jobs"]
+    assert seen["kills"] >= 20 and seen["jobs"] >= 20 and seen["starts"] >= seen["jobs"]
     assert seen["lost"] + seen["adopted_by_intent"] > 0  # some kills did land in a launch
 
 

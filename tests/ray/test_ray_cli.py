@@ -287,7 +287,7 @@ def test_price_aware_deferral_and_the_learned_policy_in_shadow_on_ray(
         tmp_path / "state", "--config", str(tmp_path / "serve.yaml"),
         "--ray", ray_cluster.cluster.address, "--ray-namespace", "gpupool-priced",
         "--auth", "none", "--cycle", "0.2",
-        "--clock-start", "2037-12-01T23:58:00", "--clock-speed", "20",
+        "--clock-start", "2037-12-01T23:45:00", "--clock-speed", "60",
     ).start(timeout_s=120)  # fmt: skip
     try:
         url = srv.url

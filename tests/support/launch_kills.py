@@ -83,6 +83,12 @@ def _intents(state: Path) -> set[Path]:
     return set((state / "jobs").glob("*/launch-*.json"))
 
 
+def _landed(store: Store) -> int:
+    """Kills that came inside a launch window: the intents adopted, the launches lost."""
+    events = store.events.after(0, limit=100_000)
+    return sum("launch intent" in e.message or e.message.startswith("lost") for e in events)
+
+
 def sigkills_around_launches(
     base: Path,
     url: str,
@@ -94,8 +100,9 @@ def sigkills_around_launches(
     intent_wait_s: float = 3.0,
 ) -> dict[str, int]:
     """`kills` SIGKILLs of the scheduler at random moments while it launches jobs (every
-    other one within `window_s` of a launch intent appearing), then one last scheduler
-    runs everything to the end (within `end_s`). Returns what happened, in counts."""
+    other one within `window_s` of a launch intent appearing; more, up to twice as many,
+    until one has landed in a launch window), then one last scheduler runs everything to
+    the end (within `end_s`). Returns what happened, in counts."""
     rng = random.Random(seed)
     state, shared = base / "state", base / "shared"
     shared.mkdir()
@@ -119,23 +126,43 @@ def sigkills_around_launches(
             )
             ids.append(store.jobs.submit(job, time.time())[0].id)
 
-        for k in range(kills):
+        def aimed() -> None:
+            """Kill just after a launch intent appears."""
             known = _intents(state)
             pid = zygote.start()
-            if k % 2 == 0:  # aimed: just after a launch intent appears
-                submit()
-                submit()
-                until = time.monotonic() + intent_wait_s
-                while not _intents(state) - known and time.monotonic() < until:
-                    time.sleep(0.001)
-                time.sleep(rng.uniform(0.0, window_s))
-            else:  # anywhere: recovery, ingest, launches, exits
-                until = time.monotonic() + rng.uniform(0.05, 1.2)
-                while time.monotonic() < until:
-                    if rng.random() < 0.5 and len(ids) < 2 * kills:
-                        submit()
-                    time.sleep(rng.uniform(0.0, 0.15))
+            submit()
+            submit()
+            until = time.monotonic() + intent_wait_s
+            while not _intents(state) - known and time.monotonic() < until:
+                time.sleep(0.001)
+            time.sleep(rng.uniform(0.0, window_s))
             _kill(pid)
+
+        for k in range(kills):
+            if k % 2 == 0:
+                aimed()
+                continue
+            pid = zygote.start()  # anywhere: recovery, ingest, launches, exits
+            until = time.monotonic() + rng.uniform(0.05, 1.2)
+            while time.monotonic() < until:
+                if rng.random() < 0.5 and len(ids) < 2 * kills:
+                    submit()
+                time.sleep(rng.uniform(0.0, 0.15))
+            _kill(pid)
+        # On a loaded machine the aimed kills can all come after the launch was recorded;
+        # then aim more (bounded) until one has landed inside a launch window. A kill's mark
+        # (an adopted intent or a lost launch) is written by the scheduler started next.
+        made = kills
+        for _ in range(kills):
+            if _landed(store):
+                break
+            aimed()
+            pid = zygote.start()
+            until = time.monotonic() + 3.0
+            while not _landed(store) and time.monotonic() < until:
+                time.sleep(0.05)
+            _kill(pid)
+            made += 2
         last = zygote.start()
 
         def all_ended() -> bool:
@@ -157,7 +184,7 @@ def sigkills_around_launches(
     failed = [(r.id, r.state, r.reason) for r in rows if r.state != "succeeded"]
     assert states == {"succeeded": len(ids)}, (failed, (base / "zygote.log").read_text()[-3000:])
     return {
-        "kills": kills,
+        "kills": made,
         "jobs": len(ids),
         "starts": sum(copies.values()),
         "restarted_attempts": sum(1 for r in rows if r.attempts > 1),
