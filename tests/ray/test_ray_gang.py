@@ -110,6 +110,21 @@ def alive(pid: int) -> bool:
     return read_start_ticks(pid) is not None
 
 
+def kill_members(*run_dirs: Path) -> None:
+    """SIGKILL the process group of every member whose log names its pid."""
+    for run_dir in run_dirs:
+        for log in run_dir.rglob("stdout.log"):
+            for line in log.read_text().splitlines():
+                if line.startswith("env ") and "pid=" in line:
+                    with contextlib.suppress(OSError):
+                        os.killpg(os.getpgid(int(line.rsplit("pid=", 1)[1])), signal.SIGKILL)
+
+
+def parent_pid(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
 SLEEPER = (
     "import os, signal, sys, time\n"
     "signal.signal(signal.SIGTERM, lambda *a: (print('term', flush=True), sys.exit(0)))\n"
@@ -242,30 +257,35 @@ def test_after_a_restart_a_gang_is_adopted_whole_or_stopped(
         ],
         0,
     )
-    assert all(isinstance(h, Handle) for h in handles)
-    pids = {
-        name: [int(member_env(d / "stdout.log")["pid"]), int(member_env(d / sub)["pid"])]
-        for name, d, sub in (
-            ("whole", whole, "rank-1/stdout.log"),
-            ("half", half, "rank-1/stdout.log"),
-        )
-    }
-    first.shutdown()  # the scheduler restarts; the gangs run on
-    os.killpg(os.getpgid(pids["half"][1]), signal.SIGKILL)  # one member dies meanwhile
-    wait_for(lambda: not alive(pids["half"][1]), 10, "rank 1 of half to die")
-    again = RayExecutor(namespace="gang-adopt")
-    h_whole, h_half = handles
-    assert isinstance(h_whole, Handle) and isinstance(h_half, Handle)
-    assert again.adopt(h_whole, whole) is True
-    assert again.adopt(h_half, half) is False
-    wait_for(lambda: not alive(pids["half"][0]), 10, "rank 0 of the half gang to be stopped")
-    lost = [e for e in again.poll(time.time()) if e.job_id == "half"]
-    assert lost and lost[0].outcome == "lost" and "never half a gang" in lost[0].reason
-    assert all(alive(p) for p in pids["whole"])
-    again.preempt("whole", 5.0, time.time())
-    ended = wait_exit(again, "whole", 30)
-    assert ended.outcome == "preempted", ended
-    assert not any(alive(p) for p in pids["whole"])
+    try:
+        assert all(isinstance(h, Handle) for h in handles), handles
+        pids = {
+            name: [int(member_env(d / "stdout.log")["pid"]), int(member_env(d / sub)["pid"])]
+            for name, d, sub in (
+                ("whole", whole, "rank-1/stdout.log"),
+                ("half", half, "rank-1/stdout.log"),
+            )
+        }
+        first.shutdown()  # the scheduler restarts; the gangs run on
+        victim = pids["half"][1]
+        shim = parent_pid(victim)  # its node's launcher sees the member end when its shim does
+        os.killpg(os.getpgid(victim), signal.SIGKILL)  # one member dies meanwhile
+        wait_for(lambda: not alive(victim) and not alive(shim), 10, "rank 1 of half and its shim")
+        again = RayExecutor(namespace="gang-adopt")
+        h_whole, h_half = handles
+        assert isinstance(h_whole, Handle) and isinstance(h_half, Handle)
+        assert again.adopt(h_whole, whole) is True
+        assert again.adopt(h_half, half) is False
+        wait_for(lambda: not alive(pids["half"][0]), 10, "rank 0 of the half gang to be stopped")
+        lost = [e for e in again.poll(time.time()) if e.job_id == "half"]
+        assert lost and lost[0].outcome == "lost" and "never half a gang" in lost[0].reason
+        assert all(alive(p) for p in pids["whole"])
+        again.preempt("whole", 5.0, time.time())
+        ended = wait_exit(again, "whole", 30)
+        assert ended.outcome == "preempted", ended
+        assert not any(alive(p) for p in pids["whole"])
+    finally:  # nothing of it outlives the test, whatever failed
+        kill_members(whole, half)
 
 
 @pytest.mark.slow
