@@ -32,30 +32,42 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 ## test: lint, then the whole test suite. ruff first (a second); mypy runs beside the tests
-## (its verdict counts as theirs). The main suite runs in TEST_WORKERS processes (most of its
-## tests wait on servers and jobs; tests/conftest.py keeps the modules that share a server or
-## a simulation on one worker) at a low CPU priority. Beside it: the tests marked ray_cluster
-## (tests/ray, the Ray runs of tests/e2e/test_pool_e2e.py), in a loopback-only
-## network namespace (no port can collide with the rest; Ray's timeouts are real time, so it
-## keeps the normal priority), then the tests marked serial (they hold latencies to a bound)
-## one at a time at a high priority, so the main suite's load does not reach their latencies
-## (only the files that mark a test serial are collected).
-## The output of mypy, the Ray tests and the serial tests comes last.
-TEST_WORKERS ?= 4
+## (its verdict counts as theirs). Four lanes run at once, each with its own output:
+## - the main suite, in TEST_WORKERS processes (most of its tests wait on servers and jobs;
+##   tests/conftest.py keeps the modules that share a server or a simulation on one worker),
+##   at a low CPU priority;
+## - the tests marked ray_cluster in two lanes (RAY_LANE_A: the gangs and the Ray runs of
+##   tests/e2e/test_pool_e2e.py; the rest of tests/ray), each in its own loopback-only network
+##   namespace (no port can collide with another lane's; Ray's timeouts are real time, so they
+##   keep the normal priority);
+## - once both Ray lanes are done, the tests marked serial (they hold latencies to a bound),
+##   one at a time at a high priority, so the main suite's load does not reach their
+##   latencies (only the files that mark a test serial are collected).
+## One collection of every test first writes pytest's rewritten test modules (and gpupool's
+## bytecode) to __pycache__, even where PYTHONDONTWRITEBYTECODE is set, so that the lanes'
+## processes read them instead of each compiling them again.
+## The output of mypy, the Ray lanes and the serial tests comes last.
+TEST_WORKERS ?= 6
+RAY_LANE_A := tests/e2e/test_pool_e2e.py tests/ray/test_ray_gang.py
+RAY_NS := RAY_USAGE_STATS_ENABLED=0 GPUPOOL_REQUIRE_RAY=1 GPUPOOL_REQUIRE_ISOLATION=1 unshare -n sh -c 'ip link set lo up && exec "$$@"' sh
 test: $(STAMP)
 	$(BIN)/ruff check src tests bench
 	$(BIN)/ruff format --check src tests bench
-	@out=$$(mktemp -d); \
+	@out=$$(mktemp -d); unset PYTHONDONTWRITEBYTECODE; \
 	$(BIN)/mypy > $$out/mypy 2>&1 & mypy=$$!; \
-	( RAY_USAGE_STATS_ENABLED=0 GPUPOOL_REQUIRE_RAY=1 GPUPOOL_REQUIRE_ISOLATION=1 unshare -n sh -c 'ip link set lo up && exec "$$@"' sh \
-		$(BIN)/pytest -m ray_cluster tests/ray tests/e2e/test_pool_e2e.py > $$out/ray 2>&1; echo $$? > $$out/ray.rc; \
+	$(BIN)/pytest --collect-only -q > $$out/collect 2>&1 || { cat $$out/collect; exit 1; }; \
+	( $(RAY_NS) $(BIN)/pytest -m ray_cluster $(RAY_LANE_A) > $$out/ray_a 2>&1; echo $$? > $$out/ray_a.rc ) & ray_a=$$!; \
+	( $(RAY_NS) $(BIN)/pytest -m ray_cluster tests/ray $(addprefix --ignore=,$(RAY_LANE_A)) > $$out/ray_b 2>&1; \
+	  echo $$? > $$out/ray_b.rc ) & ray_b=$$!; \
+	( while kill -0 $$ray_a 2>/dev/null || kill -0 $$ray_b 2>/dev/null; do sleep 1; done; \
 	  GPUPOOL_REQUIRE_ISOLATION=1 nice -n -10 $(BIN)/pytest -m serial $$(grep -rl --include='test_*.py' 'mark.serial' tests) > $$out/serial 2>&1; \
-	  echo $$? > $$out/serial.rc ) & side=$$!; \
+	  echo $$? > $$out/serial.rc ) & serial=$$!; \
 	GPUPOOL_REQUIRE_ISOLATION=1 nice -n 10 $(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup --ignore=tests/ray -m "not serial and not ray_cluster"; main=$$?; \
-	wait $$side; wait $$mypy; mypy_rc=$$?; \
-	echo "mypy:"; cat $$out/mypy; echo "tests/ray:"; cat $$out/ray; echo "serial tests:"; cat $$out/serial; \
-	ray_rc=$$(cat $$out/ray.rc); serial_rc=$$(cat $$out/serial.rc); rm -rf $$out; \
-	[ $$main -eq 0 ] && [ $$ray_rc -eq 0 ] && [ $$serial_rc -eq 0 ] && [ $$mypy_rc -eq 0 ]
+	wait $$ray_a; wait $$ray_b; wait $$serial; wait $$mypy; mypy_rc=$$?; \
+	echo "mypy:"; cat $$out/mypy; echo "Ray lane A ($(RAY_LANE_A)):"; cat $$out/ray_a; \
+	echo "Ray lane B (the rest of tests/ray):"; cat $$out/ray_b; echo "serial tests:"; cat $$out/serial; \
+	ray_a_rc=$$(cat $$out/ray_a.rc); ray_b_rc=$$(cat $$out/ray_b.rc); serial_rc=$$(cat $$out/serial.rc); rm -rf $$out; \
+	[ $$main -eq 0 ] && [ $$ray_a_rc -eq 0 ] && [ $$ray_b_rc -eq 0 ] && [ $$serial_rc -eq 0 ] && [ $$mypy_rc -eq 0 ]
 
 ## bench: speed targets, results written to bench/results/
 bench: $(STAMP)
