@@ -83,10 +83,12 @@ def _intents(state: Path) -> set[Path]:
     return set((state / "jobs").glob("*/launch-*.json"))
 
 
-def _landed(store: Store) -> int:
-    """Kills that came inside a launch window: the intents adopted, the launches lost."""
+def _window_marks(store: Store) -> tuple[int, int]:
+    """The marks of kills that came inside a launch window, from the events: (attempts
+    re-adopted by their launch intent, launches lost)."""
     events = store.events.after(0, limit=100_000)
-    return sum("launch intent" in e.message or e.message.startswith("lost") for e in events)
+    adopted = sum("launch intent" in e.message for e in events)
+    return adopted, sum(e.message.startswith("lost") for e in events)
 
 
 def sigkills_around_launches(
@@ -100,8 +102,9 @@ def sigkills_around_launches(
     intent_wait_s: float = 3.0,
 ) -> dict[str, int]:
     """`kills` SIGKILLs of the scheduler at random moments while it launches jobs (every
-    other one within `window_s` of a launch intent appearing; more, up to twice as many,
-    until one has landed in a launch window), then one last scheduler runs everything to
+    other one within `window_s` of a launch intent appearing; then up to `kills` more aimed
+    ones, each followed by a recovery that is killed too, until one has landed in a launch
+    window), then one last scheduler runs everything to
     the end (within `end_s`). Returns what happened, in counts."""
     rng = random.Random(seed)
     state, shared = base / "state", base / "shared"
@@ -154,12 +157,12 @@ def sigkills_around_launches(
         # (an adopted intent or a lost launch) is written by the scheduler started next.
         made = kills
         for _ in range(kills):
-            if _landed(store):
+            if any(_window_marks(store)):
                 break
             aimed()
             pid = zygote.start()
             until = time.monotonic() + 3.0
-            while not _landed(store) and time.monotonic() < until:
+            while not any(_window_marks(store)) and time.monotonic() < until:
                 time.sleep(0.05)
             _kill(pid)
             made += 2
@@ -171,7 +174,7 @@ def sigkills_around_launches(
         wait_for(all_ended, end_s, "every job to end after the last restart")
         _kill(last)
         rows = [store.jobs.get(i) for i in ids]
-        events = store.events.after(0, limit=100_000)
+        adopted, lost = _window_marks(store)
     finally:
         zygote.close()
         store.close()
@@ -188,6 +191,6 @@ def sigkills_around_launches(
         "jobs": len(ids),
         "starts": sum(copies.values()),
         "restarted_attempts": sum(1 for r in rows if r.attempts > 1),
-        "adopted_by_intent": sum("launch intent" in e.message for e in events),
-        "lost": sum(e.message.startswith("lost") for e in events),
+        "adopted_by_intent": adopted,
+        "lost": lost,
     }
