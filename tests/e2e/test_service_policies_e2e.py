@@ -140,12 +140,13 @@ energy: {tariff: guangdong-tou, price_aware: true, deferral_slot_min: 1}
 def test_a_deadline_job_is_deferred_to_the_cheap_hour_and_starts_before_its_deadline(
     serve: Any,
 ) -> None:
-    """At 23:58 (flat price) a 10-minute job due at 04:00 waits for the valley from 00:00
-    (guangdong-tou's hours read as UTC here); the clock runs 20x, so 00:00 comes in 6 s.
+    """At 23:45 (flat price) a 10-minute job due at 04:00 waits for the valley from 00:00
+    (guangdong-tou's hours read as UTC here); the clock runs 60x, so 00:00 comes in 15 s
+    (room for a loaded machine's slow submit).
     The day lies years ahead (a Tuesday, like the first one chosen) because the CLI refuses
     a --deadline that has passed by its own clock."""
-    start = "2037-12-01T23:58:00"
-    srv = serve(PRICED, "--fake-gpus", "1xA100-80GB", "--clock-start", start, "--clock-speed", "20")
+    start = "2037-12-01T23:45:00"
+    srv = serve(PRICED, "--fake-gpus", "1xA100-80GB", "--clock-start", start, "--clock-speed", "60")
     deadline = at("2037-12-02T04:00:00")
     job = submit(srv.url, "--team", "ml", "--duration", "10m", "--deadline", f"{deadline:.0f}")
     seen: list[dict[str, Any]] = []
