@@ -82,6 +82,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/fgd_reproduction.py
 	$(BIN)/python bench/bench_scenarios.py
 	$(BIN)/python bench/bench_resources.py
+	$(BIN)/python bench/bench_energy.py
 	$(BIN)/python bench/bench_reservations.py
 	$(BIN)/python bench/bench_starvation.py
 	$(BIN)/python bench/bench_topology.py

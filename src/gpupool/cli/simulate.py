@@ -163,6 +163,18 @@ def add_simulate_parsers(sub: Any) -> None:
         help="run each file under these cycle policies instead of its own "
         "(comma-separated: fifo, backfill, priority-quota) and compare them",
     )
+    sc.add_argument(
+        "--value-of-time",
+        metavar="VALUES",
+        help="sweep energy.value_of_time (the tariff's currency per GPU-hour of delay, "
+        "e.g. 0,0.1,0.3,1) on a price-aware scenario and print the curve against the "
+        "scenario run blind: electricity and carbon saved, mean and p95 JCT increase, "
+        "deadline misses, GPU-hours and the total bill (GPU-hours at the catalogue price "
+        "plus electricity)",
+    )
+    sc.add_argument(
+        "--workers", type=int, default=1, help="parallel runs for --value-of-time (default 1)"
+    )
 
     sub.add_parser("policies", help=HELP["policies"])
 
@@ -176,6 +188,10 @@ def run_simulate(args: argparse.Namespace) -> int:
     if args.kind == "fill":
         return cmd_fill(args)
     if args.kind == "scenario":
+        if args.value_of_time:
+            from gpupool.cli.energy_curve import cmd_value_of_time
+
+            return cmd_value_of_time(args)
         return cmd_scenario(args)
     return cmd_replay(args)
 

@@ -16,8 +16,10 @@ Algorithm (docs/energy.md has the proof):
    and forcing it would override a plan made for exactly its lss). Any other job takes
    the cheapest window (∫ price over [start, start + run]) that starts at or after its
    ready time, at or before its lss, inside the horizon, with capacity; ties go to the
-   earliest start. A job with no such window starts now if it is ready (ASAP) and is
-   flagged `at_risk`.
+   earliest start. With a value of time, each later start also costs its delay (the job's
+   value_of_time per GPU-hour, in price units through its draw), so a job is held only
+   where the saving is worth the wait. A job with no such window starts now if it is
+   ready (ASAP) and is flagged `at_risk`.
 
 Guarantee: if the driver calls plan_starts at least every slot_s, first shows each job at
 or before its lss, starts forced jobs at once, runs each for its run_s > 0, and at every
@@ -52,16 +54,33 @@ class DeferrableJob:
     ready_s: float
     deadline_s: float
     power_w: float = 1.0
-    """Draw of one of its GPUs while it runs (W); scales the plan's cost only."""
+    """Draw of one of its GPUs while it runs (W), facility overhead included; scales the
+    plan's cost, and weighs the price against value_of_time."""
+    value_of_time: float = 0.0
+    """What an hour of one of its GPUs' delay is worth, in the price's currency: a later
+    window is taken only where the electricity it saves is worth more than the delay."""
 
     def __post_init__(self) -> None:
         if self.gpus < 1:
             raise SpecError(f"deferrable job {self.job_id}: gpus must be >= 1, got {self.gpus}")
-        values = (self.run_s, self.ready_s, self.deadline_s, self.power_w)
+        values = (self.run_s, self.ready_s, self.deadline_s, self.power_w, self.value_of_time)
         if not all(math.isfinite(v) for v in values):
-            raise SpecError(f"deferrable job {self.job_id}: times and power must be finite")
-        if self.run_s < 0 or self.power_w < 0:
-            raise SpecError(f"deferrable job {self.job_id}: run_s and power_w must be >= 0")
+            raise SpecError(
+                f"deferrable job {self.job_id}: times, power and value of time must be finite"
+            )
+        if self.run_s < 0 or self.power_w < 0 or self.value_of_time < 0:
+            raise SpecError(
+                f"deferrable job {self.job_id}: run_s, power_w and value_of_time must be >= 0"
+            )
+
+    def delay_rate(self) -> float:
+        """The value of a second of delay in the plan's price units (price x seconds per
+        kWh of one GPU's draw): value_of_time per GPU-hour over the GPU's kW."""
+        if self.value_of_time == 0:
+            return 0.0
+        if self.power_w == 0:
+            return math.inf  # it draws nothing: no saving is worth a delay
+        return self.value_of_time * J_PER_KWH / 3600.0 / self.power_w
 
     def latest_start_s(self, margin_s: float) -> float:
         """The last start that still ends margin_s before the deadline."""
@@ -173,6 +192,9 @@ def plan_starts(
                 ks = slice(lo, hi + 1)
                 fits = blocked[lo + span : hi + 1 + span] == blocked[ks]
                 window = cum[lo + q : hi + 1 + q] + price[lo + q : hi + 1 + q] * f - cum[ks]
+                rate = job.delay_rate()
+                if rate:  # the delay each later start costs, against its first moment
+                    window = window + rate * (starts[ks] - first)
                 window = np.where(fits, window, np.inf)
                 cheapest = float(window.min())
                 if cheapest < best - _tol(best):  # ties (within float noise) go earliest

@@ -8,6 +8,9 @@ Scenario time t_s counts seconds from local midnight of day 0; day 0 is the firs
 
 from __future__ import annotations
 
+import csv
+import functools
+import io
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
@@ -344,6 +347,24 @@ def parse_tariff(raw: Any, path: str = "<tariff>", default_name: str = "") -> Ta
         source=" ".join(source.split()),
         derived=derived,
     )
+
+
+@functools.lru_cache(maxsize=1)
+def _per_usd() -> Mapping[str, float]:
+    text = (resources.files("gpupool") / "data" / "currencies.csv").read_text("utf-8")
+    return {row["currency"]: float(row["per_usd"]) for row in csv.DictReader(io.StringIO(text))}
+
+
+def per_usd(currency: str) -> float:
+    """Units of `currency` per US dollar (data/currencies.csv, an annual average): puts GPU
+    time, priced in USD, on the same bill as electricity priced in the tariff's currency."""
+    rates = _per_usd()
+    if currency not in rates:
+        raise NotFoundError(
+            f"no exchange rate for {currency!r} in gpupool/data/currencies.csv "
+            f"(known: {', '.join(sorted(rates))})"
+        )
+    return rates[currency]
 
 
 def _shipped_dir() -> Any:

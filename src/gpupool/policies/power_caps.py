@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from gpupool.domain.model import JobKind
 from gpupool.energy.power import Load, load_of
-from gpupool.energy.powercap import SetPowerCap, best_cap, cap_curve
+from gpupool.energy.powercap import CapPoint, SetPowerCap, best_cap, cap_curve
 
 GpuSlot = tuple[int, int]
 
@@ -35,6 +35,24 @@ class CapJob:
     deadline_s: float | None
     remaining_s: float
     """Time to finish at full (uncapped, unshared) speed, restart included."""
+    draw_w: float = 0.0
+    """One of its GPUs' draw uncapped, facility overhead included (W)."""
+    value_of_time: float | None = None
+    """What an hour of one of its GPUs' delay is worth, in the tariff's currency (None:
+    capped while power is dearer than the tariff's mean)."""
+    gpu_price: float = 0.0
+    """What an hour of one of its GPUs costs, in the tariff's currency: a cap holds the
+    GPU longer, and that hour is paid whether or not anybody waits for the result."""
+
+    def worth_capping(self, point: CapPoint, price_now: float, price_mean: float) -> bool:
+        """Whether the energy a cap saves is worth the hours it adds: per GPU-hour of work,
+        the kWh saved at today's price against the slowdown, priced at the GPU's own price
+        plus the value of time (without a value of time, whenever power is dearer than
+        average)."""
+        if self.value_of_time is None:
+            return price_now > price_mean
+        saved = self.draw_w / 1000.0 * (1.0 - point.energy_frac) * price_now
+        return saved > (self.value_of_time + self.gpu_price) * point.slowdown
 
 
 @dataclass(frozen=True)
@@ -85,12 +103,19 @@ def plan_power_caps(
                 slow_finish = now_s + job.remaining_s / point.speed + rules.deadline_margin_s
                 if (
                     rates is not None
-                    and rates[0] > rates[1]
-                    and job.deadline_s is not None
-                    and slow_finish <= job.deadline_s
+                    and job.worth_capping(point, rates[0], rates[1])
+                    and (
+                        slow_finish <= job.deadline_s
+                        if job.deadline_s is not None
+                        else job.value_of_time is not None
+                    )
                 ):
                     limit = point.cap_frac * job.tdp_w
-                    reason = "power dearer than average and the deadline allows it"
+                    reason = (
+                        "power dearer than average and the deadline allows it"
+                        if job.value_of_time is None
+                        else "the energy saved is worth more than the time it adds"
+                    )
         for slot in job.gpus:
             cap, why = limit, reason
             if slot in hot and job.kind is not JobKind.ONLINE:

@@ -103,6 +103,22 @@ class EnergyConfig:
     deferral_slot_s: float = 900.0
     deferral_margin_s: float = 3600.0
     thermal: ThermalConfig = field(default_factory=ThermalConfig)
+    value_of_time: float | None = None
+    """What an hour of one GPU's delay is worth, in the tariff's currency: price-aware
+    deferral holds a job only where the electricity it saves is worth more than the delay
+    (GPUs x hours held back), and a power cap is set only where its energy saving is worth
+    more than the hours it adds. None: price alone decides (deferral to the cheapest
+    window within the deadline; caps while power is dearer than the tariff's mean). The
+    placement's value_of_time_usd_per_h prices an hour of a job's completion when choosing
+    a pool; this one prices a GPU-hour of delay against electricity. They are separate
+    because they weigh different things: a whole job's lateness against a pool's price,
+    and a card's idle hours against its energy bill."""
+    team_value_of_time: Mapping[str, float] = field(default_factory=dict)
+    """Per team, overriding value_of_time (a team whose results are worth more waits less)."""
+
+    def value_of_time_for(self, team: str) -> float | None:
+        """The value of a GPU-hour of delay for a team's job (None: price alone decides)."""
+        return self.team_value_of_time.get(team, self.value_of_time)
 
 
 @dataclass(frozen=True)

@@ -13,12 +13,15 @@ import numpy as np
 from gpupool.domain.lifecycle import JobState
 from gpupool.domain.model import JobKind
 from gpupool.energy.deferral import DeferrableJob, plan_starts
+from gpupool.energy.power import PowerModel, load_of
 from gpupool.scheduler.book import JobBook
 from gpupool.scheduler.commands import Command, Defer
 from gpupool.scheduler.config import SchedulerConfig
 from gpupool.scheduler.cycle.base import CycleContext
 from gpupool.scheduler.fleet import Fleet
 from gpupool.scheduler.jobs import WAITING, JobRecord
+
+POWER = PowerModel.calibrated()
 
 
 class PriceDeferral:
@@ -90,6 +93,7 @@ class PriceDeferral:
                     if r.spec.gpu_count >= width:
                         wait = max(wait, longest)
                     waits[r.spec.gpu_count] = wait
+            tdp_w = float(self.fleet.tdp_w[int(np.argmax(self.fleet.pool_nodes[pool]))])
             # A job's run counts the wait for GPUs of its shape, so that it is forced early
             # enough to get them by its latest start. A job that needs whole nodes may have
             # to wait for a node to drain whatever starts before it: the longest job
@@ -103,6 +107,8 @@ class PriceDeferral:
                     + waits[r.spec.gpu_count],
                     r.ready_s,
                     float(r.spec.deadline_s or 0.0),
+                    POWER.gpu_power_w(tdp_w, load_of(r.spec.kind)) * e.pue,
+                    e.value_of_time_for(r.spec.team) or 0.0,
                 )
                 for r in runs
             ]

@@ -11,6 +11,7 @@ import numpy as np
 
 from gpupool.energy.power import PowerModel, load_of
 from gpupool.energy.powercap import SetPowerCap
+from gpupool.energy.tariff import per_usd
 from gpupool.energy.thermal import ThermalModel
 from gpupool.policies.power_caps import CapJob, plan_power_caps
 from gpupool.scheduler.book import JobBook
@@ -39,6 +40,12 @@ class PowerCaps:
     def observe(self, event: GpuTemps) -> None:
         self.temps_c, self.inlet_c = event.temps_c, event.inlet_c
 
+    def gpu_price(self, pool: str, node: int) -> float:
+        """A GPU-hour of the pool at its catalogue price, in the node's tariff currency."""
+        tariff = self.fleet.tariffs.get(self.fleet.node_site[node])
+        usd = self.fleet.pool_price.get(pool, 0.0)
+        return usd * per_usd(tariff.currency) if tariff is not None and usd else 0.0
+
     def run(self, ctx: CycleContext) -> list[Command]:
         """SetPowerCap for every card whose command changes: memory-bound clock locks, price
         and deadline caps, hot cards; a reset for every card whose job left."""
@@ -48,14 +55,18 @@ class PowerCaps:
         for r, placement in self.book.working():
             gpus = tuple((p.node, g) for p in placement.shares for g in p.gpus)
             left = ((r.spec.duration_s or 0.0) - r.done_s) / max(r.speed, 1e-9) * r.cap_speed
+            tdp_w = float(self.fleet.tdp_w[gpus[0][0]]) if gpus else 0.0
             jobs.append(
                 CapJob(
                     r.job_id,
                     r.spec.kind,
                     gpus,
-                    float(self.fleet.tdp_w[gpus[0][0]]) if gpus else 0.0,
+                    tdp_w,
                     r.spec.deadline_s,
                     left + r.overhead_s,
+                    POWER.gpu_power_w(tdp_w, load_of(r.spec.kind)) * e.pue,
+                    e.value_of_time_for(r.spec.team),
+                    self.gpu_price(r.gpu_type, gpus[0][0]) if gpus else 0.0,
                 )
             )
         site_price = {}
