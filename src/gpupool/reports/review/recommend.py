@@ -116,7 +116,8 @@ def recommend(
                 f"{jb.peak_mem_mib:.0f} MiB <= {limit:.0f} MiB ({card} MiB less "
                 f"{rules.share_mem_headroom_frac:.0%} headroom), mean SM "
                 f"{ja.mean_sm_pct:.1f} + {jb.mean_sm_pct:.1f} % <= "
-                f"{rules.share_sm_sum_pct:.0f} %: one card would hold both"
+                f"{rules.share_sm_sum_pct:.0f} % (measured over {ja.sampled_h:.1f} and "
+                f"{jb.sampled_h:.1f} h each held its card whole): one card would hold both"
             )
             pairs.append((together, ja.job_id, jb.job_id, text))
     taken: set[str] = set()
@@ -142,7 +143,9 @@ def recommend(
                 "right-size",
                 (r.job_id,),
                 f"job {r.job_id} asks {_gib(r.asked_mem_mib)} per GPU, peaks at "
-                f"{_gib(r.peak_mem_mib)} ({r.asked_mem_mib / peak:.1f}x): {suggestion}"
+                f"{_gib(r.peak_mem_mib)} ({r.asked_mem_mib / peak:.1f}x) over the "
+                f"{r.sampled_h:.1f} h measured while it held its cards whole "
+                f"({r.sampled_pct:.0f} % of its time): {suggestion}"
                 f"ask {ask_gib} GiB (--gpu-mem {ask_gib}GiB), or quantise the model",
             )
         )
