@@ -19,6 +19,7 @@ from gpupool.server.api.app import create_app
 from gpupool.server.loop.config import LiveConfig
 from gpupool.server.loop.driver import LiveService
 from gpupool.server.store import Store, database_url
+from head_schema import at_head
 from pgserver import fresh_schema, pg_url  # noqa: F401
 
 FLEET = "2xA100-80GB"
@@ -86,10 +87,20 @@ def db(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def url(db: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
+def empty_url(db: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A new, empty database (for tests of the migrations themselves)."""
     if db == "sqlite":
-        return database_url(None, tmp_path / "db")
+        return database_url(None, tmp_path / "empty")
     return fresh_schema(request.getfixturevalue("pg_url"))
+
+
+@pytest.fixture
+def url(db: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A new database already at the newest schema (head_schema.at_head: make_api's
+    migrate() then finds it current)."""
+    if db == "sqlite":
+        return at_head(database_url(None, tmp_path / "db"))
+    return at_head(fresh_schema(request.getfixturevalue("pg_url")))
 
 
 @pytest.fixture

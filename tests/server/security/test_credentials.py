@@ -356,7 +356,8 @@ def _config() -> Config:
     return config
 
 
-def test_a_0003_database_upgrades_in_place(url: str) -> None:
+def test_a_0003_database_upgrades_in_place(empty_url: str) -> None:
+    url = empty_url
     Store(url).close()  # makes a SQLite file's directory
     engine = create_engine(url)
     with engine.begin() as conn:
