@@ -145,6 +145,13 @@ def test_the_config_takes_a_value_per_team_and_refuses_bad_ones() -> None:
     assert energy.value_of_time == 0.3 and energy.value_of_time_for("anyone") == 0.3
     energy = parse_scenario(_scenario({"default": 0.1, "teams": {"prod": 2}})).scheduling.energy
     assert energy.value_of_time_for("prod") == 2.0 and energy.value_of_time_for("x") == 0.1
+    given = {"default": 0.1, "teams": {"prod": 2}, "kinds": {"batch": 0.5}}
+    energy = parse_scenario(_scenario(given)).scheduling.energy
+    assert energy.value_of_time_for("x", "batch") == 0.5  # the kind's
+    assert energy.value_of_time_for("prod", "batch") == 2.0  # the team's first
+    assert energy.value_of_time_for("x", "training") == 0.1  # the default
+    with pytest.raises(SpecError, match="kinds"):
+        parse_scenario(_scenario({"kinds": {"online-inference": 1}}))
     assert parse_scenario(_scenario(None)).scheduling.energy.value_of_time is None
     for bad in (-1, "cheap", {"dflt": 1}):
         with pytest.raises(SpecError, match="value_of_time"):

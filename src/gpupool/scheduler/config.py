@@ -115,10 +115,15 @@ class EnergyConfig:
     and a card's idle hours against its energy bill."""
     team_value_of_time: Mapping[str, float] = field(default_factory=dict)
     """Per team, overriding value_of_time (a team whose results are worth more waits less)."""
+    kind_value_of_time: Mapping[str, float] = field(default_factory=dict)
+    """Per job kind (training, batch, offline-inference), overriding value_of_time; a
+    team's own value comes first."""
 
-    def value_of_time_for(self, team: str) -> float | None:
-        """The value of a GPU-hour of delay for a team's job (None: price alone decides)."""
-        return self.team_value_of_time.get(team, self.value_of_time)
+    def value_of_time_for(self, team: str, kind: str = "") -> float | None:
+        """The value of a GPU-hour of delay for a job (None: price alone decides)."""
+        if team in self.team_value_of_time:
+            return self.team_value_of_time[team]
+        return self.kind_value_of_time.get(kind, self.value_of_time)
 
 
 @dataclass(frozen=True)

@@ -677,9 +677,13 @@ def _energy(r: ConfigReader, raw: Any, d: EnergyConfig) -> EnergyConfig:
     margin_s = d.deferral_margin_s
     if "deferral_margin_h" in m:
         margin_s = 3600.0 * r.number(m["deferral_margin_h"], "energy.deferral_margin_h")
-    value, by_team = d.value_of_time, dict(d.team_value_of_time)
+    value, by_team, by_kind = (
+        d.value_of_time,
+        dict(d.team_value_of_time),
+        dict(d.kind_value_of_time),
+    )
     if "value_of_time" in m:
-        value, by_team = _value_of_time(r, m["value_of_time"])
+        value, by_team, by_kind = _value_of_time(r, m["value_of_time"])
     return EnergyConfig(
         tariff=None if tariff is None else str(tariff),
         site_tariffs={str(k): str(v) for k, v in sites.items()},
@@ -691,22 +695,31 @@ def _energy(r: ConfigReader, raw: Any, d: EnergyConfig) -> EnergyConfig:
         thermal=thermal,
         value_of_time=value,
         team_value_of_time=by_team,
+        kind_value_of_time=by_kind,
     )
 
 
-def _value_of_time(r: ConfigReader, raw: Any) -> tuple[float | None, dict[str, float]]:
+def _value_of_time(
+    r: ConfigReader, raw: Any
+) -> tuple[float | None, dict[str, float], dict[str, float]]:
     """energy.value_of_time: a number (the tariff's currency per GPU-hour of delay), null,
-    or {default: N, teams: {TEAM: N}}."""
+    or {default: N, teams: {TEAM: N}, kinds: {KIND: N}}."""
     where = "energy.value_of_time"
     if raw is None or (isinstance(raw, int | float) and not isinstance(raw, bool)):
-        return (None if raw is None else r.number(raw, where)), {}
-    m = r.section(raw, where, {"default", "teams"})
+        return (None if raw is None else r.number(raw, where)), {}, {}
+    m = r.section(raw, where, {"default", "teams", "kinds"})
     default = m.get("default")
     given = m.get("teams") or {}
     teams = r.section(given, f"{where}.teams", set(given) if isinstance(given, Mapping) else set())
+    kinds = r.section(
+        m.get("kinds") or {},
+        f"{where}.kinds",
+        {k.value for k in JobKind if k is not JobKind.ONLINE},
+    )
     return (
         None if default is None else r.number(default, f"{where}.default"),
         {str(t): r.number(v, f"{where}.teams.{t}") for t, v in teams.items()},
+        {str(k): r.number(v, f"{where}.kinds.{k}") for k, v in kinds.items()},
     )
 
 

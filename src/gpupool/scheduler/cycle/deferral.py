@@ -108,7 +108,7 @@ class PriceDeferral:
                     r.ready_s,
                     float(r.spec.deadline_s or 0.0),
                     POWER.gpu_power_w(tdp_w, load_of(r.spec.kind)) * e.pue,
-                    e.value_of_time_for(r.spec.team) or 0.0,
+                    e.value_of_time_for(r.spec.team, r.spec.kind.value) or 0.0,
                 )
                 for r in runs
             ]

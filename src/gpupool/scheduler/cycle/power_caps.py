@@ -65,7 +65,7 @@ class PowerCaps:
                     r.spec.deadline_s,
                     left + r.overhead_s,
                     POWER.gpu_power_w(tdp_w, load_of(r.spec.kind)) * e.pue,
-                    e.value_of_time_for(r.spec.team),
+                    e.value_of_time_for(r.spec.team, r.spec.kind.value),
                     self.gpu_price(r.gpu_type, gpus[0][0]) if gpus else 0.0,
                 )
             )

@@ -69,7 +69,7 @@ def _variant(cfg: ScenarioConfig, label: str, value: float | None) -> ScenarioCo
     if label == BLIND:
         energy = replace(energy, price_aware=False, power_capping=False)
     else:
-        energy = replace(energy, value_of_time=value, team_value_of_time={})
+        energy = replace(energy, value_of_time=value, team_value_of_time={}, kind_value_of_time={})
     return replace(cfg, scheduling=replace(cfg.scheduling, energy=energy))
 
 
