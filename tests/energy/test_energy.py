@@ -452,7 +452,10 @@ def test_memory_bound_caps_do_not_bind_and_clock_locking_saves() -> None:
     assert deep.energy_frac == pytest.approx(0.58)  # Maliakel: -42% for up to 6% latency
     mild = best_cap(Load.MEMORY_BOUND, 0.04)
     assert mild.energy_frac == pytest.approx(0.68)  # arXiv 2605.11999: up to -32%
-    assert best_cap(Load.LATENCY, 0.5).cap_frac == 1.0  # nothing to gain: leave uncapped
+    # serving (batch-1, decode-bound) takes decode's clock points (an assumption, data file)
+    assert best_cap(Load.LATENCY, 0.08).locked_sm_frac == 0.3
+    assert best_cap(Load.LATENCY, 0.0).cap_frac == 1.0  # no slowdown allowed: uncapped
+    assert best_cap(Load.IDLE, 0.5).cap_frac == 1.0  # nothing to gain: leave uncapped
 
 
 def test_set_power_cap_command() -> None:

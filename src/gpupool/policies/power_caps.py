@@ -4,10 +4,11 @@ The rule (facts.md §3): memory-bound work (offline inference) loses almost noth
 lower clock, so it is always capped at its best point; compute-bound training is capped
 at its energy sweet spot (about 0.7 TDP, -19% energy for +7% time on the Zeus A40 trace)
 only while power is dearer than the site's average and its deadline still holds at the
-slower speed. Online inference is never capped: its latency is the product. A card that
-runs hot is capped to the power whose steady temperature is just under the threshold.
-The plan is a list of SetPowerCap commands; the simulator applies them to its model and
-the live service through NVML.
+slower speed. Online inference is never capped for price: its latency is the product;
+only its own load lowers its clock (serving_clocks.py), never below what its SLO allows.
+A card that runs hot is capped to the power whose steady temperature is just under the
+threshold. The plan is a list of SetPowerCap commands; the simulator applies them to its
+model and the live service through NVML.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ class CapJob:
     gpu_price: float = 0.0
     """What an hour of one of its GPUs costs, in the tariff's currency: a cap holds the
     GPU longer, and that hour is paid whether or not anybody waits for the result."""
+    serving_clock: CapPoint | None = None
+    """Online inference whose load allows a lower clock (policies/serving_clocks.py)."""
 
     def worth_capping(self, point: CapPoint, price_now: float, price_mean: float) -> bool:
         """Whether the energy a cap saves is worth the hours it adds: per GPU-hour of work,
@@ -87,6 +90,14 @@ def plan_power_caps(
         limit: float | None = None
         clock: int | None = None
         reason = "uncapped"
+        point = job.serving_clock
+        if job.kind is JobKind.ONLINE and point is not None and job.gpus:
+            reason = "serving: full clocks, its load nears its SLO"
+            if point.locked_sm_frac:
+                node = job.gpus[0][0]
+                top = (max_sm_mhz or {}).get(node, DEFAULT_MAX_SM_MHZ)
+                clock = point.command(node, job.gpus[0][1], job.tdp_w, top, "").locked_sm_mhz
+                reason = "serving: its load is well within its SLO at a lower clock"
         if price_capping and job.kind is not JobKind.ONLINE and job.tdp_w > 0:
             if load is Load.MEMORY_BOUND and job.gpus:
                 # Decode is insensitive to the SM clock: lock it (facts.md §3.3, clock

@@ -17,6 +17,7 @@ from gpupool.domain.topology import Topology
 from gpupool.federation.burst import BurstRules
 from gpupool.learning.config import LearningConfig
 from gpupool.policies.preemption import PreemptionRules
+from gpupool.policies.serving_clocks import OnlineClocks
 
 MODES = ("pool", "static")
 PLACEMENT_POLICIES = ("consolidate", "best-fit", "fgd")
@@ -103,6 +104,7 @@ class EnergyConfig:
     deferral_slot_s: float = 900.0
     deferral_margin_s: float = 3600.0
     thermal: ThermalConfig = field(default_factory=ThermalConfig)
+    online_clocks: OnlineClocks = field(default_factory=OnlineClocks)
     value_of_time: float | None = None
     """What an hour of one GPU's delay is worth, in the tariff's currency: price-aware
     deferral holds a job only where the electricity it saves is worth more than the delay

@@ -27,6 +27,7 @@ from gpupool.learning.guard import GuardConfig
 from gpupool.learning.ordering import LasQueues
 from gpupool.policies.preemption import PreemptionRules
 from gpupool.policies.registry import cycle_names
+from gpupool.policies.serving_clocks import OnlineClocks
 from gpupool.scheduler.config import (
     MODES,
     PLACEMENT_POLICIES,
@@ -646,6 +647,7 @@ def _energy(r: ConfigReader, raw: Any, d: EnergyConfig) -> EnergyConfig:
             "deferral_margin_h",
             "thermal",
             "value_of_time",
+            "online_clocks",
         },
     )
     sites = d.site_tariffs
@@ -696,7 +698,29 @@ def _energy(r: ConfigReader, raw: Any, d: EnergyConfig) -> EnergyConfig:
         value_of_time=value,
         team_value_of_time=by_team,
         kind_value_of_time=by_kind,
+        online_clocks=_online_clocks(r, m.get("online_clocks"), d.online_clocks),
     )
+
+
+def _online_clocks(r: ConfigReader, raw: Any, d: OnlineClocks) -> OnlineClocks:
+    """energy.online_clocks: true, false, or {lower_below, raise_above, hold_min}."""
+    where = "energy.online_clocks"
+    if raw is None:
+        return d
+    if isinstance(raw, bool):
+        return dataclasses.replace(d, enabled=raw)
+    m = r.section(raw, where, {"lower_below", "raise_above", "hold_min"})
+    low = r.number(m.get("lower_below", d.lower_below), f"{where}.lower_below", positive=True)
+    high = r.number(m.get("raise_above", d.raise_above), f"{where}.raise_above", positive=True)
+    if not low < high <= 1.0:
+        raise r.fail(
+            where,
+            f"need lower_below < raise_above <= 1 (pressure 1 is the SLO), got {low} and {high}",
+        )
+    hold_s = d.hold_s
+    if "hold_min" in m:
+        hold_s = 60.0 * r.number(m["hold_min"], f"{where}.hold_min")
+    return OnlineClocks(True, low, high, hold_s)
 
 
 def _value_of_time(

@@ -60,6 +60,7 @@ from gpupool.scheduler.cycle.plan import PolicyPlan
 from gpupool.scheduler.cycle.pool_choice import PoolChoice
 from gpupool.scheduler.cycle.power_caps import PowerCaps
 from gpupool.scheduler.cycle.ready_claims import ReadyClaims
+from gpupool.scheduler.cycle.serving_clocks import ServingClocks
 from gpupool.scheduler.cycle.sharing import UsageWindow
 from gpupool.scheduler.cycle.wait_reasons import WaitReason, WaitReasons
 from gpupool.scheduler.events import (
@@ -190,9 +191,10 @@ class Scheduler:
         self.plan = PolicyPlan(book, fleet, self.placement, self.rng, policy, self.ordering)
         self.quota_window = QuotaWindowStage(book, self.quotas)
         self.deferral = PriceDeferral(cfg, book, fleet) if cfg.energy.price_aware else None
+        online_clocks = cfg.energy.online_clocks.enabled
         self.power_caps = (
             PowerCaps(cfg, book, fleet)
-            if cfg.energy.power_capping or cfg.energy.thermal.aware
+            if cfg.energy.power_capping or cfg.energy.thermal.aware or online_clocks
             else None
         )
         energy = cfg.energy
@@ -213,6 +215,7 @@ class Scheduler:
             self.plan,
             ElasticGrow(book, fleet),
             self.wait_reasons,
+            ServingClocks(cfg, book, self.autoscale) if online_clocks else None,
             self.power_caps,
         ]
         stages: dict[type[Stage], Stage] = {type(s): s for s in built if s is not None}

@@ -24,6 +24,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -37,6 +38,7 @@ teams:
   - {name: web}
 preemption: {min_runtime_s: 0, max_per_job: 3}
 autoscale: {lookahead_s: 8, down_stable_s: 6, load_window_s: 4}
+energy: {online_clocks: {hold_min: 0.05}}
 """
 SLO_MS = 200.0
 WINDOW_S = 5.0
@@ -53,6 +55,20 @@ def scale_events(url: str) -> list[tuple[float, int, int, str]]:
         m = re.search(r": (\d+) -> (\d+)$", e["message"])
         if e["kind"] == "service-scaled" and m:
             out.append((e["at"], int(m.group(1)), int(m.group(2)), e["message"]))
+    return out
+
+
+def all_events(url: str) -> list[dict[str, Any]]:
+    """Every event in the log, page by page (at most 100 pages of 500)."""
+    out: list[dict[str, Any]] = []
+    for _ in range(100):
+        page = HTTP.get(
+            f"{url}/v1/events", params={"after": out[-1]["seq"] if out else 0}, timeout=5
+        )
+        rows = page.json()["events"]
+        if not rows:
+            break
+        out += rows
     return out
 
 
@@ -202,6 +218,22 @@ def test_replicas_follow_a_ramp_and_keep_the_slo(tmp_path: Path) -> None:
         assert p99 and float(p99.group(1)) < SLO_MS, shown
         row = r"chat-r\d+\s+running\s+\S+\s+\d+\s+http://127\.0\.0\.1:\d+\s+[\d.]+\s+\d+"
         assert re.search(row, shown), shown
+        # clocks followed the load (energy.online_clocks): locked while the load was low,
+        # freed again as it rose, each in the event log; the fake cards report the clock
+        caps = [e for e in all_events(url) if e["kind"] == "power-cap"]
+        lowered = [e for e in caps if "at a lower clock" in e["message"]]
+        raised = (
+            [
+                e
+                for e in caps
+                if "at a lower clock" not in e["message"] and e["at_s"] > lowered[0]["at_s"]
+            ]
+            if lowered
+            else []
+        )
+        caps_log = "\n".join(f"{e['at_s'] - wall0:6.1f} {e['message']}" for e in caps)
+        assert lowered and raised, caps_log
+        print(caps_log)
         print(table)
         print(log)
         print(shown)

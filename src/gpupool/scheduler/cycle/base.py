@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
 
+from gpupool.energy.powercap import CapPoint
 from gpupool.scheduler.commands import Command
 
 
@@ -29,6 +30,9 @@ class Published:
     """PriceDeferral: when each held job is planned to start (WaitReasons)."""
     rank: Mapping[str, int] | None = None
     """PolicyPlan: the order an ordered policy planned with last (WaitReasons reads it)."""
+    serving_clocks: Mapping[str, CapPoint] = field(default_factory=dict)
+    """ServingClocks: the clock point each running online replica's cards should run at
+    (PowerCaps sets them)."""
     changed: bool = False
     """PolicyPlan, before it plans: the view changed or an earlier stage of this cycle
     decided something, so waiting jobs' reasons may have changed (WaitReasons)."""

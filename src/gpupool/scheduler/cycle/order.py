@@ -25,6 +25,7 @@ from gpupool.scheduler.cycle.plan import PolicyPlan
 from gpupool.scheduler.cycle.pool_choice import PoolChoice
 from gpupool.scheduler.cycle.power_caps import PowerCaps
 from gpupool.scheduler.cycle.ready_claims import ReadyClaims
+from gpupool.scheduler.cycle.serving_clocks import ServingClocks
 from gpupool.scheduler.cycle.wait_reasons import WaitReasons
 
 EVERY_CALL: tuple[type[Stage], ...] = (ReadyClaims,)
@@ -44,6 +45,7 @@ EVERY_CYCLE: tuple[type[Stage], ...] = (
     PolicyPlan,  # the cycle policy's plan, validated and applied
     ElasticGrow,  # elastic jobs grow back onto idle cards
     WaitReasons,  # each waiting job's reason, when it changed
+    ServingClocks,  # online services' clocks follow their load
     PowerCaps,  # power and clock caps per card
 )
 

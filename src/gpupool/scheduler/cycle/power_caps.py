@@ -67,6 +67,7 @@ class PowerCaps:
                     POWER.gpu_power_w(tdp_w, load_of(r.spec.kind)) * e.pue,
                     e.value_of_time_for(r.spec.team, r.spec.kind.value),
                     self.gpu_price(r.gpu_type, gpus[0][0]) if gpus else 0.0,
+                    ctx.published.serving_clocks.get(r.job_id),
                 )
             )
         site_price = {}

@@ -231,6 +231,8 @@ def resource_summary(sim: ScenarioSim, jobs: list[Run]) -> dict[str, Any]:
         "transfer_hours": round(sum(r.transfer_s for r in jobs) / 3600, 2),
         "gpu_hours_by_type": {k: round(v, 1) for k, v in sorted(by_type.items())},
         "power_cap_commands": sim.cap_commands,
+        "clock_locks": sim.clock_changes[0],
+        "clock_unlocks": sim.clock_changes[1],
         "clusters": clusters,
     }
     if sim.heat is not None:

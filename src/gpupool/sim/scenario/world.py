@@ -143,6 +143,8 @@ class ScenarioSim:
         self.caps: dict[tuple[int, int], SetPowerCap] = {}
         """The power command each simulated card carries out now."""
         self.cap_commands = 0
+        self.clock_changes = [0, 0]
+        """Cards whose SM clock was locked, and freed again (SetPowerCap)."""
         self.waited_with: dict[str, set[str]] = defaultdict(set)
         """Each reason code the core gave waiting jobs (Wait), with the jobs given it."""
         self.cycle_end = 0.0
@@ -315,6 +317,10 @@ class ScenarioSim:
                 self.running.pop(c.job_id, None)
             elif isinstance(c, SetPowerCap):
                 key = (c.node, c.gpu)
+                was = self.caps.get(key)
+                locked = was is not None and was.locked_sm_mhz is not None
+                if locked != (c.locked_sm_mhz is not None):  # an SM clock locked or freed
+                    self.clock_changes[c.locked_sm_mhz is None] += 1
                 if c.is_reset:
                     self.caps.pop(key, None)
                 else:
@@ -528,7 +534,7 @@ class ScenarioSim:
                 ready = max(0.0, dt - r.overhead_s) if r.run_started_s >= now - 1e-9 else dt
                 neighbours = self.neighbour_kinds(r)
                 p99 = base * self.cfg.scheduling.colocation.online_p99_factor(neighbours)
-                p99 += self.network_ms(svc, r)
+                p99 = p99 / r.cap_speed + self.network_ms(svc, r)  # a lower clock: slower
                 if p99 > svc.slo_p99_ms:
                     continue
                 capacity += svc.replica_rps * r.speed * ready
