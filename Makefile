@@ -84,6 +84,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/bench_resources.py
 	$(BIN)/python bench/bench_energy.py
 	$(BIN)/python bench/bench_review_truth.py
+	$(BIN)/python bench/bench_online_clocks.py
 	$(BIN)/python bench/bench_reservations.py
 	$(BIN)/python bench/bench_starvation.py
 	$(BIN)/python bench/bench_topology.py
