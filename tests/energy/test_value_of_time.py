@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -102,42 +103,29 @@ def test_exchange_rates_are_data() -> None:
         per_usd("EUR")
 
 
+SCENARIO = """
+name: vot
+seed: 3
+horizon_h: 72
+cycle_s: 300
+mode: pool
+policy: backfill
+online_reserve: 0.0
+cluster: [{gpu_type: A100-80GB, nodes: 1, gpus_per_node: 8}]
+teams: [{name: research}]
+energy: {tariff: guangdong-tou, price_aware: true, power_capping: true, deferral_margin_h: 1}
+workload:
+  - {generator: backlog, name: train, team: research, count: 24, submit_h: 0, spread_h: 40,
+     gpu_choices: [1, 2], gpu_weights: [0.5, 0.5], work_h_min: 1, work_h_max: 4,
+     state_gib_per_gpu: 8, deadline_slack: [1.5, 3.0], min_deadline_h: 24}
+"""
+
+
 def _scenario(value: object) -> dict[str, object]:
-    return {
-        "name": "vot",
-        "seed": 3,
-        "horizon_h": 72,
-        "cycle_s": 300,
-        "mode": "pool",
-        "policy": "backfill",
-        "online_reserve": 0.0,
-        "cluster": [{"gpu_type": "A100-80GB", "nodes": 1, "gpus_per_node": 8}],
-        "teams": [{"name": "research"}],
-        "energy": {
-            "tariff": "guangdong-tou",
-            "price_aware": True,
-            "power_capping": True,
-            "deferral_margin_h": 1,
-            "value_of_time": value,
-        },
-        "workload": [
-            {
-                "generator": "backlog",
-                "name": "train",
-                "team": "research",
-                "count": 24,
-                "submit_h": 0,
-                "spread_h": 40,
-                "gpu_choices": [1, 2],
-                "gpu_weights": [0.5, 0.5],
-                "work_h_min": 1,
-                "work_h_max": 4,
-                "state_gib_per_gpu": 8,
-                "deadline_slack": [1.5, 3.0],
-                "min_deadline_h": 24,
-            }
-        ],
-    }
+    """A day-and-a-half backlog with deadlines on one 8-GPU node, at `value` of time."""
+    raw: dict[str, Any] = yaml.safe_load(SCENARIO)
+    raw["energy"]["value_of_time"] = value
+    return raw
 
 
 def test_the_config_takes_a_value_per_team_and_refuses_bad_ones() -> None:
