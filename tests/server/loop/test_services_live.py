@@ -9,7 +9,8 @@ robin over the running replicas that it re-reads from GET /v1/services/chat ever
 Time is compressed: the autoscaler's look-ahead, load window and scale-down stabilisation
 are seconds, and a "minute" of the SLO check is a 5-s window of client-measured latencies.
 Checked: replicas go up and down with reasons in the event log, the client-side p99 is
-within the SLO in >= 99% of the windows after each scale-up has settled (5 s), and
+within the SLO in >= 99% of the windows after each scale-up has settled (5 s; at most two
+windows in which the load generator itself stalled by more than the SLO are left out), and
 `gpupool service show` prints replicas, rps and p99. The replica list the load generator
 asks for each second is read from the API by a thread of the test, so a slow answer never
 holds up the generator's sending (which would bunch requests into bursts).
@@ -43,6 +44,9 @@ energy: {online_clocks: {hold_min: 0.05}}
 SLO_MS = 200.0
 WINDOW_S = 5.0
 SETTLE_S = 5.0
+MAX_BEHIND = 2
+"""Windows in which the load generator itself ran over an SLO behind its schedule (a
+stalled test process): left out of the SLO count, at most this many."""
 PROFILE = RateProfile(((0.0, 5.0), (40.0, 60.0), (60.0, 60.0), (90.0, 5.0), (110.0, 5.0)))
 """(seconds since the start, rps): linear in between."""
 DURATION_S = 110.0
@@ -182,20 +186,30 @@ def test_replicas_follow_a_ramp_and_keep_the_slo(tmp_path: Path) -> None:
             if rec.sent_s is not None:
                 lag = (rec.sent_s - rec.scheduled_s) * 1000.0
                 lags.setdefault(int(rec.scheduled_s // WINDOW_S), []).append(lag)
+        behind = 0
         for k, w in enumerate(report.windows(WINDOW_S)):
             settling = any(u - WINDOW_S < w.start_s < u + SETTLE_S for u in up_at)
             lag = sorted(lags.get(k, [0.0]))[-1]
+            # The load generator is the instrument: where it fell behind its own schedule
+            # by more than the SLO, this test's process stalled (the host, not the
+            # service), and the window's latencies carry the stall. A few such windows
+            # are left out, never more than MAX_BEHIND.
+            stalled = lag > SLO_MS
             lines.append(
                 f"{w.start_s:5.0f}s target={w.target_rps:5.1f} ok={w.ok:4d} err={w.errors:3d} "
                 f"p99={w.p99_ms or 0:6.1f} ms send-lag={lag:5.0f} ms"
-                f"{' settling' if settling else ''}"
+                f"{' settling' if settling else ''}{' client-stalled' if stalled else ''}"
             )
+            if stalled:
+                behind += 1
+                continue
             if settling or w.ok < 20 or w.p99_ms is None:
                 continue
             judged += 1
             kept += w.p99_ms <= SLO_MS
         table = "\n".join(lines)
-        assert judged >= len(lines) // 2, table
+        assert behind <= MAX_BEHIND, f"the load generator stalled in {behind} windows\n{table}"
+        assert judged >= (len(lines) - behind) // 2, table
         assert kept >= 0.99 * judged, (
             f"{kept}/{judged} windows within {SLO_MS} ms\n{table}\n{log}\n{report.summary()}"
         )
