@@ -35,12 +35,14 @@ class ServingClocks:
             capacity = sum(svc.replica_rps * self.book.speed_of(r, 1.0) for r in running)
             state = self.clocks.get(name, ServiceClock())
             load = self.services.load.get(name)
-            p99 = None
-            if load is not None and now - load.t_s <= self.window_s + 1e-9 and load.p99_ms:
-                p99 = load.p99_ms * levels[min(state.level, len(levels) - 1)].speed
+            if load is not None and now - load.t_s > self.window_s + 1e-9:
+                load = None  # measured before the window: stale
             demand = self.services.demand.get(name, 0.0)
-            if load is not None and now - load.t_s <= self.window_s + 1e-9:
+            p99 = None
+            if load is not None:
                 demand = max(demand, load.rps)
+                if load.p99_ms:  # read back at full clocks
+                    p99 = load.p99_ms * levels[min(state.level, len(levels) - 1)].speed
             state = next_clock(
                 state, pressure(demand, capacity, p99, svc.slo_p99_ms), now, self.rules
             )
