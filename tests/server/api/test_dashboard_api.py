@@ -28,6 +28,7 @@ from gpupool.server.loop.config import LIVE_DEFAULTS, LiveConfig
 from gpupool.server.loop.driver import LiveService
 from gpupool.server.main import load_service_config
 from gpupool.server.store import Store, database_url
+from head_schema import at_head
 
 CONFIG = """\
 teams:
@@ -66,7 +67,7 @@ class Dash:
 def dash(tmp_path: Path) -> Iterator[Dash]:
     (tmp_path / "service.yaml").write_text(CONFIG, encoding="utf-8")
     scheduling = load_service_config(tmp_path / "service.yaml", LIVE_DEFAULTS)
-    store = Store(database_url(None, tmp_path / "db"))
+    store = Store(at_head(database_url(None, tmp_path / "db")))
     store.migrate()
     clock = ManualClock(NOON)
     service = LiveService(

@@ -27,6 +27,7 @@ from gpupool.server.api.app import create_app
 from gpupool.server.loop.config import LIVE_DEFAULTS, LiveConfig
 from gpupool.server.loop.driver import LiveService
 from gpupool.server.store import NewJob, Store, database_url
+from head_schema import at_head
 from pgserver import fresh_schema, pg_url  # noqa: F401
 
 T0 = 1_000.0
@@ -72,6 +73,7 @@ def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 @pytest.fixture
 def api(url: str, open_store: Callable[[], Store], tmp_path: Path) -> Iterator[Api]:
+    at_head(url)  # the migrations' schema without running them (tests/support/head_schema.py)
     store = open_store()
     store.migrate()
     executor = FakeExecutor()

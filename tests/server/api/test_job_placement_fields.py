@@ -35,6 +35,7 @@ from gpupool.server.api.app import create_app
 from gpupool.server.loop.config import LiveConfig
 from gpupool.server.loop.driver import LiveService
 from gpupool.server.store import MIGRATIONS_DIR, Base, NewJob, Store, database_url, schema_head
+from head_schema import at_head
 from pgserver import fresh_schema, pg_url  # noqa: F401
 
 T0 = 1_700_000_000.0
@@ -80,7 +81,8 @@ def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 
 @pytest.fixture
-def store(open_store: Callable[[], Store]) -> Store:
+def store(url: str, open_store: Callable[[], Store]) -> Store:
+    at_head(url)  # the migrations' schema without running them (tests/support/head_schema.py)
     s = open_store()
     s.migrate()
     return s

@@ -52,6 +52,7 @@ from gpupool.sizing.request_json import (
     sizing_of,
 )
 from gpupool.sizing.shapes import ModelShape, get_shape, parse_shape, shape_names
+from head_schema import at_head
 from pgserver import fresh_schema, pg_url  # noqa: F401
 
 T0 = 1_700_000_000.0
@@ -86,7 +87,8 @@ def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 
 @pytest.fixture
-def store(open_store: Callable[[], Store]) -> Store:
+def store(url: str, open_store: Callable[[], Store]) -> Store:
+    at_head(url)  # the migrations' schema without running them (tests/support/head_schema.py)
     s = open_store()
     s.migrate()
     return s

@@ -21,13 +21,14 @@ from gpupool.server.api.app import create_app
 from gpupool.server.loop.config import LiveConfig
 from gpupool.server.loop.driver import LiveService
 from gpupool.server.store import Store, database_url
+from head_schema import at_head
 
 T0 = 1_000.0
 JSON_CT = {"content-type": "application/json"}
 
 
 def _app(tmp: Path, direct: bool) -> tuple[TestClient, str]:
-    store = Store(database_url(None, tmp / "db"))
+    store = Store(at_head(database_url(None, tmp / "db")))
     store.migrate()
     service = LiveService(
         LiveConfig(state_dir=tmp / "state", sample_s=0.0, host="h"),

@@ -21,6 +21,7 @@ from gpupool.server.api.app import create_app
 from gpupool.server.loop.config import LIVE_DEFAULTS, LiveConfig
 from gpupool.server.loop.driver import LiveService
 from gpupool.server.store import NewJob, Store, database_url
+from head_schema import at_head
 
 T0 = 1_000.0
 
@@ -55,7 +56,7 @@ def api(tmp_path: Path) -> Iterator[Api]:
 def serving(tmp_path: Path, reservations: bool = False) -> Iterator[Api]:
     """A service over a real SQLite store, a fake fleet of 2 A100-80GB and a manual clock;
     no online reserve."""
-    store = Store(database_url(None, tmp_path / "db"))
+    store = Store(at_head(database_url(None, tmp_path / "db")))
     store.migrate()
     clock = ManualClock(T0)
     config = dataclasses.replace(LIVE_DEFAULTS, online_reserve=0.0, reservations=reservations)

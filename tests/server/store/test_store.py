@@ -25,6 +25,7 @@ from gpupool.server.store import JobRow, NewJob, Principal, Store, database_url,
 from gpupool.server.store import jobs as jobs_module
 from gpupool.server.store.events import insert_event
 from gpupool.server.store.jobs import Jobs
+from head_schema import at_head
 from pgserver import fresh_schema, pg_url  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -78,7 +79,8 @@ def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 
 @pytest.fixture
-def store(open_store: Callable[[], Store]) -> Store:
+def store(url: str, open_store: Callable[[], Store]) -> Store:
+    at_head(url)  # the migrations' schema without running them (tests/support/head_schema.py)
     s = open_store()
     s.migrate()
     return s

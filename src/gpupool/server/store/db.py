@@ -11,6 +11,7 @@ upgrade. PostgreSQL gets a pool of connections and its own full durability.
 from __future__ import annotations
 
 import copy
+import functools
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -19,6 +20,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from alembic import command
 from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
 from sqlalchemy import create_engine, event, inspect, text
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import ArgumentError
@@ -155,7 +157,9 @@ class Database:
         """Bring the schema to the newest revision; a no-op on an up-to-date database.
 
         Runs in one transaction under a lock, so two processes starting together do not both
-        create the tables, and a failed migration leaves the old schema.
+        create the tables, and a failed migration leaves the old schema. A database already at
+        the head is told by its version row alone: alembic's upgrade would load every
+        revision's script first (most of a server's start-up on a current database).
         """
         config = Config()
         config.set_main_option("script_location", str(MIGRATIONS_DIR).replace("%", "%%"))
@@ -163,6 +167,8 @@ class Database:
         with self._write_engine.begin() as conn:
             if self.dialect == "postgresql":
                 conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _MIGRATE_LOCK})
+            if MigrationContext.configure(conn).get_current_heads() == (schema_head(),):
+                return
             config.attributes["connection"] = conn
             command.upgrade(config, "head")
 
@@ -172,8 +178,10 @@ class Database:
             return set(inspect(conn).get_table_names())
 
 
+@functools.cache
 def schema_head() -> str:
-    """The newest schema revision, the one Store.migrate() brings a database to."""
+    """The newest schema revision, the one Store.migrate() brings a database to (read once
+    per process: the migrations ship with the code)."""
     from alembic.script import ScriptDirectory
 
     head = ScriptDirectory(str(MIGRATIONS_DIR)).get_current_head()
