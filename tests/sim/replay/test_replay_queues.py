@@ -180,7 +180,7 @@ def test_kept_sorted_waiting_keys_decide_as_keys_worked_out_afresh(
 ) -> None:
     """The replay keeps waiting jobs' predicted keys between decisions; forgetting them at
     every decision (every job keyed anew, the slow way) must give the same decisions."""
-    trace = random_trace(11, 600, 6 * 86_400.0, teams=3)
+    trace = random_trace(11, 300, 3 * 86_400.0, teams=3)
     cfg = LearningConfig(predictor="recent-median", guard=SMALL_GUARD, **options)  # type: ignore[arg-type]
     kept = run_replay(trace, 3, 8, "learned", learning=cfg, preemptive=preemptive)
     assert kept.trusted_s > 0  # the path is exercised
