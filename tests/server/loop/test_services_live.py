@@ -30,7 +30,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gpupool.loadgen import OK, RateProfile, replica_urls, run
+from gpupool.loadgen import OK, RateProfile, percentile, replica_urls, run
 from gpupool.traces.location import find_traces_dir
 from service_proc import HTTP, Server, cli, wait_for
 
@@ -45,6 +45,9 @@ SLO_MS = 200.0
 WINDOW_S = 5.0
 SETTLE_S = 5.0
 MAX_BEHIND = 2
+FULL_WINDOW = 100
+"""Requests a window needs for its own p99 (below 100 the p99 is the slowest request);
+the thinner windows' requests are judged together, as one window."""
 """Windows in which the load generator itself ran over an SLO behind its schedule (a
 stalled test process): left out of the SLO count, at most this many."""
 PROFILE = RateProfile(((0.0, 5.0), (40.0, 60.0), (60.0, 60.0), (90.0, 5.0), (110.0, 5.0)))
@@ -179,7 +182,7 @@ def test_replicas_follow_a_ramp_and_keep_the_slo(tmp_path: Path) -> None:
 
         # client-side p99 per compressed minute (5 s), after each scale-up has settled
         up_at = [e[0] - wall0 for e in ups]
-        kept = judged = 0
+        kept = judged = covered = thin_windows = 0
         lines = []
         lags: dict[int, list[float]] = {}
         for rec in report.records:
@@ -187,6 +190,11 @@ def test_replicas_follow_a_ramp_and_keep_the_slo(tmp_path: Path) -> None:
                 lag = (rec.sent_s - rec.scheduled_s) * 1000.0
                 lags.setdefault(int(rec.scheduled_s // WINDOW_S), []).append(lag)
         behind = 0
+        thin: list[float] = []  # the latencies of the windows too thin for a p99 of their own
+        ok_latencies: dict[int, list[float]] = {}
+        for rec in report.records:
+            if rec.outcome == OK and rec.latency_ms is not None:
+                ok_latencies.setdefault(int(rec.scheduled_s // WINDOW_S), []).append(rec.latency_ms)
         for k, w in enumerate(report.windows(WINDOW_S)):
             settling = any(u - WINDOW_S < w.start_s < u + SETTLE_S for u in up_at)
             lag = sorted(lags.get(k, [0.0]))[-1]
@@ -203,13 +211,25 @@ def test_replicas_follow_a_ramp_and_keep_the_slo(tmp_path: Path) -> None:
             if stalled:
                 behind += 1
                 continue
-            if settling or w.ok < 20 or w.p99_ms is None:
+            if settling or w.p99_ms is None:
+                continue
+            if w.ok < FULL_WINDOW:
+                thin.extend(ok_latencies.get(k, []))
+                thin_windows += 1
                 continue
             judged += 1
+            covered += 1
             kept += w.p99_ms <= SLO_MS
+        windows = len(lines)
+        pooled = percentile(thin, 99) if len(thin) >= FULL_WINDOW else None
+        if pooled is not None:
+            judged += 1
+            covered += thin_windows
+            kept += pooled <= SLO_MS
+            lines.append(f"the {len(thin)} requests of the thinner windows: p99={pooled:6.1f} ms")
         table = "\n".join(lines)
         assert behind <= MAX_BEHIND, f"the load generator stalled in {behind} windows\n{table}"
-        assert judged >= (len(lines) - behind) // 2, table
+        assert covered >= (windows - behind) // 2, table
         assert kept >= 0.99 * judged, (
             f"{kept}/{judged} windows within {SLO_MS} ms\n{table}\n{log}\n{report.summary()}"
         )
