@@ -1,4 +1,5 @@
-"""`gpupool learn status|promote|demote`: the learned policy of a running server.
+"""`gpupool learn status|promote|demote`: the learned policy of a running server
+(`gpupool learn forecast`, offline, is in forecast.py).
 
 `status` shows what the server's learner has seen (jobs, days), how accurate its
 predictions were (share within 2x, rank correlation), the guard's state, the model's
@@ -22,6 +23,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from gpupool.cli.forecast import add_forecast_parser
 from gpupool.cli.output import emit
 from gpupool.cli.table import render
 from gpupool.cli.verbs import HELP
@@ -37,7 +39,9 @@ DEFAULT_DAYS = 14.0
 def add_learn_parser(sub: Any, conn: argparse.ArgumentParser, as_json: Any) -> None:
     """`gpupool learn status|promote|demote` (promote and demote need an admin token)."""
     p = sub.add_parser("learn", help=HELP["learn"])
-    lsub = p.add_subparsers(dest="learn_command", metavar="{status,promote,demote}", required=True)
+    lsub = p.add_subparsers(
+        dest="learn_command", metavar="{status,promote,demote,forecast}", required=True
+    )
     days = argparse.ArgumentParser(add_help=False)
     days.add_argument(
         "--days",
@@ -60,6 +64,7 @@ def add_learn_parser(sub: Any, conn: argparse.ArgumentParser, as_json: Any) -> N
     d = lsub.add_parser("demote", parents=[conn, as_json], help="return it to shadow")
     d.add_argument("--reason", default="", help="why (kept with the change)")
     d.set_defaults(client_handler=cmd_learn_demote)
+    add_forecast_parser(lsub)
 
 
 # ---- the replay ----------------------------------------------------------------------------

@@ -42,6 +42,9 @@ def add_client_parsers(sub: Any) -> None:
 
 def run_client(args: argparse.Namespace) -> int | None:
     """Run a client command; None when `args` is some other command."""
+    offline: Callable[[argparse.Namespace], int] | None = getattr(args, "offline_handler", None)
+    if offline is not None:  # a subcommand of a client verb that needs no server
+        return offline(args)
     handler: Callable[[Client, argparse.Namespace], int] | None = getattr(
         args, "client_handler", None
     )
