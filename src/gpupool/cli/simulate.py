@@ -88,10 +88,12 @@ def add_simulate_parsers(sub: Any) -> None:
     rep.add_argument(
         "--format",
         default="itp",
-        choices=("itp", "elasticflow", "gavel"),
+        choices=("itp", "elasticflow", "gavel", "pollux"),
         help="itp: ITP raw (job_id,submission_time,duration,num_gpu); elasticflow: ElasticFlow "
         "lists (ITP elasticflow-traces or the Philly VC list); gavel: Gavel's Philly msr "
-        "*.trace.txt (one VC per file; run time = steps / V100 throughput of the model)",
+        "*.trace.txt (one VC per file; run time = steps / V100 throughput of the model); "
+        "pollux: Pollux's Philly list (timestamp,duration,num_gpus,gpu_time,cluster: every "
+        "VC in one shared pool, the VC as the team, sorted by time)",
     )
     rep.add_argument("--nodes", default="auto", help="node count, or 'auto' (70%% mean load)")
     rep.add_argument("--gpus-per-node", type=int, default=8)
@@ -127,7 +129,7 @@ def add_simulate_parsers(sub: Any) -> None:
         type=float,
         default=None,
         help="learned queue: UTC epoch second of the trace's time 0, for hour and weekday "
-        "features (default: 2021-03-04 for itp, else 0)",
+        "features (default: 2021-03-04 for itp, the earliest day's midnight for pollux, else 0)",
     )
     rep.add_argument(
         "--policy", default="consolidate", help="placement policy (default consolidate)"
@@ -271,8 +273,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     traces = load_replay_trace(args.trace, args.format)
     learning = LearningConfig(predictor=args.predictor, guarded=not args.unguarded)
     origin_s = args.origin
-    if origin_s is None:
-        origin_s = ITP_ORIGIN_S if args.format == "itp" else 0.0
+    if origin_s is None:  # dated files carry theirs (Pollux's list); ITP's is its first day
+        origin_s = ITP_ORIGIN_S if args.format == "itp" else traces[0][2].origin_s
     learned_lines: list[str] = []
     rows = []
     per_cluster: list[dict[str, float | int | str]] = []

@@ -19,6 +19,8 @@ class ReadReport:
     rows: int = 0
     used: int = 0
     skipped: Counter[str] = field(default_factory=Counter)
+    origin_s: float = 0.0
+    """Unix time of submit_s 0, where the file's times are dates (0: the file's own clock)."""
 
     def skip(self, reason: str) -> None:
         self.skipped[reason] += 1

@@ -8,9 +8,14 @@ from gpupool.domain.model import JobSpec
 from gpupool.errors import NotFoundError, SpecError
 from gpupool.traces.common import ReadReport
 from gpupool.traces.itp import itp_cluster_files, read_itp
-from gpupool.traces.philly import gavel_vc, read_elasticflow_philly, read_gavel_msr
+from gpupool.traces.philly import (
+    gavel_vc,
+    read_elasticflow_philly,
+    read_gavel_msr,
+    read_pollux_philly,
+)
 
-REPLAY_FORMATS = ("itp", "elasticflow", "gavel")
+REPLAY_FORMATS = ("itp", "elasticflow", "gavel", "pollux")
 GAVEL_SUFFIX = ".trace.txt"
 
 
@@ -42,6 +47,11 @@ def load_replay_trace(path: Path, fmt: str) -> list[tuple[str, list[JobSpec], Re
     if not path.exists():
         raise NotFoundError(f"trace {path} does not exist; check the path")
     out: list[tuple[str, list[JobSpec], ReadReport]] = []
+    if fmt == "pollux":  # one file, every VC in it: one shared pool, the VC as the team
+        if not path.is_file():
+            raise SpecError(f"{path}: --format pollux reads one file (philly-pollux/philly.csv)")
+        jobs, report = read_pollux_philly(path)
+        return [(path.stem, jobs, report)]
     if fmt == "gavel":
         for f in gavel_trace_files(path):
             jobs, report = read_gavel_msr(f)

@@ -1,9 +1,10 @@
 """Job lists derived from the Microsoft Philly trace (the raw trace is not public in full).
 
-ElasticFlow's VC 103959 list: job_id,submit_time,real_iteration,model_name,ddl,batch_size,
-num_gpu,real_duration,duration,iteration. Gavel's old msr traces: 7 tab-separated fields,
-no header: job_type, command, num_steps_arg, needs_data_dir, total_steps, arrival_time,
-scale_factor.
+Pollux's list of all VCs (`philly-pollux/philly.csv`): timestamp,duration,num_gpus,gpu_time,
+cluster, one job a row, not sorted. ElasticFlow's VC 103959 list: job_id,submit_time,
+real_iteration,model_name,ddl,batch_size,num_gpu,real_duration,duration,iteration. Gavel's
+old msr traces: 7 tab-separated fields, no header: job_type, command, num_steps_arg,
+needs_data_dir, total_steps, arrival_time, scale_factor.
 
 Gavel wrote each msr job's total_steps as int(Philly run time in seconds x the job type's
 isolated single-GPU V100 throughput), whatever the job's GPU count; `data/gavel_throughputs.csv`
@@ -22,7 +23,7 @@ from pathlib import Path
 from gpupool.domain.model import MILLI_PER_GPU, JobKind, JobSpec
 from gpupool.errors import NotFoundError, TraceFormatError
 from gpupool.traces.common import ReadReport, float_field, int_field, open_rows
-from gpupool.traces.itp import read_gpu_job_csv
+from gpupool.traces.itp import read_gpu_job_csv, skip_reason
 
 ELASTICFLOW_COLUMNS = (
     "job_id",
@@ -180,4 +181,60 @@ def read_gavel_msr(
     if report.rows == 0:
         raise TraceFormatError(path, 1, "empty file: expected tab-separated job rows")
     jobs.sort(key=lambda j: j.submit_s)  # stable: ties keep file order
+    return jobs, report
+
+
+POLLUX_COLUMNS = ("timestamp", "duration", "num_gpus", "gpu_time", "cluster")
+
+
+def read_pollux_philly(path: str | Path) -> tuple[list[JobSpec], ReadReport]:
+    """Pollux's Philly job list (timestamp,duration,num_gpus,gpu_time,cluster), sorted by time.
+
+    The team is the job's virtual cluster. The file has no job id: a job is named by its
+    line (`L<line>`), stable for the file. Its rows are not in time order; submit_s counts
+    from midnight (UTC, as the timestamps are read: the trace does not state its zone) of
+    the earliest day, which `report.origin_s` gives as Unix time.
+    """
+    from datetime import UTC, datetime  # only this reader parses dates
+
+    report = ReadReport(str(path))
+    rows: list[tuple[float, int, int, float, str]] = []
+    for line, row in open_rows(path, POLLUX_COLUMNS):
+        report.rows += 1
+        try:
+            at = datetime.fromisoformat(row["timestamp"].strip()).replace(tzinfo=UTC)
+        except ValueError:
+            raise TraceFormatError(
+                path, line, f"timestamp {row['timestamp']!r} is not YYYY-MM-DD HH:MM:SS"
+            ) from None
+        team = row["cluster"].strip()
+        if not team:
+            raise TraceFormatError(path, line, "empty cluster: the job's team is its VC")
+        gpus = int_field(row, "num_gpus", path, line)
+        duration = float_field(row, "duration", path, line)
+        rows.append((at.timestamp(), line, gpus, duration, team))
+    if not rows:
+        raise TraceFormatError(path, 2, "no jobs")
+    first = min(r[0] for r in rows)
+    report.origin_s = first - first % 86_400.0
+    jobs: list[JobSpec] = []
+    seen: set[str] = set()
+    for at_s, line, gpus, duration, team in sorted(rows):  # by time, then by line
+        job_id = f"L{line}"
+        reason = skip_reason(job_id, seen, gpus, at_s - report.origin_s, duration)
+        if reason:
+            report.skip(reason)
+            continue
+        jobs.append(
+            JobSpec(
+                job_id=job_id,
+                gpu_count=gpus,
+                gpu_milli=MILLI_PER_GPU,
+                team=team,
+                kind=JobKind.TRAINING,
+                submit_s=at_s - report.origin_s,
+                duration_s=duration,
+            )
+        )
+        report.used += 1
     return jobs, report
