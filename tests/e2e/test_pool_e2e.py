@@ -610,7 +610,10 @@ def test_the_online_reserve_and_sizing_at_submit(pool: Pool) -> None:
 
     # what earlier tests started (a deleted service's replicas stop with their grace) ends
     # first: the pool's four GPUs are free
-    wait_for(lambda: not busy(), 120, "the pool to be idle")
+    try:
+        wait_for(lambda: not busy(), 180, "the pool to be idle")
+    except AssertionError as err:
+        raise AssertionError(f"{err}: {busy()}; {pool.node_states()}") from None
     seen_online = submit(url, "web", "--kind", "online-inference", "--", "true")
     wait_for(lambda: show(url, seen_online)["state"] == "succeeded", 60, "online work seen")
     release = pool.root / "release-reserve"
@@ -669,7 +672,11 @@ def test_a_machine_joining_under_load_joins_the_pool(pool: Pool) -> None:
         nodes = json.loads(out.stdout)["nodes"]
         return any(n["name"] == "n3" and n["state"] == "up" for n in nodes)
 
-    wait_for(n3_up, 180, "n3 in the pool")
+    try:
+        wait_for(n3_up, 180, "n3 in the pool")
+    except AssertionError as err:
+        tail = joined.log.read_text(errors="replace")[-3000:] if joined.log.exists() else ""
+        raise AssertionError(f"{err}; n3's join log ends:\n{tail}") from None
     assert pool.server.proc is not None and pool.server.proc.pid == pid  # restarted in place
 
     def temps() -> dict[str, list[float]]:

@@ -440,13 +440,16 @@ def test_a_postgresql_table_lock_leaves_the_loop_alive_and_healthz_truthful(
     db = fresh_schema(pg_url)
     server = Server(tmp_path / "state", "--db", db, *FAKE, "--health-late", "3").start()
     try:
-        before = _submit(server.url, ["sleep", "1"])
+        # The job's end is the write that waits behind the lock: it must still be running
+        # when the lock is taken (a 1-s job once ended first on a loaded host, and the loop,
+        # with nothing to write, stayed healthy).
+        before = _submit(server.url, ["sleep", "6"])
         wait_for(lambda: _job(server.url, before)["state"] == "running", 15, "the first job")
         client = httpx.Client()
         lock = sqlalchemy.create_engine(db, poolclass=sqlalchemy.pool.NullPool).connect()
         try:
             lock.execute(sqlalchemy.text("LOCK TABLE jobs IN EXCLUSIVE MODE"))
-            wait_for(lambda: _health(client, server.url)[0] == 503, 15, "/healthz to go 503")
+            wait_for(lambda: _health(client, server.url)[0] == 503, 25, "/healthz to go 503")
             body = _health(client, server.url)[1]
             assert "not completed a cycle" in body["problem"], body
             assert _job(server.url, before)["state"] == "running"  # reads still answer
