@@ -32,17 +32,16 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 ## test: lint, then the whole test suite. ruff first (a second); mypy runs beside the tests
-## (its verdict counts as theirs). Four lanes run at once, each with its own output:
+## (its verdict counts as theirs). Two lanes run at once, each with its own output:
 ## - the main suite, in TEST_WORKERS processes (most of its tests wait on servers and jobs;
 ##   tests/conftest.py keeps the modules that share a server or a simulation on one worker),
 ##   at a low CPU priority;
-## - the tests marked ray_cluster in two lanes (RAY_LANE_A: the gangs and the Ray runs of
-##   tests/e2e/test_pool_e2e.py; the rest of tests/ray), each in its own loopback-only network
-##   namespace (no port can collide with another lane's; Ray's timeouts are real time, so they
-##   keep the normal priority). Lane B runs the cloud-burst test last: its cloud node joins
-##   with a real `ray start`, which missed its start deadline twice in the loaded first
-##   minutes of a run;
-## - once both Ray lanes are done, the tests marked serial (they hold latencies to a bound),
+## - beside it, one after another: the tests marked ray_cluster in two parts (RAY_LANE_A: the
+##   gangs and the Ray runs of tests/e2e/test_pool_e2e.py; then the rest of tests/ray), each
+##   in its own loopback-only network namespace (Ray's timeouts are real time, so they keep
+##   the normal priority; two Ray lanes at once starved each other's raylets past Ray's own
+##   start and health deadlines on 2 cores), the cloud-burst test last (its cloud node joins
+##   with a real `ray start`); then the tests marked serial (they hold latencies to a bound),
 ##   one at a time at a high priority, so the main suite's load does not reach their
 ##   latencies (only the files that mark a test serial are collected).
 ## One collection of every test first writes pytest's rewritten test modules (and gpupool's
@@ -60,14 +59,12 @@ test: $(STAMP)
 	@out=$$(mktemp -d); unset PYTHONDONTWRITEBYTECODE; \
 	$(BIN)/mypy > $$out/mypy 2>&1 & mypy=$$!; \
 	$(BIN)/pytest --collect-only -q > $$out/collect 2>&1 || { cat $$out/collect; exit 1; }; \
-	( $(RAY_NS) $(BIN)/pytest -m ray_cluster $(RAY_LANE_A) > $$out/ray_a 2>&1; echo $$? > $$out/ray_a.rc ) & ray_a=$$!; \
-	( $(RAY_NS) $(BIN)/pytest -m ray_cluster $(RAY_LANE_B) > $$out/ray_b 2>&1; \
-	  echo $$? > $$out/ray_b.rc ) & ray_b=$$!; \
-	( while kill -0 $$ray_a 2>/dev/null || kill -0 $$ray_b 2>/dev/null; do sleep 1; done; \
+	( $(RAY_NS) $(BIN)/pytest -m ray_cluster $(RAY_LANE_A) > $$out/ray_a 2>&1; echo $$? > $$out/ray_a.rc; \
+	  $(RAY_NS) $(BIN)/pytest -m ray_cluster $(RAY_LANE_B) > $$out/ray_b 2>&1; echo $$? > $$out/ray_b.rc; \
 	  GPUPOOL_REQUIRE_ISOLATION=1 nice -n -10 $(BIN)/pytest -m serial $$(grep -rl --include='test_*.py' 'mark.serial' tests) > $$out/serial 2>&1; \
-	  echo $$? > $$out/serial.rc ) & serial=$$!; \
+	  echo $$? > $$out/serial.rc ) & chain=$$!; \
 	GPUPOOL_REQUIRE_ISOLATION=1 nice -n 10 $(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup --ignore=tests/ray -m "not serial and not ray_cluster"; main=$$?; \
-	wait $$ray_a; wait $$ray_b; wait $$serial; wait $$mypy; mypy_rc=$$?; \
+	wait $$chain; wait $$mypy; mypy_rc=$$?; \
 	echo "mypy:"; cat $$out/mypy; echo "Ray lane A ($(RAY_LANE_A)):"; cat $$out/ray_a; \
 	echo "Ray lane B (the rest of tests/ray):"; cat $$out/ray_b; echo "serial tests:"; cat $$out/serial; \
 	ray_a_rc=$$(cat $$out/ray_a.rc); ray_b_rc=$$(cat $$out/ray_b.rc); serial_rc=$$(cat $$out/serial.rc); rm -rf $$out; \
