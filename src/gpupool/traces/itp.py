@@ -62,6 +62,33 @@ def skip_reason(
     return None
 
 
+def training_job(
+    report: ReadReport,
+    seen: set[str],
+    job_id: str,
+    gpus: int,
+    submit_s: float,
+    duration_s: float,
+    team: str,
+) -> JobSpec | None:
+    """A whole-GPU training job from a well-formed row, counted in `report` as used or
+    skipped (with skip_reason's reason); shared with the Philly readers."""
+    reason = skip_reason(job_id, seen, gpus, submit_s, duration_s)
+    if reason:
+        report.skip(reason)
+        return None
+    report.used += 1
+    return JobSpec(
+        job_id=job_id,
+        gpu_count=gpus,
+        gpu_milli=MILLI_PER_GPU,
+        team=team,
+        kind=JobKind.TRAINING,
+        submit_s=submit_s,
+        duration_s=duration_s,
+    )
+
+
 def read_itp(
     path: str | Path, fmt: str = "raw", cluster: str | None = None
 ) -> tuple[list[JobSpec], ReadReport]:
@@ -89,22 +116,9 @@ def read_gpu_job_csv(
         gpus = int_field(row, "num_gpu", path, line)
         submit = float_field(row, submit_column, path, line)
         duration = float_field(row, "duration", path, line)
-        reason = skip_reason(job_id, seen, gpus, submit, duration)
-        if reason:
-            report.skip(reason)
-            continue
-        jobs.append(
-            JobSpec(
-                job_id=job_id,
-                gpu_count=gpus,
-                gpu_milli=MILLI_PER_GPU,
-                team=team,
-                kind=JobKind.TRAINING,
-                submit_s=submit,
-                duration_s=duration,
-            )
-        )
-        report.used += 1
+        job = training_job(report, seen, job_id, gpus, submit, duration, team)
+        if job is not None:
+            jobs.append(job)
     jobs.sort(key=lambda j: j.submit_s)  # stable: ties keep file order
     return jobs, report
 

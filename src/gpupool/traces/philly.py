@@ -23,7 +23,7 @@ from pathlib import Path
 from gpupool.domain.model import MILLI_PER_GPU, JobKind, JobSpec
 from gpupool.errors import NotFoundError, TraceFormatError
 from gpupool.traces.common import ReadReport, float_field, int_field, open_rows
-from gpupool.traces.itp import read_gpu_job_csv, skip_reason
+from gpupool.traces.itp import read_gpu_job_csv, training_job
 
 ELASTICFLOW_COLUMNS = (
     "job_id",
@@ -220,21 +220,7 @@ def read_pollux_philly(path: str | Path) -> tuple[list[JobSpec], ReadReport]:
     jobs: list[JobSpec] = []
     seen: set[str] = set()
     for at_s, line, gpus, duration, team in sorted(rows):  # by time, then by line
-        job_id = f"L{line}"
-        reason = skip_reason(job_id, seen, gpus, at_s - report.origin_s, duration)
-        if reason:
-            report.skip(reason)
-            continue
-        jobs.append(
-            JobSpec(
-                job_id=job_id,
-                gpu_count=gpus,
-                gpu_milli=MILLI_PER_GPU,
-                team=team,
-                kind=JobKind.TRAINING,
-                submit_s=at_s - report.origin_s,
-                duration_s=duration,
-            )
-        )
-        report.used += 1
+        job = training_job(report, seen, f"L{line}", gpus, at_s - report.origin_s, duration, team)
+        if job is not None:
+            jobs.append(job)
     return jobs, report
