@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from gpupool.examples.ckpt_counter import expected_result
@@ -111,10 +112,21 @@ def where(log: str) -> tuple[str, list[int]]:
     return node, sorted(int(x) for x in visible.split(","))
 
 
+def _cluster_nodes(url: str) -> list[dict[str, Any]] | None:
+    """GET /v1/cluster's nodes, or None while the view is not to be had: a view waits 5 s
+    for the loop's state and then answers 503, and the loop's first cycles on a loaded host
+    (reading every node's telemetry actor) took longer than the client's 5 s once."""
+    try:
+        r = HTTP.get(f"{url}/v1/cluster", timeout=15)
+    except httpx.TimeoutException:
+        return None
+    return list(r.json()["nodes"]) if r.status_code == 200 else None
+
+
 def test_the_fleet_and_its_telemetry_come_from_the_ray_nodes(server: Server) -> None:
     assert "node a1: 4xA100-80GB, site" in server.log.read_text()
-    view = HTTP.get(f"{server.url}/v1/cluster").json()
-    nodes = {n["name"]: n for n in view["nodes"]}
+    wait_for(lambda: _cluster_nodes(server.url) is not None, 60, "the cluster view")
+    nodes = {n["name"]: n for n in _cluster_nodes(server.url) or []}
     assert {k: (n["gpu_model"], n["state"]) for k, n in nodes.items()} == {
         "a1": ("A100-80GB", "up"),
         "a2": ("A100-80GB", "up"),
@@ -124,10 +136,10 @@ def test_the_fleet_and_its_telemetry_come_from_the_ray_nodes(server: Server) -> 
     wait_for(
         lambda: all(
             g["util_pct"] is not None
-            for n in HTTP.get(f"{server.url}/v1/cluster").json()["nodes"]
+            for n in _cluster_nodes(server.url) or [{"gpus": [{"util_pct": None}]}]
             for g in n["gpus"]
         ),
-        30,
+        60,
         "telemetry samples from every node",
     )
     uuids = [g["uuid"] for n in nodes.values() for g in n["gpus"]]
