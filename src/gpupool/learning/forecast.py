@@ -203,6 +203,11 @@ def learned_forecasts(
     d = series.per_day
     every = max(1, round(settings.retrain_every_s / series.step_s))
     first_origin = 7 * d  # the first origin with a week of same-time values behind it
+    # every origin's features once (each row reads only values at or before its origin);
+    # the retrains and the forecasts take their rows from here
+    x_all, base_all = features_at(
+        z, np.arange(first_origin, len(y) - k, dtype=np.int64), k, series, settings.lags
+    )
     out = {q: np.empty(len(origins)) for q in settings.quantiles}
     retrains = 0
     start = 0
@@ -213,13 +218,13 @@ def learned_forecasts(
         hi = trained_at - k
         lo = max(first_origin, hi - round(settings.max_train_days * d))
         batch = origins[start:stop]
-        xb, base_b = features_at(z, batch, k, series, settings.lags)
+        xb, base_b = x_all[batch - first_origin], base_all[batch - first_origin]
         if hi - lo < settings.min_data_in_leaf * 2:
             raise SpecError(
                 f"too little history to train on before step {trained_at}: raise warmup_days"
             )
         s_idx = np.arange(lo, hi + 1, dtype=np.int64)
-        xs, base_s = features_at(z, s_idx, k, series, settings.lags)
+        xs, base_s = x_all[s_idx - first_origin], base_all[s_idx - first_origin]
         label = z[s_idx + k] - base_s
         for q in settings.quantiles:
             booster = lightgbm.train(
