@@ -44,7 +44,8 @@ online_reserve: 0.1
 online_reserve_on: online-seen
 share_cap: 3
 queue_depth: 16
-autoscale: {lookahead_s: 300, headroom: 1.2, down_stable_s: 120, load_window_s: 30}
+autoscale: {lookahead_s: 300, headroom: 1.2, down_stable_s: 120, load_window_s: 30,
+            demand: forecast, forecast: {judge_days: 5}}
 preemption: {min_runtime_s: 120, max_per_job: 2, max_lost_work_s: 600, by_priority: true,
              reserve_vacate_s: 10}
 checkpoint: {write_gbps: 0.5, restore_gbps: 1.5, process_start_s: 4}

@@ -196,13 +196,64 @@ def _replay_for(client: Client, view: Mapping[str, Any], days: float) -> dict[st
 
 def cmd_learn_status(client: Client, args: argparse.Namespace) -> int:
     view = client.learn()
+    forecasts = forecast_text(view)
+    if view.get("order") is False:  # the server learns its services' demand only
+        return emit(args, view, lambda: forecasts)
     ev = _replay_for(client, view, args.days)
     ok, sentence = verdict(ev, int(view["min_jobs"]))
     return emit(
         args,
         {**view, "replay": ev, "replay_wins": ok},
-        lambda: status_text(view, ev, sentence, time.time()),
+        lambda: status_text(view, ev, sentence, time.time()) + ("\n\n" + forecasts),
     )
+
+
+def forecast_text(view: Mapping[str, Any]) -> str:
+    """Each service's demand forecaster: history, its error against the best simple
+    opponent over the guard's window, p90 coverage and who scales the service."""
+    demand = view.get("demand", "declared")
+    if demand != "forecast":
+        return f"demand forecasts: off (autoscale.demand: {demand})"
+    cfg: Mapping[str, Any] = view.get("forecast_config") or {}
+    forecasts: Mapping[str, Mapping[str, Any]] = view.get("forecasts") or {}
+    head = (
+        f"demand forecasts: trusted after {cfg.get('cold_start_days', 14):g} days of a "
+        f"service's history, judged over the last {cfg.get('judge_days', 7):g} days"
+    )
+    if not forecasts:
+        return head + "\n(no service has reported a rate yet)"
+    rows = []
+    for name, s in sorted(forecasts.items()):
+        opp: Mapping[str, float] = s.get("opponents_rel_mae") or {}
+        best = min(opp, key=lambda k: opp[k]) if opp else None
+        rows.append(
+            [
+                name,
+                f"{float(s['history_days']):.1f} d",
+                s["state"],
+                "reactive rule" if s["state"] != "trusted" else "forecast",
+                str(s["model_version"]),
+                _num(s.get("learned_rel_mae"), ".3f"),
+                "-" if best is None else f"{opp[best]:.3f} ({best})",
+                _pct(s.get("p90_coverage")),
+                _num(s.get("forecast_rps"), ".1f"),
+            ]
+        )
+    table = render(
+        [
+            "service",
+            "history",
+            "guard",
+            "scales on",
+            "model",
+            "rel. error",
+            "best opponent",
+            "p90 cover",
+            "p90 rps",
+        ],
+        rows,
+    )
+    return head + "\n" + table
 
 
 def cmd_learn_promote(client: Client, args: argparse.Namespace) -> int:

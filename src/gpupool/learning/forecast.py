@@ -137,7 +137,7 @@ FEATURES = (
 """What the learned forecaster sees at an origin (each from values at or before it)."""
 
 
-class _Transform:
+class LogScale:
     """log1p for values that are never negative (counts, rates), identity otherwise."""
 
     def __init__(self, y: FloatArray) -> None:
@@ -172,7 +172,7 @@ def features_at(
     return x, base
 
 
-def _params(settings: ForecastSettings, alpha: float) -> dict[str, object]:
+def quantile_params(settings: ForecastSettings, alpha: float) -> dict[str, object]:
     return {
         "objective": "quantile",
         "alpha": alpha,
@@ -198,7 +198,7 @@ def learned_forecasts(
     """Quantile forecasts of y[t + k] at each origin t (ascending); the model used at t was
     trained at the last retrain time at or before t, on pairs whose target was <= it."""
     y = series.array()
-    tf = _Transform(y)
+    tf = LogScale(y)
     z = tf.forward(y)
     d = series.per_day
     every = max(1, round(settings.retrain_every_s / series.step_s))
@@ -228,7 +228,7 @@ def learned_forecasts(
         label = z[s_idx + k] - base_s
         for q in settings.quantiles:
             booster = lightgbm.train(
-                _params(settings, q),
+                quantile_params(settings, q),
                 lightgbm.Dataset(xs, label, free_raw_data=True),
                 num_boost_round=settings.num_boost_round,
             )

@@ -46,6 +46,7 @@ from gpupool.scheduler.events import (
     Resized,
     ServiceDemand,
     ServiceLoad,
+    ServiceRate,
     Submitted,
     Vacated,
 )
@@ -85,6 +86,7 @@ __all__ = [
     "SchedulerConfig",
     "ServiceDemand",
     "ServiceLoad",
+    "ServiceRate",
     "ServiceTemplate",
     "SetPowerCap",
     "Stop",

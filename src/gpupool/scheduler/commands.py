@@ -134,12 +134,19 @@ class LearnShadow:
 
 @dataclass(frozen=True)
 class LearnGuard:
-    """The learned policy's standing changed (cold, trusted, fell back, promoted, demoted),
-    with the figures that decided it; drivers write it to their event log."""
+    """A learner's standing changed (cold, trusted, fell back, promoted, demoted), with the
+    figures that decided it; drivers write it to their event log. `learner`: "order" (the
+    learned job order) or "forecast <service>" (a service's demand forecast)."""
 
     t_s: float
     state: str
     reason: str
+    learner: str = "order"
+
+    @property
+    def text(self) -> str:
+        who = "learned policy" if self.learner == "order" else self.learner
+        return f"{who} {self.state}: {self.reason}"
 
 
 Decision = Launch | Stop

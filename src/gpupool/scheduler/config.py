@@ -16,6 +16,7 @@ from gpupool.domain.quota import QuotaWindow, TeamQuota
 from gpupool.domain.topology import Topology
 from gpupool.federation.burst import BurstRules
 from gpupool.learning.config import LearningConfig
+from gpupool.learning.demand import DemandForecastConfig
 from gpupool.policies.preemption import PreemptionRules
 from gpupool.policies.serving_clocks import OnlineClocks
 
@@ -188,6 +189,13 @@ class SchedulerConfig:
     """The policy sees the first this-many waiting jobs of each team per cycle."""
     autoscale_lookahead_s: float = 600.0
     autoscale_headroom: float = 1.1
+    autoscale_demand: str = "declared"
+    """What a service's replicas follow: `declared`, the peak the driver declares
+    (ServiceDemand: a scenario's load curve over the look-ahead); `reactive`, the highest
+    rate measured over the last look-ahead (ServiceRate; the live default); `forecast`,
+    the learned p90 of the coming peak while it beats the simple opponents, else reactive
+    (gpupool.learning.demand)."""
+    autoscale_forecast: DemandForecastConfig = field(default_factory=DemandForecastConfig)
     autoscale_down_stable_s: float = 0.0
     """A service scales down only once its demand has been below its replicas this long
     (the live service waits 5 minutes; 0: at once, as the scenarios always did)."""

@@ -23,6 +23,7 @@ from gpupool.domain.quota import QuotaWindow, TeamQuota, clock_s
 from gpupool.domain.topology import StepModel, Topology
 from gpupool.errors import SpecError
 from gpupool.learning.config import LearningConfig
+from gpupool.learning.demand import DEMAND_SOURCES, FORECAST_KEYS, DemandForecastConfig
 from gpupool.learning.guard import GuardConfig
 from gpupool.learning.ordering import LasQueues
 from gpupool.policies.preemption import PreemptionRules
@@ -218,8 +219,13 @@ def parse_scheduling(
             "load_window_s",
             "restart_backoff_s",
             "restart_backoff_max_s",
+            "demand",
+            "forecast",
         },
     )
+    demand = str(auto.get("demand", defaults.autoscale_demand))
+    if demand not in DEMAND_SOURCES:
+        raise r.fail("autoscale.demand", f"{demand!r}; choose one of {', '.join(DEMAND_SOURCES)}")
     el = r.section(raw.get("elastic"), "elastic", {"resize", "grow_after_s"})
     resize = el.get("resize", defaults.elastic.resize)
     if not isinstance(resize, bool):
@@ -289,6 +295,12 @@ def parse_scheduling(
             auto.get("restart_backoff_max_s", defaults.autoscale_restart_backoff_max_s),
             "autoscale.restart_backoff_max_s",
         ),
+        autoscale_demand=demand,
+        autoscale_forecast=DemandForecastConfig.from_mapping(
+            r.section(auto.get("forecast"), "autoscale.forecast", FORECAST_KEYS)
+        )
+        if "forecast" in auto
+        else defaults.autoscale_forecast,
         online_reserve_on=reserve_on,
         preemption=PreemptionRules(
             r.number(pre.get("min_runtime_s", dp.min_runtime_s), "preemption.min_runtime_s"),

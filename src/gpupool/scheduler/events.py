@@ -145,6 +145,17 @@ class ServiceDemand:
 
 
 @dataclass(frozen=True)
+class ServiceRate:
+    """The request rate arriving at a service, as measured at `t_s` (the simulator's offered
+    load, the live service's scraped rate): the series the reactive and forecast rules of
+    the autoscaler read (`autoscale.demand`)."""
+
+    t_s: float
+    service: str
+    rps: float
+
+
+@dataclass(frozen=True)
 class ServiceLoad:
     """What a service's running replicas measured over the driver's last window: the
     requests per second they served together and the p99 latency of those requests
@@ -213,6 +224,7 @@ Event = (
     | GpuTemps
     | GpuUsage
     | ServiceDemand
+    | ServiceRate
     | ServiceLoad
     | Hold
     | Release

@@ -28,6 +28,7 @@ from gpupool.domain.state import ClusterState
 from gpupool.energy.tariff import Tariff
 from gpupool.errors import SpecError
 from gpupool.federation.topology import Topology
+from gpupool.learning.demand import DemandStatus
 from gpupool.learning.history import Outcome
 from gpupool.learning.predictor import Predictor
 from gpupool.policies.contract import CyclePolicy, CycleView, Reservation, cycle_policy
@@ -81,6 +82,7 @@ from gpupool.scheduler.events import (
     Resized,
     ServiceDemand,
     ServiceLoad,
+    ServiceRate,
     Submitted,
     Vacated,
 )
@@ -255,6 +257,8 @@ class Scheduler:
                 self.autoscale.observe_demand(event)
             case ServiceLoad():
                 self.autoscale.observe_load(event)
+            case ServiceRate():
+                self.autoscale.observe_rate(event)
             case NodeDown():
                 self.node_down(event.node, event.t_s, event.reason)
             case NodeUp():
@@ -612,6 +616,11 @@ class Scheduler:
         """The ordered policy's state (data seen, accuracy, guard, model, mode, shadow
         agreement); None when the policy is not las, gittins or learned."""
         return None if self.ordering is None else self.ordering.status()
+
+    def demand_status(self) -> dict[str, DemandStatus]:
+        """Each service's demand forecaster (`autoscale.demand: forecast`): history, accuracy
+        against the simple opponents, guard state; empty under the other demand rules."""
+        return {name: f.status() for name, f in self.autoscale.rates.items() if f.learn}
 
     def learning_seed(self, outcomes: Sequence[Outcome]) -> int:
         """Preload finished jobs into the learned policy's history (a restarted service

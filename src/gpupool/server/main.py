@@ -191,6 +191,12 @@ def service_scheduling(opts: ServeOptions) -> SchedulerConfig:
     file alone gives the burst rules and site placement (live.py applies them over
     these), so the --config file must leave them out."""
     scheduling = load_service_config(opts.config, LIVE_DEFAULTS)
+    if scheduling.autoscale_demand == "declared":
+        raise SpecError(
+            "autoscale.demand: declared follows peaks a driver declares (a scenario's load "
+            "curves); the service measures its services' rates: choose reactive (the "
+            "default) or forecast"
+        )
     if opts.cycle_s is not None:
         if not opts.cycle_s > 0:
             raise SpecError(f"--cycle must be a positive number of seconds, got {opts.cycle_s}")

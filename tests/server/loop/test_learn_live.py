@@ -638,3 +638,68 @@ def test_promotion_is_refused_when_a_wrong_model_loses_the_replay() -> None:
     assert ev["learned_mean_jct_s"] > 1.2 * ev["rule_mean_jct_s"]
     ok, sentence = verdict(ev, SHADOW.guard.min_finished)
     assert not ok and "does not win" in sentence
+
+
+FORECAST_CONFIG = """\
+teams:
+  - {name: web}
+online_reserve: 0
+autoscale: {demand: forecast}
+"""
+"""A server that learns its services' demand (and no job order)."""
+
+
+def test_demand_forecasts_through_the_real_server(tmp_path: Path) -> None:
+    """A new service scales on the reactive rule while its forecaster is cold; the event
+    log says so, and `gpupool learn status` shows the forecaster (a server without the
+    learned order shows only that)."""
+    (tmp_path / "service.yaml").write_text(FORECAST_CONFIG, encoding="utf-8")
+    server = Server(
+        tmp_path / "state",
+        "--fake-gpus",
+        "2xA100-80GB",
+        "--auth",
+        "none",
+        "--config",
+        str(tmp_path / "service.yaml"),
+        "--cycle",
+        "0.2",
+    ).start()
+    try:
+        url = server.url
+        chat = {
+            "name": "chat",
+            "team": "web",
+            "command": ["sleep", "600"],
+            "min_replicas": 0,
+            "max_replicas": 2,
+            "replica_rps": 10,
+        }
+        assert HTTP.post(f"{url}/v1/services", json=chat, timeout=10).status_code == 201
+
+        def forecasters() -> dict[str, Any]:
+            got: dict[str, Any] = HTTP.get(f"{url}/v1/learn", timeout=10).json()["forecasts"]
+            return got
+
+        wait_for(lambda: "chat" in forecasters(), 30, "the service's first measured rate")
+        view = HTTP.get(f"{url}/v1/learn", timeout=10).json()
+        assert view["order"] is False and view["demand"] == "forecast"
+        assert view["forecasts"]["chat"]["state"] == "cold"
+
+        def said() -> list[str]:
+            events = HTTP.get(f"{url}/v1/events", params={"after": 0}, timeout=10).json()
+            return [e["message"] for e in events["events"] if e["kind"] == "learn-guard"]
+
+        wait_for(lambda: bool(said()), 30, "the forecaster's first standing in the event log")
+        assert said() == [
+            "forecast chat cold: 0.0 of 14 days of history: the reactive rule scales the service"
+        ]
+        out = cli(url, "learn", "status", timeout_s=60)
+        assert out.returncode == 0, out.stderr
+        assert "demand forecasts: trusted after 14 days" in out.stdout, out.stdout
+        row = next(line for line in out.stdout.splitlines() if line.startswith("chat"))
+        assert "cold" in row and "reactive rule" in row, out.stdout
+        shown = json.loads(cli(url, "learn", "status", "--json").stdout)
+        assert shown["forecasts"]["chat"]["model_version"] == 0
+    finally:
+        server.stop()

@@ -17,11 +17,12 @@ from typing import ClassVar
 from gpupool.domain.lifecycle import JobState
 from gpupool.domain.model import MILLI_PER_GPU, JobKind, JobSpec
 from gpupool.errors import NotFoundError
+from gpupool.learning.demand import DemandForecaster
 from gpupool.scheduler.book import JobBook, JobWatcher
-from gpupool.scheduler.commands import Cancel, Command, Scale
+from gpupool.scheduler.commands import Cancel, Command, LearnGuard, Scale
 from gpupool.scheduler.config import SchedulerConfig
 from gpupool.scheduler.cycle.base import CycleContext
-from gpupool.scheduler.events import ServiceDemand, ServiceLoad
+from gpupool.scheduler.events import ServiceDemand, ServiceLoad, ServiceRate
 from gpupool.scheduler.jobs import JobRecord, ServiceTemplate
 
 SubmitReplica = Callable[[JobSpec, float, str], JobRecord]
@@ -72,6 +73,9 @@ class ServiceAutoscale(JobWatcher):
         self.replica_seq: dict[str, int] = defaultdict(int)
         self.backoff: dict[str, Backoff] = {}
         """The services backing off after replicas that failed in a row."""
+        self.rates: dict[str, DemandForecaster] = {}
+        """Each service's measured rates and, with `autoscale_demand: forecast`, its
+        forecaster (the reactive and forecast rules read them)."""
         book.watchers.append(self)
 
     # ---- services come and go -----------------------------------------------------------------
@@ -115,6 +119,7 @@ class ServiceAutoscale(JobWatcher):
             self.scaled_at,
             self.slo_floor,
             self.backoff,
+            self.rates,
         ):
             table.pop(name, None)
         book.dirty = True
@@ -143,6 +148,46 @@ class ServiceAutoscale(JobWatcher):
     def observe_demand(self, event: ServiceDemand) -> None:
         self.known(event.service)
         self.demand[event.service] = event.peak_rps
+
+    def observe_rate(self, event: ServiceRate) -> None:
+        self.known(event.service)
+        if self.config.autoscale_demand == "declared":
+            return
+        rates = self.rates.get(event.service)
+        if rates is None:
+            cfg = self.config
+            learn = cfg.autoscale_demand == "forecast"
+            rates = DemandForecaster(cfg.autoscale_forecast, cfg.autoscale_lookahead_s, learn)
+            self.rates[event.service] = rates
+        rates.observe(event.t_s, event.rps)
+
+    def demand_peak(self, name: str, now: float, out: list[Command]) -> tuple[float, str]:
+        """The peak rate a service's replicas are sized for, and how it was found (the
+        forecaster's change of standing, if any, goes to `out`)."""
+        source = self.config.autoscale_demand
+        svc = self.services[name]
+        if source == "declared":
+            peak = self.demand.get(name, 0.0)
+            return peak, f"expected peak {peak:.0f} rps at {svc.replica_rps:g} rps/replica"
+        rates = self.rates.get(name)
+        if rates is None:
+            return 0.0, f"no rate measured yet, at {svc.replica_rps:g} rps/replica"
+        change = rates.advance(now)
+        if change is not None:
+            out.append(LearnGuard(change.t_s, change.state, change.reason, f"forecast {name}"))
+        ahead = rates.trusted_peak()
+        window = self.config.autoscale_lookahead_s
+        if ahead is not None:
+            span = window + rates.cfg.step_s
+            return ahead, (
+                f"forecast peak {ahead:.0f} rps (p90) over the next {span:.0f} s "
+                f"at {svc.replica_rps:g} rps/replica"
+            )
+        peak = rates.reactive_peak()
+        return peak, (
+            f"measured peak {peak:.0f} rps over the last {window:.0f} s "
+            f"at {svc.replica_rps:g} rps/replica"
+        )
 
     def observe_load(self, event: ServiceLoad) -> None:
         self.known(event.service)
@@ -224,12 +269,11 @@ class ServiceAutoscale(JobWatcher):
         for svc in self.services.values():
             if svc.name in self.backoff and self.healthy(svc.name, now):
                 del self.backoff[svc.name]
-            peak = self.demand.get(svc.name, 0.0)
+            peak, why = self.demand_peak(svc.name, now, out)
             shared = self.sharing_pays(svc.name, peak)
             want = self.replicas_needed(svc.name, peak, shared)
             mine = list(self.book.replicas[svc.name].values())
             have = len(mine)
-            why = f"expected peak {peak:.0f} rps at {svc.replica_rps:g} rps/replica"
             if want == svc.min_replicas and self.replicas_needed_raw(svc.name, peak, shared) < want:
                 why = f"{why}; at least {svc.min_replicas} (the minimum)"
             load = self.load.get(svc.name)

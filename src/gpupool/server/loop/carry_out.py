@@ -179,9 +179,9 @@ class CarryOut:
         elif isinstance(c, LearnGuard):
             self.store.events.add(
                 "learn-guard",
-                f"learned policy {c.state}: {c.reason}",
+                c.text,
                 now,
-                data={"state": c.state, "reason": c.reason},
+                data={"state": c.state, "reason": c.reason, "learner": c.learner},
             )
 
     def _resize(self, c: Resize, now: float) -> None:

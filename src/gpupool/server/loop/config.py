@@ -37,6 +37,7 @@ LIVE_DEFAULTS = SchedulerConfig(
     share_cap=None,
     autoscale_down_stable_s=300.0,
     autoscale_load_window_s=60.0,
+    autoscale_demand="reactive",
 )
 """The service's defaults where they differ from a scenario's: a cycle a second; the 20%
 online reserve applies in a pool once an online job was submitted for it (a fleet that
@@ -44,7 +45,9 @@ never serves keeps every GPU), and training borrows it only if it checkpoints wi
 30 s; a minute's minimum runtime (online inference does not wait for it); no cap on
 online replicas per GPU (as many as their shares fit; a scenario keeps its cap of 2 so
 that its figures stay those of the calibrated co-location model); a service's p99 and
-rate measured over the last minute, and scaled down only after 5 minutes of low demand."""
+rate measured over the last minute, and scaled down only after 5 minutes of low demand; a
+service's replicas follow its measured rate (`autoscale.demand: reactive`; `forecast`
+learns it)."""
 
 
 def one_team_per_card(sched: SchedulerConfig, mps: Mps, isolation: object) -> SchedulerConfig:

@@ -8,12 +8,10 @@ at its node's address and a port (`state.endpoints`, server/loop/endpoints.py) w
 
 from __future__ import annotations
 
-from collections import defaultdict, deque
-
 from gpupool.domain.lifecycle import JobState
 from gpupool.errors import SpecError
 from gpupool.ports.clock.base import Clock
-from gpupool.scheduler import Scheduler, ServiceDemand, ServiceLoad, ServiceTemplate
+from gpupool.scheduler import Scheduler, ServiceLoad, ServiceRate, ServiceTemplate
 from gpupool.server.loop.config import FleetMap, LiveConfig
 from gpupool.server.loop.state import LoopState
 from gpupool.server.store import JobRow, NewJob, NewService, ServiceRow, Store
@@ -40,8 +38,6 @@ class Services:
         self.scraper = scraper
         self.rows: dict[str, ServiceRow] = {}
         """The live services, as stored (their replicas' command, env, port variable)."""
-        self.served: dict[str, deque[tuple[float, float]]] = defaultdict(deque)
-        """Each service's measured rate (short window) over the look-ahead: its demand."""
         self.service_load: dict[str, Measured] = {}
         self.replica_load: dict[str, Measured] = {}
         """What each service and each replica measured at the last scrape (replaced whole:
@@ -87,7 +83,6 @@ class Services:
     def forget(self, name: str) -> None:
         """A deleted service: its row and its measurements go."""
         self.rows.pop(name, None)
-        self.served.pop(name, None)
         self.service_load.pop(name, None)
 
     def live(self, row: JobRow) -> str | None:
@@ -119,8 +114,8 @@ class Services:
 
     def measure(self, now: float) -> None:
         """Scrape targets are the running replicas; what they measured goes to the core:
-        ServiceLoad (rate and p99 over the load window) and ServiceDemand (the highest
-        short-window rate over the look-ahead, as the expected peak)."""
+        ServiceLoad (rate and p99 over the load window) and ServiceRate (the rate over a
+        short window: the series the core's reactive and forecast rules read)."""
         if now - self.state.last_service_sample < self.config.scrape_s - 1e-9:
             return
         self.state.last_service_sample = now
@@ -146,11 +141,7 @@ class Services:
             load = self.scraper.measure(ids, now)
             self.service_load[name] = load
             rate = self.scraper.measure(ids, now, short)
-            served = self.served[name]
-            served.append((now, rate.rps))
-            while served and served[0][0] < now - sched.autoscale_lookahead_s - 1e-9:
-                served.popleft()
-            self.scheduler.observe(ServiceDemand(now, name, max(r for _, r in served)))
+            self.scheduler.observe(ServiceRate(now, name, rate.rps))
             if load.reporting:
                 self.scheduler.observe(
                     ServiceLoad(now, name, load.rps, load.p99_ms, load.reporting)

@@ -253,11 +253,17 @@ class Views:
     # ---- the learned policy --------------------------------------------------------------
     def learning_view(self) -> dict[str, Any]:
         """What GET /v1/learn shows: the core's status, the mode, the shadow record and the
-        last promotion or demotion."""
-        require_learning(self.learning, self.config.scheduling.policy)
+        last promotion or demotion, and each service's demand forecaster. A server without
+        the learned order shows only its forecasters (`order: false`)."""
+        sched = self.config.scheduling
+        if sched.autoscale_demand != "forecast":
+            require_learning(self.learning, sched.policy)
         with self.state.lock:
-            status = self.scheduler.learning_status()
+            status = self.scheduler.learning_status() if self.learning else None
             shadow = self.shadow.view()
+            forecasts = {
+                name: dataclasses.asdict(s) for name, s in self.scheduler.demand_status().items()
+            }
         cfg = self.config.scheduling.learning
         stored = self.store.settings.learning_mode()
         changes = self.store.settings.learning_changes(limit=1)
@@ -271,6 +277,10 @@ class Views:
             "min_jobs": cfg.guard.min_finished,
             "config": dataclasses.asdict(cfg),
             "last_change": None if not changes else dataclasses.asdict(changes[0]),
+            "order": self.learning,
+            "demand": sched.autoscale_demand,
+            "forecast_config": dataclasses.asdict(sched.autoscale_forecast),
+            "forecasts": forecasts,
         }
 
     def learning_history(self, days: float) -> dict[str, Any]:

@@ -55,6 +55,7 @@ from gpupool.scheduler import (
     Scale,
     Scheduler,
     ServiceDemand,
+    ServiceRate,
     Stop,
     Submitted,
     Vacated,
@@ -657,7 +658,11 @@ class ScenarioSim:
                     self.feed(NodeUp(now, self.cluster.nodes[n].name))
                     if self.recorder is not None:
                         self.recorder.node_status.append((now, n, True))
+            measured = cfg.scheduling.autoscale_demand != "declared"
             for svc in self.services.values():
+                if measured:  # the core's own rules read the offered rate
+                    self.feed(ServiceRate(now, svc.name, svc.load.at(now)))
+                    continue
                 peak = svc.load.peak(
                     now, now + cfg.scheduling.autoscale_lookahead_s, cfg.scheduling.cycle_s
                 )
