@@ -37,10 +37,15 @@ class AdmissionMode(enum.Enum):
 
 @dataclass(frozen=True)
 class ColocationGuardConfig:
-    window_pairs: int = 40
-    min_pairs: int = 20
-    """Judged pairs before the guard may change anything."""
+    window_pairs: int = 100
+    min_pairs: int = 100
+    """Judged pairs before the guard may change anything. Judging only full windows: with
+    30, one of six simulated runs fell back on its first 30 pairs (5 slowed) by chance."""
     max_slowed_share: float = 0.15
+    """Above the rule's own share on the Lucid pairs (11% of those it admits) and about
+    twice what the learned admission's pairs show in the simulator
+    (bench/bench_colocation.py); over 100 pairs that natural rate's noise (sd about 2.5
+    pairs) stays well below it."""
     recover_margin: float = 0.05
 
     def __post_init__(self) -> None:
@@ -128,6 +133,8 @@ class PairAdmissionPolicy:
         self.min_speed = min_speed
         self.mode = mode
         self.guard = guard or ColocationGuard()
+        self.decided: dict[tuple[str, str, bool], str | None] = {}
+        """Each pair of profiles' answer under each decider (placement asks often)."""
         self.judged: set[frozenset[str]] = set()
         """Pairs (job ids) already counted by the guard: each pair counts once."""
 
@@ -145,6 +152,12 @@ class PairAdmissionPolicy:
         )
 
     def pair_problem(self, a: SoloProfile, b: SoloProfile) -> str | None:
+        key = (a.key, b.key, self.learned_decides)
+        if key not in self.decided:
+            self.decided[key] = self.decide(a, b)
+        return self.decided[key]
+
+    def decide(self, a: SoloProfile, b: SoloProfile) -> str | None:
         if self.learned_decides:
             ok, why = self.model_admits(a, b)
             return None if ok else why
