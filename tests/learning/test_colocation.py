@@ -27,7 +27,7 @@ from gpupool.learning.colocation_admission import (
     PairAdmissionPolicy,
 )
 from gpupool.scheduler import Scheduler, Submitted
-from gpupool.scheduler.commands import Launch
+from gpupool.scheduler.commands import Launch, Wait
 from gpupool.scheduler.config import SchedulerConfig
 from gpupool.scheduler.events import Finished, JobProgress, Progress
 from gpupool.traces.lucid import PairMeasurement, SoloProfile
@@ -281,3 +281,16 @@ def test_core_guard_falls_back_and_recovers_on_a_synthetic_drift() -> None:
     assert notes[0].startswith("co-location model drifted, the utilisation rule decides")
     assert notes[1].startswith("co-location model recovered")
     assert states[:20] == [True] * 20 and not all(states[20:40])
+
+
+def test_a_job_kept_apart_is_told_why() -> None:
+    policy = PairAdmissionPolicy(PROFILES, SumRule(200.0), FixedModel(bad="Bad"))
+    core, _ = core_with(policy, gpus=1)
+    core.observe(Submitted(0.0, share("a", GOOD_A)))
+    core.observe(Submitted(0.0, share("b", BAD)))
+    waits = {c.job_id: c.reason for c in core.cycle(0.0) if isinstance(c, Wait)}
+    assert sorted(core.state.placements) == ["a"]
+    assert waits["b"].endswith(
+        "the co-location admission keeps it off 1 with room: predicted speeds 0.50x and "
+        f"0.50x next to {GOOD_A} (needs 0.85x)"
+    )

@@ -208,6 +208,20 @@ class ClusterState:
                     usable[i, g] = False
         return usable
 
+    def pair_refusals(self, job: JobSpec, nodes: BoolArray) -> list[str]:
+        """Why the pair admission keeps `job` off cards of these nodes that pass every
+        other rule and have room for it (one sentence per card, in card order)."""
+        out: list[str] = []
+        if self.pair_admission is None:
+            return out
+        for (i, g), ids in sorted(self.sharers.items()):
+            if not nodes[i] or self.gpu_left[i, g] < job.gpu_milli:
+                continue
+            why = self.pair_problem(job, ids)
+            if why is not None and self.colocation_problem(job, i, g) == why:
+                out.append(why)
+        return out
+
     def pair_problem(self, job: JobSpec, ids: tuple[str, ...]) -> str | None:
         """The admission's objection to `job` joining the sharers `ids` (None: none)."""
         if self.pair_admission is None or not ids:
