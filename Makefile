@@ -89,6 +89,8 @@ bench: $(STAMP)
 	$(BIN)/python bench/bench_cycle.py
 	$(BIN)/python bench/predictor_accuracy.py
 	$(BIN)/python bench/bench_forecast.py
+	$(BIN)/python bench/bench_autoscale_forecast.py
+	$(BIN)/python bench/bench_colocation.py
 	$(BIN)/python bench/bench_service.py
 	RAY_USAGE_STATS_ENABLED=0 unshare -n sh -c 'ip link set lo up && exec "$$@"' sh $(BIN)/python bench/bench_ray.py
 	RAY_USAGE_STATS_ENABLED=0 unshare -n sh -c 'ip link set lo up && exec "$$@"' sh $(BIN)/python bench/bench_ray.py --rate 20 --tag burst

@@ -101,7 +101,8 @@ class JobSpec:
     gives GPUs back (checkpoint, restart on fewer) while online work peaks. None: fixed."""
     name: str = ""
     """The job's name or model, where the submitter or the trace gives one: what a learned
-    predictor of GPU-time may key on. Decisions never depend on it otherwise."""
+    predictor of GPU-time may key on, and the key of its solo profile for a co-location
+    admission (learning/colocation_admission.py). Decisions never depend on it otherwise."""
     user: str = ""
     """Who submitted it inside its team: fair share orders a team's queue by its users'
     use (scheduler/user_shares.py). "": the team's one anonymous user."""

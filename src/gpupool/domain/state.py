@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from gpupool.domain.colocation import PairAdmission
 from gpupool.domain.model import MILLI_PER_GPU, Cluster, JobKind, JobSpec, NodeShare, Placement
 from gpupool.domain.topology import Topology, domain_ids
 from gpupool.errors import ConflictError, PlanRejected
@@ -103,6 +104,12 @@ class ClusterState:
         Kept only while `one_team_per_card` is set."""
         self.team_ids: dict[str, int] = {}
         """Append-only and shared with copies, like `free_keys`: an id means one team."""
+        self.pair_admission: PairAdmission | None = None
+        """When set (before anything is placed), a sharing job joins a card holding other
+        sharers only if it also admits the pair (after the rules above); `sharers` is kept."""
+        self.sharers: dict[tuple[int, int], tuple[str, ...]] = {}
+        """(node, gpu) -> the sharing jobs on it, in arrival order; kept only while
+        `pair_admission` is set."""
         self.topology = Topology()
         """The network levels placement keeps gangs inside (`set_topology`)."""
         self.level_ids: tuple[IntArray, ...] = ()
@@ -132,6 +139,8 @@ class ClusterState:
         other.affinity = list(self.affinity)  # copy-on-write: allocate/release replace them
         other.placements = dict(self.placements)
         other.jobs = dict(self.jobs)
+        if self.pair_admission is not None:
+            other.sharers = dict(self.sharers)
         return other
 
     # ---- read side -------------------------------------------------------------------
@@ -193,7 +202,31 @@ class ClusterState:
             usable &= (self.measured_free_mib < 0) | (
                 self.measured_free_mib >= self.share_mib(job, self.card_mem_mib)
             )
+        if self.pair_admission is not None:
+            for (i, g), ids in self.sharers.items():
+                if usable[i, g] and self.pair_problem(job, ids) is not None:
+                    usable[i, g] = False
         return usable
+
+    def pair_refusals(self, job: JobSpec, nodes: BoolArray) -> list[str]:
+        """Why the pair admission keeps `job` off cards of these nodes that pass every
+        other rule and have room for it (one sentence per card, in card order)."""
+        out: list[str] = []
+        if self.pair_admission is None:
+            return out
+        for (i, g), ids in sorted(self.sharers.items()):
+            if not nodes[i] or self.gpu_left[i, g] < job.gpu_milli:
+                continue
+            why = self.pair_problem(job, ids)
+            if why is not None and self.colocation_problem(job, i, g) == why:
+                out.append(why)
+        return out
+
+    def pair_problem(self, job: JobSpec, ids: tuple[str, ...]) -> str | None:
+        """The admission's objection to `job` joining the sharers `ids` (None: none)."""
+        if self.pair_admission is None or not ids:
+            return None
+        return self.pair_admission.problem(job, tuple(self.jobs[j] for j in ids))
 
     @property
     def colocating(self) -> bool:
@@ -207,6 +240,7 @@ class ClusterState:
             or self.one_team_per_card
             or self.no_new_sharer is not None
             or (self.measured_free_mib is not None)
+            or (self.pair_admission is not None)
         )
 
     def team_id(self, team: str) -> int:
@@ -249,7 +283,7 @@ class ClusterState:
             need = int(self.share_mib(job, card)[0, 0])
             if 0 <= free < need:
                 return f"measured free memory {free} MiB is less than the {need} MiB asked"
-        return None
+        return self.pair_problem(job, self.sharers.get((node, gpu), ()))
 
     def _free_id(self, node: int) -> int:
         row = self.gpu_rows[node]
@@ -361,6 +395,15 @@ class ClusterState:
         return True
 
     def _count(self, job: JobSpec, share: NodeShare, sign: int) -> None:
+        if self.pair_admission is not None and job.gpu_milli < MILLI_PER_GPU:
+            for g in share.gpus:
+                key = (share.node, g)
+                ids = self.sharers.get(key, ())
+                ids = (*ids, job.job_id) if sign > 0 else tuple(j for j in ids if j != job.job_id)
+                if ids:
+                    self.sharers[key] = ids
+                else:
+                    self.sharers.pop(key, None)
         if not self.colocating:
             return  # no co-location rule: nobody reads the counts
         counts = self.online_on_gpu if job.kind is JobKind.ONLINE else self.other_on_gpu

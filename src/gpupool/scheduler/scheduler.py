@@ -28,6 +28,7 @@ from gpupool.domain.state import ClusterState
 from gpupool.energy.tariff import Tariff
 from gpupool.errors import SpecError
 from gpupool.federation.topology import Topology
+from gpupool.learning.colocation_admission import MeasuredPair, PairAdmissionPolicy
 from gpupool.learning.demand import DemandStatus
 from gpupool.learning.history import Outcome
 from gpupool.learning.predictor import Predictor
@@ -131,13 +132,16 @@ class Scheduler:
         log: DecisionLog | None = None,
         replica_id: Callable[[str, int, int], str] | None = None,
         predictor: Predictor | None = None,
+        colocation: PairAdmissionPolicy | None = None,
     ) -> None:
         """node_pool: each node's pool key (default: its GPU model, or site/model when the
         nodes are in several sites). tariffs: per site. cloud_nodes: nodes a Burst starts;
         they are out of the pool until they join (NodeUp). replica_id(service, seq,
         gpu_milli): the id of a new replica, given by the driver (the live service makes
         each replica a job row); default `<service>-r<seq>`. predictor: the learned
-        policy's GPU-time predictor (default: scheduler.ordering.default_predictor)."""
+        policy's GPU-time predictor (default: scheduler.ordering.default_predictor).
+        colocation: the admission a sharing job must also pass to join another's card
+        (learning/colocation_admission.py; None: the hard rules alone, as before)."""
         cfg = config or SchedulerConfig()
         if cfg.policy not in cycle_names():
             raise SpecError(f"unknown policy {cfg.policy!r}; choose {', '.join(cycle_names())}")
@@ -148,6 +152,8 @@ class Scheduler:
         self.state.share_cap = cfg.share_cap
         self.state.one_team_per_card = bool(cfg.sharing.one_team_per_card)
         self.state.set_topology(cfg.topology)
+        self.colocation = colocation
+        self.state.pair_admission = colocation
         self.rng = np.random.default_rng(seed)
         self.placement: ScoringPolicy = placement_policy(cfg, self.state.models)
         """Where a job goes inside its pool (`placement.policy`), for the cycle policy's
@@ -224,6 +230,22 @@ class Scheduler:
         self.every_call = in_order(stages, EVERY_CALL)
         self.every_cycle = in_order(stages, EVERY_CYCLE)
 
+    def judge_colocation(self, event: Progress) -> None:
+        """The measured speeds of jobs sharing a card in pairs go to the admission's
+        guard; a change of who decides goes to the decision log and replans."""
+        assert self.colocation is not None
+        state = self.state
+        measured = []
+        for ids in state.sharers.values():
+            if len(ids) == 2 and ids[0] in event.jobs and ids[1] in event.jobs:
+                a, b = state.jobs[ids[0]], state.jobs[ids[1]]
+                measured.append(
+                    MeasuredPair(a, b, event.jobs[ids[0]].speed, event.jobs[ids[1]].speed)
+                )
+        for change in self.colocation.observe(event.t_s, measured):
+            self.engine.note("colocation", change.t_s, change.reason)
+            self.book.dirty = True
+
     # ---- events -------------------------------------------------------------------------------
     def observe(self, event: Event) -> list[Command]:
         """Take one event; what it lets start right away (claimants of a vacated job)."""
@@ -237,6 +259,8 @@ class Scheduler:
                 for job_id, p in event.jobs.items():
                     r = book.records[job_id]
                     r.done_s, r.saved_s, r.speed, r.overhead_s, r.cap_speed = p
+                if self.colocation is not None:
+                    self.judge_colocation(event)
             case Vacated():
                 return self.book.vacated(event.job_id, event.t_s)
             case Resized():

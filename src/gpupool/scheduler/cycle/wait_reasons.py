@@ -407,9 +407,16 @@ def _resources(core: WaitInputs, r: JobRecord, pools: _Pools, model: str) -> str
         share = state.gpu_left[allowed]
         room = state.usable_gpus(job)[allowed]
         most = int(share[room].max()) if room.any() else 0
+        refused = state.pair_refusals(job, allowed)
+        kept = (
+            f"; the co-location admission keeps it off {len(refused)} with room: {refused[0]}"
+            if refused
+            else ""
+        )
         return (
             f"needs {job.gpu_milli / MILLI_PER_GPU:g} of one {model} GPU; the most free on "
-            f"a GPU it may share is {most / MILLI_PER_GPU:g} ({total} {model} GPUs wholly free)"
+            f"a GPU it may share is {most / MILLI_PER_GPU:g} ({total} {model} GPUs wholly "
+            f"free){kept}"
         )
     if job.gpu_count > usable:
         mine = " in its team's nodes" if core.fleet.team_nodes is not None else ""
