@@ -18,6 +18,7 @@ from gpupool.learning.demand import (
     DemandForecaster,
     DemandGuardChange,
 )
+from gpupool.learning.forecast import ForecastSettings
 from gpupool.scheduler.commands import LearnGuard, Scale
 from gpupool.scheduler.config_schema import parse_scheduling
 from gpupool.sim.scenario.config import parse_scenario
@@ -26,7 +27,9 @@ from gpupool.sim.scenario.world import ScenarioSim
 
 HOUR_S = 3600.0
 DAY_S = 86_400.0
-HOURLY = DemandForecastConfig(step_s=HOUR_S)
+FAST = ForecastSettings(num_boost_round=40)
+"""Fewer boosting rounds than the default 120: the tests' hourly series are short."""
+HOURLY = DemandForecastConfig(step_s=HOUR_S, settings=FAST)
 
 
 def weekly_rate(t_s: float, phase_h: float = 0.0, seed_noise: float = 0.0) -> float:
@@ -88,37 +91,44 @@ def test_cold_start_then_trusted_on_a_weekly_pattern() -> None:
 
 
 def test_no_forecast_reads_a_rate_after_its_origin() -> None:
-    """Every forecast issued up to day 17 is the same whatever the rates after day 17."""
+    """A forecaster that is fed every rate first and asked once at the end (a driver
+    catching up) has the whole future at hand while it forecasts each origin; its forecasts
+    up to day 17 must still equal those made hour by hour, even with every rate after day
+    17 tripled. Fails if a feature or a training pair reaches past its origin."""
     cut = 17 * DAY_S
 
-    def later_doubled(t: float) -> float:
+    def later_tripled(t: float) -> float:
         return weekly_rate(t) * (3.0 if t > cut else 1.0)
 
-    issued = []
-    for rate in (weekly_rate, later_doubled):
+    def issued(rate, catch_up: bool) -> dict[int, tuple[float, float, tuple[float, ...]]]:
         f = DemandForecaster(HOURLY, lookahead_s=600.0, learn=True)
         seen: dict[int, tuple[float, float, tuple[float, ...]]] = {}
         original = f.forecast
 
-        def keep(
-            origin: int,
-            f: DemandForecaster = f,
-            original=original,
-            seen: dict[int, tuple[float, float, tuple[float, ...]]] = seen,
-        ) -> None:
+        def keep(origin: int) -> None:
             original(origin)
             if origin in f.issued:
                 seen[origin] = f.issued[origin]
 
         f.forecast = keep  # type: ignore[method-assign]
-        feed(f, 19, rate)
-        issued.append({o: v for o, v in seen.items() if o * HOUR_S <= cut})
-    assert issued[0] and issued[0] == issued[1]
+        rng = np.random.default_rng(0)
+        for k in range(19 * 24):
+            f.observe(k * HOUR_S, max(0.0, rate(k * HOUR_S) + rng.normal(0.0, 3.0)))
+            if not catch_up:
+                f.advance(k * HOUR_S)
+        f.advance(19 * DAY_S)
+        return {o: v for o, v in seen.items() if (o + f.ahead) * HOUR_S <= cut}
+
+    hourly = issued(weekly_rate, catch_up=False)
+    assert len(hourly) > 3 * 24
+    assert issued(later_tripled, catch_up=True) == hourly
 
 
 def test_a_wrong_model_is_kept_out() -> None:
     f = DemandForecaster(
-        DemandForecastConfig(step_s=HOUR_S, fault="shifted-12h"), lookahead_s=600.0, learn=True
+        DemandForecastConfig(step_s=HOUR_S, fault="shifted-12h", settings=FAST),
+        lookahead_s=600.0,
+        learn=True,
     )
     changes = feed(f, 20)
     assert [c.state for c in changes] == [COLD, FALLBACK], [c.reason for c in changes]
