@@ -26,7 +26,7 @@ from gpupool.server.api.app import create_app
 from gpupool.server.loop.config import LIVE_DEFAULTS, LiveConfig
 from gpupool.server.loop.driver import LiveService
 from gpupool.server.loop.learning import Evidence, ShadowTally, check_evidence, outcomes_of
-from gpupool.server.store import NewJob, Store
+from gpupool.server.store import NewJob, NewService, ServiceMinute, Store
 from service_proc import HTTP, Server, cli, wait_for
 
 T0 = 1_000_000.0
@@ -257,6 +257,35 @@ def lives(tmp_path: Path) -> Iterator[list[Live]]:
     yield made
     for live in made:
         live.close()
+
+
+def test_a_restart_feeds_each_forecaster_its_history(tmp_path: Path, lives: list[Live]) -> None:
+    """A restarted server reads its services' per-minute rates back from the telemetry
+    history: the forecaster is past its cold start at once, not 14 days later."""
+    live = Live(tmp_path / "a", "las", LearningConfig())
+    lives.append(live)
+    live.scheduling = dataclasses.replace(live.scheduling, autoscale_demand="forecast")
+    live.service.stop()
+    first = live.open()
+    first.operations.create_service(
+        NewService("chat", "web", ("serve",), 0, 2, slo_p99_ms=200.0, replica_rps=10.0)
+    )
+    first.stop()
+    days = 16
+    start = T0 - days * DAY
+    rows = [
+        ServiceMinute("chat", start + k * 60.0, 60.0, None, 50.0 + 40.0 * ((k // 60) % 24 > 8), 0)
+        for k in range(days * 1440)
+    ]
+    live.store.history.add([], rows)
+
+    again = live.open()
+    live.step()
+    shown = again.views.learning_view()["forecasts"]["chat"]
+    assert shown["history_days"] >= days - 0.1, shown
+    assert shown["model_version"] >= 1 and shown["state"] != "cold", shown
+    guard = [e.message for e in live.events("learn-guard")]
+    assert any(m.startswith("forecast chat ") and "cold" not in m for m in guard), guard
 
 
 def test_shadow_decisions_never_reach_the_executor(tmp_path: Path, lives: list[Live]) -> None:

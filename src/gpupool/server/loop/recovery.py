@@ -19,7 +19,7 @@ from gpupool.domain.model import NodeShare, Placement
 from gpupool.errors import GpupoolError
 from gpupool.ports.clock.base import Clock
 from gpupool.ports.executor.base import Executor, Handle
-from gpupool.scheduler import Scheduler
+from gpupool.scheduler import Scheduler, ServiceRate
 from gpupool.server.executors.files import launch_file
 from gpupool.server.loop.carry_out import CarryOut
 from gpupool.server.loop.config import FleetMap, LiveConfig, spec_of
@@ -71,6 +71,8 @@ class Recovery:
             self.services.load(svc)
             made = len(self.store.services.replicas(svc.name, False))
             self.scheduler.restore_service(svc.name, made)
+        if self.scheduler.config.autoscale_demand == "forecast":
+            self.seed_forecasters()
         for model in self.store.jobs.online_models():  # the reserve once online work was seen
             self.scheduler.online_seen_before(frozenset({model}) if model else frozenset())
         now = self.clock.now()
@@ -87,6 +89,14 @@ class Recovery:
         for row in self.store.jobs.active():  # replicas of a service deleted while we were down
             if row.service is not None and row.service not in self.services.rows:
                 self.operations.cancel(row.id)
+
+    def seed_forecasters(self) -> None:
+        """Each service's rates from the telemetry history (a mean per minute, kept 45
+        days), fed to the core in time order: a restart does not start a forecaster's
+        cold start again. The steps the server was down repeat the last mean measured."""
+        for row in self.store.history.service_minutes(None, self.clock.now()):
+            if row.service in self.services.rows:
+                self.scheduler.observe(ServiceRate(row.t_s, row.service, row.rps))
 
     def _endpoint(self, job_id: int, node: str, port: int) -> None:
         """A running replica's endpoint again; none where its node has no address now (a
