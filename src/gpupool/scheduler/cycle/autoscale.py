@@ -62,6 +62,8 @@ class ServiceAutoscale(JobWatcher):
         """replica_id(service, seq, gpu_milli): the id of a new replica, given by the
         driver (the live service makes each replica a job row); default `<service>-r<seq>`."""
         self.demand: dict[str, float] = {}
+        """Each service's peak: declared (ServiceDemand), or the one the reactive or
+        forecast rule found at the last cycle."""
         self.load: dict[str, ServiceLoad] = {}
         """Each service's last measured load (ServiceLoad): what the SLO rule reads."""
         self.below_since: dict[str, float] = {}
@@ -270,6 +272,7 @@ class ServiceAutoscale(JobWatcher):
             if svc.name in self.backoff and self.healthy(svc.name, now):
                 del self.backoff[svc.name]
             peak, why = self.demand_peak(svc.name, now, out)
+            self.demand[svc.name] = peak  # what the serving clocks read as the demand
             shared = self.sharing_pays(svc.name, peak)
             want = self.replicas_needed(svc.name, peak, shared)
             mine = list(self.book.replicas[svc.name].values())
