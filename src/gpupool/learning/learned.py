@@ -74,6 +74,9 @@ class LearnedOrdering:
         self.judged: deque[tuple[float, float]] = deque(maxlen=GITTINS_SAMPLE)
         """Recent finished jobs: (predicted median, GPU-time taken), both GPU-seconds."""
         self._bins: tuple[list[float], list[GittinsIndex], list[float]] = ([], [], [])
+        self._job_indexes: dict[str, tuple[int, GittinsIndex, float | None]] = {}
+        """Per job: (keys version, the index it ranks by, its predicted median when its bin
+        breaks ties by it)."""
         self._bins_base: GittinsIndex | None = None
         """The unconditional index the bins were shrunk toward (rebuilt with it)."""
         self._keys_version = 0
@@ -98,6 +101,7 @@ class LearnedOrdering:
             self.guard.judge.observe(self._judged_job(facts, finish_s, gpu_time_s))
         self.history.finished(Outcome(facts, finish_s, gpu_time_s))
         self.predictions.pop(job_id, None)
+        self._job_indexes.pop(job_id, None)
         if prediction is not None:
             self.guard.observe(prediction.q50_gpu_s, gpu_time_s)
             self.judged.append((prediction.q50_gpu_s, gpu_time_s))
@@ -105,6 +109,7 @@ class LearnedOrdering:
     def _judged_job(self, facts: JobFacts, finish_s: float, gpu_time_s: float) -> JudgedJob:
         """How the rule's order and the model's saw a job that finished (before its own
         outcome joins the samples the indexes are built from)."""
+        self.conditional_bins()
         index, weight = self._job_index(facts.job_id)
         if self.config.rule == "gittins":
             rule = self._gittins.profile(gpu_time_s)
@@ -130,6 +135,7 @@ class LearnedOrdering:
         """A job left without completing (cancelled, failed): no outcome to learn from."""
         self.facts.pop(job_id, None)
         self.predictions.pop(job_id, None)
+        self._job_indexes.pop(job_id, None)
 
     def tick(self, now_s: float) -> GuardChange | None:
         """Retrain when due, then let the guard decide; returns the guard's change."""
@@ -154,6 +160,7 @@ class LearnedOrdering:
         if self.predictor is None or self.predictor.info is None:
             return None
         prediction = self.predictor.predict(facts, self.history)
+        self._job_indexes.pop(facts.job_id, None)
         if prediction is not None:
             self.predictions[facts.job_id] = prediction
         return prediction
@@ -194,6 +201,7 @@ class LearnedOrdering:
 
     def predicted_order(self, candidates: Sequence[Candidate]) -> list[str]:
         """Jobs the model is confident about, in the order `config.model_order` gives."""
+        self.keys_version()  # the bins, rebuilt when due
         keyed = [k for k in map(self.predicted_key, candidates) if k is not None]
         keyed.sort()
         return [k[-1] for k in keyed]
@@ -227,22 +235,28 @@ class LearnedOrdering:
         differs (`conditional_bins`). A sharp model makes narrow bins, and the order nears
         shortest-remaining-first; a model that knows nothing has its bins shrunk all the
         way, and the order is the rule's 2D-Gittins, ties included. A job without a
-        confident prediction ranks by the unconditional index too."""
-        index, weight = self._job_index(c.job_id)
-        value = index.index(c.attained_gpu_s)
-        p = self.predictions.get(c.job_id)
-        # equal indexes in a bin that tells something: shorter predicted first; in a bin
-        # shrunk all the way, by arrival, as the rule does
-        tie = p.q50_gpu_s - c.attained_gpu_s if p is not None and weight > 0.0 else 0.0
-        return (-value, tie, c.arrival_s, c.job_id)
+        confident prediction ranks by the unconditional index too. The bins are those of
+        the last `keys_version()` or `predicted_order` call (a driver calls one of them
+        before keying jobs)."""
+        hit = self._job_indexes.get(c.job_id)
+        if hit is None or hit[0] != self._keys_version:
+            index, weight = self._job_index(c.job_id)
+            p = self.predictions.get(c.job_id)
+            # equal indexes in a bin that tells something: shorter predicted first; in a
+            # bin shrunk all the way, by arrival, as the rule does
+            hit = (self._keys_version, index, p.q50_gpu_s if p is not None and weight else None)
+            self._job_indexes[c.job_id] = hit
+        _, index, q50 = hit
+        tie = 0.0 if q50 is None else q50 - c.attained_gpu_s
+        return (-index.index(c.attained_gpu_s), tie, c.arrival_s, c.job_id)
 
     def _job_index(self, job_id: str) -> tuple[GittinsIndex, float]:
         """The index a job ranks by in the conditional order, and its bin's weight (0: the
-        unconditional index, the rule's own)."""
-        edges, indexes, weights = self.conditional_bins()
+        unconditional index, the rule's own), with the bins as they stand."""
+        edges, indexes, weights = self._bins
         p = self.predictions.get(job_id)
         if not indexes or p is None or not p.confident(self.config.max_spread):
-            return self._gittins, 0.0
+            return self._bins_base or self._gittins, 0.0
         k = bisect.bisect_right(edges, p.q50_gpu_s)
         return indexes[k], weights[k]
 
@@ -256,7 +270,10 @@ class LearnedOrdering:
         the rest by more than noise gets w = 0 and the rule's own index."""
         self._refresh_gittins()
         base = self._gittins
-        if base is not self._bins_base and self.judged:
+        if base is not self._bins_base and not self.judged:
+            self._bins_base = base  # no bins yet: every job ranks by the rule's index
+            self._keys_version += 1
+        elif base is not self._bins_base:
             self._bins_base = base
             pairs = sorted(self.judged)
             # at least two bins once there are a few jobs: one bin has nothing to differ from
@@ -289,15 +306,13 @@ class LearnedOrdering:
         """The next attained service above `attained_gpu_s` at which the job's place in
         the predicted order can change (inf: never), for drivers that move jobs only at
         such points."""
-        p = self.predictions.get(job_id)
-        if p is None:
-            return math.inf
-        if self.config.model_order == "remaining":
-            for q in (p.q50_gpu_s, p.q90_gpu_s):
-                if attained_gpu_s < q:
-                    return q
-            return math.inf
-        return grid_step_above(attained_gpu_s, self._gittins.per_decade)
+        if self.config.model_order == "gittins":  # every job ranks by an index
+            return grid_step_above(attained_gpu_s, self._gittins.per_decade)
+        p = self.predictions.get(job_id)  # remaining: the key moves at q50 and q90
+        for q in () if p is None else (p.q50_gpu_s, p.q90_gpu_s):
+            if attained_gpu_s < q:
+                return q
+        return math.inf
 
     def order(self, candidates: Sequence[Candidate]) -> list[str]:
         """The order the policy in use gives now (first runs first)."""
