@@ -552,6 +552,7 @@ def main() -> int:
     with ctx.Pool(args.workers) as pool:
         if earlier is not None:
             search = earlier["search"]  # the node counts its replays ran at
+            recorded = earlier["all_search"]  # and every cluster the record holds
         else:
             search = []
             for s in pool.imap(find_nodes, names):
@@ -562,6 +563,7 @@ def main() -> int:
                     flush=True,
                 )
                 search.append(s)
+            recorded = search
         tasks = []
         for s in search:
             for load, factor in loads:
@@ -575,9 +577,9 @@ def main() -> int:
         tasks.sort(key=lambda t: (load_rank[t[1]], size[t[0]]))
         rows: list[dict[str, Any]] = []
         if earlier is not None:
-            # every earlier row of these clusters is kept (another --variants or --loads
-            # adds to it); only the replays it lacks run
-            rows = [r for r in earlier["rows"] if r["cluster"] in set(names)]
+            # every earlier row is kept (another --clusters, --variants or --loads adds to
+            # the record); only the replays it lacks run
+            rows = list(earlier["rows"])
             kept = {task_of(r) for r in rows}
             tasks = [t for t in tasks if t not in kept]
             started -= earlier["total_s"]
@@ -592,9 +594,9 @@ def main() -> int:
                 f"{row['wall_s']:.1f}s ({(time.perf_counter() - started) / 60:.1f} min)",
                 flush=True,
             )
-            data = write(args, search, rows, done + len(tasks), started)
+            data = write(args, recorded, rows, done + len(tasks), started)
         if not tasks:
-            data = write(args, search, rows, done, started)
+            data = write(args, recorded, rows, done, started)
     for c in data["checks"]:
         print(f"{verdict(c['pass'])}  {c['check']}: {c['figures']}")
     print(f"wrote {args.out} ({args.traces}) in {data['total_s'] / 60:.1f} min")
@@ -636,6 +638,7 @@ def earlier_run(args: argparse.Namespace, names: list[str]) -> dict[str, Any] | 
             f"{path} did not size clusters {sorted(set(names) - searched)}: run without "
             "--resume, or name only the clusters it has"
         )
+    data["all_search"] = data["search"]
     data["search"] = [s for s in data["search"] if s["cluster"] in names]
     return data
 
