@@ -332,7 +332,9 @@ def render(data: dict[str, Any]) -> str:
         "(inverted). Strict time split: the predictor sees a job's GPU-time only once it "
         "finished in the replay, and retrains on its schedule (weekly for the LightGBM "
         "model). Guard: rules only for the first two weeks (cold start), then the model "
-        "orders jobs only while its recent predictions hold up.",
+        "orders jobs only while its order would have served recent pairs of jobs that "
+        "waited together better than the rule's own (learning.guard.judge order: trusted "
+        "from +5 %, falls back below +2 %).",
         "",
         f"Mix: {mix['weight']:g} of the picks follow the predicted order; a job whose "
         f"predicted q90/q10 is above {mix['max_spread']:g} follows the rule order; the "
