@@ -28,7 +28,9 @@ def record(tmp_path: Path, mix: dict[str, Any] | None) -> None:
     }
     if mix is not None:
         data["mix"] = mix
-    (tmp_path / "learned.json").write_text(json.dumps(data), encoding="utf-8")
+    (tmp_path / f"{bench_learned.record_stem('itp')}.json").write_text(
+        json.dumps(data), encoding="utf-8"
+    )
 
 
 def args(tmp_path: Path) -> argparse.Namespace:
@@ -44,7 +46,9 @@ def test_resume_refuses_a_record_of_another_mix(tmp_path: Path) -> None:
 def test_a_record_older_than_an_option_ran_that_options_old_default(tmp_path: Path) -> None:
     old = {"weight": 0.75, "max_spread": 16.0, "model_order": "remaining"}
     record(tmp_path, old)
-    data = json.loads((tmp_path / "learned.json").read_text(encoding="utf-8"))
+    data = json.loads(
+        (tmp_path / f"{bench_learned.record_stem('itp')}.json").read_text(encoding="utf-8")
+    )
     assert bench_learned.mix_of(data) == {**old, "rule": "las"}
     with pytest.raises(SystemExit, match="another experiment"):  # today's defaults differ
         bench_learned.earlier_run(args(tmp_path), ["cluster02"])
@@ -63,28 +67,62 @@ def test_no_record_starts_afresh(tmp_path: Path) -> None:
     assert bench_learned.earlier_run(args(tmp_path), ["cluster02"]) is None
 
 
-def row(cluster: str, policy: str, jct_h: float) -> dict[str, Any]:
+def row(cluster: str, policy: str, jct_h: float, rho: float | None = None) -> dict[str, Any]:
     return {
         "cluster": cluster,
         "load": "base",
         "nodes": 4,
         "policy": policy,
         "mean_jct_h": jct_h,
-        "weekly_mean_jct_h": {"0": [jct_h, 10]},
+        "rho_in_window": rho,
+        "weekly_mean_jct_h": {"2": [jct_h, 60]},
     }
 
 
-def test_the_five_percent_check_counts_clusters_won(tmp_path: Path) -> None:
+def test_the_safety_line_holds_learned_to_the_rule_and_the_best_rule(tmp_path: Path) -> None:
     rows = [
         row("a", "las", 10.0),
-        row("a", "learned", 9.4),  # 6 % better: a win
-        row("b", "las", 10.0),
-        row("b", "learned", 9.6),  # 4 %: not enough
-        row("c", "las", 10.0),
-        row("c", "learned", 10.2),
+        row("a", "gittins", 9.0),
+        row("a", "srtf (oracle)", 8.0),
+        row("a", "learned", 9.1, rho=0.4),  # 1.011 x R, 1.011 x B
+        row("b", "las", 9.0),
+        row("b", "gittins", 10.0),  # B is las here
+        row("b", "srtf (oracle)", 8.0),
+        row("b", "learned", 10.1, rho=0.4),  # 1.01 x R but 1.12 x B
     ]
-    first = bench_learned.checks(rows, ["a", "b", "c"])[0]
-    assert first["figures"] == "1 of 3 clusters"
+    first = bench_learned.checks(rows, ["a", "b"])[0]
+    assert first["figures"].startswith("1 of 2 cells")
     assert first["pass"] is False
-    rows[3]["mean_jct_h"] = 9.5
-    assert bench_learned.checks(rows, ["a", "b", "c"])[0]["pass"] is True
+    rows[-1]["mean_jct_h"] = 9.4
+    assert bench_learned.checks(rows, ["a", "b"])[0]["pass"] is True
+    assert bench_learned.checks(rows, ["a"], rule="las")[0]["pass"] is True
+    wrong = {c["check"]: c["pass"] for c in bench_learned.checks(rows, ["a", "b"])}
+    assert all(ok is None for line, ok in wrong.items() if "shuffled" in line)  # not run
+
+
+def test_the_value_line_counts_eligible_cells_and_captures() -> None:
+    rows = [
+        row("a", "las", 10.0),
+        row("a", "gittins", 10.0),
+        row("a", "srtf (oracle)", 6.0),  # 40 % better than B
+        row("a", "learned", 9.0, rho=0.5),  # 10 % better: capture 25 %
+        row("b", "las", 10.0),
+        row("b", "gittins", 10.0),
+        row("b", "srtf (oracle)", 6.0),
+        row("b", "learned", 9.9, rho=0.1),  # rho too low: not eligible
+    ]
+    value = bench_learned.checks(rows, ["a", "b"])[-1]
+    assert value["figures"] == "1 eligible cells; 1 at <= 0.95 x B; median capture 25%"
+    assert value["pass"] is True
+    rows[3]["mean_jct_h"] = 9.6
+    assert bench_learned.checks(rows, ["a", "b"])[-1]["pass"] is False
+
+
+def test_the_in_window_rank_correlation_is_a_median_over_windows() -> None:
+    from learned_acceptance import median_in_window_rho
+
+    assert median_in_window_rho([(1.0, 1.0)] * 499) is None
+    exact = [(float(k), float(k)) for k in range(1_000)]
+    assert median_in_window_rho(exact) == pytest.approx(1.0)
+    inverse = [(float(k), float(-k)) for k in range(1_000)]
+    assert median_in_window_rho(inverse) == pytest.approx(-1.0)

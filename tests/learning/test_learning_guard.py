@@ -10,8 +10,10 @@ import pytest
 from gpupool.errors import SpecError
 from gpupool.learning.config import LearningConfig
 from gpupool.learning.guard import DriftGuard, GuardConfig, GuardState
+from gpupool.learning.judge import JudgedJob, OrderJudge
 from gpupool.learning.learned import LearnedOrdering
 from gpupool.learning.lightgbm_model import LightGbmPredictor, LightGbmSettings
+from gpupool.learning.ordering import ServiceProfile
 from learning_streams import TEAM_BASE_S, drive, stream
 
 DAY = 86_400.0
@@ -114,12 +116,15 @@ def test_guard_config_rejects_values_out_of_range() -> None:
         GuardConfig(min_rank_corr=1.5)
 
 
-def test_learned_ordering_falls_back_on_a_workload_change_and_recovers_after_it() -> None:
+@pytest.mark.parametrize("judge", ["order", "accuracy"])
+def test_learned_ordering_falls_back_on_a_workload_change_and_recovers_after_it(
+    judge: str,
+) -> None:
     """Six teams with run times a decade apart; on day 8 the teams swap their workloads
     (the shortest team runs the longest jobs). The model trusted on the first regime
     drifts, the rules take over, and after the model has seen the new regime (retrained
     every two days, recent medians refreshed) it is trusted again."""
-    guard = GuardConfig(window_jobs=100, cold_start_s=3 * DAY, min_finished=150)
+    guard = GuardConfig(window_jobs=100, cold_start_s=3 * DAY, min_finished=150, judge=judge)
     config = LearningConfig(mode="active", retrain_every_s=2 * DAY, guard=guard)
     settings = LightGbmSettings(min_rows=100, num_boost_round=25, retrain_every_s=2 * DAY)
     ordering = LearnedOrdering(config, LightGbmPredictor(settings))
@@ -149,3 +154,59 @@ def test_learned_ordering_falls_back_on_a_workload_change_and_recovers_after_it(
     retrained = [i.trained_at_s for i in ordering.retrains]
     assert any(fallback[0].t_s <= t <= recovered[0].t_s for t in retrained)
     assert ordering.guard.state is GuardState.TRUSTED and ordering.uses_model
+    assert (ordering.guard.judge is not None) == (judge == "order")
+
+
+def _judged_job(i: int, g: float, model_good: bool) -> JudgedJob:
+    """A job submitted every 10 s that stays 1,000 s (so it waited with the last 100): the
+    rule ranks all alike (by arrival); the model shorter first, or longer first."""
+    rule = ServiceProfile((g,), (1.0,))
+    model = ServiceProfile((g,), ((1 / g) if model_good else g,))
+    t = 10.0 * i
+    return JudgedJob(t, t + 1_000.0, rule, (t, 0.0, str(i)), model, (0.0, t, str(i)))
+
+
+def test_the_order_judge_falls_back_when_the_models_order_loses_and_recovers() -> None:
+    cfg = GuardConfig(window_jobs=100, cold_start_s=0.0, min_finished=0, pairs_per_job=8)
+    judge = OrderJudge(cfg.window_jobs, cfg.pairs_per_job)
+    guard = DriftGuard(cfg, judge)
+    rng = random.Random(9)
+    i = 0
+
+    def feed(n: int, good: bool) -> None:
+        nonlocal i
+        for _ in range(n):
+            g = 10 ** rng.uniform(1, 5)
+            judge.observe(_judged_job(i, g, good))
+            guard.observe(g, g)  # the accuracy figures are perfect throughout
+            i += 1
+
+    feed(100, True)
+    change = guard.update(1.0, DAY, 100, True)
+    assert change is not None and change.after is GuardState.TRUSTED
+    assert judge.advantage() > 0.1
+    feed(60, False)
+    change = guard.update(2.0, DAY, 160, True)
+    assert change is not None and change.after is GuardState.FALLBACK
+    assert change.reason.startswith("model drifted, rules decide: on ")
+    assert "against the rule's in summed completion" in change.reason
+    assert judge.advantage() < 0
+    feed(100, True)  # a whole window of good pairs again
+    change = guard.update(4.0, DAY, 260, True)
+    assert change is not None and change.after is GuardState.TRUSTED
+
+
+def test_the_order_judge_needs_the_margin_to_trust_again() -> None:
+    cfg = GuardConfig(window_jobs=50, cold_start_s=0.0, min_finished=0, advantage_margin=0.5)
+    judge = OrderJudge(cfg.window_jobs, cfg.pairs_per_job)
+    guard = DriftGuard(cfg, judge)
+    rng = random.Random(10)
+    for i in range(50):
+        g = 10 ** rng.uniform(1, 5)
+        judge.observe(_judged_job(i, g, True))
+        guard.observe(g, g)
+    adv = judge.advantage()
+    assert 0.0 < adv < 0.5
+    change = guard.update(1.0, DAY, 50, True)  # good, not by the margin: not trusted
+    assert change is not None and change.after is GuardState.FALLBACK
+    assert change.reason.startswith("model not good enough yet: ")

@@ -21,7 +21,7 @@ class LearningConfig:
     mode: str = "off"
     """off: rules only; shadow: the learned order is computed and recorded next to what the
     rules did, never acted on; active: the learned order decides, under the guard."""
-    rule: str = "las"
+    rule: str = "gittins"
     """The rule order the learned one mixes with and falls back to."""
     weight: float = 1.0
     """Share of picks that follow the predicted order (preferential round-robin)."""

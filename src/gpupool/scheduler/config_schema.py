@@ -127,7 +127,7 @@ LEARNING_KEYS: frozenset[str] = frozenset(
 
 GUARD_KEYS: frozenset[str] = frozenset(
     {"window_jobs", "min_within_2x", "min_rank_corr", "recover_margin", "cold_start_s"}
-    | {"min_finished"}
+    | {"min_finished", "judge", "min_advantage", "advantage_margin", "pairs_per_job"}
 )
 """`learning.guard:` (gpupool.learning.guard.GuardConfig)."""
 
@@ -440,6 +440,16 @@ def _learning(
             ),
             min_finished=r.integer(
                 g.get("min_finished", dg.min_finished), "learning.guard.min_finished"
+            ),
+            judge=str(g.get("judge", dg.judge)),
+            min_advantage=r.number(
+                g.get("min_advantage", dg.min_advantage), "learning.guard.min_advantage", low=-1.0
+            ),
+            advantage_margin=r.number(
+                g.get("advantage_margin", dg.advantage_margin), "learning.guard.advantage_margin"
+            ),
+            pairs_per_job=r.integer(
+                g.get("pairs_per_job", dg.pairs_per_job), "learning.guard.pairs_per_job", 1
             ),
         )
     except SpecError as err:

@@ -169,10 +169,15 @@ SHADOW = LearningConfig(
     mode="shadow",
     rule="las",
     predictor="recent-median",
+    model_order="remaining",
     guard=GuardConfig(window_jobs=10, min_finished=10, cold_start_s=0.0),
 )
 """Shadow over 2D-LAS, the model trusted after 10 judged predictions (the recent-median
-model trains once 20 jobs finished): a cluster's weeks in a test's minutes."""
+model trains once 20 jobs finished): a cluster's weeks in a test's minutes. These tests
+check the live plumbing (shadow records, the promotion replay and its verdict), so the
+model's order follows its predictions as they are (model_order remaining, judged on their
+accuracy): the default conditional order shrinks a model toward the rule until its own
+judged predictions show it knows something, which a few dozen jobs do not."""
 LONG_S, SHORT_S, WAVE_S, STEP_S = 120.0, 20.0, 100.0, 10.0
 """A wave every 100 s: a long training job (team train) then a short one (team sweep),
 140 s of work for one GPU every 100 s, so a queue builds and its order matters."""
@@ -564,10 +569,12 @@ learning:
   mode: shadow
   rule: las
   predictor: recent-median
+  model_order: remaining
   guard: {window_jobs: 10, min_finished: 10, cold_start_s: 0}
 """
 """The learned policy in shadow over 2D-LAS; the model (recent median GPU-time of the
-team's jobs) trains once 20 jobs finished and is trusted after 10 judged predictions."""
+team's jobs) trains once 20 jobs finished and is trusted after 10 judged predictions; its
+order follows the predictions as they are (see SHADOW)."""
 
 
 def post_job(url: str, name: str, team: str, sleep_s: float) -> int:

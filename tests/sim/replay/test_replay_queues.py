@@ -138,29 +138,43 @@ def test_backfill_never_delays_a_head_reservation() -> None:
 SMALL_GUARD = GuardConfig(window_jobs=50, cold_start_s=86_400.0, min_finished=50)
 
 
-def test_learned_with_the_model_kept_out_is_las() -> None:
+def test_learned_with_the_model_kept_out_is_its_rule() -> None:
+    """learning.rule (2D-Gittins by default) decides alone."""
     trace = random_trace(5, 500, 6 * 86_400.0, teams=3)
-    las = run_replay(trace, 4, 8, "las")
+    rule = run_replay(trace, 4, 8, "gittins")
     # weight 0: no pick follows the prediction, whatever the guard says
     off = LearningConfig(predictor="recent-median", weight=0.0, guard=SMALL_GUARD)
     r = run_replay(trace, 4, 8, "learned", learning=off)
     assert r.retrains  # a model was trained, and ignored
-    assert actions(r) == actions(las)
+    assert actions(r) == actions(rule)
     # a cold start longer than the trace: rules throughout
     cold = LearningConfig(predictor="recent-median", guard=GuardConfig(cold_start_s=1e9))
     r = run_replay(trace, 4, 8, "learned", learning=cold)
     assert r.trusted_s == 0
-    assert actions(r) == actions(las)
+    assert actions(r) == actions(rule)
 
 
-def test_learned_uses_a_good_model_and_differs_from_las() -> None:
+def test_an_unguarded_shuffled_model_replays_exactly_as_its_rule() -> None:
+    """A model that knows nothing, in charge from the end of the cold start: its bins are
+    shrunk to the unconditional distribution, so the replay is 2D-Gittins' decision for
+    decision (without the shrinkage its bins' noise reorders jobs)."""
     trace = random_trace(5, 500, 6 * 86_400.0, teams=3)
-    las = run_replay(trace, 4, 8, "las")
+    rule = run_replay(trace, 4, 8, "gittins")
+    # every prediction used, however unsure (this model is unsure of all)
+    cfg = LearningConfig(predictor="shuffled", guarded=False, guard=SMALL_GUARD, max_spread=1e9)
+    r = run_replay(trace, 4, 8, "learned", learning=cfg)
+    assert r.trusted_s > 0 and r.retrains
+    assert actions(r) == actions(rule)
+
+
+def test_learned_uses_a_good_model_and_differs_from_its_rule() -> None:
+    trace = random_trace(5, 500, 6 * 86_400.0, teams=3)
+    rule = run_replay(trace, 4, 8, "gittins")
     cfg = LearningConfig(predictor="recent-median", guard=SMALL_GUARD)
     r = run_replay(trace, 4, 8, "learned", learning=cfg)
     assert any(c.after.value == "trusted" for c in r.guard_changes)
     assert r.trusted_s > 0
-    assert actions(r) != actions(las)
+    assert actions(r) != actions(rule)
     notes = [d for d in r.log.decisions if d.job_id == "learning"]
     assert [d.action for d in notes] == [f"guard-{c.after.value}" for c in r.guard_changes]
 
