@@ -74,7 +74,8 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/bench_fill.py
 	$(BIN)/python bench/bench_replay.py
-	$(BIN)/python bench/bench_learned.py
+	$(BIN)/python bench/bench_learned.py --workers 1
+	$(BIN)/python bench/bench_learned.py --workers 1 --traces pollux
 	$(BIN)/python bench/bench_learned_rules.py
 	$(BIN)/python bench/fgd_reproduction.py
 	$(BIN)/python bench/bench_scenarios.py
