@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from gpupool.errors import SpecError
 from gpupool.learning.config import MODEL_ORDERS, RULES, LearningConfig
 from gpupool.learning.history import History, JobFacts
-from gpupool.learning.predictor import ModelInfo, Prediction, Predictor
+from gpupool.learning.predictor import Prediction, Predictor, WrappedPredictor
 from gpupool.sim.replay.ordered import default_predictor
 from gpupool.sim.replay.run import run_replay
 from gpupool.traces.loaders import load_replay_trace
@@ -156,23 +156,13 @@ def origin_s() -> float:
     return ITP_ORIGIN_S if SOURCE["name"] == "itp" else 0.0
 
 
-class Recording:
+class Recording(WrappedPredictor):
     """A predictor that keeps each job's latest prediction (the one its order used), for
     the in-window rank correlation."""
 
     def __init__(self, inner: Predictor) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.q50: dict[str, float] = {}
-
-    @property
-    def info(self) -> ModelInfo | None:
-        return self.inner.info
-
-    def retrain_due(self, history: History, now_s: float) -> bool:
-        return self.inner.retrain_due(history, now_s)
-
-    def retrain(self, history: History, now_s: float) -> ModelInfo | None:
-        return self.inner.retrain(history, now_s)
 
     def predict(self, facts: JobFacts, history: History) -> Prediction | None:
         p = self.inner.predict(facts, history)

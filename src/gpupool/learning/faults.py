@@ -18,28 +18,18 @@ import numpy as np
 
 from gpupool.learning.features import log_gpu_s
 from gpupool.learning.history import History, JobFacts
-from gpupool.learning.predictor import ModelInfo, Prediction, Predictor
+from gpupool.learning.predictor import Prediction, Predictor, WrappedPredictor
 
 
-class ShuffledPredictor:
+class ShuffledPredictor(WrappedPredictor):
     """Each job gets the inner prediction of a different job among the last `pool` ones
     predicted, chosen by a random draw seeded with (seed, job id)."""
 
     def __init__(self, inner: Predictor, seed: int = 0, pool: int = 200) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.seed = seed
         self.pool = pool
         self._made: OrderedDict[str, Prediction] = OrderedDict()
-
-    @property
-    def info(self) -> ModelInfo | None:
-        return self.inner.info
-
-    def retrain_due(self, history: History, now_s: float) -> bool:
-        return self.inner.retrain_due(history, now_s)
-
-    def retrain(self, history: History, now_s: float) -> ModelInfo | None:
-        return self.inner.retrain(history, now_s)
 
     def predict(self, facts: JobFacts, history: History) -> Prediction | None:
         own = self.inner.predict(facts, history)
@@ -56,24 +46,14 @@ class ShuffledPredictor:
         return Prediction(pick.q10_gpu_s, pick.q50_gpu_s, pick.q90_gpu_s, own.version)
 
 
-class InvertedPredictor:
+class InvertedPredictor(WrappedPredictor):
     """The inner prediction mirrored around the median log GPU-time of the last `recent`
     jobs finished by the job's submit: exp(2m - log q), with q10 and q90 swapped."""
 
     def __init__(self, inner: Predictor, recent: int = 1_000) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.recent = recent
         self._median_at: tuple[History, int, float] | None = None
-
-    @property
-    def info(self) -> ModelInfo | None:
-        return self.inner.info
-
-    def retrain_due(self, history: History, now_s: float) -> bool:
-        return self.inner.retrain_due(history, now_s)
-
-    def retrain(self, history: History, now_s: float) -> ModelInfo | None:
-        return self.inner.retrain(history, now_s)
 
     def _median_log(self, history: History, submit_s: float) -> float | None:
         known = history.finished_by(submit_s)

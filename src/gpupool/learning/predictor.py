@@ -54,3 +54,22 @@ class Predictor(Protocol):
     def predict(self, facts: JobFacts, history: History) -> Prediction | None:
         """At the job's submit, with `history` as it stands then; None without a model."""
         ...
+
+
+class WrappedPredictor:
+    """A predictor that changes another's predictions but trains and versions as it does
+    (the deliberately wrong ones, a recorder): `info`, `retrain_due` and `retrain` are the
+    inner predictor's; a subclass writes `predict`."""
+
+    def __init__(self, inner: Predictor) -> None:
+        self.inner = inner
+
+    @property
+    def info(self) -> ModelInfo | None:
+        return self.inner.info
+
+    def retrain_due(self, history: History, now_s: float) -> bool:
+        return self.inner.retrain_due(history, now_s)
+
+    def retrain(self, history: History, now_s: float) -> ModelInfo | None:
+        return self.inner.retrain(history, now_s)
