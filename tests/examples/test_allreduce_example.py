@@ -5,6 +5,7 @@ instead of a hang, and a run stopped by SIGTERM resumes from rank 0's checkpoint
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -43,6 +44,26 @@ def gang(world: int, ckpt: Path, *args: str, resume: bool = False) -> list[subpr
     return procs
 
 
+def wait_started(procs: list[subprocess.Popen[str]], limit_s: float = 30.0) -> list[str]:
+    """What each member printed up to its "member rank=" line, which it prints once its
+    SIGTERM handler is in place (a signal sent before that kills a member still importing
+    on a loaded host). Bounded: a member that says nothing in `limit_s` fails the test."""
+    deadline = time.monotonic() + limit_s
+    seen = []
+    for p in procs:
+        assert p.stdout is not None
+        lines = ""
+        while not lines.splitlines()[-1:] or not lines.splitlines()[-1].startswith("member rank="):
+            left = deadline - time.monotonic()
+            ready, _, _ = select.select([p.stdout], [], [], max(0.0, left))
+            line = p.stdout.readline() if ready else ""
+            if not line:
+                raise AssertionError(f"a member did not start in {limit_s:g} s: {lines!r}")
+            lines += line
+        seen.append(lines)
+    return seen
+
+
 def result(out: str) -> dict[str, str]:
     last = [x for x in out.splitlines() if x.startswith("result=")][-1]
     return dict(kv.split("=") for kv in last.split())
@@ -70,10 +91,11 @@ def test_a_vanished_peer_ends_the_gang_and_the_run_resumes_from_the_checkpoint(
     assert time.monotonic() - started < 10  # no hang on the dead peer
     # stop the next gang with SIGTERM, then finish on one member
     procs = gang(2, tmp_path, *args, resume=True)
-    time.sleep(1.5)
+    firsts = wait_started(procs)
+    time.sleep(0.5)  # a few steps, so that the stop comes mid-run
     for p in procs:
         p.send_signal(signal.SIGTERM)
-    outs = [p.communicate(timeout=30)[0] for p in procs]
+    outs = [first + p.communicate(timeout=30)[0] for first, p in zip(firsts, procs, strict=True)]
     assert [p.returncode for p in procs] == [0, 0], outs
     assert "SIGTERM: checkpoint saved" in outs[0]
     (alone,) = gang(1, tmp_path, "--steps", "400", "--every", "5", resume=True)
