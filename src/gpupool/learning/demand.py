@@ -267,11 +267,12 @@ class DemandForecaster:
             self.done += 1
         return self.judge(now_s)
 
-    def series(self) -> tuple[FloatArray, Series]:
+    def series(self) -> tuple[FloatArray, FloatArray, Series]:
+        """The targets as measured, on log1p (what the model learns), and their grid."""
         assert self.first_bin is not None
-        z = np.log1p(np.asarray(self.peaks, dtype=np.float64))
+        peaks = np.asarray(self.peaks, dtype=np.float64)
         start = (self.first_bin + self.offset) * self.cfg.step_s
-        return z, Series(start, self.cfg.step_s, ())
+        return peaks, np.log1p(peaks), Series(start, self.cfg.step_s, ())
 
     def maybe_train(self, origin: int) -> None:
         cfg = self.cfg
@@ -281,7 +282,7 @@ class DemandForecaster:
             every = min(every, self.per_day)  # a young model gains most from each new day
         if origin < first or (self.boosters and origin - self.trained_at < every):
             return
-        z, series = self.series()
+        _, z, series = self.series()
         hi = origin - self.ahead - self.offset  # the newest pair whose target is known
         lo = max(7 * self.per_day - self.offset, hi - round(cfg.max_train_days * self.per_day))
         if hi - lo < 2 * cfg.settings.min_data_in_leaf:
@@ -303,7 +304,7 @@ class DemandForecaster:
     def forecast(self, origin: int) -> None:
         if not self.boosters:
             return
-        z, series = self.series()
+        peaks, z, series = self.series()
         t = np.array([origin - self.offset], dtype=np.int64)
         x, base = features_at(z, t, self.ahead, series, self.cfg.settings.lags)
         p50, p90 = (
@@ -315,7 +316,6 @@ class DemandForecaster:
         self.raw.pop(origin - shift - 1, None)
         if self.cfg.fault == "shifted-12h":
             p50, p90 = self.raw.get(origin - shift, self.raw[origin])
-        peaks = np.asarray(self.peaks, dtype=np.float64)
         opp = opponent_forecasts(peaks, t, self.ahead, self.per_day)
         self.issued[origin] = (p50, max(p50, p90), tuple(float(opp[o][0]) for o in OPPONENTS))
         self.forecast_rps = max(p50, p90)
