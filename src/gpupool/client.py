@@ -299,6 +299,16 @@ class Client:
     def learn_demote(self, reason: str = "") -> dict[str, Any]:
         return _object(self._request("POST", "/v1/learn/demote", json={"reason": reason}))
 
+    def learner_promote(self, learner: str) -> dict[str, Any]:
+        """A learner judged by its own guard (the demand forecast): the server decides on
+        its record."""
+        return _object(self._request("POST", f"/v1/learn/{learner}/promote"))
+
+    def learner_demote(self, learner: str, reason: str = "") -> dict[str, Any]:
+        return _object(
+            self._request("POST", f"/v1/learn/{learner}/demote", json={"reason": reason})
+        )
+
     # services
     def create_service(self, spec: dict[str, Any]) -> dict[str, Any]:
         return _object(self._request("POST", "/v1/services", json=spec))

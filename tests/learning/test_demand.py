@@ -5,6 +5,7 @@ does with it."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -207,3 +208,70 @@ def test_the_simulated_core_scales_on_the_forecast_and_says_so() -> None:
     after = [r for t, r in reasons if t >= guard[-1].t_s]
     assert before and all(r.startswith("measured peak") for r in before)
     assert after and all(r.startswith("forecast peak") for r in after)
+
+
+def test_a_shadow_forecast_is_judged_never_acted_on_until_promoted() -> None:
+    """In shadow the forecaster trains and its guard judges it as in active, but the
+    reactive rule scales; the promotion check reads that record (refused while cold), and
+    once promoted the same forecaster scales the service."""
+    cold = DemandForecaster(replace(HOURLY, mode="shadow"), lookahead_s=600.0, learn=True)
+    feed(cold, 5)
+    assert cold.promotion_problem() == (
+        "5.0 of 14 days of history: the reactive rule scales the service"
+    )
+    days = 22
+    t = np.arange(days * 24) * HOUR_S
+    noise = np.random.default_rng(0).normal(0.0, 3.0, t.size)
+    rates = tuple(weekly_rate(x) + e for x, e in zip(t, noise, strict=True))
+    curve = LoadCurve(tuple(t.tolist()), rates)
+    cfg = parse_scenario(
+        {
+            "name": "forecast-shadow",
+            "horizon_h": days * 24,
+            "cluster": [{"gpu_type": "H100-80GB", "nodes": 4, "gpus_per_node": 8}],
+            "teams": [{"name": "web"}],
+            "workload": [],
+            "cycle_s": HOUR_S,
+            "online_reserve": 0.0,
+            "autoscale": {
+                "demand": "forecast",
+                "forecast": {"step_s": HOUR_S, "mode": "shadow"},
+            },
+        }
+    )
+    sim = ScenarioSim(cfg, Workload(services=(ServiceSpec("chat", "web", curve, 10.0),)))
+    sim.commands = []
+    sim.run()
+    core = sim.core
+    guard = [c for c in sim.learn_records if isinstance(c, LearnGuard)]
+    assert guard[-1].state == TRUSTED, guard
+    assert "would scale the service (shadow" in guard[-1].reason
+    reasons = [c.reason for _, c in sim.commands if isinstance(c, Scale)]
+    assert reasons and all(r.startswith("measured peak") for r in reasons)
+    assert core.learners.mode("forecast") == "shadow"
+    assert core.demand_status()["chat"].mode == "shadow"
+    assert core.learners.promotion_problem("forecast") is None
+    evidence = core.learners.evidence("forecast")
+    assert evidence["services"]["chat"]["state"] == TRUSTED
+    assert "trusted by its guard for 1 of 1 services" in evidence["summary"]
+    now = days * DAY_S
+    promoted = core.learners.set_mode("forecast", "active", now, "promoted by a test")
+    assert (promoted.state, promoted.learner) == ("promoted", "forecast")
+    peak, why = core.autoscale.demand_peak("chat", now, [])
+    assert why.startswith("forecast peak") and peak >= core.autoscale.rates["chat"].latest()
+    core.learners.set_mode("forecast", "shadow", now, "demoted by a test")
+    assert core.autoscale.demand_peak("chat", now, [])[1].startswith("measured peak")
+    with pytest.raises(SpecError, match="forecast mode must be one of"):
+        core.learners.set_mode("forecast", "off", now, "")
+    with pytest.raises(SpecError, match="unknown learner"):
+        core.learners.set_mode("tea-leaves", "active", now, "")
+
+
+def test_promotion_of_the_forecast_is_refused_while_its_guard_does_not_trust_it() -> None:
+    f = DemandForecaster(replace(HOURLY, mode="shadow"), lookahead_s=600.0, learn=True)
+    feed(f, 20, rate=lambda t: weekly_rate(t, phase_h=12.0 if t >= 15 * DAY_S else 0.0))
+    assert f.state == FALLBACK
+    problem = f.promotion_problem()
+    assert problem is not None and "above" in problem and "best simple opponent" in problem
+    with pytest.raises(SpecError, match=r"autoscale\.forecast\.mode"):
+        parse_scheduling({"autoscale": {"forecast": {"mode": "sometimes"}}}, "x.yaml")

@@ -1,5 +1,6 @@
-"""`gpupool learn status|promote|demote`: the learned policy of a running server
-(`gpupool learn forecast`, offline, is in forecast.py).
+"""`gpupool learn status|promote|demote`: the learners of a running server, the learned
+job order and the services' demand forecast (`gpupool learn forecast`, offline, is in
+forecast.py).
 
 `status` shows what the server's learner has seen (jobs, days), how accurate its
 predictions were (share within 2x, rank correlation), the guard's state, the model's
@@ -9,6 +10,8 @@ agreed with the rules; then it replays the last N days of this cluster's own fin
 one, on a fleet of the server's size, and prints both. `promote` runs the same replay and
 asks the server to make the learned policy active only when it wins; the server checks the
 evidence again (409 when it does not carry a win). `demote` returns it to shadow.
+`promote forecast` and `demote forecast` do the same for the demand forecast, which the
+server judges on its own record (its guard's errors against the simple opponents).
 
 The replay runs here, in the CLI: the server never imports the simulator.
 """
@@ -55,13 +58,25 @@ def add_learn_parser(sub: Any, conn: argparse.ArgumentParser, as_json: Any) -> N
         help="data seen, accuracy, drift state, mode, and a replay of the last days",
     )
     s.set_defaults(client_handler=cmd_learn_status)
+    learner = argparse.ArgumentParser(add_help=False)
+    learner.add_argument(
+        "learner",
+        nargs="?",
+        default="order",
+        choices=("order", "forecast"),
+        help="order (default): the learned job order, judged by a replay of the last days; "
+        "forecast: the services' demand forecast, judged by its own guard on the server",
+    )
     pr = lsub.add_parser(
         "promote",
-        parents=[conn, as_json, days],
-        help="make the learned policy active, if a replay of the last days shows a win",
+        parents=[conn, as_json, days, learner],
+        help="make a learner active: the job order if a replay of the last days shows a "
+        "win, the forecast if its guard trusts it for at least one service",
     )
     pr.set_defaults(client_handler=cmd_learn_promote)
-    d = lsub.add_parser("demote", parents=[conn, as_json], help="return it to shadow")
+    d = lsub.add_parser(
+        "demote", parents=[conn, as_json, learner], help="return a learner to shadow"
+    )
     d.add_argument("--reason", default="", help="why (kept with the change)")
     d.set_defaults(client_handler=cmd_learn_demote)
     add_forecast_parser(lsub)
@@ -208,6 +223,12 @@ def cmd_learn_status(client: Client, args: argparse.Namespace) -> int:
     )
 
 
+def scales_on(state: str, mode: str) -> str:
+    if state != "trusted":
+        return "reactive rule"
+    return "forecast" if mode == "active" else "reactive rule (shadow)"
+
+
 def forecast_text(view: Mapping[str, Any]) -> str:
     """Each service's demand forecaster: history, its error against the best simple
     opponent over the guard's window, p90 coverage and who scales the service."""
@@ -216,10 +237,18 @@ def forecast_text(view: Mapping[str, Any]) -> str:
         return f"demand forecasts: off (autoscale.demand: {demand})"
     cfg: Mapping[str, Any] = view.get("forecast_config") or {}
     forecasts: Mapping[str, Mapping[str, Any]] = view.get("forecasts") or {}
+    mode = str(view.get("forecast_mode", "active"))
     head = (
-        f"demand forecasts: trusted after {cfg.get('cold_start_days', 14):g} days of a "
-        f"service's history, judged over the last {cfg.get('judge_days', 7):g} days"
+        f"demand forecasts: mode {mode} ({view.get('forecast_mode_reason', '')}); trusted "
+        f"after {cfg.get('cold_start_days', 14):g} days of a service's history, judged over "
+        f"the last {cfg.get('judge_days', 7):g} days"
     )
+    change = view.get("forecast_last_change")
+    if change:
+        head += (
+            f"\nlast change: {change['action']} by {change['by'] or 'the server'} "
+            f"{_stamp(change['at_s'], time.time())}: {change['reason']}"
+        )
     if not forecasts:
         return head + "\n(no service has reported a rate yet)"
     rows = []
@@ -231,7 +260,7 @@ def forecast_text(view: Mapping[str, Any]) -> str:
                 name,
                 f"{float(s['history_days']):.1f} d",
                 s["state"],
-                "reactive rule" if s["state"] != "trusted" else "forecast",
+                scales_on(str(s["state"]), mode),
                 str(s["model_version"]),
                 _num(s.get("learned_rel_mae"), ".3f"),
                 "-" if best is None else f"{opp[best]:.3f} ({best})",
@@ -257,6 +286,9 @@ def forecast_text(view: Mapping[str, Any]) -> str:
 
 
 def cmd_learn_promote(client: Client, args: argparse.Namespace) -> int:
+    if args.learner != "order":  # judged on the server's own record: it refuses with why
+        after = client.learner_promote(args.learner)
+        return emit(args, after, lambda: f"the {args.learner} learner is now active")
     view = client.learn()
     ev = _replay_for(client, view, args.days)
     ok, sentence = verdict(ev, int(view["min_jobs"]))
@@ -268,6 +300,13 @@ def cmd_learn_promote(client: Client, args: argparse.Namespace) -> int:
 
 
 def cmd_learn_demote(client: Client, args: argparse.Namespace) -> int:
+    if args.learner != "order":
+        after = client.learner_demote(args.learner, args.reason)
+        return emit(
+            args,
+            after,
+            lambda: f"the {args.learner} learner is now in shadow: judged, never acted on",
+        )
     after = client.learn_demote(args.reason)
     return emit(args, after, lambda: f"the learned policy is now {after['mode']}: the rules decide")
 

@@ -9,6 +9,9 @@ from gpupool.learning.guard import GuardConfig
 from gpupool.learning.ordering import LasQueues
 
 MODES = ("off", "shadow", "active")
+LEARNERS = ("order", "forecast")
+"""What `gpupool learn promote|demote` names: the learned job order, the services' demand
+forecast. Each has a shadow and an active mode, kept apart."""
 RULES = ("las", "gittins")
 MODEL_ORDERS = ("gittins", "remaining")
 """How the predicted order ranks a job (LearningConfig.model_order)."""

@@ -48,8 +48,12 @@ FAULTS = ("none", "shifted-12h")
 """shifted-12h: every forecast is the one made 12 hours earlier (a wrong model, on purpose,
 to show the guard keeps it out); never for a real service."""
 COLD, TRUSTED, FALLBACK = "cold", "trusted", "fallback"
+FORECAST_MODES = ("active", "shadow")
+"""active: a trusted forecast scales the service; shadow: the forecasts are made and judged
+as in active, but the reactive rule always scales (until `gpupool learn promote`)."""
 FORECAST_KEYS = frozenset(
     {
+        "mode",
         "step_s",
         "cold_start_days",
         "retrain_every_days",
@@ -84,6 +88,9 @@ class DemandForecastConfig:
     """A model not trusted comes in once its error is this share below the best opponent's."""
     max_train_days: float = 56.0
     fault: str = "none"
+    mode: str = "active"
+    """One of FORECAST_MODES: where the forecast may scale services at start (a promotion or
+    demotion, stored by the live service, wins over it)."""
     settings: ForecastSettings = field(default_factory=ForecastSettings)
     """The LightGBM settings and features (those of `gpupool learn forecast`)."""
 
@@ -108,6 +115,11 @@ class DemandForecastConfig:
             raise SpecError(
                 "autoscale.forecast: retrain_every_days and max_train_days must be > 0 "
                 "and recover_margin >= 0"
+            )
+        if self.mode not in FORECAST_MODES:
+            raise SpecError(
+                f"autoscale.forecast.mode must be one of {', '.join(FORECAST_MODES)}, "
+                f"got {self.mode!r}"
             )
         if self.fault not in FAULTS:
             raise SpecError(
@@ -140,6 +152,7 @@ class DemandForecastConfig:
             recover_margin=num("recover_margin", d.recover_margin),
             max_train_days=num("max_train_days", d.max_train_days),
             fault=str(raw.get("fault", d.fault)),
+            mode=str(raw.get("mode", d.mode)),
         )
 
 
@@ -158,6 +171,8 @@ class DemandStatus:
 
     history_days: float
     state: str
+    mode: str
+    """active or shadow (FORECAST_MODES): whether a trusted forecast may scale."""
     model_version: int
     judged: int
     learned_rel_mae: float | None
@@ -210,6 +225,8 @@ class DemandForecaster:
         self.scored: deque[Scored] = deque()
         self.state = ""
         """Empty until the first judgement, which says (cold) who scales the service."""
+        self.mode = config.mode
+        """active or shadow: in shadow a trusted forecast is recorded, never acted on."""
         self.forecast_rps: float | None = None
 
     # ---- measurements --------------------------------------------------------------------------
@@ -366,8 +383,13 @@ class DemandForecaster:
         )
         bar = opp[best] if self.state == TRUSTED else opp[best] * (1 - cfg.recover_margin)
         if learned <= bar + 1e-12:
-            return self.change(now_s, TRUSTED, f"the forecast scales the service: {figures}")
+            return self.change(now_s, TRUSTED, f"{self.trusted_phrase()}: {figures}")
         return self.change(now_s, FALLBACK, f"the reactive rule scales the service: {figures}")
+
+    def trusted_phrase(self) -> str:
+        if self.mode == "active":
+            return "the forecast scales the service"
+        return "the forecast would scale the service (shadow: the reactive rule scales it)"
 
     def cold_reason(self, history_days: float) -> str:
         cfg = self.cfg
@@ -390,9 +412,23 @@ class DemandForecaster:
     def trusted_peak(self) -> float | None:
         """The forecast peak to provision for (never below the rate served now), or None
         while the reactive rule decides."""
-        if self.state != TRUSTED or self.forecast_rps is None:
+        if self.state != TRUSTED or self.mode != "active" or self.forecast_rps is None:
             return None
         return max(self.forecast_rps, self.latest())
+
+    def promotion_problem(self) -> str | None:
+        """Why this forecast may not scale its service now (None: its guard trusts it)."""
+        if self.state == TRUSTED:
+            return None
+        learned, opp = self.errors()
+        history_days = self.done / self.per_day
+        if self.state in ("", COLD) or learned is None:
+            return self.cold_reason(history_days)
+        best = min(opp, key=lambda k: (opp[k], k))
+        return (
+            f"its relative error {learned:.3f} over the last {self.cfg.judge_days:g} days is "
+            f"above {opp[best]:.3f}, the best simple opponent's ({best})"
+        )
 
     def status(self) -> DemandStatus:
         learned, opp = self.errors()
@@ -400,6 +436,7 @@ class DemandForecaster:
         return DemandStatus(
             history_days=self.done / self.per_day,
             state=self.state or COLD,
+            mode=self.mode,
             model_version=self.version,
             judged=len(self.scored),
             learned_rel_mae=learned,

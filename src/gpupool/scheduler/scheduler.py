@@ -89,6 +89,7 @@ from gpupool.scheduler.events import (
 )
 from gpupool.scheduler.fleet import DOWN, STARTING, UP, Fleet
 from gpupool.scheduler.jobs import WAITING, JobRecord, ServiceTemplate
+from gpupool.scheduler.learners import Learners
 from gpupool.scheduler.ordering import CoreLearning
 from gpupool.scheduler.view import cycle_view
 from gpupool.sizing.catalog import Catalog
@@ -192,6 +193,8 @@ class Scheduler:
 
         # ---- the stages (their order is cycle/order.py's) ----------------------------------
         self.autoscale = ServiceAutoscale(cfg, book, services, self.submit_replica, replica_id)
+        self.learners = Learners(book, self.ordering, self.autoscale)
+        """Each learner's promotion and demotion (order, forecast)."""
         self.pool_choice = PoolChoice(
             cfg, book, fleet, self.quotas, self.engine, self.autoscale.services
         )
@@ -625,16 +628,9 @@ class Scheduler:
 
     # ---- learning -----------------------------------------------------------------------------
     def set_learning_mode(self, mode: str, t_s: float, reason: str) -> LearnGuard:
-        """Promote the learned policy to active or demote it to shadow (the live
+        """Promote the learned order to active or demote it to shadow (the live
         `gpupool learn promote` and its automatic demotion); the next cycle plans anew."""
-        if self.ordering is None:
-            raise SpecError(
-                f"the policy is {self.config.policy}; only policy learned has a shadow and an "
-                "active mode: set policy: learned"
-            )
-        change = self.ordering.set_mode(mode, t_s, reason)
-        self.book.dirty = True
-        return change
+        return self.learners.set_mode("order", mode, t_s, reason)
 
     def learning_status(self) -> dict[str, object] | None:
         """The ordered policy's state (data seen, accuracy, guard, model, mode, shadow
@@ -644,7 +640,7 @@ class Scheduler:
     def demand_status(self) -> dict[str, DemandStatus]:
         """Each service's demand forecaster (`autoscale.demand: forecast`): history, accuracy
         against the simple opponents, guard state; empty under the other demand rules."""
-        return {name: f.status() for name, f in self.autoscale.rates.items() if f.learn}
+        return self.autoscale.forecast_status()
 
     def learning_seed(self, outcomes: Sequence[Outcome]) -> int:
         """Preload finished jobs into the learned policy's history (a restarted service

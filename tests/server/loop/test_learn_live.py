@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
@@ -291,6 +292,75 @@ def test_a_restart_feeds_each_forecaster_its_history(tmp_path: Path, lives: list
     assert shown["model_version"] >= 1 and shown["state"] != "cold", shown
     guard = [e.message for e in live.events("learn-guard")]
     assert any(m.startswith("forecast chat ") and "cold" not in m for m in guard), guard
+
+
+def test_the_forecast_is_promoted_on_its_guards_record_and_keeps_its_mode(
+    tmp_path: Path, lives: list[Live]
+) -> None:
+    """The demand forecast starts in shadow (configured so): its promotion is refused while
+    its guard does not trust it (the figures said), granted once it does, recorded with the
+    service's errors as evidence, and kept over a restart; a demotion returns it."""
+    live = Live(tmp_path / "a", "las", LearningConfig())
+    lives.append(live)
+    shadow = dataclasses.replace(LIVE_DEFAULTS.autoscale_forecast, mode="shadow")
+    live.scheduling = dataclasses.replace(
+        live.scheduling, autoscale_demand="forecast", autoscale_forecast=shadow
+    )
+    live.service.stop()
+    first = live.open()
+    first.operations.create_service(
+        NewService("chat", "web", ("serve",), 0, 2, slo_p99_ms=200.0, replica_rps=10.0)
+    )
+    live.step()
+    with pytest.raises(ConflictError, match=r"refused: .*chat: 0\.0 of 14 days of history"):
+        first.operations.promote_learner("forecast", "ops")
+    first.stop()
+    days = 22  # the cold start's 14, and a week judged: weekends the opponents get wrong
+    start = T0 - days * DAY
+    noise = np.random.default_rng(0).normal(0.0, 3.0, days * 1440)
+    rows = [
+        ServiceMinute(
+            "chat",
+            start + k * 60.0,
+            60.0,
+            None,
+            (0.6 if (k // 1440) % 7 >= 5 else 1.0) * (100.0 + 80.0 * np.sin(np.pi * k / 720))
+            + noise[k],
+            0,
+        )
+        for k in range(days * 1440)
+    ]
+    live.store.history.add([], rows)
+    again = live.open()
+    live.step()
+    view = again.views.learning_view()
+    assert view["forecast_mode"] == "shadow" and view["forecast_last_change"] is None
+    standing = view["forecasts"]["chat"]
+    assert standing["state"] == "trusted", standing  # the guard trusts it (in shadow)
+    with pytest.raises(ConflictError, match="in shadow already"):
+        again.operations.demote_learner("forecast", "ops")
+    after = again.operations.promote_learner("forecast", "ops")
+    assert after["forecast_mode"] == "active"
+    change = after["forecast_last_change"]
+    assert (change["action"], change["learner"], change["by"]) == ("promote", "forecast", "ops")
+    assert change["evidence"]["services"]["chat"]["state"] == "trusted"
+    assert "trusted by its guard for 1 of 1 services" in change["reason"]
+    assert after["last_change"] is None  # the job order's record is its own
+    with pytest.raises(ConflictError, match="active already"):
+        again.operations.promote_learner("forecast", "ops")
+    again.stop()
+
+    third = live.open()
+    live.clock.advance(STEP_S)
+    third.step()  # (replicas it starts stay up: not the harness's planned jobs)
+    assert third.views.learning_view()["forecast_mode"] == "active"
+    guard = [e.message for e in live.events("learn-guard")]
+    assert any(m.startswith("forecast promoted: promoted by ops") for m in guard), guard
+    assert any(m.startswith("forecast promoted: restored at start") for m in guard), guard
+    third.operations.demote_learner("forecast", "ops", "a holiday week")
+    assert third.views.learning_view()["forecast_mode"] == "shadow"
+    assert live.store.settings.learning_mode("forecast").reason == "demoted by ops: a holiday week"
+    assert live.store.settings.learning_mode() is None  # the job order's mode is untouched
 
 
 def test_shadow_decisions_never_reach_the_executor(tmp_path: Path, lives: list[Live]) -> None:
@@ -732,10 +802,24 @@ def test_demand_forecasts_through_the_real_server(tmp_path: Path) -> None:
         ]
         out = cli(url, "learn", "status", timeout_s=60)
         assert out.returncode == 0, out.stderr
-        assert "demand forecasts: trusted after 14 days" in out.stdout, out.stdout
+        assert "demand forecasts: mode active (the configured mode)" in out.stdout, out.stdout
+        assert "trusted after 14 days" in out.stdout, out.stdout
         row = next(line for line in out.stdout.splitlines() if line.startswith("chat"))
         assert "cold" in row and "reactive rule" in row, out.stdout
         shown = json.loads(cli(url, "learn", "status", "--json").stdout)
         assert shown["forecasts"]["chat"]["model_version"] == 0
+        # promotion per learner, from the command line: the forecast's own record decides
+        again = cli(url, "learn", "promote", "forecast")
+        assert again.returncode != 0 and "active already" in again.stderr, again
+        down = cli(url, "learn", "demote", "forecast", "--reason", "a rehearsal")
+        assert down.returncode == 0, down.stderr
+        assert "forecast learner is now in shadow" in down.stdout, down.stdout
+        refused = cli(url, "learn", "promote", "forecast")
+        assert refused.returncode != 0, refused
+        assert "promotion of the forecast learner refused" in refused.stderr, refused.stderr
+        assert "chat: 0.0 of 14 days of history" in refused.stderr, refused.stderr
+        out = cli(url, "learn", "status", timeout_s=60)
+        assert "demand forecasts: mode shadow (demoted by" in out.stdout, out.stdout
+        assert ": a rehearsal)" in out.stdout, out.stdout
     finally:
         server.stop()

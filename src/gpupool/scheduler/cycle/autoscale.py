@@ -16,8 +16,8 @@ from typing import ClassVar
 
 from gpupool.domain.lifecycle import JobState
 from gpupool.domain.model import MILLI_PER_GPU, JobKind, JobSpec
-from gpupool.errors import NotFoundError
-from gpupool.learning.demand import DemandForecaster
+from gpupool.errors import NotFoundError, SpecError
+from gpupool.learning.demand import FORECAST_MODES, DemandForecaster, DemandStatus
 from gpupool.scheduler.book import JobBook, JobWatcher
 from gpupool.scheduler.commands import Cancel, Command, LearnGuard, Scale
 from gpupool.scheduler.config import SchedulerConfig
@@ -78,6 +78,9 @@ class ServiceAutoscale(JobWatcher):
         self.rates: dict[str, DemandForecaster] = {}
         """Each service's measured rates and, with `autoscale_demand: forecast`, its
         forecaster (the reactive and forecast rules read them)."""
+        self.forecast_mode = config.autoscale_forecast.mode
+        """active or shadow, for every forecaster (one learner: `gpupool learn promote
+        forecast` and `demote forecast` set it)."""
         book.watchers.append(self)
 
     # ---- services come and go -----------------------------------------------------------------
@@ -160,8 +163,51 @@ class ServiceAutoscale(JobWatcher):
             cfg = self.config
             learn = cfg.autoscale_demand == "forecast"
             rates = DemandForecaster(cfg.autoscale_forecast, cfg.autoscale_lookahead_s, learn)
+            rates.mode = self.forecast_mode
             self.rates[event.service] = rates
         rates.observe(event.t_s, event.rps)
+
+    # ---- the forecast as a learner: shadow or active ------------------------------------------
+    def set_forecast_mode(self, mode: str, t_s: float, reason: str) -> LearnGuard:
+        """Promote the forecast (a trusted forecast scales its service) or demote it to
+        shadow (forecasts made and judged, the reactive rule scales); replans next cycle."""
+        if self.config.autoscale_demand != "forecast":
+            raise SpecError(
+                f"autoscale.demand is {self.config.autoscale_demand}: there is no forecast to "
+                "promote or demote; set autoscale.demand: forecast"
+            )
+        if mode not in FORECAST_MODES:
+            raise SpecError(
+                f"forecast mode must be one of {', '.join(FORECAST_MODES)}, got {mode!r}"
+            )
+        self.forecast_mode = mode
+        for rates in self.rates.values():
+            rates.mode = mode
+        self.book.dirty = True
+        return LearnGuard(t_s, "promoted" if mode == "active" else "demoted", reason, "forecast")
+
+    def forecast_status(self) -> dict[str, DemandStatus]:
+        """Each service's forecaster (none unless `autoscale.demand: forecast`)."""
+        return {name: r.status() for name, r in self.rates.items() if r.learn}
+
+    def forecast_promotion_problem(self) -> str | None:
+        """Why the forecast may not be promoted now: no service's guard trusts its forecast
+        (each one's reason said); None when at least one does (the others stay reactive
+        until theirs do)."""
+        if self.config.autoscale_demand != "forecast":
+            return (
+                f"autoscale.demand is {self.config.autoscale_demand}: there is no forecast; "
+                "set autoscale.demand: forecast"
+            )
+        learners = {name: r for name, r in sorted(self.rates.items()) if r.learn}
+        if not learners:
+            return "no service has measured a rate yet: there is no forecast to judge"
+        problems = {name: r.promotion_problem() for name, r in learners.items()}
+        if any(p is None for p in problems.values()):
+            return None
+        return "no service's forecast is trusted by its guard: " + "; ".join(
+            f"{name}: {why}" for name, why in problems.items()
+        )
 
     def demand_peak(self, name: str, now: float, out: list[Command]) -> tuple[float, str]:
         """The peak rate a service's replicas are sized for, and how it was found (the

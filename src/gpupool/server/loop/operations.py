@@ -265,6 +265,57 @@ class Operations:
             self.state.wake.set()
         return self.views.learning_view()
 
+    def promote_learner(self, learner: str, by: str) -> dict[str, Any]:
+        """Make a guard-judged learner (the demand forecast) active, if its own record
+        carries it now: refused (409) with the figures that do not."""
+        self._require_guarded(learner)
+        with self.state.lock:
+            now = self.clock.now()
+            if self.scheduler.learners.mode(learner) == "active":
+                raise ConflictError(
+                    f"the {learner} learner is active already; `gpupool learn demote "
+                    f"{learner}` returns it to shadow"
+                )
+            problem = self.scheduler.learners.promotion_problem(learner)
+            if problem is not None:
+                raise ConflictError(f"promotion of the {learner} learner refused: {problem}")
+            evidence = self.scheduler.learners.evidence(learner)
+            reason = f"promoted by {by}: {evidence['summary']}"
+            self.store.settings.set_learning_mode(
+                "active", now, reason, action="promote", by=by, evidence=evidence, learner=learner
+            )
+            change = self.scheduler.learners.set_mode(learner, "active", now, reason)
+            self.carry_out.run([change], now)
+            self.state.wake.set()
+        return self.views.learning_view()
+
+    def demote_learner(self, learner: str, by: str, why: str = "") -> dict[str, Any]:
+        """A guard-judged learner back to shadow: judged still, never acted on."""
+        self._require_guarded(learner)
+        with self.state.lock:
+            now = self.clock.now()
+            if self.scheduler.learners.mode(learner) == "shadow":
+                raise ConflictError(
+                    f"the {learner} learner is in shadow already: nothing to demote"
+                )
+            reason = f"demoted by {by}" + (f": {why}" if why else "")
+            self.store.settings.set_learning_mode(
+                "shadow", now, reason, action="demote", by=by, learner=learner
+            )
+            change = self.scheduler.learners.set_mode(learner, "shadow", now, reason)
+            self.carry_out.run([change], now)
+            self.state.wake.set()
+        return self.views.learning_view()
+
+    def _require_guarded(self, learner: str) -> None:
+        """404 for a learner this server does not run (its configuration says how to)."""
+        if learner == "forecast" and self.config.scheduling.autoscale_demand != "forecast":
+            raise NotFoundError(
+                f"this server's services scale on autoscale.demand "
+                f"{self.config.scheduling.autoscale_demand!r}: there is no demand forecast to "
+                "promote or demote; set `autoscale: {demand: forecast}` in the --config file"
+            )
+
     def demote_learning(self, by: str, why: str = "") -> dict[str, Any]:
         """Back to shadow: the rules decide, the learned order is only recorded."""
         require_learning(self.learning, self.config.scheduling.policy)

@@ -72,6 +72,7 @@ class Recovery:
             made = len(self.store.services.replicas(svc.name, False))
             self.scheduler.restore_service(svc.name, made)
         if self.scheduler.config.autoscale_demand == "forecast":
+            self.restore_learning_mode(self.clock.now(), "forecast")
             self.seed_forecasters()
         for model in self.store.jobs.online_models():  # the reserve once online work was seen
             self.scheduler.online_seen_before(frozenset({model}) if model else frozenset())
@@ -242,14 +243,15 @@ class Recovery:
                 if started is not None:
                     self.scheduler.restored_run_start(key, started)
 
-    def restore_learning_mode(self, now: float) -> None:
+    def restore_learning_mode(self, now: float, learner: str = "order") -> None:
         """A promotion or demotion survives a restart: the mode it stored wins over the
         config's (until one was made, the config's mode applies)."""
-        stored = self.store.settings.learning_mode()
+        stored = self.store.settings.learning_mode(learner)
         if stored is None:
             return
         reason = f"restored at start: {stored.reason}"
-        self.carry_out.run([self.scheduler.set_learning_mode(stored.mode, now, reason)], now)
+        change = self.scheduler.learners.set_mode(learner, stored.mode, now, reason)
+        self.carry_out.run([change], now)
 
 
 def _read_intent(path: Path) -> tuple[str, str] | None:

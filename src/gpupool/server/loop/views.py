@@ -266,7 +266,9 @@ class Views:
             }
         cfg = self.config.scheduling.learning
         stored = self.store.settings.learning_mode()
-        changes = self.store.settings.learning_changes(limit=1)
+        changes = self.store.settings.learning_changes(limit=1, learner="order")
+        fc_stored = self.store.settings.learning_mode("forecast")
+        fc_changes = self.store.settings.learning_changes(limit=1, learner="forecast")
         return {
             "policy": self.config.scheduling.policy,
             "mode": (status or {}).get("mode", cfg.mode),
@@ -280,6 +282,11 @@ class Views:
             "order": self.learning,
             "demand": sched.autoscale_demand,
             "forecast_config": dataclasses.asdict(sched.autoscale_forecast),
+            "forecast_mode": self.scheduler.learners.mode("forecast"),
+            "forecast_mode_reason": fc_stored.reason
+            if fc_stored is not None
+            else "the configured mode",
+            "forecast_last_change": None if not fc_changes else dataclasses.asdict(fc_changes[0]),
             "forecasts": forecasts,
         }
 

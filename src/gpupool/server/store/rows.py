@@ -198,6 +198,8 @@ class LearningChange:
     by: str
     reason: str
     evidence: Mapping[str, Any]
+    learner: str = "order"
+    """Which learner (learning.config.LEARNERS)."""
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,15 @@ from gpupool.server.store.tables import LearningChangeModel, LearningModeModel, 
 
 
 def learning_change(m: LearningChangeModel) -> LearningChange:
-    return LearningChange(m.id, m.at_s, m.action, m.mode, m.by, m.reason, dict(m.evidence))
+    return LearningChange(
+        m.id, m.at_s, m.action, m.mode, m.by, m.reason, dict(m.evidence), m.learner
+    )
+
+
+def mode_key(learner: str) -> str:
+    """The learning_mode row of a learner: "mode" for the job order (revision 0010 wrote
+    it so), the learner's own name for the others."""
+    return "mode" if learner == "order" else learner
 
 
 @dataclass(frozen=True)
@@ -42,10 +50,11 @@ class Settings(Repository):
             return None if found is None else found.value
 
     @transaction
-    def learning_mode(self) -> LearningMode | None:
-        """The mode last set (promote, demote, or the first start); None when never set."""
+    def learning_mode(self, learner: str = "order") -> LearningMode | None:
+        """A learner's mode last set (promote, demote, or the first start); None when never
+        set."""
         with self.db.read() as s:
-            found = s.get(LearningModeModel, "mode")
+            found = s.get(LearningModeModel, mode_key(learner))
             return None if found is None else LearningMode(found.mode, found.set_at_s, found.reason)
 
     @transaction
@@ -57,6 +66,7 @@ class Settings(Repository):
         action: str | None = None,
         by: str = "",
         evidence: Mapping[str, Any] | None = None,
+        learner: str = "order",
     ) -> LearningChange | None:
         """Store the mode; with an action (promote, demote, fallback) also record the change
         and its evidence, in the same transaction. Returns the change recorded, if any."""
@@ -65,9 +75,10 @@ class Settings(Repository):
                 f"learning mode must be one of {', '.join(LEARNING_MODES)}, got {mode!r}"
             )
         with self.db.write() as s:
-            found = s.get(LearningModeModel, "mode")
+            key = mode_key(learner)
+            found = s.get(LearningModeModel, key)
             if found is None:
-                s.add(LearningModeModel(key="mode", mode=mode, set_at_s=now_s, reason=reason))
+                s.add(LearningModeModel(key=key, mode=mode, set_at_s=now_s, reason=reason))
             else:
                 found.mode, found.set_at_s, found.reason = mode, now_s, reason
             if action is None:
@@ -79,14 +90,17 @@ class Settings(Repository):
                 by=by,
                 reason=reason,
                 evidence=as_json(dict(evidence or {})),
+                learner=learner,
             )
             s.add(change)
             s.flush()
             return learning_change(change)
 
     @transaction
-    def learning_changes(self, limit: int = 20) -> list[LearningChange]:
-        """Promotions and demotions, newest first."""
+    def learning_changes(self, limit: int = 20, learner: str | None = None) -> list[LearningChange]:
+        """Promotions and demotions (of one learner, or of all), newest first."""
         query = select(LearningChangeModel).order_by(LearningChangeModel.id.desc()).limit(limit)
+        if learner is not None:
+            query = query.where(LearningChangeModel.learner == learner)
         with self.db.read() as s:
             return [learning_change(m) for m in s.scalars(query)]

@@ -253,7 +253,8 @@ class SettingModel(Base):
 
 
 class LearningModeModel(Base):
-    """The learned policy's mode (shadow or active), kept across restarts (revision 0010)."""
+    """Each learner's mode (shadow or active), kept across restarts (revision 0010): key
+    "mode" for the learned job order, the learner's name for the others."""
 
     __tablename__ = "learning_mode"
 
@@ -264,7 +265,7 @@ class LearningModeModel(Base):
 
 
 class LearningChangeModel(Base):
-    """A promotion or demotion of the learned policy, with its evidence (revision 0010)."""
+    """A promotion or demotion of a learner, with its evidence (revisions 0010, 0013)."""
 
     __tablename__ = "learning_changes"
     __table_args__ = {"sqlite_autoincrement": True}  # noqa: RUF012  (ids are never reused)
@@ -278,6 +279,7 @@ class LearningChangeModel(Base):
     by: Mapped[str] = mapped_column(String)
     reason: Mapped[str] = mapped_column(Text)
     evidence: Mapped[dict[str, Any]] = mapped_column(JSON)
+    learner: Mapped[str] = mapped_column(String, server_default="order")
 
 
 JOBS = Table("jobs", Base.metadata)

@@ -1,9 +1,11 @@
-"""The learned policy: its status, the history its replay needs, promote and demote (admin).
-The server cannot simulate: `gpupool learn promote` replays and sends the evidence."""
+"""The learners: their status, the history the job order's replay needs, promote and demote
+(admin). The server cannot simulate: `gpupool learn promote` replays and sends the job
+order's evidence; a learner judged by its own guard (the demand forecast) is promoted on
+the record the server holds."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query
 
@@ -37,3 +39,28 @@ def learn_promote(body: PromoteIn, who: Who, service: Live) -> dict[str, Any]:
 def learn_demote(who: Who, service: Live, body: DemoteIn | None = None) -> dict[str, Any]:
     admin_only(who, "demotes the learned policy")
     return service.operations.demote_learning(who.name, body.reason if body is not None else "")
+
+
+GuardedLearner = Literal["forecast"]
+"""The learners a server promotes on its own record (learning.config.LEARNERS less the job
+order, whose evidence is a replay)."""
+
+
+@router.post(
+    "/v1/learn/{learner}/promote",
+    summary="Make a guard-judged learner active, if its record carries it (admin)",
+)
+def learner_promote(learner: GuardedLearner, who: Who, service: Live) -> dict[str, Any]:
+    admin_only(who, f"promotes the {learner} learner")
+    return service.operations.promote_learner(learner, who.name)
+
+
+@router.post(
+    "/v1/learn/{learner}/demote", summary="Return a guard-judged learner to shadow (admin)"
+)
+def learner_demote(
+    learner: GuardedLearner, who: Who, service: Live, body: DemoteIn | None = None
+) -> dict[str, Any]:
+    admin_only(who, f"demotes the {learner} learner")
+    reason = body.reason if body is not None else ""
+    return service.operations.demote_learner(learner, who.name, reason)
