@@ -211,7 +211,7 @@ def _replay_for(client: Client, view: Mapping[str, Any], days: float) -> dict[st
 
 def cmd_learn_status(client: Client, args: argparse.Namespace) -> int:
     view = client.learn()
-    forecasts = forecast_text(view)
+    forecasts = forecast_text(view) + colocation_text(view)
     if view.get("order") is False:  # the server learns its services' demand only
         return emit(args, view, lambda: forecasts)
     ev = _replay_for(client, view, args.days)
@@ -283,6 +283,37 @@ def forecast_text(view: Mapping[str, Any]) -> str:
         rows,
     )
     return head + "\n" + table
+
+
+def colocation_text(view: Mapping[str, Any]) -> str:
+    """The co-location admission (`sharing.admission`): who decides and why, the guard's
+    record of the model on measured pairs, and whether a promotion would be refused."""
+    st: Mapping[str, Any] | None = view.get("colocation")
+    if st is None:
+        return "\n\nco-location admission: off (sharing.admission.decider: off)"
+    mode = f", mode {st['mode']}" if st.get("mode") else ""
+    lines = [
+        f"co-location admission: decider {st['decider']}{mode}; the {st['decides']} decides "
+        f"({st['why']})",
+        f"  profiles:  {st['profiles']} job names; the model admits a pair at "
+        f"{_num(st['min_speed'])}x or faster, the rule at summed SM <= "
+        f"{_num(st['max_sum_sm_pct'], '.0f')}%",
+    ]
+    if st["decider"] == "learned":
+        lines.append(
+            f"  guard:     {'trusted' if st['trusted'] else 'fallen back'}; "
+            f"{st['pairs_judged']} pairs judged, {_pct(st['slowed_share'])} of the last "
+            f"{st['window_pairs']} slowed (bound {_pct(st['max_slowed_share'])}, judged "
+            f"after {st['min_pairs']}); {st['guard_changes']} changes"
+            + (f", last: {st['last_change']}" if st.get("last_change") else "")
+        )
+        if not st.get("measured_speeds", True):
+            lines.append(f"  measured:  {st['measured_note']}")
+        problem = st.get("promotion_problem")
+        lines.append(
+            "  promotion: " + (f"refused: {problem}" if problem else "the record carries it")
+        )
+    return "\n\n" + "\n".join(lines)
 
 
 def cmd_learn_promote(client: Client, args: argparse.Namespace) -> int:

@@ -13,6 +13,10 @@ counts once, slowed if either job ran below `SLOW_SPEED`. Over the last `window_
 such pairs, a slowed share above `max_slowed_share` hands admission to the rule, with a
 sentence for the event log; it comes back once the share is at most that bound less
 `recover_margin` (hysteresis).
+
+In shadow mode the rule decides and the model is only judged: the guard counts the pairs
+the model would have admitted, so `promotion_problem` can say whether its record carries
+a switch to active (`set_mode`) before it decides anything.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ class AdmissionMode(enum.Enum):
     """The predictor decides (under the guard)."""
     RULE = "rule"
     """The utilisation-sum rule always decides (the opponent)."""
+    SHADOW = "shadow"
+    """The rule decides; the predictor's answers are judged on measured speeds only."""
 
 
 @dataclass(frozen=True)
@@ -70,9 +76,17 @@ class ColocationGuard:
         self.window: deque[bool] = deque(maxlen=self.config.window_pairs)
         self.trusted = True
         self.changes: list[GuardChange] = []
+        self.judged = 0
+        """Pairs recorded since start (the window keeps only the last `window_pairs`)."""
+
+    @property
+    def slowed_share(self) -> float | None:
+        """The slowed share of the window's pairs; None before the first."""
+        return sum(self.window) / len(self.window) if self.window else None
 
     def record(self, t_s: float, slowed: bool) -> GuardChange | None:
         self.window.append(slowed)
+        self.judged += 1
         c = self.config
         n = len(self.window)
         if n < c.min_pairs:
@@ -125,8 +139,8 @@ class PairAdmissionPolicy:
         mode: AdmissionMode = AdmissionMode.LEARNED,
         guard: ColocationGuard | None = None,
     ) -> None:
-        if mode is AdmissionMode.LEARNED and model is None:
-            raise SpecError("learned co-location admission needs a predictor")
+        if mode is not AdmissionMode.RULE and model is None:
+            raise SpecError(f"{mode.value} co-location admission needs a predictor")
         self.profiles = dict(profiles)
         self.rule = rule
         self.model = model
@@ -137,10 +151,90 @@ class PairAdmissionPolicy:
         """Each pair of profiles' answer under each decider (placement asks often)."""
         self.judged: set[frozenset[str]] = set()
         """Pairs (job ids) already counted by the guard: each pair counts once."""
+        self.measured_note: str | None = None
+        """Set by a driver that cannot measure speeds: why the guard gets no pairs."""
 
     @property
     def learned_decides(self) -> bool:
         return self.mode is AdmissionMode.LEARNED and self.guard.trusted
+
+    def set_mode(self, mode: AdmissionMode, force: bool = False) -> None:
+        """Switch between shadow and active (LEARNED) at run time. A promotion to active
+        is refused (SpecError with `promotion_problem`'s sentence) unless `force`; the
+        caller replans (the answers cached per decider stay valid)."""
+        if self.model is None or mode is AdmissionMode.RULE:
+            raise SpecError(
+                "only a learned co-location admission switches mode, between shadow and active"
+            )
+        if mode is AdmissionMode.LEARNED and not force:
+            why = self.promotion_problem()
+            if why is not None:
+                raise SpecError(f"co-location promotion refused: {why}")
+        self.mode = mode
+
+    def promotion_problem(self) -> str | None:
+        """Why a switch to active would be refused now; None: the record carries it."""
+        c = self.guard.config
+        if self.model is None:
+            return "the decider is the rule: there is no model to promote"
+        if self.mode is AdmissionMode.LEARNED:
+            return "the model is already active"
+        n = len(self.guard.window)
+        if n < c.min_pairs:
+            return (
+                f"only {self.guard.judged} co-located pairs judged, the guard needs "
+                f"{c.min_pairs} measured pairs the model admits"
+            )
+        share = self.guard.slowed_share or 0.0
+        if share > c.max_slowed_share:
+            return (
+                f"{share:.0%} of the last {n} pairs the model admits were measured below "
+                f"{SLOW_SPEED:.2f}x, above the bound {c.max_slowed_share:.0%}"
+            )
+        if not self.guard.trusted:
+            return (
+                f"the guard has not recovered: {share:.0%} of the last {n} pairs slowed, "
+                f"needs {c.max_slowed_share - c.recover_margin:.0%} or less"
+            )
+        return None
+
+    def status(self) -> dict[str, object]:
+        """What GET /v1/learn shows of the admission (plain values, JSON-ready)."""
+        g, c = self.guard, self.guard.config
+        last = g.changes[-1] if g.changes else None
+        if self.mode is AdmissionMode.RULE:
+            why = "the configured decider is the utilisation-sum rule"
+        elif self.mode is AdmissionMode.SHADOW:
+            why = "shadow mode: the rule decides, the model's answers are only judged"
+        elif g.trusted:
+            why = "active, and the guard trusts the model"
+        else:
+            why = "active, but the guard fell back to the rule" + (
+                f": {last.reason}" if last is not None else ""
+            )
+        return {
+            "decider": "rule" if self.model is None else "learned",
+            "mode": {AdmissionMode.LEARNED: "active", AdmissionMode.SHADOW: "shadow"}.get(
+                self.mode
+            ),
+            "decides": "model" if self.learned_decides else "rule",
+            "why": why,
+            "profiles": len(self.profiles),
+            "min_speed": self.min_speed,
+            "max_sum_sm_pct": self.rule.max_sum_sm_pct,
+            "pairs_judged": g.judged,
+            "window_pairs": len(g.window),
+            "slowed_share": g.slowed_share,
+            "max_slowed_share": c.max_slowed_share,
+            "min_pairs": c.min_pairs,
+            "trusted": g.trusted,
+            "guard_changes": len(g.changes),
+            "last_change": None if last is None else last.reason,
+            "last_change_s": None if last is None else last.t_s,
+            "measured_speeds": self.measured_note is None,
+            "measured_note": self.measured_note,
+            "promotion_problem": self.promotion_problem(),
+        }
 
     def model_admits(self, a: SoloProfile, b: SoloProfile) -> tuple[bool, str]:
         assert self.model is not None

@@ -15,6 +15,7 @@ from gpupool.domain.calibration import CheckpointModel, ColocationModel
 from gpupool.domain.quota import QuotaWindow, TeamQuota
 from gpupool.domain.topology import Topology
 from gpupool.federation.burst import BurstRules
+from gpupool.learning.colocation_config import PairAdmissionConfig
 from gpupool.learning.config import LearningConfig
 from gpupool.learning.demand import DemandForecastConfig
 from gpupool.policies.preemption import PreemptionRules
@@ -90,6 +91,9 @@ class SharingConfig:
     enforces shares and teams run as their own users: MPS serves one user per card at a
     time, so another team's job would wait inside CUDA's start-up until the card's first
     user is gone); a replay takes None as off."""
+    admission: PairAdmissionConfig = field(default_factory=PairAdmissionConfig)
+    """Who else may refuse a sharing job a card: the utilisation-sum rule or the learned
+    speed predictor (`sharing.admission`, learning/colocation_config.py); off by default."""
 
 
 @dataclass(frozen=True)

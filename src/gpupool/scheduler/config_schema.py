@@ -44,6 +44,7 @@ from gpupool.scheduler.config import (
     TeamLimits,
     ThermalConfig,
 )
+from gpupool.scheduler.config_admission import parse_admission
 from gpupool.sizing.interconnect import link_busbw_gb_s
 from gpupool.specfile import SpecReader
 
@@ -632,7 +633,8 @@ def _prefer(
 
 
 def _sharing(r: ConfigReader, raw: Any, d: SharingConfig) -> SharingConfig:
-    m = r.section(raw, "sharing", {"max_sm_util_pct", "util_window_s", "one_team_per_card"})
+    allowed = {"max_sm_util_pct", "util_window_s", "one_team_per_card", "admission"}
+    m = r.section(raw, "sharing", allowed)
     bound = m.get("max_sm_util_pct", d.max_sm_util_pct)
     if bound is not None:
         bound = r.number(bound, "sharing.max_sm_util_pct")
@@ -644,7 +646,9 @@ def _sharing(r: ConfigReader, raw: Any, d: SharingConfig) -> SharingConfig:
     one_team = m.get("one_team_per_card", d.one_team_per_card)
     if one_team is not None:
         one_team = r.flag(one_team, "sharing.one_team_per_card")
-    return SharingConfig(bound, window, one_team)
+    return SharingConfig(
+        bound, window, one_team, parse_admission(r, m.get("admission"), d.admission)
+    )
 
 
 def _share_cap(r: ConfigReader, raw: Mapping[str, Any], d: int | None) -> int | None:

@@ -32,15 +32,18 @@ class SoloProfile:
     dataset: str
     batch_size: int
     amp: bool
-    samples_per_s: float
+    samples_per_s: float | None
+    """Its throughput alone; None where the profile gives none (a job profiles CSV)."""
     sm_util_pct: float
     mem_bw_util_pct: float
     mem_mib: float
+    name: str = ""
+    """The job name it was profiled under (traces/job_profiles.py); empty for Lucid's."""
 
     @property
     def key(self) -> str:
         """The name a job carries to be looked up (`JobSpec.name`)."""
-        return profile_key(self.model, self.dataset, self.batch_size, self.amp)
+        return self.name or profile_key(self.model, self.dataset, self.batch_size, self.amp)
 
 
 def profile_key(model: str, dataset: str, batch_size: int, amp: bool) -> str:

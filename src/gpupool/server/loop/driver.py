@@ -55,8 +55,14 @@ from gpupool.server.telemetry.history import attach, running_replicas
 from gpupool.server.telemetry.prometheus import StartLatency
 from gpupool.server.telemetry.replica_load import LoadWindow, Scraper
 from gpupool.sizing.catalog import load_catalog
+from gpupool.traces.colocation_setup import load_pair_admission
 
 log = logging.getLogger("gpupool.server")
+
+NO_PROGRESS = (
+    "no measured speeds: this executor does not report job progress, so the co-location "
+    "guard judges no pairs (its record stays empty and a promotion is refused)"
+)
 
 
 class LiveService:
@@ -138,9 +144,13 @@ class LiveService:
         sched = dataclasses.replace(
             sched, elastic=dataclasses.replace(sched.elastic, resize=resize)
         )
+        colocation = load_pair_admission(sched.sharing.admission, config.source)
+        if colocation is not None and getattr(executor, "progress", None) is None:
+            colocation.measured_note = NO_PROGRESS
         self.scheduler = Scheduler(
             self.cluster,
             sched,
+            colocation=colocation,
             pool_price=prices,
             topology=topology,
             catalog=catalog,

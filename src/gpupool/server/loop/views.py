@@ -256,7 +256,7 @@ class Views:
         last promotion or demotion, and each service's demand forecaster. A server without
         the learned order shows only its forecasters (`order: false`)."""
         sched = self.config.scheduling
-        if sched.autoscale_demand != "forecast":
+        if sched.autoscale_demand != "forecast" and self.scheduler.colocation is None:
             require_learning(self.learning, sched.policy)
         with self.state.lock:
             status = self.scheduler.learning_status() if self.learning else None
@@ -288,7 +288,15 @@ class Views:
             else "the configured mode",
             "forecast_last_change": None if not fc_changes else dataclasses.asdict(fc_changes[0]),
             "forecasts": forecasts,
+            "colocation": self.colocation_view(),
         }
+
+    def colocation_view(self) -> dict[str, Any] | None:
+        """The co-location admission's status (`sharing.admission`); None while off."""
+        if self.scheduler.colocation is None:
+            return None
+        with self.state.lock:
+            return self.scheduler.colocation.status()
 
     def learning_history(self, days: float) -> dict[str, Any]:
         """The jobs that finished here in the last `days` and the fleet's size: what the

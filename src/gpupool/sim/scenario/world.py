@@ -69,6 +69,7 @@ from gpupool.sim.scenario.runs import CloudEvent, Run, ServiceStats
 from gpupool.sim.scenario.usage import Recorder, base_p99_at
 from gpupool.sim.scenario.workload import ServiceSpec, Workload
 from gpupool.sizing.catalog import load_catalog
+from gpupool.traces.colocation_setup import load_pair_admission
 
 ProgressFn = Callable[[int, int], None]
 """Told (cycles done, cycles in all) as the world runs, for a progress bar."""
@@ -214,6 +215,9 @@ class ScenarioSim:
             cloud_nodes=[self.cluster.nodes[k].name for k in self.cloud_nodes],
             services=[s.template for s in self.services.values()],
             seed=self.cfg.seed,
+            colocation=load_pair_admission(
+                self.cfg.scheduling.sharing.admission, self.cfg.path or "the scenario"
+            ),
         )
 
     def _tariffs(self) -> dict[str, Tariff | None]:

@@ -1,0 +1,73 @@
+"""The co-location admission through a real `gpupool serve`: its --config's
+`sharing.admission` trains the model on the Lucid measurements at start, and GET /v1/learn
+and `gpupool learn status` show who decides, the guard's record, why a promotion would be
+refused, and that this executor measures no job speeds (so the guard judges nothing)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gpupool.cli.learn import colocation_text
+from gpupool.traces.location import find_traces_dir
+from gpupool.traces.lucid import LUCID_DIR, PAIRS_FILE
+from lucid_files import PROFILES_CSV
+from service_proc import HTTP, Server, cli
+
+
+def lucid_folder() -> Path:
+    traces = find_traces_dir()
+    folder = None if traces is None else traces / LUCID_DIR
+    if folder is None or not (folder / PAIRS_FILE).is_file():
+        pytest.skip(f"the Lucid measurements ({LUCID_DIR}) are not in a shared traces folder")
+    return folder
+
+
+def test_the_learned_colocation_admission_shows_through_the_real_server(tmp_path: Path) -> None:
+    (tmp_path / "profiles.csv").write_text(PROFILES_CSV, encoding="utf-8")
+    (tmp_path / "service.yaml").write_text(
+        "teams:\n  - {name: ml}\nonline_reserve: 0\nsharing:\n  admission:\n"
+        "    decider: learned\n    mode: shadow\n    profiles: profiles.csv\n"
+        f"    pairs: {lucid_folder()}\n    min_speed: 0.9\n",
+        encoding="utf-8",
+    )
+    server = Server(
+        tmp_path / "state",
+        "--fake-gpus",
+        "1xA100-80GB",
+        "--auth",
+        "none",
+        "--config",
+        str(tmp_path / "service.yaml"),
+        "--cycle",
+        "0.2",
+    ).start()
+    try:
+        view = HTTP.get(f"{server.url}/v1/learn", timeout=10).json()
+        assert view["order"] is False  # co-location is this server's only learner
+        st = view["colocation"]
+        assert (st["decider"], st["mode"], st["decides"]) == ("learned", "shadow", "rule")
+        assert (st["profiles"], st["min_speed"], st["pairs_judged"]) == (2, 0.9, 0)
+        assert st["measured_speeds"] is False
+        assert "this executor does not report job progress" in st["measured_note"]
+        assert st["promotion_problem"].startswith("only 0 co-located pairs judged")
+        out = cli(server.url, "learn", "status", timeout_s=60)
+        assert out.returncode == 0, out.stderr
+        text = out.stdout
+        assert "co-location admission: decider learned, mode shadow; the rule decides" in text
+        assert "  profiles:  2 job names; the model admits a pair at 0.90x or faster" in text
+        assert "  guard:     trusted; 0 pairs judged" in text
+        assert "  measured:  no measured speeds: this executor does not report job" in text
+        assert "  promotion: refused: only 0 co-located pairs judged" in text
+        shown = json.loads(cli(server.url, "learn", "status", "--json").stdout)
+        assert shown["colocation"]["decider"] == "learned"
+    finally:
+        server.stop()
+
+
+def test_a_server_without_the_admission_says_it_is_off() -> None:
+    assert colocation_text({"colocation": None}).strip() == (
+        "co-location admission: off (sharing.admission.decider: off)"
+    )
