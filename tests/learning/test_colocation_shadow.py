@@ -106,3 +106,41 @@ def test_promotion_is_refused_while_the_window_is_slowed_too_often() -> None:
     assert p.promotion_problem() is None and p.status()["trusted"]
     p.set_mode(AdmissionMode.LEARNED)
     assert p.status()["decides"] == "model"
+
+
+def test_the_core_promotes_the_colocation_learner_on_its_record_only() -> None:
+    """Through the core's one promotion interface (`Scheduler.learners`): refused with the
+    guard's figures until enough measured pairs the model admits ran fast enough; then
+    active, the model deciding (a LearnGuard for the event log), and back to shadow."""
+    from gpupool.domain.model import Cluster, Node
+    from gpupool.scheduler import Scheduler
+
+    cluster = Cluster("c", (Node("n0", "A100-80GB", 2, 1_000_000, 1 << 30),))
+    admission = policy(AdmissionMode.SHADOW)
+    core = Scheduler(cluster, colocation=admission)
+    learners = core.learners
+    assert learners.mode("colocation") == "shadow"
+    assert learners.promotion_problem("colocation") == (
+        "only 0 co-located pairs judged, the guard needs 10 measured pairs the model admits"
+    )
+    admission.observe(0.0, [measured(k, "light", "light", 0.95) for k in range(10)])
+    assert learners.promotion_problem("colocation") is None
+    assert "0% were measured below 0.85x" in learners.evidence("colocation")["summary"]
+    heavy = (job("h1", "heavy"), (job("h2", "heavy"),))
+    assert admission.problem(*heavy) is None  # shadow: the rule admits
+    change = learners.set_mode("colocation", "active", 5.0, "promoted by ops")
+    assert (change.learner, change.state, change.text) == (
+        "colocation",
+        "promoted",
+        "colocation promoted: promoted by ops",
+    )
+    assert learners.mode("colocation") == "active"
+    assert admission.problem(*heavy) is not None  # the model refuses the heavy pair now
+    learners.set_mode("colocation", "shadow", 6.0, "demoted by ops")
+    assert admission.problem(*heavy) is None
+    with pytest.raises(SpecError, match="must be active or shadow"):
+        learners.set_mode("colocation", "rule", 7.0, "")
+    without = Scheduler(cluster)
+    assert without.learners.mode("colocation") == "off"
+    with pytest.raises(SpecError, match="no learned co-location admission"):
+        without.learners.promotion_problem("colocation")

@@ -10,8 +10,10 @@ agreed with the rules; then it replays the last N days of this cluster's own fin
 one, on a fleet of the server's size, and prints both. `promote` runs the same replay and
 asks the server to make the learned policy active only when it wins; the server checks the
 evidence again (409 when it does not carry a win). `demote` returns it to shadow.
-`promote forecast` and `demote forecast` do the same for the demand forecast, which the
-server judges on its own record (its guard's errors against the simple opponents).
+`promote forecast|colocation` and `demote forecast|colocation` do the same for the demand
+forecast and the learned co-location admission, which the server judges on its own record
+(the forecast's errors against the simple opponents; the measured speeds of the pairs the
+co-location model admits).
 
 The replay runs here, in the CLI: the server never imports the simulator.
 """
@@ -63,15 +65,17 @@ def add_learn_parser(sub: Any, conn: argparse.ArgumentParser, as_json: Any) -> N
         "learner",
         nargs="?",
         default="order",
-        choices=("order", "forecast"),
+        choices=("order", "forecast", "colocation"),
         help="order (default): the learned job order, judged by a replay of the last days; "
-        "forecast: the services' demand forecast, judged by its own guard on the server",
+        "forecast: the services' demand forecast; colocation: the learned co-location "
+        "admission (both judged by their own guard on the server)",
     )
     pr = lsub.add_parser(
         "promote",
         parents=[conn, as_json, days, learner],
         help="make a learner active: the job order if a replay of the last days shows a "
-        "win, the forecast if its guard trusts it for at least one service",
+        "win, the forecast if its guard trusts it for at least one service, co-location if "
+        "its guard's window of measured pairs is within its bound",
     )
     pr.set_defaults(client_handler=cmd_learn_promote)
     d = lsub.add_parser(
@@ -295,6 +299,11 @@ def colocation_text(view: Mapping[str, Any]) -> str:
     lines = [
         f"co-location admission: decider {st['decider']}{mode}; the {st['decides']} decides "
         f"({st['why']})",
+        *(
+            [f"  mode set:  {view.get('colocation_mode_reason')}"]
+            if view.get("colocation_mode_reason")
+            else []
+        ),
         f"  profiles:  {st['profiles']} job names; the model admits a pair at "
         f"{_num(st['min_speed'])}x or faster, the rule at summed SM <= "
         f"{_num(st['max_sum_sm_pct'], '.0f')}%",

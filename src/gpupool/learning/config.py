@@ -9,9 +9,10 @@ from gpupool.learning.guard import GuardConfig
 from gpupool.learning.ordering import LasQueues
 
 MODES = ("off", "shadow", "active")
-LEARNERS = ("order", "forecast")
+LEARNERS = ("order", "forecast", "colocation")
 """What `gpupool learn promote|demote` names: the learned job order, the services' demand
-forecast. Each has a shadow and an active mode, kept apart."""
+forecast, the learned co-location admission. Each has a shadow and an active mode, kept
+apart."""
 RULES = ("las", "gittins")
 MODEL_ORDERS = ("gittins", "remaining")
 """How the predicted order ranks a job (LearningConfig.model_order)."""

@@ -1,14 +1,16 @@
 """The core's learners, each with a shadow and an active mode: the learned job order
 (`ordering.CoreLearning`), the services' demand forecast (`cycle.autoscale`), and the
-co-location admission where one is given. One place answers `gpupool learn promote|demote`
-for any of them: who the learner is, whether its own record allows a promotion, and the
-switch itself (a `LearnGuard` the drivers write to their event log)."""
+learned co-location admission where one is given (`learning.colocation_admission`). One
+place answers `gpupool learn promote|demote` for any of them: who the learner is, whether
+its own record allows a promotion, and the switch itself (a `LearnGuard` the drivers write
+to their event log)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from gpupool.errors import SpecError
+from gpupool.learning.colocation_admission import AdmissionMode, PairAdmissionPolicy
 from gpupool.learning.config import LEARNERS
 from gpupool.learning.demand import TRUSTED
 from gpupool.scheduler.book import JobBook
@@ -27,11 +29,24 @@ class Learners:
     """Promotion and demotion of each learner, by name."""
 
     def __init__(
-        self, book: JobBook, ordering: CoreLearning | None, autoscale: ServiceAutoscale
+        self,
+        book: JobBook,
+        ordering: CoreLearning | None,
+        autoscale: ServiceAutoscale,
+        colocation: PairAdmissionPolicy | None = None,
     ) -> None:
         self.book = book
         self.ordering = ordering
         self.autoscale = autoscale
+        self.colocation = colocation
+
+    def learned_colocation(self) -> PairAdmissionPolicy:
+        if self.colocation is None or self.colocation.model is None:
+            raise SpecError(
+                "there is no learned co-location admission: set sharing.admission.decider: "
+                "learned (with its profiles and pairs)"
+            )
+        return self.colocation
 
     def set_mode(self, learner: str, mode: str, t_s: float, reason: str) -> LearnGuard:
         """Promote `learner` to active or demote it to shadow; the next cycle plans anew."""
@@ -42,6 +57,15 @@ class Learners:
                     "an active mode; set policy: learned"
                 )
             change = self.ordering.set_mode(mode, t_s, reason)
+        elif learner == "colocation":
+            wanted = {"active": AdmissionMode.LEARNED, "shadow": AdmissionMode.SHADOW}.get(mode)
+            if wanted is None:
+                raise SpecError(f"co-location mode must be active or shadow, got {mode!r}")
+            # the caller checked the record (promotion_problem); a stored promotion restored
+            # at start stands on the record it was granted on
+            self.learned_colocation().set_mode(wanted, force=True)
+            state = "promoted" if mode == "active" else "demoted"
+            change = LearnGuard(t_s, state, reason, "colocation")
         else:
             change = self.autoscale.set_forecast_mode(mode, t_s, reason)
         self.book.dirty = True
@@ -51,6 +75,10 @@ class Learners:
         """shadow or active now ("off" for a job order the policy does not learn)."""
         if known_learner(learner) == "order":
             return "off" if self.ordering is None else self.ordering.mode
+        if learner == "colocation":
+            if self.colocation is None or self.colocation.model is None:
+                return "off"
+            return "active" if self.colocation.mode is AdmissionMode.LEARNED else "shadow"
         return self.autoscale.forecast_mode
 
     def evidence(self, learner: str) -> dict[str, Any]:
@@ -58,6 +86,15 @@ class Learners:
         for the forecast, and a one-line summary."""
         if known_learner(learner) == "order":
             raise SpecError("the job order's evidence is a replay: `gpupool learn promote` runs it")
+        if learner == "colocation":
+            policy = self.learned_colocation()
+            guard = policy.guard
+            summary = (
+                f"of the last {len(guard.window)} co-located pairs the model admits, "
+                f"{guard.slowed_share or 0.0:.0%} were measured below {policy.min_speed:.2f}x "
+                f"(bound {guard.config.max_slowed_share:.0%})"
+            )
+            return {"learner": learner, "status": policy.status(), "summary": summary}
         status = dict(sorted(self.autoscale.forecast_status().items()))
         trusted = [
             f"{name} {st.learned_rel_mae or 0.0:.3f} against "
@@ -87,4 +124,6 @@ class Learners:
         it and the server checks its evidence), so it has none here."""
         if known_learner(learner) == "order":
             return None
+        if learner == "colocation":
+            return self.learned_colocation().promotion_problem()
         return self.autoscale.forecast_promotion_problem()

@@ -193,8 +193,8 @@ class Scheduler:
 
         # ---- the stages (their order is cycle/order.py's) ----------------------------------
         self.autoscale = ServiceAutoscale(cfg, book, services, self.submit_replica, replica_id)
-        self.learners = Learners(book, self.ordering, self.autoscale)
-        """Each learner's promotion and demotion (order, forecast)."""
+        self.learners = Learners(book, self.ordering, self.autoscale, colocation)
+        """Each learner's promotion and demotion (order, forecast, co-location)."""
         self.pool_choice = PoolChoice(
             cfg, book, fleet, self.quotas, self.engine, self.autoscale.services
         )

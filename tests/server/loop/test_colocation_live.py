@@ -63,6 +63,16 @@ def test_the_learned_colocation_admission_shows_through_the_real_server(tmp_path
         assert "  promotion: refused: only 0 co-located pairs judged" in text
         shown = json.loads(cli(server.url, "learn", "status", "--json").stdout)
         assert shown["colocation"]["decider"] == "learned"
+        # promotion of this learner: its own record (no pair judged here) refuses it
+        refused = cli(server.url, "learn", "promote", "colocation")
+        assert refused.returncode != 0, refused
+        assert "promotion of the colocation learner refused: only 0 co-located pairs" in (
+            refused.stderr
+        ), refused.stderr
+        again = cli(server.url, "learn", "demote", "colocation")
+        assert again.returncode != 0 and "in shadow already" in again.stderr, again
+        absent = cli(server.url, "learn", "promote", "forecast")
+        assert absent.returncode != 0 and "no demand forecast" in absent.stderr, absent
     finally:
         server.stop()
 

@@ -266,8 +266,9 @@ class Operations:
         return self.views.learning_view()
 
     def promote_learner(self, learner: str, by: str) -> dict[str, Any]:
-        """Make a guard-judged learner (the demand forecast) active, if its own record
-        carries it now: refused (409) with the figures that do not."""
+        """Make a guard-judged learner (the demand forecast, the co-location admission)
+        active, if its own record carries it now: refused (409) with the figures that do
+        not."""
         self._require_guarded(learner)
         with self.state.lock:
             now = self.clock.now()
@@ -309,6 +310,12 @@ class Operations:
 
     def _require_guarded(self, learner: str) -> None:
         """404 for a learner this server does not run (its configuration says how to)."""
+        if learner == "colocation" and self.scheduler.learners.mode("colocation") == "off":
+            raise NotFoundError(
+                "this server has no learned co-location admission to promote or demote; set "
+                "`sharing: {admission: {decider: learned, profiles: ..., pairs: ...}}` in the "
+                "--config file"
+            )
         if learner == "forecast" and self.config.scheduling.autoscale_demand != "forecast":
             raise NotFoundError(
                 f"this server's services scale on autoscale.demand "

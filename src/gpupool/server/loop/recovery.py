@@ -71,6 +71,8 @@ class Recovery:
             self.services.load(svc)
             made = len(self.store.services.replicas(svc.name, False))
             self.scheduler.restore_service(svc.name, made)
+        if self.scheduler.learners.mode("colocation") != "off":
+            self.restore_learning_mode(self.clock.now(), "colocation")
         if self.scheduler.config.autoscale_demand == "forecast":
             self.restore_learning_mode(self.clock.now(), "forecast")
             self.seed_forecasters()

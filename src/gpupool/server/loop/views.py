@@ -269,6 +269,7 @@ class Views:
         changes = self.store.settings.learning_changes(limit=1, learner="order")
         fc_stored = self.store.settings.learning_mode("forecast")
         fc_changes = self.store.settings.learning_changes(limit=1, learner="forecast")
+        co_stored = self.store.settings.learning_mode("colocation")
         return {
             "policy": self.config.scheduling.policy,
             "mode": (status or {}).get("mode", cfg.mode),
@@ -287,6 +288,7 @@ class Views:
             if fc_stored is not None
             else "the configured mode",
             "forecast_last_change": None if not fc_changes else dataclasses.asdict(fc_changes[0]),
+            "colocation_mode_reason": None if co_stored is None else co_stored.reason,
             "forecasts": forecasts,
             "colocation": self.colocation_view(),
         }

@@ -1,7 +1,7 @@
 """The learners: their status, the history the job order's replay needs, promote and demote
 (admin). The server cannot simulate: `gpupool learn promote` replays and sends the job
-order's evidence; a learner judged by its own guard (the demand forecast) is promoted on
-the record the server holds."""
+order's evidence; a learner judged by its own guard (the demand forecast, the co-location
+admission) is promoted on the record the server holds."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def learn_demote(who: Who, service: Live, body: DemoteIn | None = None) -> dict[
     return service.operations.demote_learning(who.name, body.reason if body is not None else "")
 
 
-GuardedLearner = Literal["forecast"]
+GuardedLearner = Literal["forecast", "colocation"]
 """The learners a server promotes on its own record (learning.config.LEARNERS less the job
 order, whose evidence is a replay)."""
 
