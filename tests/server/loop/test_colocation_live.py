@@ -81,3 +81,42 @@ def test_a_server_without_the_admission_says_it_is_off() -> None:
     assert colocation_text({"colocation": None}).strip() == (
         "co-location admission: off (sharing.admission.decider: off)"
     )
+
+
+def test_an_active_learned_admission_is_refused_where_no_speed_is_measured(
+    tmp_path: Path,
+) -> None:
+    """Active, the model would decide with a guard that never hears of a measured pair:
+    the live service refuses to start so (shadow, or the rule, it accepts)."""
+    from gpupool.errors import SpecError
+    from gpupool.ports.clock.fake import ManualClock
+    from gpupool.ports.executor.fake import FakeExecutor
+    from gpupool.ports.telemetry.fake import FakeTelemetry
+    from gpupool.scheduler.config_schema import parse_scheduling
+    from gpupool.server.loop.config import LIVE_DEFAULTS, LiveConfig
+    from gpupool.server.loop.driver import LiveService
+    from gpupool.server.store import Store
+    from lucid_files import write_lucid
+
+    (tmp_path / "profiles.csv").write_text(PROFILES_CSV, encoding="utf-8")
+    pairs = write_lucid(tmp_path / "lucid")
+    store = Store(f"sqlite:///{tmp_path}/db.sqlite")
+    store.migrate()
+
+    def start(mode: str) -> LiveService:
+        raw = {"sharing": {"admission": {"decider": "learned", "mode": mode}}}
+        raw["sharing"]["admission"].update(profiles="profiles.csv", pairs=str(pairs))
+        sched = parse_scheduling(raw, str(tmp_path / "service.yaml"), LIVE_DEFAULTS)
+        config = LiveConfig(tmp_path / "run", sched, host="h", source="service.yaml")
+        return LiveService(
+            config, store, FakeExecutor(), FakeTelemetry("1xA100-80GB"), ManualClock(0.0)
+        )
+
+    try:
+        with pytest.raises(SpecError, match=r"mode active needs the measured speeds"):
+            start("active")
+        shadow = start("shadow")
+        assert shadow.scheduler.learners.mode("colocation") == "shadow"
+        shadow.stop()
+    finally:
+        store.close()

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gpupool.errors import SpecError
+from gpupool.learning.colocation_admission import AdmissionMode
 from gpupool.ports.clock.base import Clock
 from gpupool.ports.cloud.base import CommandRunner
 from gpupool.ports.executor.base import Executor
@@ -147,6 +148,12 @@ class LiveService:
         colocation = load_pair_admission(sched.sharing.admission, config.source)
         if colocation is not None and getattr(executor, "progress", None) is None:
             colocation.measured_note = NO_PROGRESS
+            if colocation.mode is AdmissionMode.LEARNED:
+                raise SpecError(
+                    f"{config.source}: sharing.admission.mode active needs the measured speeds "
+                    "its guard falls back on, and this executor reports no job progress: use "
+                    "mode: shadow (the rule decides) or decider: rule"
+                )
         self.scheduler = Scheduler(
             self.cluster,
             sched,
