@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from gpupool.examples.ckpt_counter import expected_result
-from service_proc import HTTP, Server, cli, paced_counter, wait_for
+from service_proc import HTTP, Server, cli, configured_server, paced_counter, wait_for
 
 CONFIG = """\
 teams:
@@ -26,20 +26,7 @@ preemption: {min_runtime_s: 0, max_per_job: 3}
 
 @pytest.fixture()
 def server(tmp_path: Path) -> Server:
-    (tmp_path / "service.yaml").write_text(CONFIG, encoding="utf-8")
-    srv = Server(
-        tmp_path / "state",
-        "--fake-gpus",
-        "1xA100-80GB",
-        "--auth",
-        "none",
-        "--config",
-        str(tmp_path / "service.yaml"),
-        "--cycle",
-        "0.2",
-        "--sample",
-        "0.5",
-    ).start()
+    srv = configured_server(tmp_path, CONFIG, extra=("--sample", "0.5")).start()
     yield srv  # type: ignore[misc]
     srv.stop()
 

@@ -56,6 +56,31 @@ def feed(
     return changes
 
 
+def forecast_sim(days: int, forecast: dict[str, object]) -> ScenarioSim:
+    """One service ("chat") on a noisy weekly rate, scaled with `autoscale.demand:
+    forecast` and this `autoscale.forecast` section, run for `days` (commands kept)."""
+    t = np.arange(days * 24) * HOUR_S
+    noise = np.random.default_rng(0).normal(0.0, 3.0, t.size)  # a measured rate is noisy
+    rates = [weekly_rate(x) + e for x, e in zip(t, noise, strict=True)]
+    curve = LoadCurve(tuple(t.tolist()), tuple(rates))
+    cfg = parse_scenario(
+        {
+            "name": "forecast",
+            "horizon_h": days * 24,
+            "cluster": [{"gpu_type": "H100-80GB", "nodes": 4, "gpus_per_node": 8}],
+            "teams": [{"name": "web"}],
+            "workload": [],
+            "cycle_s": HOUR_S,
+            "online_reserve": 0.0,
+            "autoscale": {"demand": "forecast", "forecast": forecast},
+        }
+    )
+    sim = ScenarioSim(cfg, Workload(services=(ServiceSpec("chat", "web", curve, 10.0),)))
+    sim.commands = []
+    sim.run()
+    return sim
+
+
 def test_reactive_peak_is_the_highest_rate_over_the_lookahead() -> None:
     f = DemandForecaster(HOURLY, lookahead_s=600.0, learn=False)
     for t, r in [(0, 5.0), (300, 40.0), (600, 10.0), (900, 12.0)]:
@@ -175,26 +200,7 @@ def test_config_section_and_its_errors() -> None:
 def test_the_simulated_core_scales_on_the_forecast_and_says_so() -> None:
     """The world feeds the offered rate; the core's autoscaler goes from the reactive rule
     (cold start) to the forecast, and its Scale reasons and the guard's record say which."""
-    days = 22
-    t = np.arange(days * 24) * HOUR_S
-    noise = np.random.default_rng(0).normal(0.0, 3.0, t.size)  # a measured rate is noisy
-    rates = [weekly_rate(x) + e for x, e in zip(t, noise, strict=True)]
-    curve = LoadCurve(tuple(t.tolist()), tuple(rates))
-    cfg = parse_scenario(
-        {
-            "name": "forecast",
-            "horizon_h": days * 24,
-            "cluster": [{"gpu_type": "H100-80GB", "nodes": 4, "gpus_per_node": 8}],
-            "teams": [{"name": "web"}],
-            "workload": [],
-            "cycle_s": HOUR_S,
-            "online_reserve": 0.0,
-            "autoscale": {"demand": "forecast", "forecast": {"step_s": HOUR_S}},
-        }
-    )
-    sim = ScenarioSim(cfg, Workload(services=(ServiceSpec("chat", "web", curve, 10.0),)))
-    sim.commands = []
-    sim.run()
+    sim = forecast_sim(22, {"step_s": HOUR_S})
     guard = [c for c in sim.learn_records if isinstance(c, LearnGuard)]
     assert guard[0].state == COLD and guard[0].t_s == 0.0
     guard = guard[1:]
@@ -220,28 +226,7 @@ def test_a_shadow_forecast_is_judged_never_acted_on_until_promoted() -> None:
         "5.0 of 14 days of history: the reactive rule scales the service"
     )
     days = 22
-    t = np.arange(days * 24) * HOUR_S
-    noise = np.random.default_rng(0).normal(0.0, 3.0, t.size)
-    rates = tuple(weekly_rate(x) + e for x, e in zip(t, noise, strict=True))
-    curve = LoadCurve(tuple(t.tolist()), rates)
-    cfg = parse_scenario(
-        {
-            "name": "forecast-shadow",
-            "horizon_h": days * 24,
-            "cluster": [{"gpu_type": "H100-80GB", "nodes": 4, "gpus_per_node": 8}],
-            "teams": [{"name": "web"}],
-            "workload": [],
-            "cycle_s": HOUR_S,
-            "online_reserve": 0.0,
-            "autoscale": {
-                "demand": "forecast",
-                "forecast": {"step_s": HOUR_S, "mode": "shadow"},
-            },
-        }
-    )
-    sim = ScenarioSim(cfg, Workload(services=(ServiceSpec("chat", "web", curve, 10.0),)))
-    sim.commands = []
-    sim.run()
+    sim = forecast_sim(days, {"step_s": HOUR_S, "mode": "shadow"})
     core = sim.core
     guard = [c for c in sim.learn_records if isinstance(c, LearnGuard)]
     assert guard[-1].state == TRUSTED, guard

@@ -83,6 +83,21 @@ def reap_left_jobs() -> None:
                     os.killpg(pgid, signal.SIGKILL)
 
 
+def configured_server(
+    folder: Path, config_text: str, gpus: str = "1xA100-80GB", extra: tuple[str, ...] = ()
+) -> Server:
+    """`gpupool serve` (not started yet) on fake GPUs, without authentication, a 0.2 s cycle
+    and `config_text` as its --config file (written to folder/service.yaml); its state in
+    folder/state. `extra`: more arguments of `gpupool serve`."""
+    config = folder / "service.yaml"
+    config.write_text(config_text, encoding="utf-8")
+    return Server(
+        folder / "state",
+        *("--fake-gpus", gpus, "--auth", "none", "--config", str(config), "--cycle", "0.2"),
+        *extra,
+    )
+
+
 class Server:
     """`gpupool serve` in its own process, on 127.0.0.1, with its output in a file.
 

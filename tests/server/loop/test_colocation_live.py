@@ -14,7 +14,7 @@ from gpupool.cli.learn import colocation_text
 from gpupool.traces.location import find_traces_dir
 from gpupool.traces.lucid import LUCID_DIR, PAIRS_FILE
 from lucid_files import PROFILES_CSV
-from service_proc import HTTP, Server, cli
+from service_proc import HTTP, cli, configured_server
 
 
 def lucid_folder() -> Path:
@@ -27,23 +27,12 @@ def lucid_folder() -> Path:
 
 def test_the_learned_colocation_admission_shows_through_the_real_server(tmp_path: Path) -> None:
     (tmp_path / "profiles.csv").write_text(PROFILES_CSV, encoding="utf-8")
-    (tmp_path / "service.yaml").write_text(
+    config = (
         "teams:\n  - {name: ml}\nonline_reserve: 0\nsharing:\n  admission:\n"
         "    decider: learned\n    mode: shadow\n    profiles: profiles.csv\n"
-        f"    pairs: {lucid_folder()}\n    min_speed: 0.9\n",
-        encoding="utf-8",
+        f"    pairs: {lucid_folder()}\n    min_speed: 0.9\n"
     )
-    server = Server(
-        tmp_path / "state",
-        "--fake-gpus",
-        "1xA100-80GB",
-        "--auth",
-        "none",
-        "--config",
-        str(tmp_path / "service.yaml"),
-        "--cycle",
-        "0.2",
-    ).start()
+    server = configured_server(tmp_path, config).start()
     try:
         view = HTTP.get(f"{server.url}/v1/learn", timeout=10).json()
         assert view["order"] is False  # co-location is this server's only learner

@@ -28,7 +28,7 @@ from gpupool.server.loop.config import LIVE_DEFAULTS, LiveConfig
 from gpupool.server.loop.driver import LiveService
 from gpupool.server.loop.learning import Evidence, ShadowTally, check_evidence, outcomes_of
 from gpupool.server.store import NewJob, NewService, ServiceMinute, Store
-from service_proc import HTTP, Server, cli, wait_for
+from service_proc import HTTP, cli, configured_server, wait_for
 
 T0 = 1_000_000.0
 DAY = 86_400.0
@@ -677,18 +677,7 @@ def all_succeeded(url: str, jobs: list[int]) -> bool:
 
 @pytest.mark.slow  # real processes on four GPUs: two and a half minutes or so
 def test_shadow_then_promotion_through_the_real_server(tmp_path: Path) -> None:
-    (tmp_path / "service.yaml").write_text(SERVE_CONFIG, encoding="utf-8")
-    server = Server(
-        tmp_path / "state",
-        "--fake-gpus",
-        "4xA100-80GB",
-        "--auth",
-        "none",
-        "--config",
-        str(tmp_path / "service.yaml"),
-        "--cycle",
-        "0.2",
-    ).start()
+    server = configured_server(tmp_path, SERVE_CONFIG, gpus="4xA100-80GB").start()
     try:
         url = server.url
         # two weeks of a cluster in a minute: the same two jobs 15 times (the model trains
@@ -759,18 +748,7 @@ def test_demand_forecasts_through_the_real_server(tmp_path: Path) -> None:
     """A new service scales on the reactive rule while its forecaster is cold; the event
     log says so, and `gpupool learn status` shows the forecaster (a server without the
     learned order shows only that)."""
-    (tmp_path / "service.yaml").write_text(FORECAST_CONFIG, encoding="utf-8")
-    server = Server(
-        tmp_path / "state",
-        "--fake-gpus",
-        "2xA100-80GB",
-        "--auth",
-        "none",
-        "--config",
-        str(tmp_path / "service.yaml"),
-        "--cycle",
-        "0.2",
-    ).start()
+    server = configured_server(tmp_path, FORECAST_CONFIG, gpus="2xA100-80GB").start()
     try:
         url = server.url
         chat = {

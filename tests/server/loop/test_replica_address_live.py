@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from gpupool.traces.location import find_traces_dir
-from service_proc import HTTP, Server, cli, wait_for
+from service_proc import HTTP, cli, configured_server, wait_for
 
 CONFIG = """\
 teams:
@@ -25,20 +25,7 @@ network: {node_address: 127.0.0.2}
 
 
 def test_a_replica_serves_and_is_scraped_at_the_nodes_address(tmp_path: Path) -> None:
-    (tmp_path / "service.yaml").write_text(CONFIG, encoding="utf-8")
-    server = Server(
-        tmp_path / "state",
-        "--fake-gpus",
-        "1xA100-80GB",
-        "--auth",
-        "none",
-        "--config",
-        str(tmp_path / "service.yaml"),
-        "--cycle",
-        "0.2",
-        "--scrape",
-        "0.5",
-    ).start()
+    server = configured_server(tmp_path, CONFIG, extra=("--scrape", "0.5")).start()
     try:
         url = server.url
         made = cli(

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from browser import chromium
-from service_proc import HTTP, Server, cli, wait_for
+from service_proc import HTTP, cli, configured_server, wait_for
 
 CONFIG = """\
 teams:
@@ -22,18 +22,7 @@ WATCH_S = 12.0
 
 @pytest.mark.slow
 def test_a_crash_looping_service_backs_off(tmp_path: Path) -> None:
-    (tmp_path / "service.yaml").write_text(CONFIG, encoding="utf-8")
-    server = Server(
-        tmp_path / "state",
-        "--fake-gpus",
-        "2xA100-80GB",
-        "--auth",
-        "none",
-        "--config",
-        str(tmp_path / "service.yaml"),
-        "--cycle",
-        "0.2",
-    ).start()
+    server = configured_server(tmp_path, CONFIG, gpus="2xA100-80GB").start()
     try:
         made = cli(server.url, "service", "create", "crashy", "--team", "web", "--", "false")
         assert made.returncode == 0, made.stderr
