@@ -126,3 +126,20 @@ def test_the_in_window_rank_correlation_is_a_median_over_windows() -> None:
     assert median_in_window_rho(exact) == pytest.approx(1.0)
     inverse = [(float(k), float(-k)) for k in range(1_000)]
     assert median_in_window_rho(inverse) == pytest.approx(-1.0)
+
+
+def test_the_weekly_sensitivity_judges_weeks_as_the_acceptance_line_does() -> None:
+    """Weeks before the cold start's end and weeks of under 50 jobs are not judged; a week
+    is measured against the larger of R and SRTF that week."""
+    import bench_weekly_sensitivity as ws
+
+    def weeks(*means: float) -> dict[str, Any]:
+        counts = (900, 900, 900, 9)  # week 4 has too few jobs to judge
+        return {"weekly_mean_jct_h": {str(k + 1): [m, counts[k]] for k, m in enumerate(means)}}
+
+    line = ws.weekly_line(weeks(99.0, 11.0, 6.2, 99.0), weeks(10, 10, 4, 5), weeks(9, 8, 6, 5))
+    assert [w["week"] for w in line["weeks"]] == [2, 3]
+    assert line["weeks"][0]["ratio"] == pytest.approx(1.1)  # 11 against R's 10
+    assert line["weeks"][1]["ratio"] == pytest.approx(6.2 / 6.0)  # against SRTF's 6
+    assert (line["within"], line["judged"]) == (1, 2)
+    assert line["worst"] == pytest.approx(1.1)

@@ -302,7 +302,8 @@ def test_the_forecast_is_promoted_on_its_guards_record_and_keeps_its_mode(
     service's errors as evidence, and kept over a restart; a demotion returns it."""
     live = Live(tmp_path / "a", "las", LearningConfig())
     lives.append(live)
-    shadow = dataclasses.replace(LIVE_DEFAULTS.autoscale_forecast, mode="shadow")
+    # hourly steps: the guard judges as on the default 10 minutes, on a sixth of the forecasts
+    shadow = dataclasses.replace(LIVE_DEFAULTS.autoscale_forecast, mode="shadow", step_s=3600.0)
     live.scheduling = dataclasses.replace(
         live.scheduling, autoscale_demand="forecast", autoscale_forecast=shadow
     )
