@@ -63,6 +63,7 @@ VARIANTS: tuple[tuple[str, str, str | None, bool], ...] = (
     ("sjf (oracle)", "sjf", None, True),
     ("srtf (oracle)", "srtf", None, True),
     ("learned", "learned", "default", True),
+    ("learned unguarded", "learned", "default", False),
     ("shuffled guarded", "learned", "shuffled", True),
     ("shuffled unguarded", "learned", "shuffled", False),
     ("inverted guarded", "learned", "inverted", True),

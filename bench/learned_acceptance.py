@@ -147,9 +147,11 @@ def acceptance(rows: Sequence[dict[str, Any]], rule: str) -> list[dict[str, Any]
         wins += le <= 0.95 * b
         capture = (b - le) / (b - s)
         captures.append(capture)
+        raw = jct(c, "learned unguarded")  # the model's own order, no guard: its value
         lines.append(
             f"{c[0]} {c[1]}: learned {le:.2f} h, B {b:.2f} h, SRTF {s:.2f} h, rho {rho:.2f}: "
             f"{1 - le / b:+.1%} vs B, capture {capture:.0%}"
+            + ("" if raw is None else f"; unguarded {raw:.2f} h ({raw / b:.3f} x B)")
         )
     med = statistics.median(captures) if captures else float("nan")
     out.append(
