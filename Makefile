@@ -77,6 +77,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/bench_learned.py --workers 1
 	$(BIN)/python bench/bench_learned.py --workers 1 --traces pollux
 	$(BIN)/python bench/bench_weekly_sensitivity.py --traces pollux --days 22,40
+	$(BIN)/python bench/bench_weekly_sensitivity.py --traces pollux --days 22,40 --load "+25% load"
 	$(BIN)/python bench/bench_learned_rules.py
 	$(BIN)/python bench/fgd_reproduction.py
 	$(BIN)/python bench/bench_scenarios.py

@@ -13,9 +13,10 @@ all, the learned one included, meets R's weeks through this chaos.
     GPUPOOL_TRACES=../shared/traces .venv/bin/python bench/bench_weekly_sensitivity.py \
         --traces pollux --days 22,40
 
-The unperturbed rows (R and SRTF at base load, and the node count) come from the record
+The unperturbed rows (R and SRTF at the load, and the node count) come from the record
 bench_learned.py wrote (learned-order-pollux.json or learned-order.json); the perturbed
-replays run here. Writes bench/results/learned-weekly-sensitivity.md and .json.
+replays run here. Writes bench/results/learned-weekly-sensitivity.md and .json (at
+--load "+25% load": learned-weekly-sensitivity-load125.*; "-25% load": -load75).
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ from learned_acceptance import COLD_WEEKS, MIN_WEEK_JOBS, SRTF
 from machine import describe
 
 RESULTS = Path(__file__).parent / "results"
+STEM_SUFFIX = {"base": "", "+25% load": "-load125", "-25% load": "-load75"}
+"""The record of each load: learned-weekly-sensitivity.md at base load."""
 BOUND = 1.05
 
 
@@ -73,7 +76,8 @@ def render(data: dict[str, Any]) -> str:
     lines = [
         "# How far a rule's own weeks move when one job moves",
         "",
-        f"Cell: {data['cell']} at {data['nodes']} nodes (base load), rule R = {data['rule']}. "
+        f"Cell: {data['cell']} at {data['nodes']} nodes ({data.get('load', 'base')}), rule R = "
+        f"{data['rule']}. "
         f"Each perturbed replay is R with one job submitted {data['shift_s']:g} s later; it is "
         "judged against R's own record with the weekly acceptance line (weeks by submit, "
         f"week {COLD_WEEKS} on, >= {MIN_WEEK_JOBS} jobs, ratio to max(R, SRTF) <= {BOUND}).",
@@ -119,6 +123,12 @@ def main() -> int:
     ap.add_argument("--cluster", help="an ITP cluster (with --traces itp), e.g. cluster06")
     ap.add_argument("--days", default="22,40", help="comma-separated days: one replay each")
     ap.add_argument("--shift-s", type=float, default=60.0, help="how much later the job comes")
+    ap.add_argument(
+        "--load",
+        choices=[x for x, _ in bl.LOADS],
+        default="base",
+        help="the cell's load, as bench_learned.py ran it (default base)",
+    )
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
     bl.SOURCE["name"] = args.traces
@@ -128,9 +138,10 @@ def main() -> int:
     if cell is None:
         ap.error("--traces itp needs --cluster")
     rule = record["mix"]["rule"]
-    base = {r["policy"]: r for r in record["rows"] if r["cluster"] == cell and r["load"] == "base"}
+    rows = [r for r in record["rows"] if r["cluster"] == cell and r["load"] == args.load]
+    base = {r["policy"]: r for r in rows}
     if rule not in base or SRTF not in base:
-        ap.error(f"{record_path} has no base-load {rule} and SRTF rows for {cell}: run it first")
+        ap.error(f"{record_path} has no {args.load} {rule} and SRTF rows for {cell}: run it first")
     nodes = int(base[rule]["nodes"])
     started = time.perf_counter()
     perturbed = []
@@ -142,7 +153,7 @@ def main() -> int:
         jobs, moved = perturbed_jobs(cell, day, shift_s)
         bl._JOBS[cell] = jobs
         t = time.perf_counter()
-        row = bl.run_one((cell, "base", nodes, rule))
+        row = bl.run_one((cell, args.load, nodes, rule))
         bl._JOBS.pop(cell)
         weekly = weekly_line(row, base[rule], base[SRTF])
         whole = row["mean_jct_h"] / base[rule]["mean_jct_h"]
@@ -165,6 +176,7 @@ def main() -> int:
         "command": "python bench/bench_weekly_sensitivity.py " + " ".join(sys.argv[1:]),
         "machine": describe(),
         "cell": cell,
+        "load": args.load,
         "nodes": nodes,
         "rule": rule,
         "shift_s": args.shift_s,
@@ -174,11 +186,10 @@ def main() -> int:
         "perturbed": perturbed,
         "total_s": time.perf_counter() - started,
     }
-    (args.out / "learned-weekly-sensitivity.json").write_text(
-        json.dumps(data, indent=1) + "\n", encoding="utf-8"
-    )
-    (args.out / "learned-weekly-sensitivity.md").write_text(render(data), encoding="utf-8")
-    print(f"wrote {args.out}/learned-weekly-sensitivity.md in {data['total_s'] / 60:.1f} min")
+    stem = "learned-weekly-sensitivity" + STEM_SUFFIX[args.load]
+    (args.out / f"{stem}.json").write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    (args.out / f"{stem}.md").write_text(render(data), encoding="utf-8")
+    print(f"wrote {args.out}/{stem}.md in {data['total_s'] / 60:.1f} min")
     return 0
 
 
