@@ -16,7 +16,8 @@ all, the learned one included, meets R's weeks through this chaos.
 The unperturbed rows (R and SRTF at the load, and the node count) come from the record
 bench_learned.py wrote (learned-order-pollux.json or learned-order.json); the perturbed
 replays run here. Writes bench/results/learned-weekly-sensitivity.md and .json (at
---load "+25% load": learned-weekly-sensitivity-load125.*; "-25% load": -load75).
+--load "+25% load": learned-weekly-sensitivity-load125.*; "-25% load": -load75; an ITP
+cluster's name comes first: learned-weekly-sensitivity-cluster02-load125.*).
 """
 
 from __future__ import annotations
@@ -186,7 +187,8 @@ def main() -> int:
         "perturbed": perturbed,
         "total_s": time.perf_counter() - started,
     }
-    stem = "learned-weekly-sensitivity" + STEM_SUFFIX[args.load]
+    own = "" if args.traces == "pollux" else f"-{cell}"
+    stem = "learned-weekly-sensitivity" + own + STEM_SUFFIX[args.load]
     (args.out / f"{stem}.json").write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
     (args.out / f"{stem}.md").write_text(render(data), encoding="utf-8")
     print(f"wrote {args.out}/{stem}.md in {data['total_s'] / 60:.1f} min")
