@@ -32,7 +32,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 import bench_learned as bl
-from learned_acceptance import COLD_WEEKS, MIN_WEEK_JOBS, SRTF
+from learned_acceptance import COLD_WEEKS, MIN_WEEK_JOBS, SRTF, judged_weeks
 from machine import describe
 
 RESULTS = Path(__file__).parent / "results"
@@ -54,15 +54,10 @@ def perturbed_jobs(cluster: str, day: float, shift_s: float) -> tuple[list[Any],
 
 def weekly_line(row: dict[str, Any], r: dict[str, Any], s: dict[str, Any]) -> dict[str, Any]:
     """The weekly acceptance line of `row` against R and SRTF, as learned_acceptance has it."""
-    weeks = []
-    for week, (mean_h, count) in sorted(row["weekly_mean_jct_h"].items(), key=lambda x: int(x[0])):
-        if int(week) < COLD_WEEKS or count < MIN_WEEK_JOBS:
-            continue
-        rw, sw = r["weekly_mean_jct_h"].get(week), s["weekly_mean_jct_h"].get(week)
-        if rw is None or sw is None:
-            continue
-        ratio = mean_h / max(rw[0], sw[0])
-        weeks.append({"week": int(week), "jobs": count, "mean_jct_h": mean_h, "ratio": ratio})
+    weeks = [
+        {"week": w.week, "jobs": w.jobs, "mean_jct_h": w.mean_jct_h, "ratio": w.ratio}
+        for w in judged_weeks(row, r, s)
+    ]
     within = sum(w["ratio"] <= BOUND for w in weeks)
     return {
         "weeks": weeks,

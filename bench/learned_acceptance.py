@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -37,6 +38,34 @@ def median_in_window_rho(q50_and_taken: Sequence[tuple[float, float]]) -> float 
         for k in range(0, len(arr) - RHO_WINDOW + 1, RHO_STEP)
     ]
     return float(statistics.median(rhos))
+
+
+@dataclass(frozen=True)
+class JudgedWeek:
+    """One week the weekly line judges: a replay's mean JCT there against R's and SRTF's."""
+
+    week: int
+    jobs: int
+    mean_jct_h: float
+    r_h: float
+    srtf_h: float
+
+    @property
+    def ratio(self) -> float:
+        return self.mean_jct_h / max(self.r_h, self.srtf_h)
+
+
+def judged_weeks(row: dict[str, Any], r: dict[str, Any], s: dict[str, Any]) -> list[JudgedWeek]:
+    """The weeks of `row` the weekly line judges (past the cold start, at least 50 jobs,
+    measured in R's and SRTF's replays too), in week order."""
+    out = []
+    for week, (mean_h, count) in row["weekly_mean_jct_h"].items():
+        if int(week) < COLD_WEEKS or count < MIN_WEEK_JOBS:
+            continue
+        rw, sw = r["weekly_mean_jct_h"].get(week), s["weekly_mean_jct_h"].get(week)
+        if rw is not None and sw is not None:
+            out.append(JudgedWeek(int(week), count, mean_h, rw[0], sw[0]))
+    return sorted(out, key=lambda w: w.week)
 
 
 def _line(check: str, ok: bool | None, figures: str, detail: list[str]) -> dict[str, Any]:
@@ -109,18 +138,12 @@ def acceptance(rows: Sequence[dict[str, Any]], rule: str) -> list[dict[str, Any]
         le, r, s = by.get((*c, "learned")), by.get((*c, r_label)), by.get((*c, SRTF))
         if le is None or r is None or s is None:
             continue
-        for week, (mj, count) in le["weekly_mean_jct_h"].items():
-            if int(week) < COLD_WEEKS or count < MIN_WEEK_JOBS:
-                continue
-            rw, sw = r["weekly_mean_jct_h"].get(week), s["weekly_mean_jct_h"].get(week)
-            if rw is None or sw is None:
-                continue
-            ratio = mj / max(rw[0], sw[0])
-            ratios.append(ratio)
-            if ratio > 1.05:
+        for w in judged_weeks(le, r, s):
+            ratios.append(w.ratio)
+            if w.ratio > 1.05:
                 where.append(
-                    f"{c[0]} {c[1]} week {week}: {mj:.2f} h, R {rw[0]:.2f} h, "
-                    f"SRTF {sw[0]:.2f} h ({ratio:.3f} x)"
+                    f"{c[0]} {c[1]} week {w.week}: {w.mean_jct_h:.2f} h, R {w.r_h:.2f} h, "
+                    f"SRTF {w.srtf_h:.2f} h ({w.ratio:.3f} x)"
                 )
     within = sum(x <= 1.05 for x in ratios)
     worst = max(ratios, default=0.0)
