@@ -41,6 +41,10 @@ class AdmissionMode(enum.Enum):
     """The rule decides; the predictor's answers are judged on measured speeds only."""
 
 
+LEARNER_MODES = {"active": AdmissionMode.LEARNED, "shadow": AdmissionMode.SHADOW}
+"""A learned admission's modes by the names configuration and promotion use."""
+
+
 @dataclass(frozen=True)
 class ColocationGuardConfig:
     window_pairs: int = 100
@@ -155,6 +159,11 @@ class PairAdmissionPolicy:
         """Set by a driver that cannot measure speeds: why the guard gets no pairs."""
 
     @property
+    def learner_mode(self) -> str | None:
+        """active or shadow (LEARNER_MODES); None for the rule."""
+        return next((k for k, m in LEARNER_MODES.items() if m is self.mode), None)
+
+    @property
     def learned_decides(self) -> bool:
         return self.mode is AdmissionMode.LEARNED and self.guard.trusted
 
@@ -214,9 +223,7 @@ class PairAdmissionPolicy:
             )
         return {
             "decider": "rule" if self.model is None else "learned",
-            "mode": {AdmissionMode.LEARNED: "active", AdmissionMode.SHADOW: "shadow"}.get(
-                self.mode
-            ),
+            "mode": self.learner_mode,
             "decides": "model" if self.learned_decides else "rule",
             "why": why,
             "profiles": len(self.profiles),

@@ -19,6 +19,7 @@ from gpupool.learning.colocation import (
     SumRule,
 )
 from gpupool.learning.colocation_admission import (
+    LEARNER_MODES,
     AdmissionMode,
     ColocationGuard,
     ColocationGuardConfig,
@@ -27,7 +28,7 @@ from gpupool.learning.colocation_admission import (
 from gpupool.traces.lucid import PairMeasurement, SoloProfile
 
 DECIDERS = ("off", "rule", "learned")
-ADMISSION_MODES = ("active", "shadow")
+ADMISSION_MODES = tuple(LEARNER_MODES)
 RULE_ADMIT_SHARE = 0.73
 """The rule's default bound admits this share of the measured pairs (the rule's rate on
 the Lucid pairs, bench/bench_colocation.py: 11% of what it admits is slowed)."""
@@ -101,7 +102,7 @@ def build_pair_admission(
         model = SpeedPredictor(pairs, measured_profiles, PredictorSettings(seed=config.seed))
     mode = {
         "rule": AdmissionMode.RULE,
-        "learned": AdmissionMode.LEARNED if config.mode == "active" else AdmissionMode.SHADOW,
+        "learned": LEARNER_MODES[config.mode],
     }[config.decider]
     return PairAdmissionPolicy(
         jobs, rule, model, config.min_speed, mode, ColocationGuard(config.guard)

@@ -156,6 +156,11 @@ class DemandForecastConfig:
         )
 
 
+def best_opponent(errors: Mapping[str, float]) -> str:
+    """The simple opponent with the lowest error (ties by name: deterministic)."""
+    return min(errors, key=lambda k: (errors[k], k))
+
+
 @dataclass(frozen=True)
 class DemandGuardChange:
     """The forecast's standing for a service changed, with the figures that decided it."""
@@ -376,7 +381,7 @@ class DemandForecaster:
         enough = len(self.scored) >= cfg.min_judged_days * self.per_day
         if history_days < cfg.cold_start_days or learned is None or not enough:
             return self.change(now_s, COLD, self.cold_reason(history_days))
-        best = min(opp, key=lambda k: (opp[k], k))
+        best = best_opponent(opp)
         figures = (
             f"relative error {learned:.3f} over the last {cfg.judge_days:g} days against "
             f"{opp[best]:.3f} for the best simple opponent ({best})"
@@ -424,7 +429,7 @@ class DemandForecaster:
         history_days = self.done / self.per_day
         if self.state in ("", COLD) or learned is None:
             return self.cold_reason(history_days)
-        best = min(opp, key=lambda k: (opp[k], k))
+        best = best_opponent(opp)
         return (
             f"its relative error {learned:.3f} over the last {self.cfg.judge_days:g} days is "
             f"above {opp[best]:.3f}, the best simple opponent's ({best})"

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpupool.errors import SpecError
-from gpupool.learning.colocation_admission import AdmissionMode, PairAdmissionPolicy
+from gpupool.learning.colocation_admission import LEARNER_MODES, PairAdmissionPolicy
 from gpupool.learning.config import LEARNERS
 from gpupool.learning.demand import TRUSTED
 from gpupool.scheduler.book import JobBook
@@ -58,7 +58,7 @@ class Learners:
                 )
             change = self.ordering.set_mode(mode, t_s, reason)
         elif learner == "colocation":
-            wanted = {"active": AdmissionMode.LEARNED, "shadow": AdmissionMode.SHADOW}.get(mode)
+            wanted = LEARNER_MODES.get(mode)
             if wanted is None:
                 raise SpecError(f"co-location mode must be active or shadow, got {mode!r}")
             # the caller checked the record (promotion_problem); a stored promotion restored
@@ -78,7 +78,7 @@ class Learners:
         if learner == "colocation":
             if self.colocation is None or self.colocation.model is None:
                 return "off"
-            return "active" if self.colocation.mode is AdmissionMode.LEARNED else "shadow"
+            return self.colocation.learner_mode or "off"
         return self.autoscale.forecast_mode
 
     def evidence(self, learner: str) -> dict[str, Any]:
