@@ -17,7 +17,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import lightgbm as lgb
 import numpy as np
 import numpy.typing as npt
 
@@ -118,6 +117,8 @@ class SpeedPredictor:
         self.settings = settings or PredictorSettings()
         self.trained_on = tuple(pairs)
         x, y = training_rows(self.trained_on, profiles)
+        import lightgbm as lgb  # lazily: a server without a learned admission never trains
+
         data = lgb.Dataset(x, y, feature_name=list(FEATURE_NAMES), free_raw_data=False)
         self.booster = lgb.train(self.settings.params(), data, num_boost_round=self.settings.rounds)
         self.cache: dict[tuple[str, str], tuple[float, float]] = {}

@@ -25,9 +25,12 @@ import math
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import lightgbm
 import numpy as np
+
+if TYPE_CHECKING:
+    import lightgbm
 
 from gpupool.errors import SpecError
 from gpupool.learning.forecast import (
@@ -312,6 +315,8 @@ class DemandForecaster:
         s = np.arange(max(lo, 0), hi + 1, dtype=np.int64)
         x, base = features_at(z, s, self.ahead, series, cfg.settings.lags)
         label = z[s + self.ahead] - base
+        import lightgbm  # lazily: services that never train a forecast do not load it
+
         self.boosters = {
             q: lightgbm.train(
                 quantile_params(cfg.settings, q),

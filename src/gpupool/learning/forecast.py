@@ -27,7 +27,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-import lightgbm
 import numpy as np
 import numpy.typing as npt
 
@@ -226,6 +225,8 @@ def learned_forecasts(
         s_idx = np.arange(lo, hi + 1, dtype=np.int64)
         xs, base_s = x_all[s_idx - first_origin], base_all[s_idx - first_origin]
         label = z[s_idx + k] - base_s
+        import lightgbm  # lazily: the forecast's evaluation is the only user here
+
         for q in settings.quantiles:
             booster = lightgbm.train(
                 quantile_params(settings, q),

@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import lightgbm
 import numpy as np
+
+if TYPE_CHECKING:
+    import lightgbm
 
 from gpupool.errors import SpecError
 from gpupool.learning.config import LearningConfig
@@ -116,6 +119,8 @@ class LightGbmPredictor:
         }
 
     def _dataset(self, x: np.ndarray, y: np.ndarray) -> lightgbm.Dataset:
+        import lightgbm  # lazily: most processes that import the learned policy never train
+
         return lightgbm.Dataset(
             x,
             label=y,
@@ -129,6 +134,8 @@ class LightGbmPredictor:
         """Rounds chosen on the most recent `validation_share` of the rows (trained on the
         older ones), then a model of that many rounds on all rows: where the features do
         not carry over to newer jobs, few rounds are kept and the baseline decides."""
+        import lightgbm
+
         s = self.settings
         params = self._params(alpha)
         rounds = s.num_boost_round

@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import create_engine, inspect
 
 from gpupool.server.store import Store, database_url
-from gpupool.server.store.db import schema_head
+from gpupool.server.store.db import SCHEMA_HEAD, schema_head
 from head_schema import at_head, current_revision
 from pgserver import fresh_schema
 
@@ -56,3 +56,9 @@ def test_at_head_is_the_migrations_schema(
     finally:
         store.close()
     assert _shape(fast) == shape
+
+
+def test_schema_head_is_alembics_head() -> None:
+    """migrate() trusts SCHEMA_HEAD to tell a current database without loading alembic: a new
+    migration in migrations/versions must raise it, or this fails."""
+    assert schema_head() == SCHEMA_HEAD
