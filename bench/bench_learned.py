@@ -454,7 +454,8 @@ def main() -> int:
     )
     ap.add_argument(
         "--loads",
-        help="comma-separated loads to run (default: all): " + ", ".join(x for x, _ in LOADS),
+        help="comma-separated loads to run (default: all): "
+        + ", ".join(x for x, _ in LOADS).replace("%", "%%"),
     )
     ap.add_argument(
         "--traces",

@@ -65,4 +65,7 @@ async def measure(n: int) -> dict[str, object]:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) > 2 or (len(sys.argv) == 2 and not sys.argv[1].isdigit()):
+        print(__doc__)
+        sys.exit(0 if sys.argv[1] in ("-h", "--help") else 2)
     print(json.dumps(asyncio.run(measure(int(sys.argv[1]) if len(sys.argv) > 1 else 2_000))))
