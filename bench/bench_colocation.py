@@ -46,6 +46,7 @@ from gpupool.sim.scenario.colocation import ColocationScenario, run
 from gpupool.traces.location import find_traces_dir
 from gpupool.traces.lucid import LUCID_DIR, LucidData, read_lucid
 from machine import describe
+from usage import no_options
 
 ROOT = Path(__file__).resolve().parents[1]
 RULE_ADMITS = RULE_ADMIT_SHARE
@@ -422,4 +423,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    no_options(__doc__)
     raise SystemExit(main())

@@ -31,6 +31,7 @@ from gpupool.sim.scenario.generators.services import azure_envelope
 from gpupool.sim.scenario.generators.traces import azure_minute_shape
 from gpupool.traces.series import Series, read_series
 from machine import describe
+from usage import no_options
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = Path(os.environ.get("GPUPOOL_TRACES", ROOT.parent / "shared" / "traces"))
@@ -132,4 +133,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    no_options(__doc__)
     raise SystemExit(main())

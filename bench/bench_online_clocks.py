@@ -14,6 +14,7 @@ from typing import Any
 from gpupool.sim.scenario.config import load_scenario
 from gpupool.sim.scenario.runner import run_scenario
 from machine import describe
+from usage import no_options
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIO = ROOT / "scenarios" / "online-clocks.yaml"
@@ -91,4 +92,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    no_options(__doc__)
     raise SystemExit(main())

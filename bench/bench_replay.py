@@ -15,6 +15,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from gpupool.sim.replay.run import auto_nodes, run_replay
 from gpupool.traces.loaders import load_replay_trace
 from machine import describe
+from usage import no_options
 
 TARGET_S = 30.0
 
@@ -67,4 +68,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    no_options(__doc__)
     sys.exit(main())

@@ -20,6 +20,7 @@ from gpupool.sizing.catalog import load_catalog
 from gpupool.sizing.planner import PlanRequest, plan
 from gpupool.sizing.shapes import get_shape, shape_names
 from machine import describe
+from usage import no_options
 
 ROOT = Path(__file__).resolve().parents[1]
 PAIRS = ("hetero", "energy", "energy-caiso", "multicluster")
@@ -153,4 +154,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    no_options(__doc__)
     sys.exit(main())

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from machine import describe
+from usage import no_options
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "support"))
@@ -65,4 +66,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    no_options(__doc__)
     raise SystemExit(main())

@@ -1,4 +1,4 @@
-"""Issue 3 scenarios: islands vs pool, day/night windows, real ITP arrivals by policy.
+"""The scenarios: islands vs pool, day/night windows, real ITP arrivals by policy.
 
 Runs every scenario under scenarios/ (ITP ones under fifo, backfill and priority-quota),
 two at a time, and writes bench/results/scenarios.json and scenarios.md.
@@ -10,6 +10,7 @@ a change cannot touch keeps its figures); the report says which rows were rerun.
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
@@ -135,16 +136,21 @@ def row_name(item: tuple[str, str | None]) -> str:
 
 
 def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--only",
+        help="comma-separated rows to run again (the others are kept from the record): "
+        + ", ".join(row_name(i) for i in RUNS),
+    )
+    args = ap.parse_args(argv)
     only: set[str] | None = None
-    if len(argv) == 2 and argv[0] == "--only":
-        only = set(argv[1].split(","))
+    if args.only:
+        only = set(args.only.split(","))
         unknown = only - {row_name(i) for i in RUNS}
         if unknown:
-            print(f"unknown rows {sorted(unknown)}; rows: {[row_name(i) for i in RUNS]}")
-            return 2
-    elif argv:
-        print("usage: bench_scenarios.py [--only ROW,ROW]")
-        return 2
+            ap.error(f"unknown rows {sorted(unknown)}; rows: {[row_name(i) for i in RUNS]}")
     out = Path(__file__).parent / "results"
     runs = [i for i in RUNS if only is None or row_name(i) in only]
     started = time.perf_counter()

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from gpupool.sim.replay.experiments import fill_batch, median_curves
 from gpupool.sim.replay.fgd_paper import PAPER_POLICY_NAMES
+from usage import no_options
 
 POINTS = (50, 90, 95, 100, 110, 130)
 
@@ -87,4 +88,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    no_options(__doc__)
     sys.exit(main())

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from gpupool.sim.scenario.sharing import SharingScenario, openb_run, run
 from machine import describe
+from usage import no_options
 
 POLICIES = ("consolidate", "best-fit", "fgd")
 DEMANDS = (0.9, 1.0, 1.2)
@@ -96,4 +97,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    no_options(__doc__)
     main()
