@@ -111,6 +111,8 @@ DEFAULT_MIX: dict[str, Any] = {
     "rule": LearningConfig().rule,
 }
 MIX = dict(DEFAULT_MIX)
+GUARD = LearningConfig().guard
+"""The guard every guarded replay runs under (the default; the records say its bars)."""
 ORDER_WORDS = {
     "gittins": "the Gittins index of the GPU-times of finished jobs whose predicted median "
     "fell in the job's bin (learning.model_order gittins)",
@@ -325,7 +327,8 @@ def render(data: dict[str, Any]) -> str:
         "model). Guard: rules only for the first two weeks (cold start), then the model "
         "orders jobs only while its order would have served recent pairs of jobs that "
         "waited together better than the rule's own (learning.guard.judge order: trusted "
-        "from +5 %, falls back below +2 %).",
+        f"from +{(GUARD.min_advantage + GUARD.advantage_margin) * 100:g} %, falls back below "
+        f"+{GUARD.min_advantage * 100:g} %).",
         "",
         f"Mix: {mix['weight']:g} of the picks follow the predicted order; a job whose "
         f"predicted q90/q10 is above {mix['max_spread']:g} follows the rule order; the "

@@ -124,7 +124,14 @@ def test_learned_ordering_falls_back_on_a_workload_change_and_recovers_after_it(
     (the shortest team runs the longest jobs). The model trusted on the first regime
     drifts, the rules take over, and after the model has seen the new regime (retrained
     every two days, recent medians refreshed) it is trusted again."""
-    guard = GuardConfig(window_jobs=100, cold_start_s=3 * DAY, min_finished=150, judge=judge)
+    guard = GuardConfig(
+        window_jobs=100,
+        cold_start_s=3 * DAY,
+        min_finished=150,
+        judge=judge,
+        min_advantage=0.02,  # the mechanism, at bars a few hundred synthetic jobs can clear
+        advantage_margin=0.03,
+    )
     config = LearningConfig(mode="active", retrain_every_s=2 * DAY, guard=guard)
     settings = LightGbmSettings(min_rows=100, num_boost_round=25, retrain_every_s=2 * DAY)
     ordering = LearnedOrdering(config, LightGbmPredictor(settings))
