@@ -5,9 +5,9 @@ names). Prints one JSON line. `python bench/bench_submit_cpu.py [N]` (default 2,
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -65,7 +65,8 @@ async def measure(n: int) -> dict[str, object]:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 2 or (len(sys.argv) == 2 and not sys.argv[1].isdigit()):
-        print(__doc__)
-        sys.exit(0 if sys.argv[1] in ("-h", "--help") else 2)
-    print(json.dumps(asyncio.run(measure(int(sys.argv[1]) if len(sys.argv) > 1 else 2_000))))
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("n", nargs="?", type=int, default=2_000, help="submissions to time")
+    print(json.dumps(asyncio.run(measure(ap.parse_args().n))))

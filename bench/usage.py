@@ -4,15 +4,12 @@ and where it writes (its docstring) instead of starting a run of minutes."""
 from __future__ import annotations
 
 import argparse
-import sys
 
 
 def no_options(doc: str | None, argv: list[str] | None = None) -> None:
     """Parse argv (default sys.argv[1:]): -h/--help prints `doc` and exits 0; anything
     else exits 2 with the usage."""
     parser = argparse.ArgumentParser(
-        prog=sys.argv[0].rsplit("/", 1)[-1],
-        description=doc,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.parse_args(argv)

@@ -49,7 +49,8 @@ class CommandRunner(Protocol):
     def start(self, argv: Sequence[str], log: Path) -> Callable[[], int | None]:
         """Launch; the returned call gives the exit code once it has ended, else None.
 
-        `argv` is the command with its placeholders filled in; its output goes to `log`.
+        `argv` is the operator's command with its `{node}`-style fields already filled in;
+        its output goes to `log`.
         It returns as soon as the command is started; a command that cannot be started
         raises (OSError), and one that ends badly is reported by its exit code."""
         ...
